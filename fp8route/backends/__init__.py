@@ -1,0 +1,46 @@
+"""Every GEMM backend fp8route can route a layer to, by name."""
+
+from __future__ import annotations
+
+from fp8route.backends.base import CHANNEL, TENSOR, Backend
+from fp8route.backends.cublas import CublasBackend
+from fp8route.backends.flashinfer import FlashinferBackend
+from fp8route.backends.reference import ReferenceBackend
+from fp8route.backends.rowwise import RowwiseBackend
+from fp8route.backends.weight_only import WeightOnlyBackend
+from fp8route.problem import DeviceInfo
+
+BACKENDS: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        CublasBackend(),
+        CublasBackend(fast_accum=True),
+        RowwiseBackend(),
+        FlashinferBackend(),
+        WeightOnlyBackend(),
+        ReferenceBackend(),
+    )
+}
+
+
+def get_backend(name: str) -> Backend:
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}") from None
+
+
+def default_priority(device: DeviceInfo) -> tuple[str, ...]:
+    """The order to try backends in until a measured routing table says otherwise."""
+    if device.type != "cuda" or device.capability is None:
+        return ("reference",)
+    if device.capability < (8, 9):
+        return ("weight_only", "reference")
+    if device.capability == (8, 9):
+        # The seed measured cuBLAS per-tensor 5.4% slower end to end than rowwise CUTLASS on L40.
+        return ("rowwise", "cublas", "flashinfer", "weight_only", "reference")
+    # SM90+: per-tensor cuBLASLt beat rowwise CUTLASS at every M on 8B shapes (DESIGN.md).
+    return ("cublas", "flashinfer", "rowwise", "weight_only", "reference")
+
+
+__all__ = ["BACKENDS", "CHANNEL", "TENSOR", "Backend", "default_priority", "get_backend"]

@@ -1,0 +1,67 @@
+"""What every backend is: a name, the scale layouts it reads, one predicate and one call."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+import torch
+
+from fp8route.problem import GemmProblem
+from fp8route.quant import dynamic_scale, quantize
+
+if TYPE_CHECKING:
+    from fp8route.layer import Fp8Linear
+
+# Scale layouts a layer can hold; the plan prepares exactly those its backends read.
+TENSOR = "tensor"  # one fp32 scalar: what the checkpoint gives
+CHANNEL = "channel"  # the scalar broadcast to (1, N): what rowwise kernels read
+
+
+class Backend(ABC):
+    name: str
+    summary: str
+    layouts: frozenset[str] = frozenset({TENSOR})
+
+    @abstractmethod
+    def why_not(self, problem: GemmProblem) -> str | None:
+        """None when this backend can run the problem, else a reason a user can act on."""
+
+    @abstractmethod
+    def run(self, x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
+        """x is 2-D [M, K] in bf16/fp16/fp32; the result is [M, N] in x's dtype."""
+
+    def __repr__(self) -> str:
+        return f"<backend {self.name}>"
+
+
+def quantize_input(x: torch.Tensor, layer: Fp8Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's static input scale when it has one, else amax/448 computed on the device."""
+    scale = layer.input_scale if layer.input_scale is not None else dynamic_scale(x)
+    return quantize(x, scale), scale
+
+
+def needs_fp8_gpu(problem: GemmProblem) -> str | None:
+    device = problem.device
+    if device.type != "cuda":
+        return f"needs a CUDA GPU, layer is on {device.type}"
+    if device.rocm:
+        return "ROCm GPUs use float8_e4m3fnuz, which fp8route does not support"
+    assert device.capability is not None
+    if device.capability < (8, 9):
+        major, minor = device.capability
+        return f"needs compute capability >= 8.9 (FP8 tensor cores), device has {major}.{minor}"
+    return None
+
+
+def needs_aligned(problem: GemmProblem, multiple: int = 16) -> str | None:
+    # torch._scaled_mm checks K % 16 and N % 16 itself; cuBLAS FP8 has no fallback for less.
+    if problem.k % multiple:
+        return f"K={problem.k} is not a multiple of {multiple}"
+    if problem.n % multiple:
+        return f"N={problem.n} is not a multiple of {multiple}"
+    return None
+
+
+def first_reason(*reasons: str | None) -> str | None:
+    return next((r for r in reasons if r is not None), None)

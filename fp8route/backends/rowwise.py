@@ -1,0 +1,45 @@
+"""torch._scaled_mm with (M,1)/(1,N) fp32 scales: the rowwise CUTLASS kernel (the seed's old path)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from fp8route import ops
+from fp8route.backends.base import CHANNEL, Backend, first_reason, needs_aligned, needs_fp8_gpu, quantize_input
+from fp8route.problem import GemmProblem
+
+if TYPE_CHECKING:
+    from fp8route.layer import Fp8Linear
+
+# torch builds its rowwise FP8 CUTLASS kernel for SM89, SM90 and SM100 only.
+_BUILT_FOR = ((8, 9), (9, 0), (10, 0))
+
+
+class RowwiseBackend(Backend):
+    name = "rowwise"
+    summary = "torch._scaled_mm, per-token x (M,1) and per-channel w (1,N) scales (CUTLASS)"
+    layouts = frozenset({CHANNEL})
+
+    def why_not(self, problem: GemmProblem) -> str | None:
+        reason = first_reason(needs_fp8_gpu(problem), needs_aligned(problem))
+        if reason is not None:
+            return reason
+        assert problem.device.capability is not None
+        if problem.device.capability not in _BUILT_FOR:
+            major, minor = problem.device.capability
+            return f"torch's rowwise kernel is built for SM 8.9, 9.0 and 10.0, device has {major}.{minor}"
+        if problem.out_dtype != torch.bfloat16:
+            return f"writes bfloat16 only, the layer needs {_name(problem.out_dtype)} output"
+        return None
+
+    def run(self, x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
+        x_q, x_scale = quantize_input(x, layer)
+        x_scales = x_scale.reshape(1, 1).repeat(x.shape[0], 1)  # a fresh tensor: the kernel wants stride 1, even at M=1
+        assert layer.weight_scale_channel is not None, "plan prepares the channel layout"
+        return ops.scaled_mm(x_q, layer.weight, x_scales, layer.weight_scale_channel, layer.bias, x.dtype, False)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

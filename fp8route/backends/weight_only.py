@@ -1,0 +1,32 @@
+"""For GPUs without FP8 tensor cores (SM 8.0-8.6): a bf16/fp16 matmul on the dequantized weight."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from fp8route import ops
+from fp8route.backends.base import Backend
+from fp8route.problem import GemmProblem
+
+if TYPE_CHECKING:
+    from fp8route.layer import Fp8Linear
+
+
+class WeightOnlyBackend(Backend):
+    name = "weight_only"
+    summary = "dequantized weight, matmul in the activation dtype (x not quantized)"
+
+    def why_not(self, problem: GemmProblem) -> str | None:
+        device = problem.device
+        if device.type != "cuda":
+            return f"meant for GPUs, layer is on {device.type} (reference runs there)"
+        assert device.capability is not None
+        if device.capability < (8, 0) and problem.out_dtype == torch.bfloat16:
+            major, minor = device.capability
+            return f"bfloat16 matmul needs compute capability >= 8.0, device has {major}.{minor}"
+        return None
+
+    def run(self, x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
+        return ops.weight_only_mm(x, layer.weight, layer.weight_scale, layer.bias)

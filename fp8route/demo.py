@@ -1,0 +1,106 @@
+"""`fp8route demo`: a small FP8 model from random weights, planned, explained, run and checked."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from torch import nn
+
+from fp8route.explain import explain
+from fp8route.layer import Fp8Linear
+from fp8route.policy import Policy
+from fp8route.quant import FP8_MAX, sqnr_db
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class DemoBlock(nn.Module):
+    """The four projections of a Llama block. Attention is left out (this demo is about the
+    linears): o_proj reads the query slice of qkv_proj's output."""
+
+    def __init__(self, hidden: int, intermediate: int, kv_dim: int) -> None:
+        super().__init__()
+        self.hidden, self.intermediate = hidden, intermediate
+        self.qkv_proj: nn.Module = nn.Linear(hidden, hidden + 2 * kv_dim, bias=False)
+        self.o_proj: nn.Module = nn.Linear(hidden, hidden, bias=False)
+        self.gate_up_proj: nn.Module = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down_proj: nn.Module = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.o_proj(self.qkv_proj(x)[..., : self.hidden])
+        gate, up = self.gate_up_proj(h).split(self.intermediate, dim=-1)
+        return h + self.down_proj(nn.functional.silu(gate) * up)
+
+
+def build_float_model(hidden: int, intermediate: int, layers: int, dtype: torch.dtype, device: str) -> nn.Sequential:
+    torch.manual_seed(0)
+    model = nn.Sequential(*(DemoBlock(hidden, intermediate, hidden // 4) for _ in range(layers)))
+    for p in model.parameters():
+        nn.init.normal_(p, std=hidden**-0.5)
+    return model.to(device=device, dtype=dtype)
+
+
+@torch.no_grad()
+def quantize_model(model: nn.Module, calibration: torch.Tensor, policy: Policy) -> nn.Module:
+    """Swap every nn.Linear for an Fp8Linear whose static input scale is amax/448 of its input
+    over the calibration batch."""
+    amax: dict[str, float] = {}
+    hooks = [
+        module.register_forward_pre_hook(lambda m, args, name=name: amax.__setitem__(name, max(amax.get(name, 0.0), args[0].abs().max().item())))
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear)
+    ]
+    model(calibration)
+    for hook in hooks:
+        hook.remove()
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                full = f"{name}.{child_name}" if name else child_name
+                fp8 = Fp8Linear.from_float(child, input_scale=max(amax[full], 1e-6) / FP8_MAX, name=full, policy=policy)
+                setattr(module, child_name, fp8)
+    return model
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = _DTYPES[args.dtype]
+    float_model = build_float_model(args.hidden, args.intermediate, args.layers, dtype, device)
+    x = torch.randn(args.tokens, args.hidden, device=device, dtype=dtype)
+    with torch.no_grad():
+        expected = float_model(x)
+        model = quantize_model(build_float_model(args.hidden, args.intermediate, args.layers, dtype, device), x, Policy.from_env())
+    print(f"fp8route demo on {device} ({torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}), {args.dtype}, "
+          f"{args.layers} blocks, hidden {args.hidden}, intermediate {args.intermediate}, {args.tokens} tokens\n")
+    print(explain(model))
+    with torch.no_grad():
+        routed = model(x)
+        for layer in model.modules():
+            if isinstance(layer, Fp8Linear):
+                layer.replan(Policy(force="reference"))
+        reference = model(x)
+    rel = ((routed.float() - reference.float()).norm() / reference.float().norm()).item()
+    tolerance = 2e-2 if dtype != torch.float32 else 1e-4
+    print("\nrouted vs fp32 reference of the same FP8 operands: "
+          f"relative error {rel:.2e} (tolerance {tolerance:.0e}), NaNs: {int(routed.isnan().sum())}")
+    print(f"FP8 model vs the {args.dtype} model it was quantized from: SQNR {sqnr_db(expected.float(), routed.float()):.1f} dB")
+    ok = rel <= tolerance and not routed.isnan().any()
+    print("demo: OK" if ok else "demo: FAILED")
+    return 0 if ok else 1
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("demo", help="build, plan, explain, run and check a small random FP8 model")
+    parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--intermediate", type=int, default=3584)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=33)
+    parser.set_defaults(run=run_demo)
+
+
+if __name__ == "__main__":
+    sys.exit(run_demo(argparse.Namespace(device=None, dtype="bfloat16", hidden=256, intermediate=512, layers=1, tokens=9)))

@@ -1,0 +1,199 @@
+"""A layer's plan: which backend runs each M bucket, decided once, with every reason kept.
+
+The plan also names the scale layouts its backends read, and the layer prepares exactly those
+at load time, so the layout and the kernel that runs can never disagree.
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from fp8route.backends import BACKENDS, Backend, default_priority
+from fp8route.errors import BackendUnavailableError, StrictModeError
+from fp8route.policy import Policy
+from fp8route.problem import GemmProblem
+from fp8route.quant import FLOAT_DTYPES
+
+log = logging.getLogger("fp8route")
+
+# Bucket i holds M in (M_BOUNDS[i-1], M_BOUNDS[i]]; one more bucket holds M > 16384.
+M_BOUNDS: tuple[int, ...] = tuple(2**i for i in range(15))
+
+# A routing table answers "which backend is fastest here", or None where it has no measurement.
+Preference = Callable[[GemmProblem], str | None]
+
+_logged: set[str] = set()
+
+
+@dataclass(frozen=True)
+class Fallback:
+    dtype: torch.dtype
+    m_lo: int
+    m_hi: int | None
+    wanted: str
+    used: str
+    reason: str
+
+
+def fallback_lines(fallbacks: Sequence[Fallback]) -> list[str]:
+    """One line per distinct fallback, with the activation dtypes it applies to."""
+    dtypes: dict[tuple[int, int | None, str, str, str], list[str]] = {}
+    for f in fallbacks:
+        dtypes.setdefault((f.m_lo, f.m_hi, f.wanted, f.used, f.reason), []).append(_dtype_name(f.dtype))
+    return [f"{', '.join(d)} {_m_range(lo, hi)}: {w} -> {u} ({r})" for (lo, hi, w, u, r), d in dtypes.items()]
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    layer: str
+    problem: GemmProblem
+    bounds: tuple[int, ...]
+    routes: dict[torch.dtype, tuple[Backend, ...]]
+    excluded: tuple[tuple[str, str], ...]
+    fallbacks: tuple[Fallback, ...]
+    source: str
+
+    def backend_for(self, m: int, dtype: torch.dtype) -> Backend:
+        return self.routes[dtype][bisect_left(self.bounds, m)]
+
+    @property
+    def backends(self) -> frozenset[Backend]:
+        return frozenset(b for route in self.routes.values() for b in route)
+
+    @property
+    def layouts(self) -> frozenset[str]:
+        return frozenset(layout for b in self.backends for layout in b.layouts)
+
+    def route_text(self, dtype: torch.dtype) -> str:
+        return "; ".join(f"{m_range} -> {name}" for m_range, name in _runs(self.bounds, self.routes[dtype]))
+
+    def explain(self) -> str:
+        p = self.problem
+        device = p.device.label + (f" ({p.device.name})" if p.device.name and p.device.type == "cuda" else "")
+        lines = [
+            f"{self.layer}  N={p.n} K={p.k}  {device}, "
+            f"{'static' if p.static_input_scale else 'dynamic'} input scale, {'bias' if p.has_bias else 'no bias'}",
+            f"  routes ({self.source}):",
+        ]
+        by_text: dict[str, list[str]] = {}
+        for dtype in self.routes:
+            by_text.setdefault(self.route_text(dtype), []).append(_dtype_name(dtype))
+        lines += [f"    {', '.join(dtypes)}: {text}" for text, dtypes in by_text.items()]
+        if self.excluded:
+            width = max(len(name) for name, _ in self.excluded)
+            lines.append("  excluded:")
+            lines += [f"    {name:<{width}}  {reason}" for name, reason in self.excluded]
+        lines.append("  fallbacks:" + ("" if self.fallbacks else " none"))
+        lines += [f"    {line}" for line in fallback_lines(self.fallbacks)]
+        return "\n".join(lines)
+
+
+def make_plan(
+    layer: str,
+    problem: GemmProblem,
+    policy: Policy | None = None,
+    preference: Preference | None = None,
+    source: str | None = None,
+) -> Plan:
+    """Choose a backend for every (activation dtype, M bucket) of one layer.
+
+    The wanted backend is the forced one, else the routing table's, else the first of the
+    device's default priority; when it cannot run, the next runnable one in priority is used
+    and that is recorded as a fallback (logged once, or raised under strict mode).
+    """
+    policy = policy or Policy.from_env()
+    priority = [name for name in default_priority(problem.device) if name not in policy.disable]
+    if source is None:
+        source = f"forced by FP8ROUTE_FORCE={policy.force}" if policy.force else f"default priority for {problem.device.label}"
+    reasons: dict[tuple[str, str], None] = {(name, "disabled by FP8ROUTE_DISABLE"): None for name in sorted(policy.disable)}
+    routes: dict[torch.dtype, tuple[Backend, ...]] = {}
+    fallbacks: list[Fallback] = []
+    for dtype in FLOAT_DTYPES:
+        route: list[Backend] = []
+        for lo, hi in _bucket_ranges(M_BOUNDS):
+            bucket = problem.with_bucket(dtype, hi)
+            why = {name: BACKENDS[name].why_not(bucket) for name in BACKENDS if name not in policy.disable}
+            reasons.update({(name, r): None for name, r in why.items() if r is not None})
+            preferred = preference(bucket) if preference else None
+            wanted = policy.force or (preferred if preferred in why else None) or (priority[0] if priority else "reference")
+            used = wanted if why[wanted] is None else _first_runnable(priority, why)
+            if used != wanted:
+                fallbacks.append(Fallback(dtype, lo, hi, wanted, used, why[wanted] or ""))
+            route.append(BACKENDS[used])
+        routes[dtype] = tuple(route)
+    plan = Plan(layer, problem, M_BOUNDS, routes, tuple(reasons), tuple(_merge(fallbacks)), source)
+    _check_forced(plan, policy)
+    _report(plan, policy)
+    return plan
+
+
+def _first_runnable(priority: Sequence[str], why: dict[str, str | None]) -> str:
+    # reference runs anywhere, so a layer always has a backend even with the rest disabled.
+    return next((name for name in priority if why.get(name, "") is None), "reference")
+
+
+def _check_forced(plan: Plan, policy: Policy) -> None:
+    if policy.force and all(b.name != policy.force for b in plan.backends):
+        reasons = "; ".join(sorted({f.reason for f in plan.fallbacks}))
+        raise BackendUnavailableError(
+            f"layer {plan.layer} (N={plan.problem.n}, K={plan.problem.k}): FP8ROUTE_FORCE={policy.force} "
+            f"cannot run it: {reasons}. Unset FP8ROUTE_FORCE or force a backend that explain() lists as runnable."
+        )
+
+
+def _report(plan: Plan, policy: Policy) -> None:
+    if not plan.fallbacks:
+        return
+    summary = "; ".join(fallback_lines(plan.fallbacks))
+    if policy.strict:
+        raise StrictModeError(
+            f"layer {plan.layer} (N={plan.problem.n}, K={plan.problem.k}) would fall back: {summary}. "
+            "strict mode (strict=True or FP8ROUTE_STRICT=1) forbids fallbacks."
+        )
+    key = f"N={plan.problem.n} K={plan.problem.k}: {summary}"
+    if key not in _logged:
+        _logged.add(key)
+        log.warning("fp8route fallback on %s (first seen on layer %s; explain() lists every layer)", key, plan.layer)
+
+
+def _bucket_ranges(bounds: Sequence[int]) -> list[tuple[int, int | None]]:
+    lows = [1, *(b + 1 for b in bounds)]
+    return list(zip(lows, [*bounds, None]))
+
+
+def _m_range(lo: int, hi: int | None) -> str:
+    if hi is None:
+        return f"M {lo}+"
+    return f"M {lo}" if lo == hi else f"M {lo}-{hi}"
+
+
+def _runs(bounds: Sequence[int], route: Sequence[Backend]) -> list[tuple[str, str]]:
+    """Adjacent buckets with the same backend, merged into one M range."""
+    runs: list[tuple[int, int | None, str]] = []
+    for (lo, hi), backend in zip(_bucket_ranges(bounds), route):
+        if runs and runs[-1][2] == backend.name:
+            runs[-1] = (runs[-1][0], hi, backend.name)
+        else:
+            runs.append((lo, hi, backend.name))
+    return [(_m_range(lo, hi), name) for lo, hi, name in runs]
+
+
+def _merge(fallbacks: list[Fallback]) -> list[Fallback]:
+    """Adjacent buckets that fell back the same way, as one M range."""
+    merged: list[Fallback] = []
+    for f in fallbacks:
+        last = merged[-1] if merged else None
+        if last and last.m_hi is not None and last.m_hi + 1 == f.m_lo and (last.dtype, last.wanted, last.used, last.reason) == (f.dtype, f.wanted, f.used, f.reason):
+            merged[-1] = replace(last, m_hi=f.m_hi)
+        else:
+            merged.append(f)
+    return merged
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

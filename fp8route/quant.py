@@ -1,0 +1,119 @@
+"""Per-tensor FP8 (e4m3) numerics: quantize, dequantize, requantize fused shards, check scales."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from fp8route.errors import Fp8InputError, Fp8TypeError
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448.0
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# A zero tensor still needs a usable scale; any positive value quantizes it to zeros.
+_MIN_SCALE = 1e-12
+
+
+def check_float(name: str, t: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise Fp8TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise Fp8TypeError(f"{name}: expected bfloat16, float16 or float32, got {t.dtype}")
+
+
+def check_fp8_weight(name: str, w: torch.Tensor) -> None:
+    if not isinstance(w, torch.Tensor):
+        raise Fp8TypeError(f"{name}: expected a torch.Tensor, got {type(w).__name__}")
+    if w.dtype != FP8_DTYPE:
+        raise Fp8TypeError(f"{name}: expected dtype float8_e4m3fn, got {w.dtype}")
+    if w.dim() != 2:
+        raise Fp8InputError(f"{name}: expected a 2-D [N, K] weight, got shape {tuple(w.shape)}")
+
+
+def as_scale(name: str, scale: torch.Tensor | float, device: torch.device | None = None) -> torch.Tensor:
+    """Validate one per-tensor scale and return it as a 0-dim fp32 tensor.
+
+    Checkpoints store scales as [] or [1], in fp32, bf16 or fp16; all of them mean one number.
+    This reads the value on the host, so call it at load time, never in forward.
+    """
+    if isinstance(scale, (int, float)):
+        scale = torch.tensor(float(scale), dtype=torch.float32)
+    if not isinstance(scale, torch.Tensor):
+        raise Fp8TypeError(f"{name}: expected a tensor or a float, got {type(scale).__name__}")
+    if scale.numel() != 1:
+        raise Fp8InputError(
+            f"{name}: expected one per-tensor scale (shape [] or [1]), got shape {tuple(scale.shape)}"
+        )
+    if not scale.dtype.is_floating_point or scale.dtype in (FP8_DTYPE, torch.float8_e5m2):
+        raise Fp8TypeError(f"{name}: expected a float32/bfloat16/float16 scale, got {scale.dtype}")
+    value = float(scale.detach().float().cpu().reshape(()))
+    if not torch.isfinite(torch.tensor(value)) or value <= 0.0:
+        raise Fp8InputError(f"{name}: a scale must be finite and > 0, got {value}")
+    return scale.detach().reshape(()).to(device=device or scale.device, dtype=torch.float32)
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale, saturated to +-448 and rounded to nearest even e4m3. Graph-safe: no host sync."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def dynamic_scale(x: torch.Tensor) -> torch.Tensor:
+    """The per-tensor scale amax/448 of x, as a 0-dim fp32 tensor on x's device."""
+    return (x.detach().abs().amax().float() / FP8_MAX).clamp(min=_MIN_SCALE)
+
+
+def quantize_per_tensor(x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize a float tensor to e4m3 with one scale (amax/448 when none is given)."""
+    check_float("x", x)
+    scale = dynamic_scale(x) if scale is None else scale.float().reshape(())
+    return quantize(x, scale), scale
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return (q.float() * scale.float()).to(dtype)
+
+
+@dataclass(frozen=True)
+class Requantized:
+    """A fused weight whose shards now share one scale, and what that cost."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor
+    max_abs_error: float  # in weight units, against the shards dequantized with their own scales
+    rel_error: float  # ||requantized - original|| / ||original|| over the fused weight
+
+
+def requantize_shards(weight: torch.Tensor, scales: Sequence[torch.Tensor], logical_widths: Sequence[int]) -> Requantized:
+    """Bring shards (q/k/v, gate/up) that carry their own scales onto the largest one.
+
+    The largest scale keeps every shard inside e4m3's range; shards with smaller scales lose a
+    little precision, which is reported rather than hidden.
+    """
+    check_fp8_weight("weight", weight)
+    if len(scales) != len(logical_widths):
+        raise Fp8InputError(f"requantize: {len(scales)} scales for {len(logical_widths)} logical widths")
+    if sum(logical_widths) != weight.shape[0]:
+        raise Fp8InputError(
+            f"requantize: logical widths {list(logical_widths)} sum to {sum(logical_widths)}, weight has N={weight.shape[0]}"
+        )
+    checked = [as_scale(f"shard {i} weight_scale", s, weight.device) for i, s in enumerate(scales)]
+    max_scale = torch.stack(checked).max()
+    original = torch.cat([dequantize(w, s) for w, s in zip(weight.split(list(logical_widths)), checked)])
+    requantized = quantize(original, max_scale)
+    diff = dequantize(requantized, max_scale) - original
+    norm = original.norm().item()
+    return Requantized(
+        weight=requantized,
+        scale=max_scale,
+        max_abs_error=diff.abs().max().item() if diff.numel() else 0.0,
+        rel_error=diff.norm().item() / norm if norm > 0 else 0.0,
+    )
+
+
+def sqnr_db(signal: torch.Tensor, noisy: torch.Tensor) -> float:
+    """Signal-to-quantization-noise ratio in dB (torchao's accuracy measure)."""
+    s = signal.double()
+    noise = (s - noisy.double()).norm()
+    return float("inf") if noise == 0 else float(20 * torch.log10(s.norm() / noise))

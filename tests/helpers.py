@@ -1,0 +1,41 @@
+"""Shared test helpers: operands drawn fresh, and the fp32 math every backend must match."""
+
+from __future__ import annotations
+
+import torch
+
+from fp8route.quant import FP8_DTYPE, FP8_MAX
+
+
+def random_fp8_operands(m: int, n: int, k: int, device: str = "cpu", seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    w = (torch.randn(n, k, generator=g) * 0.05)
+    w_scale = w.abs().max() / FP8_MAX
+    x = torch.randn(m, k, generator=g)
+    x_scale = x.abs().max() / FP8_MAX
+    return {
+        "x": x.to(device),
+        "weight": (w / w_scale).to(FP8_DTYPE).to(device),
+        "weight_scale": w_scale.to(device),
+        "input_scale": x_scale.to(device),
+        "bias": (torch.randn(n, generator=g) * 0.1).to(device),
+    }
+
+
+def fp32_reference(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """The layer's math written out on the same quantized operands, in fp32."""
+    x_q = (x.float() / input_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    out = (x_q.float() * input_scale) @ (weight.float() * weight_scale).t()
+    return out if bias is None else out + bias.float()
+
+
+def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual.float() - expected.float()).norm() / expected.float().norm()).item()
+
+
+def poison_allocator(numel: int, device: str) -> None:
+    """Fill a block with NaN and free it, so an output that reuses it and skips elements shows NaN."""
+    block = torch.full((numel,), float("nan"), device=device)
+    del block
