@@ -7,13 +7,12 @@ at load time, so the layout and the kernel that runs can never disagree.
 from __future__ import annotations
 
 import logging
-from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
-from fp8route.backends import BACKENDS, Backend, default_priority
+from fp8route.backends import BACKENDS, Backend, default_priority, last_resorts
 from fp8route.errors import BackendUnavailableError, StrictModeError
 from fp8route.policy import Policy
 from fp8route.problem import GemmProblem
@@ -59,7 +58,7 @@ class Plan:
     source: str
 
     def backend_for(self, m: int, dtype: torch.dtype) -> Backend:
-        return self.routes[dtype][bisect_left(self.bounds, m)]
+        return self.routes[dtype][bucket_index(self.bounds, m)]
 
     @property
     def backends(self) -> frozenset[Backend]:
@@ -102,12 +101,13 @@ def make_plan(
 ) -> Plan:
     """Choose a backend for every (activation dtype, M bucket) of one layer.
 
-    The wanted backend is the forced one, else the routing table's, else the first of the
-    device's default priority; when it cannot run, the next runnable one in priority is used
-    and that is recorded as a fallback (logged once, or raised under strict mode).
+    The forced backend, else the routing table's choice, else the first runnable backend in
+    the device's default priority. A fallback is recorded (logged once, or raised under strict
+    mode) when a forced or tuned choice cannot run, or when only a last resort can.
     """
     policy = policy or Policy.from_env()
     priority = [name for name in default_priority(problem.device) if name not in policy.disable]
+    resorts = last_resorts(problem.device)
     if source is None:
         source = f"forced by FP8ROUTE_FORCE={policy.force}" if policy.force else f"default priority for {problem.device.label}"
     reasons: dict[tuple[str, str], None] = {(name, "disabled by FP8ROUTE_DISABLE"): None for name in sorted(policy.disable)}
@@ -120,9 +120,13 @@ def make_plan(
             why = {name: BACKENDS[name].why_not(bucket) for name in BACKENDS if name not in policy.disable}
             reasons.update({(name, r): None for name, r in why.items() if r is not None})
             preferred = preference(bucket) if preference else None
-            wanted = policy.force or (preferred if preferred in why else None) or (priority[0] if priority else "reference")
-            used = wanted if why[wanted] is None else _first_runnable(priority, why)
-            if used != wanted:
+            wanted = policy.force or (preferred if preferred in why else None)
+            if wanted is not None and why[wanted] is None:
+                used = wanted
+            else:
+                used = next((name for name in priority if why[name] is None), "reference")
+                wanted = wanted or next((name for name in priority if why[name] is not None), None)
+            if wanted is not None and used != wanted and (policy.force or preferred or used in resorts):
                 fallbacks.append(Fallback(dtype, lo, hi, wanted, used, why[wanted] or ""))
             route.append(BACKENDS[used])
         routes[dtype] = tuple(route)
@@ -130,11 +134,6 @@ def make_plan(
     _check_forced(plan, policy)
     _report(plan, policy)
     return plan
-
-
-def _first_runnable(priority: Sequence[str], why: dict[str, str | None]) -> str:
-    # reference runs anywhere, so a layer always has a backend even with the rest disabled.
-    return next((name for name in priority if why.get(name, "") is None), "reference")
 
 
 def _check_forced(plan: Plan, policy: Policy) -> None:
@@ -159,6 +158,18 @@ def _report(plan: Plan, policy: Policy) -> None:
     if key not in _logged:
         _logged.add(key)
         log.warning("fp8route fallback on %s (first seen on layer %s; explain() lists every layer)", key, plan.layer)
+
+
+def bucket_index(bounds: Sequence[int], m: int) -> int:
+    """bisect_left, written out because torch.compile cannot trace the C bisect module."""
+    lo, hi = 0, len(bounds)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if bounds[mid] < m:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def _bucket_ranges(bounds: Sequence[int]) -> list[tuple[int, int | None]]:

@@ -30,6 +30,15 @@ def get_backend(name: str) -> Backend:
         raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}") from None
 
 
+def last_resorts(device: DeviceInfo) -> frozenset[str]:
+    """Backends that run where nothing better can: choosing one of these is a fallback."""
+    if device.type != "cuda" or device.capability is None:
+        return frozenset()
+    if device.capability < (8, 9):
+        return frozenset({"reference"})
+    return frozenset({"weight_only", "reference"})
+
+
 def default_priority(device: DeviceInfo) -> tuple[str, ...]:
     """The order to try backends in until a measured routing table says otherwise."""
     if device.type != "cuda" or device.capability is None:
@@ -43,4 +52,4 @@ def default_priority(device: DeviceInfo) -> tuple[str, ...]:
     return ("cublas", "flashinfer", "rowwise", "weight_only", "reference")
 
 
-__all__ = ["BACKENDS", "CHANNEL", "TENSOR", "Backend", "default_priority", "get_backend"]
+__all__ = ["BACKENDS", "CHANNEL", "TENSOR", "Backend", "default_priority", "get_backend", "last_resorts"]
