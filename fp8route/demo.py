@@ -8,6 +8,7 @@ import sys
 import torch
 from torch import nn
 
+from fp8route.backends import BACKENDS
 from fp8route.explain import explain
 from fp8route.layer import Fp8Linear
 from fp8route.policy import Policy
@@ -37,8 +38,11 @@ class DemoBlock(nn.Module):
 def build_float_model(hidden: int, intermediate: int, layers: int, dtype: torch.dtype, device: str) -> nn.Sequential:
     torch.manual_seed(0)
     model = nn.Sequential(*(DemoBlock(hidden, intermediate, hidden // 4) for _ in range(layers)))
-    for p in model.parameters():
-        nn.init.normal_(p, std=hidden**-0.5)
+    for name, p in model.named_parameters():
+        fan_in = p.shape[1]
+        # down_proj and o_proj write into the residual stream: smaller, as trained models keep them.
+        scale = 0.5 if name.endswith(("down_proj.weight", "o_proj.weight")) else 1.0
+        nn.init.normal_(p, std=scale * fan_in**-0.5)
     return model.to(device=device, dtype=dtype)
 
 
@@ -48,7 +52,9 @@ def quantize_model(model: nn.Module, calibration: torch.Tensor, policy: Policy) 
     over the calibration batch."""
     amax: dict[str, float] = {}
     hooks = [
-        module.register_forward_pre_hook(lambda m, args, name=name: amax.__setitem__(name, max(amax.get(name, 0.0), args[0].abs().max().item())))
+        module.register_forward_pre_hook(
+            lambda m, args, name=name: amax.__setitem__(name, max(amax.get(name, 0.0), args[0].abs().max().item()))
+        )
         for name, module in model.named_modules()
         if isinstance(module, nn.Linear)
     ]
@@ -71,24 +77,48 @@ def run_demo(args: argparse.Namespace) -> int:
     x = torch.randn(args.tokens, args.hidden, device=device, dtype=dtype)
     with torch.no_grad():
         expected = float_model(x)
-        model = quantize_model(build_float_model(args.hidden, args.intermediate, args.layers, dtype, device), x, Policy.from_env())
-    print(f"fp8route demo on {device} ({torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}), {args.dtype}, "
-          f"{args.layers} blocks, hidden {args.hidden}, intermediate {args.intermediate}, {args.tokens} tokens\n")
+        model = quantize_model(
+            build_float_model(args.hidden, args.intermediate, args.layers, dtype, device), x, Policy.from_env()
+        )
+    print(
+        f"fp8route demo on {device} ({torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}), {args.dtype}, "
+        f"{args.layers} blocks, hidden {args.hidden}, intermediate {args.intermediate}, {args.tokens} tokens\n"
+    )
     print(explain(model))
     with torch.no_grad():
-        routed = model(x)
-        for layer in model.modules():
-            if isinstance(layer, Fp8Linear):
-                layer.replan(Policy(force="reference"))
-        reference = model(x)
-    rel = ((routed.float() - reference.float()).norm() / reference.float().norm()).item()
-    tolerance = 2e-2 if dtype != torch.float32 else 1e-4
-    print("\nrouted vs fp32 reference of the same FP8 operands: "
-          f"relative error {rel:.2e} (tolerance {tolerance:.0e}), NaNs: {int(routed.isnan().sum())}")
-    print(f"FP8 model vs the {args.dtype} model it was quantized from: SQNR {sqnr_db(expected.float(), routed.float()):.1f} dB")
-    ok = rel <= tolerance and not routed.isnan().any()
+        routed, worst_layer, worst = run_checked(model, x)
+    tolerance = 1e-2 if dtype != torch.float32 else 1e-5
+    print(
+        f"\nevery layer vs the fp32 reference on the same FP8 operands: worst relative error {worst:.2e} "
+        f"({worst_layer}; tolerance {tolerance:.0e}), NaNs in the output: {int(routed.isnan().sum())}"
+    )
+    sqnr = sqnr_db(expected.float(), routed.float())
+    print(f"FP8 model vs the {args.dtype} model it was quantized from: SQNR {sqnr:.1f} dB")
+    ok = worst <= tolerance and not routed.isnan().any()
     print("demo: OK" if ok else "demo: FAILED")
     return 0 if ok else 1
+
+
+def run_checked(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, str, float]:
+    """Run the model as planned; check each layer's output against the reference backend on the
+    very input that layer saw. (Comparing whole models instead would mostly measure how one
+    rounding difference flips later FP8 roundings, not whether a kernel is right.)"""
+    errors: dict[str, float] = {}
+
+    def check(layer: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        x2d = args[0].reshape(-1, args[0].shape[-1])
+        expected = BACKENDS["reference"].run(x2d, layer).float()  # type: ignore[arg-type]
+        diff = (out.reshape(expected.shape).float() - expected).norm() / expected.norm().clamp(min=1e-30)
+        errors[layer.name] = diff.item()  # type: ignore[assignment]
+
+    hooks = [m.register_forward_hook(check) for m in model.modules() if isinstance(m, Fp8Linear)]
+    try:
+        out = model(x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    worst_layer = max(errors, key=errors.__getitem__)
+    return out, worst_layer, errors[worst_layer]
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -103,4 +133,6 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_demo(argparse.Namespace(device=None, dtype="bfloat16", hidden=256, intermediate=512, layers=1, tokens=9)))
+    sys.exit(
+        run_demo(argparse.Namespace(device=None, dtype="bfloat16", hidden=256, intermediate=512, layers=1, tokens=9))
+    )

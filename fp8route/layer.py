@@ -49,7 +49,9 @@ class Fp8Linear(nn.Module):
         if bias is not None:
             check_float(f"{name}.bias", bias)
             if tuple(bias.shape) != (n,):
-                raise Fp8InputError(f"{name}.bias: expected shape ({n},) to match weight [N={n}, K={k}], got {tuple(bias.shape)}")
+                raise Fp8InputError(
+                    f"{name}.bias: expected shape ({n},) to match weight [N={n}, K={k}], got {tuple(bias.shape)}"
+                )
             bias = bias.detach().to(weight.device)
         widths = tuple(logical_widths) if logical_widths is not None else (n,)
         if sum(widths) != n or any(w <= 0 for w in widths):
@@ -85,7 +87,9 @@ class Fp8Linear(nn.Module):
         if isinstance(weight_scale, (list, tuple)):
             check_fp8_weight(f"{name}.weight", qweight)
             if logical_widths is None:
-                raise Fp8InputError(f"{name}: {len(weight_scale)} shard weight scales need logical_widths (the rows of each shard)")
+                raise Fp8InputError(
+                    f"{name}: {len(weight_scale)} shard weight scales need logical_widths (the rows of each shard)"
+                )
             fused = requantize_shards(qweight, weight_scale, logical_widths)
             qweight, weight_scale, requant_error = fused.weight, fused.scale, fused.rel_error
         if isinstance(input_scale, (list, tuple)):
@@ -105,7 +109,9 @@ class Fp8Linear(nn.Module):
         elif isinstance(linear_or_weight, torch.Tensor):
             weight, bias = linear_or_weight, None
         else:
-            raise Fp8TypeError(f"from_float: expected an nn.Linear or a weight tensor, got {type(linear_or_weight).__name__}")
+            raise Fp8TypeError(
+                f"from_float: expected an nn.Linear or a weight tensor, got {type(linear_or_weight).__name__}"
+            )
         check_float("weight", weight)
         if weight.dim() != 2:
             raise Fp8InputError(f"from_float: expected a 2-D [N, K] weight, got shape {tuple(weight.shape)}")
@@ -154,7 +160,11 @@ class Fp8Linear(nn.Module):
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Fp8Linear:
         # module.to(dtype) would cast the fp8 weight and the fp32 scales; they keep their dtype
         # and follow only device moves. A new device gets a new plan.
-        keep = {id(t) for t in (self.weight, self.weight_scale, self.input_scale, self.weight_scale_channel) if t is not None}
+        keep = {
+            id(t)
+            for t in (self.weight, self.weight_scale, self.input_scale, self.weight_scale_channel)
+            if t is not None
+        }
 
         def move(t: torch.Tensor) -> torch.Tensor:
             moved = fn(t)
@@ -168,5 +178,5 @@ class Fp8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         scale = "static" if self.input_scale is not None else "dynamic"
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, input_scale={scale}"
-
+        has_bias = self.bias is not None
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={has_bias}, input_scale={scale}"

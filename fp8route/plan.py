@@ -24,6 +24,8 @@ log = logging.getLogger("fp8route")
 M_BOUNDS: tuple[int, ...] = tuple(2**i for i in range(15))
 
 # A routing table answers "which backend is fastest here", or None where it has no measurement.
+# One that also has describe(problem) -> str names where its answers come from (tuned, nearest
+# tuned shape, default priority): that becomes the plan's source, which explain() shows.
 Preference = Callable[[GemmProblem], str | None]
 
 _logged: set[str] = set()
@@ -47,13 +49,24 @@ def fallback_lines(fallbacks: Sequence[Fallback]) -> list[str]:
     return [f"{', '.join(d)} {_m_range(lo, hi)}: {w} -> {u} ({r})" for (lo, hi, w, u, r), d in dtypes.items()]
 
 
+@dataclass(frozen=True)
+class Exclusion:
+    backend: str
+    reason: str
+    dtypes: tuple[torch.dtype, ...]  # the activation dtypes the reason holds for
+
+    def __str__(self) -> str:
+        scope = "" if self.dtypes == FLOAT_DTYPES else ", ".join(map(_dtype_name, self.dtypes)) + ": "
+        return scope + self.reason
+
+
 @dataclass(frozen=True, eq=False)
 class Plan:
     layer: str
     problem: GemmProblem
     bounds: tuple[int, ...]
     routes: dict[torch.dtype, tuple[Backend, ...]]
-    excluded: tuple[tuple[str, str], ...]
+    excluded: tuple[Exclusion, ...]
     fallbacks: tuple[Fallback, ...]
     source: str
 
@@ -84,9 +97,9 @@ class Plan:
             by_text.setdefault(self.route_text(dtype), []).append(_dtype_name(dtype))
         lines += [f"    {', '.join(dtypes)}: {text}" for text, dtypes in by_text.items()]
         if self.excluded:
-            width = max(len(name) for name, _ in self.excluded)
+            width = max(len(e.backend) for e in self.excluded)
             lines.append("  excluded:")
-            lines += [f"    {name:<{width}}  {reason}" for name, reason in self.excluded]
+            lines += [f"    {e.backend:<{width}}  {e}" for e in self.excluded]
         lines.append("  fallbacks:" + ("" if self.fallbacks else " none"))
         lines += [f"    {line}" for line in fallback_lines(self.fallbacks)]
         return "\n".join(lines)
@@ -109,8 +122,16 @@ def make_plan(
     priority = [name for name in default_priority(problem.device) if name not in policy.disable]
     resorts = last_resorts(problem.device)
     if source is None:
-        source = f"forced by FP8ROUTE_FORCE={policy.force}" if policy.force else f"default priority for {problem.device.label}"
-    reasons: dict[tuple[str, str], None] = {(name, "disabled by FP8ROUTE_DISABLE"): None for name in sorted(policy.disable)}
+        describe = getattr(preference, "describe", None)
+        if policy.force:
+            source = f"forced by FP8ROUTE_FORCE={policy.force}"
+        elif callable(describe):
+            source = str(describe(problem))
+        else:
+            source = f"default priority for {problem.device.label}"
+    reasons: dict[tuple[str, str], dict[torch.dtype, None]] = {
+        (name, "disabled by FP8ROUTE_DISABLE"): dict.fromkeys(FLOAT_DTYPES) for name in sorted(policy.disable)
+    }
     routes: dict[torch.dtype, tuple[Backend, ...]] = {}
     fallbacks: list[Fallback] = []
     for dtype in FLOAT_DTYPES:
@@ -118,7 +139,9 @@ def make_plan(
         for lo, hi in _bucket_ranges(M_BOUNDS):
             bucket = problem.with_bucket(dtype, hi)
             why = {name: BACKENDS[name].why_not(bucket) for name in BACKENDS if name not in policy.disable}
-            reasons.update({(name, r): None for name, r in why.items() if r is not None})
+            for name, reason in why.items():
+                if reason is not None:
+                    reasons.setdefault((name, reason), {})[dtype] = None
             preferred = preference(bucket) if preference else None
             wanted = policy.force or (preferred if preferred in why else None)
             if wanted is not None and why[wanted] is None:
@@ -130,7 +153,8 @@ def make_plan(
                 fallbacks.append(Fallback(dtype, lo, hi, wanted, used, why[wanted] or ""))
             route.append(BACKENDS[used])
         routes[dtype] = tuple(route)
-    plan = Plan(layer, problem, M_BOUNDS, routes, tuple(reasons), tuple(_merge(fallbacks)), source)
+    excluded = tuple(Exclusion(name, reason, tuple(dtypes)) for (name, reason), dtypes in reasons.items())
+    plan = Plan(layer, problem, M_BOUNDS, routes, excluded, tuple(_merge(fallbacks)), source)
     _check_forced(plan, policy)
     _report(plan, policy)
     return plan
@@ -199,7 +223,12 @@ def _merge(fallbacks: list[Fallback]) -> list[Fallback]:
     merged: list[Fallback] = []
     for f in fallbacks:
         last = merged[-1] if merged else None
-        if last and last.m_hi is not None and last.m_hi + 1 == f.m_lo and (last.dtype, last.wanted, last.used, last.reason) == (f.dtype, f.wanted, f.used, f.reason):
+        if (
+            last
+            and last.m_hi is not None
+            and last.m_hi + 1 == f.m_lo
+            and (last.dtype, last.wanted, last.used, last.reason) == (f.dtype, f.wanted, f.used, f.reason)
+        ):
             merged[-1] = replace(last, m_hi=f.m_hi)
         else:
             merged.append(f)

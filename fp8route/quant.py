@@ -43,9 +43,7 @@ def as_scale(name: str, scale: torch.Tensor | float, device: torch.device | None
     if not isinstance(scale, torch.Tensor):
         raise Fp8TypeError(f"{name}: expected a tensor or a float, got {type(scale).__name__}")
     if scale.numel() != 1:
-        raise Fp8InputError(
-            f"{name}: expected one per-tensor scale (shape [] or [1]), got shape {tuple(scale.shape)}"
-        )
+        raise Fp8InputError(f"{name}: expected one per-tensor scale (shape [] or [1]), got shape {tuple(scale.shape)}")
     if not scale.dtype.is_floating_point or scale.dtype in (FP8_DTYPE, torch.float8_e5m2):
         raise Fp8TypeError(f"{name}: expected a float32/bfloat16/float16 scale, got {scale.dtype}")
     value = float(scale.detach().float().cpu().reshape(()))
@@ -85,7 +83,9 @@ class Requantized:
     rel_error: float  # ||requantized - original|| / ||original|| over the fused weight
 
 
-def requantize_shards(weight: torch.Tensor, scales: Sequence[torch.Tensor], logical_widths: Sequence[int]) -> Requantized:
+def requantize_shards(
+    weight: torch.Tensor, scales: Sequence[torch.Tensor], logical_widths: Sequence[int]
+) -> Requantized:
     """Bring shards (q/k/v, gate/up) that carry their own scales onto the largest one.
 
     The largest scale keeps every shard inside e4m3's range; shards with smaller scales lose a
@@ -96,7 +96,8 @@ def requantize_shards(weight: torch.Tensor, scales: Sequence[torch.Tensor], logi
         raise Fp8InputError(f"requantize: {len(scales)} scales for {len(logical_widths)} logical widths")
     if sum(logical_widths) != weight.shape[0]:
         raise Fp8InputError(
-            f"requantize: logical widths {list(logical_widths)} sum to {sum(logical_widths)}, weight has N={weight.shape[0]}"
+            f"requantize: logical widths {list(logical_widths)} sum to {sum(logical_widths)}, "
+            f"weight has N={weight.shape[0]}"
         )
     checked = [as_scale(f"shard {i} weight_scale", s, weight.device) for i, s in enumerate(scales)]
     max_scale = torch.stack(checked).max()

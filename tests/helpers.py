@@ -9,7 +9,7 @@ from fp8route.quant import FP8_DTYPE, FP8_MAX
 
 def random_fp8_operands(m: int, n: int, k: int, device: str = "cpu", seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator(device="cpu").manual_seed(seed)
-    w = (torch.randn(n, k, generator=g) * 0.05)
+    w = torch.randn(n, k, generator=g) * 0.05
     w_scale = w.abs().max() / FP8_MAX
     x = torch.randn(m, k, generator=g)
     x_scale = x.abs().max() / FP8_MAX
@@ -23,7 +23,11 @@ def random_fp8_operands(m: int, n: int, k: int, device: str = "cpu", seed: int =
 
 
 def fp32_reference(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    input_scale: torch.Tensor,
+    bias: torch.Tensor | None,
 ) -> torch.Tensor:
     """The layer's math written out on the same quantized operands, in fp32."""
     x_q = (x.float() / input_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)

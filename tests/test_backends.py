@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from helpers import fp32_reference, poison_allocator, random_fp8_operands, rel_error
 from torch import nn
 
 from fp8route import BACKENDS, DeviceInfo, Fp8Linear, Policy, sqnr_db
-from helpers import fp32_reference, poison_allocator, random_fp8_operands, rel_error
 
 SHAPES = [(32, 64), (48, 256), (128, 1024), (96, 80)]
 MS = [1, 17, 33, 129, 1000]

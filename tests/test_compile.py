@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from helpers import random_fp8_operands
 from torch import nn
 
 from fp8route import Fp8Linear, ops
-from helpers import random_fp8_operands
 
 
 class Mlp(nn.Module):
@@ -47,7 +47,9 @@ def opcheck(op, args) -> None:
     op(*args)
     for old, new in zip(before, args):
         if isinstance(old, torch.Tensor):
-            assert torch.equal(old.reshape(-1).view(torch.uint8), new.reshape(-1).view(torch.uint8)), "an op mutated an input"
+            assert torch.equal(old.reshape(-1).view(torch.uint8), new.reshape(-1).view(torch.uint8)), (
+                "an op mutated an input"
+            )
 
 
 def _operands(m: int = 17, n: int = 32, k: int = 64):

@@ -31,7 +31,9 @@ def test_scales_must_be_finite_and_positive(qweight, which, bad):
 
 
 def test_bias_shape_and_dtype(qweight):
-    with pytest.raises(Fp8InputError, match=r"qkv\.bias: expected shape \(32,\) to match weight \[N=32, K=64\], got \(64,\)"):
+    with pytest.raises(
+        Fp8InputError, match=r"qkv\.bias: expected shape \(32,\) to match weight \[N=32, K=64\], got \(64,\)"
+    ):
         Fp8Linear(qweight, 1.0, bias=torch.zeros(64), name="qkv")
     with pytest.raises(Fp8TypeError, match=r"qkv\.bias: expected bfloat16, float16 or float32, got torch.int64"):
         Fp8Linear(qweight, 1.0, bias=torch.zeros(32, dtype=torch.long), name="qkv")

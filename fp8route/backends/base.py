@@ -41,6 +41,11 @@ def quantize_input(x: torch.Tensor, layer: Fp8Linear) -> tuple[torch.Tensor, tor
     return quantize(x, scale), scale
 
 
+def bias_as(layer: Fp8Linear, dtype: torch.dtype) -> torch.Tensor | None:
+    """The bias in the output dtype, as the fused epilogues want it (no copy when it already is)."""
+    return None if layer.bias is None else layer.bias.to(dtype)
+
+
 def needs_fp8_gpu(problem: GemmProblem) -> str | None:
     device = problem.device
     if device.type != "cuda":

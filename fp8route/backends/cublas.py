@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fp8route import ops
-from fp8route.backends.base import Backend, first_reason, needs_aligned, needs_fp8_gpu, quantize_input
+from fp8route.backends.base import Backend, bias_as, first_reason, needs_aligned, needs_fp8_gpu, quantize_input
 from fp8route.problem import GemmProblem
 
 if TYPE_CHECKING:
@@ -27,4 +27,6 @@ class CublasBackend(Backend):
 
     def run(self, x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
         x_q, x_scale = quantize_input(x, layer)
-        return ops.scaled_mm(x_q, layer.weight, x_scale, layer.weight_scale, layer.bias, x.dtype, self.fast_accum)
+        return ops.scaled_mm(
+            x_q, layer.weight, x_scale, layer.weight_scale, bias_as(layer, x.dtype), x.dtype, self.fast_accum
+        )

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fp8route import ops
-from fp8route.backends.base import Backend, first_reason, needs_aligned, needs_fp8_gpu, quantize_input
+from fp8route.backends.base import Backend, bias_as, first_reason, needs_aligned, needs_fp8_gpu, quantize_input
 from fp8route.problem import GemmProblem
 
 if TYPE_CHECKING:
@@ -28,10 +28,10 @@ class FlashinferBackend(Backend):
             return "flashinfer is not installed (pip install 'fp8route[flashinfer]')"
         reason = first_reason(needs_fp8_gpu(problem), needs_aligned(problem))
         if reason is None and problem.out_dtype not in (torch.bfloat16, torch.float16):
-            return "writes bfloat16 or float16 only, the layer needs float32 output"
+            return "writes bfloat16 or float16 output only"
         return reason
 
     def run(self, x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
         x_q, x_scale = quantize_input(x, layer)
         out = ops.flashinfer_bmm(x_q, layer.weight, x_scale, layer.weight_scale, x.dtype)
-        return out if layer.bias is None else out + layer.bias
+        return out if layer.bias is None else out + bias_as(layer, x.dtype)

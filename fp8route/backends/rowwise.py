@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fp8route import ops
-from fp8route.backends.base import CHANNEL, Backend, first_reason, needs_aligned, needs_fp8_gpu, quantize_input
+from fp8route.backends.base import CHANNEL, Backend, bias_as, first_reason, needs_aligned, needs_fp8_gpu, quantize_input
 from fp8route.problem import GemmProblem
 
 if TYPE_CHECKING:
@@ -31,15 +31,13 @@ class RowwiseBackend(Backend):
             major, minor = problem.device.capability
             return f"torch's rowwise kernel is built for SM 8.9, 9.0 and 10.0, device has {major}.{minor}"
         if problem.out_dtype != torch.bfloat16:
-            return f"writes bfloat16 only, the layer needs {_name(problem.out_dtype)} output"
+            return "writes bfloat16 output only"
         return None
 
     def run(self, x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
         x_q, x_scale = quantize_input(x, layer)
         x_scales = x_scale.reshape(1, 1).repeat(x.shape[0], 1)  # a fresh tensor: the kernel wants stride 1, even at M=1
         assert layer.weight_scale_channel is not None, "plan prepares the channel layout"
-        return ops.scaled_mm(x_q, layer.weight, x_scales, layer.weight_scale_channel, layer.bias, x.dtype, False)
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+        return ops.scaled_mm(
+            x_q, layer.weight, x_scales, layer.weight_scale_channel, bias_as(layer, x.dtype), x.dtype, False
+        )

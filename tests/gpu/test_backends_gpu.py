@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import fp32_reference, poison_allocator, random_fp8_operands, rel_error
 from torch import nn
 
 from fp8route import BACKENDS, DeviceInfo, Fp8Linear, GemmProblem, Policy
-from helpers import fp32_reference, poison_allocator, random_fp8_operands, rel_error
 
 pytestmark = pytest.mark.gpu
 
