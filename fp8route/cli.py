@@ -10,10 +10,6 @@ import sys
 # Modules that define `register(subparsers)`; each sets `run` to a function(args) -> exit code.
 COMMAND_MODULES = (
     "fp8route.demo",
-    "fp8route.commands.inspect",
-    "fp8route.commands.quantize",
-    "fp8route.commands.tune",
-    "fp8route.commands.bench",
 )
 
 
