@@ -10,6 +10,8 @@ import sys
 # Modules that define `register(subparsers)`; each sets `run` to a function(args) -> exit code.
 COMMAND_MODULES = (
     "fp8route.demo",
+    "fp8route.commands.inspect",
+    "fp8route.commands.quantize",
 )
 
 

@@ -21,3 +21,7 @@ class BackendUnavailableError(Fp8RouteError, RuntimeError):
 
 class StrictModeError(Fp8RouteError, RuntimeError):
     """strict=True (or FP8ROUTE_STRICT=1) turned a fallback into an error."""
+
+
+class CheckpointError(Fp8InputError):
+    """A checkpoint folder, its config or one of its tensors is missing, malformed or unsupported."""

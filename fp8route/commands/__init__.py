@@ -1,0 +1,1 @@
+"""`fp8route` subcommands, one module each, registered in fp8route/cli.py."""

@@ -1,0 +1,265 @@
+"""A compact Llama-family decoder (Llama, Mistral, Qwen2/3): RMSNorm, RoPE, GQA attention, SwiGLU.
+
+Module names follow Hugging Face's (`model.layers.0.self_attn.q_proj`), so checkpoint tensors
+and Fp8Linear layers drop in by name; fused `qkv_proj` / `gate_up_proj` layers replace their
+members. Prefill only: no KV cache yet.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fp8route.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from fp8route.checkpoint import Checkpoint
+
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    num_hidden_layers: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+    head_dim: int = 0  # 0: hidden_size // num_attention_heads
+    rope_scaling: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def from_hf(cls, config: Mapping[str, Any], file: str = "config.json") -> LlamaConfig:
+        archs = config.get("architectures") or []
+        if archs and not any(a in ARCHITECTURES for a in archs):
+            raise CheckpointError(
+                f"unsupported: architectures={archs} in {file}; the built-in runner knows {', '.join(ARCHITECTURES)}"
+            )
+        if config.get("hidden_act", "silu") != "silu":
+            raise CheckpointError(f"unsupported: hidden_act={config['hidden_act']} in {file}")
+        missing = [
+            k
+            for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
+            if k not in config
+        ]
+        if missing:
+            raise CheckpointError(f"{file}: missing {', '.join(missing)}")
+        rope = config.get("rope_parameters") or {}
+        scaling = config.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else {})
+        return cls(
+            hidden_size=int(config["hidden_size"]),
+            intermediate_size=int(config["intermediate_size"]),
+            num_attention_heads=int(config["num_attention_heads"]),
+            num_key_value_heads=int(config.get("num_key_value_heads") or config["num_attention_heads"]),
+            num_hidden_layers=int(config["num_hidden_layers"]),
+            vocab_size=int(config["vocab_size"]),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(config.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            head_dim=int(config.get("head_dim") or 0),
+            rope_scaling=tuple(sorted(scaling.items())),
+        )
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
+    dim = cfg.head_size
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = dict(cfg.rope_scaling)
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "linear":
+        return (inv_freq / scaling["factor"]).float()
+    if kind == "llama3":
+        # Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a smooth blend between.
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        context = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        smooth = ((context / wavelen - low) / (high - low)).clamp(0, 1)
+        blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        return blended.float()
+    if kind != "default":
+        raise CheckpointError(f"unsupported: rope_scaling.rope_type={kind} in config.json")
+    return inv_freq.float()
+
+
+def rope_tables(cfg: LlamaConfig, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    freqs = positions.double()[:, None] * rope_inv_freq(cfg).double().to(positions.device)[None]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().float(), emb.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's convention: the head's two halves form the (real, imaginary) pairs."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x.float() * cos + rotated * sin).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight.to(x.dtype) * h.to(x.dtype)
+
+
+class FloatLinear(nn.Module):
+    """A full-precision linear over given tensors (no copy, no init)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+
+
+class Parts:
+    """Looks up a module's pieces by checkpoint name: an Fp8Linear if one was given, else a
+    FloatLinear over the tensors."""
+
+    def __init__(self, linears: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor]) -> None:
+        self.linears, self.tensors = linears, tensors
+
+    def tensor(self, name: str) -> torch.Tensor:
+        if name not in self.tensors:
+            raise CheckpointError(f"tensor {name} is missing from the checkpoint")
+        return self.tensors[name]
+
+    def has(self, name: str) -> bool:
+        return name in self.linears or f"{name}.weight" in self.tensors
+
+    def linear(self, name: str) -> nn.Module:
+        if name in self.linears:
+            return self.linears[name]
+        return FloatLinear(self.tensor(f"{name}.weight"), self.tensors.get(f"{name}.bias"))
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig, parts: Parts, prefix: str) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.widths = [cfg.num_attention_heads * cfg.head_size] + [cfg.num_key_value_heads * cfg.head_size] * 2
+        if parts.has(f"{prefix}.qkv_proj"):
+            self.qkv_proj = parts.linear(f"{prefix}.qkv_proj")
+        else:
+            self.q_proj, self.k_proj, self.v_proj = (
+                parts.linear(f"{prefix}.{n}") for n in ("q_proj", "k_proj", "v_proj")
+            )
+        self.o_proj = parts.linear(f"{prefix}.o_proj")
+        # Qwen3 normalizes each head's q and k before RoPE.
+        self.q_norm = (
+            RMSNorm(parts.tensor(f"{prefix}.q_norm.weight"), cfg.rms_norm_eps)
+            if parts.has(f"{prefix}.q_norm")
+            else None
+        )
+        self.k_norm = (
+            RMSNorm(parts.tensor(f"{prefix}.k_norm.weight"), cfg.rms_norm_eps)
+            if parts.has(f"{prefix}.k_norm")
+            else None
+        )
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        if hasattr(self, "qkv_proj"):
+            q, k, v = self.qkv_proj(x).split(self.widths, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        hd = self.cfg.head_size
+        q = q.reshape(b, t, -1, hd)
+        k = k.reshape(b, t, -1, hd)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin)
+        k = apply_rope(k.transpose(1, 2), cos, sin)
+        v = v.reshape(b, t, -1, hd).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class Mlp(nn.Module):
+    def __init__(self, cfg: LlamaConfig, parts: Parts, prefix: str) -> None:
+        super().__init__()
+        self.intermediate = cfg.intermediate_size
+        if parts.has(f"{prefix}.gate_up_proj"):
+            self.gate_up_proj = parts.linear(f"{prefix}.gate_up_proj")
+        else:
+            self.gate_proj, self.up_proj = parts.linear(f"{prefix}.gate_proj"), parts.linear(f"{prefix}.up_proj")
+        self.down_proj = parts.linear(f"{prefix}.down_proj")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if hasattr(self, "gate_up_proj"):
+            gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig, parts: Parts, prefix: str) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(parts.tensor(f"{prefix}.input_layernorm.weight"), cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, parts, f"{prefix}.self_attn")
+        self.post_attention_layernorm = RMSNorm(
+            parts.tensor(f"{prefix}.post_attention_layernorm.weight"), cfg.rms_norm_eps
+        )
+        self.mlp = Mlp(cfg, parts, f"{prefix}.mlp")
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: LlamaConfig, parts: Parts) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding.from_pretrained(parts.tensor("model.embed_tokens.weight"), freeze=True)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, parts, f"model.layers.{i}") for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(parts.tensor("model.norm.weight"), cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: LlamaConfig, linears: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.cfg = cfg
+        parts = Parts(linears, tensors)
+        self.model = LlamaModel(cfg, parts)
+        if parts.has("lm_head"):
+            self.lm_head = parts.linear("lm_head")
+        elif cfg.tie_word_embeddings:
+            self.lm_head = FloatLinear(self.model.embed_tokens.weight)
+        else:
+            raise CheckpointError("lm_head.weight is missing and tie_word_embeddings is false in config.json")
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Checkpoint) -> LlamaForCausalLM:
+        """A model over a loaded fp8route Checkpoint: its Fp8Linears and its plain tensors."""
+        return cls(LlamaConfig.from_hf(checkpoint.config), checkpoint.linears, checkpoint.tensors)
+
+    def forward(self, input_ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab] for token ids [B, T], computed in dtype (default: the embedding's)."""
+        h = self.model.embed_tokens(input_ids)
+        h = h.to(dtype or h.dtype)
+        cos, sin = rope_tables(self.cfg, torch.arange(input_ids.shape[-1], device=input_ids.device))
+        for layer in self.model.layers:
+            h = layer(h, cos, sin)
+        return self.lm_head(self.model.norm(h))

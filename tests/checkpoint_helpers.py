@@ -1,0 +1,119 @@
+"""Small Hugging Face-style checkpoints written by the tests themselves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from fp8route.quant import quantize_per_tensor
+
+TINY = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 256,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "torch_dtype": "bfloat16",
+}
+# Different spreads per projection, so fused shards really carry different scales.
+_STD = {
+    "q_proj": 0.08,
+    "k_proj": 0.15,
+    "v_proj": 0.04,
+    "o_proj": 0.08,
+    "gate_proj": 0.1,
+    "up_proj": 0.05,
+    "down_proj": 0.06,
+}
+
+
+def llama_tensors(
+    config: dict[str, Any] = TINY, seed: int = 0, dtype: torch.dtype = torch.bfloat16
+) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    h, i, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    hd = h // config["num_attention_heads"]
+    kv = config["num_key_value_heads"] * hd
+    shapes = {
+        "q_proj": (h, h),
+        "k_proj": (kv, h),
+        "v_proj": (kv, h),
+        "o_proj": (h, h),
+        "gate_proj": (i, h),
+        "up_proj": (i, h),
+        "down_proj": (h, i),
+    }
+    t: dict[str, torch.Tensor] = {"model.embed_tokens.weight": torch.randn(v, h, generator=g)}
+    for layer in range(config["num_hidden_layers"]):
+        p = f"model.layers.{layer}"
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            t[f"{p}.{norm}.weight"] = 1 + 0.1 * torch.randn(h, generator=g)
+        for name, shape in shapes.items():
+            group = "self_attn" if name in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+            t[f"{p}.{group}.{name}.weight"] = _STD[name] * torch.randn(*shape, generator=g)
+    t["model.norm.weight"] = 1 + 0.1 * torch.randn(h, generator=g)
+    if not config.get("tie_word_embeddings"):
+        t["lm_head.weight"] = 0.05 * torch.randn(v, h, generator=g)
+    return {k: x.to(dtype) for k, x in t.items()}
+
+
+def write_checkpoint(
+    folder: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any], shards: int = 1, **extra_files: Any
+) -> Path:
+    """config.json, the tensors split over `shards` files (with an index when more than one),
+    and any extra JSON files given as name=content (file names with dots: pass a dict via **{})."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    names = sorted(tensors)
+    if shards == 1:
+        save_file({n: tensors[n].contiguous() for n in names}, str(folder / "model.safetensors"))
+    else:
+        weight_map = {}
+        for s in range(shards):
+            file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+            part = names[s::shards]
+            save_file({n: tensors[n].contiguous() for n in part}, str(folder / file))
+            weight_map.update(dict.fromkeys(part, file))
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    for name, content in extra_files.items():
+        (folder / name).write_text(json.dumps(content))
+    return folder
+
+
+def fp8_linear_tensors(
+    prefix: str, n: int = 32, k: int = 64, seed: int = 0, scale_shape: tuple[int, ...] = ()
+) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    qweight, scale = quantize_per_tensor(torch.randn(n, k, generator=g) * 0.1)
+    return {
+        f"{prefix}.weight": qweight,
+        f"{prefix}.weight_scale": scale.reshape(scale_shape),
+        f"{prefix}.input_scale": torch.tensor(0.02).reshape(scale_shape),
+    }
+
+
+MODELOPT_HF_QUANT = {
+    "producer": {"name": "modelopt", "version": "0.19.0"},
+    "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]},
+}
+
+
+def ct_config(ignore: list[str] | None = None) -> dict[str, Any]:
+    args = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": dict(args), "input_activations": dict(args)}},
+        "ignore": ["lm_head"] if ignore is None else ignore,
+    }
