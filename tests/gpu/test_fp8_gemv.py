@@ -1,0 +1,166 @@
+"""fp8_gemv against an fp32/fp64 reference of the same quantized operands, and against cuBLASLt's error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp8route.kernels import fp8_gemv as fg
+
+FP8 = torch.float8_e4m3fn
+SHAPES = [  # (N, K): Llama-3.1-8B TP1 and TP4 projections, and one that needs every mask
+    (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
+    (1536, 4096), (4096, 1024), (7168, 4096), (4096, 3584),
+    (208, 400),
+]  # fmt: skip
+MS = (1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64)
+OUT_DTYPES = (torch.bfloat16, torch.float16)
+
+gpu = pytest.mark.skipif(
+    not torch.cuda.is_available() or fg.TRITON_IMPORT_ERROR is not None, reason="needs CUDA and triton"
+)
+
+
+def quantize_ref(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """The standalone quantizer (fp8route.quant.quantize), written out so the test pins its rounding."""
+    return (x.float() / s).clamp(-448, 448).to(FP8)
+
+
+def make(n: int, k: int, m: int, out_dtype: torch.dtype, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = (torch.randn(m, k, device="cuda", generator=g) * 2).to(out_dtype)
+    s_in = (x.float().abs().amax() / 448 * 0.8).reshape(())  # a static scale with some saturation
+    w = (torch.randn(n, k, device="cuda", generator=g) * 120).clamp(-448, 448).to(FP8)
+    s_w = torch.tensor(0.0027, device="cuda")
+    bias = torch.randn(n, device="cuda", generator=g).to(out_dtype) * 8
+    return x, w, s_w, s_in, bias
+
+
+def reference(q: torch.Tensor, w: torch.Tensor, s_w, s_in, bias) -> torch.Tensor:
+    y = (q.float().double() @ w.float().double().T) * s_in.double() * s_w.double()
+    return y + bias.double() if bias is not None else y
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
+def cublas(q, w, s_w, s_in, bias, out_dtype) -> torch.Tensor:
+    try:
+        return torch._scaled_mm(q, w.t(), s_in, s_w, bias=bias, out_dtype=out_dtype)
+    except RuntimeError:  # per-tensor cuBLASLt without a bias epilogue for this dtype
+        y = torch._scaled_mm(q, w.t(), s_in, s_w, out_dtype=torch.float32)
+        return (y + bias.float() if bias is not None else y).to(out_dtype)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+@pytest.mark.parametrize("n,k", SHAPES, ids=lambda v: str(v))
+def test_matches_reference(n: int, k: int, out_dtype: torch.dtype) -> None:
+    failures = []
+    for m in MS:
+        x, w, s_w, s_in, bias = make(n, k, m, out_dtype, seed=m * 7 + n + k)
+        q = quantize_ref(x, s_in)
+        for b in (None, bias):
+            ref = reference(q, w, s_w, s_in, b)
+            err_cublas = rel_err(cublas(q, w, s_w, s_in, b, out_dtype), ref)
+            for name, xin in (("fused", x), ("prequant", q)):
+                out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
+                fg.fp8_gemv(xin, w, s_w, s_in, b, out_dtype, out=out)
+                err = rel_err(out, ref)
+                ok = not out.isnan().any().item() and err <= max(2 * err_cublas, 1e-4) and err < 1e-2
+                if not ok:
+                    failures.append(f"M={m} bias={b is not None} {name}: err {err:.2e} cublas {err_cublas:.2e}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("split_k", [1, 4])
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+def test_fused_quantization_is_bit_identical(out_dtype: torch.dtype, split_k: int) -> None:
+    # With w = identity and weight_scale = 1, out = e4m3(x / s) * s exactly, rounded once to out_dtype,
+    # so any difference in the quantized value shows in the output bits.
+    k = 1024
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(33, k, device="cuda", generator=g) * torch.logspace(-4, 1.5, k, device="cuda")
+    x[0, :6] = torch.tensor([float("inf"), -float("inf"), 0.0, -0.0, 1e6, -1e6])
+    x = x.to(out_dtype)
+    s_in = torch.tensor(0.0371, device="cuda")  # not a power of two: division rounding matters
+    w = torch.eye(k, device="cuda").to(FP8)
+    one = torch.tensor(1.0, device="cuda")
+    q = quantize_ref(x, s_in)
+    expected = (q.float() * s_in).to(out_dtype)
+    cfg = fg.GemvConfig(128, 128, 64, split_k, num_warps=8, num_stages=4)
+    out = fg.fp8_gemv(x, w, one, s_in, None, out_dtype, config=cfg)
+    # Compared by value: a matmul cannot return -0 (the accumulator starts at +0), so e4m3 -0 comes back as +0.
+    bad = (out.float() != expected.float()).nonzero()
+    assert bad.numel() == 0, f"{len(bad)} mismatches, first at {bad[:4].tolist()}: x={x[tuple(bad[0])].item()}"
+    assert torch.equal(fg.quantize_fp8(x, s_in).view(torch.uint8), q.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", OUT_DTYPES, ids=str)
+def test_standalone_quantizer_is_bit_identical_at_many_scales(dtype: torch.dtype) -> None:
+    g = torch.Generator(device="cuda").manual_seed(2)
+    x = (torch.randn(1 << 22, device="cuda", generator=g) * torch.rand(1 << 22, device="cuda", generator=g) * 30).to(
+        dtype
+    )
+    for scale in (0.0371, 1 / 448, 4 / 448, 0.0123, 3.3e-3, 0.7, 1e-5):
+        s = torch.tensor(scale, device="cuda")
+        assert torch.equal(fg.quantize_fp8(x, s).view(torch.uint8), quantize_ref(x, s).view(torch.uint8)), scale
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_repeat_runs_are_bit_identical(m: int) -> None:
+    x, w, s_w, s_in, bias = make(4096, 14336, m, torch.bfloat16, seed=3)
+    first = fg.fp8_gemv(x, w, s_w, s_in, bias, torch.bfloat16)
+    assert fg.choose_config(m, 4096, 14336).split_k > 1, "this test is about the split-K reduction"
+    for _ in range(20):
+        assert torch.equal(fg.fp8_gemv(x, w, s_w, s_in, bias, torch.bfloat16), first)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fused", [True, False])
+def test_cuda_graph_replay_equals_eager(fused: bool) -> None:
+    n, k, m = 4096, 4096, 8
+    x, w, s_w, s_in, bias = make(n, k, m, torch.bfloat16, seed=5)
+    static_x = (x if fused else quantize_ref(x, s_in)).clone()
+    fg.fp8_gemv(static_x, w, s_w, s_in, bias, torch.bfloat16)  # compile, allocate counters
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = fg.fp8_gemv(static_x, w, s_w, s_in, bias, torch.bfloat16)
+    for seed in range(3):
+        x2 = make(n, k, m, torch.bfloat16, seed=100 + seed)[0]
+        static_x.copy_(x2 if fused else quantize_ref(x2, s_in))
+        graph.replay()
+        eager = fg.fp8_gemv(static_x, w, s_w, s_in, bias, torch.bfloat16)
+        assert torch.equal(static_out, eager)
+
+
+@pytest.mark.gpu
+@gpu
+def test_rejects_bad_input() -> None:
+    x, w, s_w, s_in, bias = make(256, 512, 4, torch.bfloat16, seed=9)
+    with pytest.raises(ValueError, match="bias"):
+        fg.fp8_gemv(x, w, s_w, s_in, bias.float(), torch.bfloat16)
+    with pytest.raises(ValueError, match="M=129"):
+        fg.fp8_gemv(torch.zeros(129, 512, dtype=torch.bfloat16, device="cuda"), w, s_w, s_in, None, torch.bfloat16)
+    with pytest.raises(TypeError, match="out_dtype"):
+        fg.fp8_gemv(x, w, s_w, s_in, None, torch.float32)
+
+
+def test_why_not_reasons() -> None:
+    if fg.TRITON_IMPORT_ERROR is not None:
+        assert fg.why_not(1, 4096, 4096) == fg.TRITON_IMPORT_ERROR
+        return
+    assert fg.why_not(1, 4096, 4096) is None
+    assert fg.why_not(128, 28672, 4096) is None
+    assert fg.why_not(1, 4096, 4100) == "K=4100 is not a multiple of 16 (16-byte fp8 weight rows)"
+    assert "M=129" in fg.why_not(129, 4096, 4096)
