@@ -114,3 +114,22 @@ def flashinfer_bmm(
 @flashinfer_bmm.register_fake
 def _(x_q, weight, x_scale, w_scale, out_dtype):  # type: ignore[no-untyped-def]
     return _empty_out(x_q, weight, out_dtype)
+
+
+@torch.library.custom_op("fp8route::fp8_gemv", mutates_args=())
+def fp8_gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    w_scale: torch.Tensor,
+    x_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """fp8route's decode kernel; x in bf16/fp16 is quantized with x_scale inside it."""
+    from fp8route.kernels.fp8_gemv import fp8_gemv as kernel
+
+    return kernel(x.contiguous(), weight, w_scale, x_scale, bias, x.dtype)
+
+
+@fp8_gemv.register_fake
+def _(x, weight, w_scale, x_scale, bias):  # type: ignore[no-untyped-def]
+    return _empty_out(x, weight, x.dtype)

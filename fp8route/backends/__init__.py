@@ -5,6 +5,7 @@ from __future__ import annotations
 from fp8route.backends.base import CHANNEL, TENSOR, Backend
 from fp8route.backends.cublas import CublasBackend
 from fp8route.backends.flashinfer import FlashinferBackend
+from fp8route.backends.fp8_gemv import Fp8GemvBackend
 from fp8route.backends.reference import ReferenceBackend
 from fp8route.backends.rowwise import RowwiseBackend
 from fp8route.backends.weight_only import WeightOnlyBackend
@@ -17,6 +18,7 @@ BACKENDS: dict[str, Backend] = {
         CublasBackend(fast_accum=True),
         RowwiseBackend(),
         FlashinferBackend(),
+        Fp8GemvBackend(),
         WeightOnlyBackend(),
         ReferenceBackend(),
     )
