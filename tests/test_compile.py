@@ -79,10 +79,11 @@ def test_gpu_only_ops_have_fakes_for_tracing():
     # flashinfer and the Triton kernel need a GPU to run (tests/gpu covers that); their fakes
     # must give the right shape and dtype.
     o, x_q = _operands()
+    x_half = o["x"].half()
     with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
         fx, fw = mode.from_tensor(x_q), mode.from_tensor(o["weight"])
         fs, gs = mode.from_tensor(o["input_scale"]), mode.from_tensor(o["weight_scale"])
         out = ops.flashinfer_bmm(fx, fw, fs, gs, torch.bfloat16)
-        fused = ops.fp8_gemv(mode.from_tensor(o["x"].half()), fw, gs, fs, None)
+        fused = ops.fp8_gemv(mode.from_tensor(x_half), fw, gs, fs, None)
     assert out.shape == (17, 32) and out.dtype == torch.bfloat16
     assert fused.shape == (17, 32) and fused.dtype == torch.float16
