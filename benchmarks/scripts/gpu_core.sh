@@ -15,5 +15,5 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
   python3 -c "import torch, triton; p=torch.cuda.get_device_properties(0); print(f'{p.name} sm{p.major}{p.minor} SMs={p.multi_processor_count} L2={p.L2_cache_size>>20}MiB torch={torch.__version__} cuda={torch.version.cuda} triton={triton.__version__}')"
   python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -1
 } | tee "$OUT/fingerprint.txt"
-python3 -m pytest -q -m gpu tests/gpu/test_backends_gpu.py -rs 2>&1 | tee "$OUT/gpu_core_tests.log" | tail -25
+python3 -m pytest -q -m gpu tests/gpu -n 4 -rs 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 python3 -m fp8route.cli demo 2>&1 | tee "$OUT/demo_gpu.log" | tail -8
