@@ -17,6 +17,7 @@ from fp8route.policy import Policy
 from fp8route.problem import DeviceInfo, GemmProblem
 from fp8route.quant import dequantize, quantize_per_tensor, requantize_shards, sqnr_db
 from fp8route.quantize_checkpoint import quantize_checkpoint
+from fp8route.routing import RoutingTable, Tuner, load_table, route
 
 __version__ = "0.1.0"
 
@@ -35,14 +36,18 @@ __all__ = [
     "GemmProblem",
     "Plan",
     "Policy",
+    "RoutingTable",
     "StrictModeError",
+    "Tuner",
     "dequantize",
     "explain",
     "get_backend",
     "load_checkpoint",
+    "load_table",
     "make_plan",
     "quantize_checkpoint",
     "quantize_per_tensor",
     "requantize_shards",
+    "route",
     "sqnr_db",
 ]

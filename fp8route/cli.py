@@ -12,6 +12,8 @@ COMMAND_MODULES = (
     "fp8route.demo",
     "fp8route.commands.inspect",
     "fp8route.commands.quantize",
+    "fp8route.commands.tune",
+    "fp8route.commands.bench",
 )
 
 

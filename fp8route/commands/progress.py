@@ -11,11 +11,13 @@ class TextProgress:
     def __init__(self, title: str, stream: TextIO | None = None, width: int = 30) -> None:
         self.title, self.width = title, width
         self.stream = stream or sys.stderr
-        self.start = time.perf_counter()
+        self.start: float | None = None  # the first report starts the clock
         self._last_decile = -1
         self._tty = hasattr(self.stream, "isatty") and self.stream.isatty()
 
     def __call__(self, done: int, total: int, what: str) -> None:
+        if self.start is None:
+            self.start = time.perf_counter()
         frac = done / total if total else 1.0
         filled = int(frac * self.width)
         bar = "#" * filled + "." * (self.width - filled)

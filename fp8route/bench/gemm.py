@@ -1,0 +1,119 @@
+"""`fp8route bench gemm`: every policy (routed and each single backend) per shape and M, timed
+the same way, with the ceilings measured in the same run, written as JSON and PNG."""
+
+from __future__ import annotations
+
+import gc
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fp8route.backends import BACKENDS, last_resorts
+from fp8route.bench.ceilings import Ceilings
+from fp8route.bench.plot import plot_seed, plot_speedups
+from fp8route.bench.report import ROUTED, Cell, GemmReport
+from fp8route.bench.workload import Run, TimeArms, Workload, routed_run
+from fp8route.problem import DeviceInfo
+from fp8route.routing.fingerprint import Fingerprint
+from fp8route.routing.shapes import LayerShape
+from fp8route.routing.table import RoutingTable
+from fp8route.routing.tuner import Progress
+
+
+def default_policies(device: DeviceInfo) -> list[str]:
+    """routed, and every backend that is more than a last resort on this device."""
+    return [ROUTED, *(name for name in BACKENDS if name not in last_resorts(device))]
+
+
+def sweep(
+    shapes: Sequence[LayerShape],
+    m_values: Sequence[int],
+    policies: Sequence[str],
+    *,
+    table: RoutingTable | None,
+    device: torch.device | str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    repeats: int = 30,
+    reps: int = 2,
+    progress: Progress | None = None,
+    copies: int | None = None,
+    timer: TimeArms | None = None,
+) -> list[Cell]:
+    """One Cell per (shape, M, policy). Routed runs the layer's forward, planned with table.
+    (copies and timer are for running it on CPU in tests.)"""
+    cells: list[Cell] = []
+    total, done = len(shapes) * len(m_values), 0
+    for shape in shapes:
+        workload = Workload(shape.n, shape.k, dtype=dtype, device=device, preference=table, copies=copies)
+        for m in m_values:
+            if progress:
+                progress(done, total, f"{shape.label} M={m}")
+            problem = workload.problem(m)
+            runs: dict[str, Run] = {}
+            for policy in policies:
+                if policy == ROUTED:
+                    runs[policy] = routed_run
+                    continue
+                reason = BACKENDS[policy].why_not(problem)
+                if reason is None:
+                    runs[policy] = BACKENDS[policy].run
+                else:
+                    cells.append(Cell(shape, m, policy, None, error=f"not eligible: {reason}"))
+            routed_backend = workload.layers[0].plan.backend_for(m, dtype).name
+            for arm, result in workload.time(runs, m, repeats=repeats, reps=reps, timer=timer).items():
+                backend = routed_backend if arm == ROUTED else None
+                if isinstance(result, str):
+                    cells.append(Cell(shape, m, arm, None, error=result, backend=backend))
+                else:
+                    cells.append(
+                        Cell(shape, m, arm, result.median_us, result.spread, result.rep_medians_us, backend=backend)
+                    )
+            done += 1
+        del workload
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    if progress:
+        progress(done, total, "done")
+    return cells
+
+
+def write_results(
+    report: GemmReport,
+    out_dir: Path,
+    stem: str,
+    *,
+    fingerprint: Fingerprint,
+    table: RoutingTable | None,
+    meta: dict[str, Any],
+) -> list[Path]:
+    """stem.json (every number and the command), stem-speedup.png and stem-seed.png."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {
+        **meta,
+        "fingerprint": fingerprint.to_json(),
+        "routing_table": None
+        if table is None
+        else {"origin": table.origin, "fingerprint": table.fingerprint.to_json()},
+        **report.to_json(),
+    }
+    json_path = out_dir / f"{stem}.json"
+    json_path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    written = [json_path]
+    title = f"{meta.get('model', stem)} on {fingerprint.gpu}"
+    for path in (
+        plot_speedups(report, out_dir / f"{stem}-speedup.png", f"speedup of routed over each single backend: {title}"),
+        plot_seed(report, out_dir / f"{stem}-seed.png", f"per-tensor cuBLASLt vs rowwise CUTLASS: {title}"),
+    ):
+        if path is not None:
+            written.append(path)
+    return written
+
+
+def make_report(
+    cells: Sequence[Cell], shapes: Sequence[LayerShape], m_values: Sequence[int], ceilings: Ceilings, dtype: torch.dtype
+) -> GemmReport:
+    return GemmReport(cells, shapes, m_values, ceilings, act_bytes=torch.empty((), dtype=dtype).element_size())

@@ -1,0 +1,184 @@
+"""One GEMM shape set up for timing the way a model sees it, shared by the tuner and bench.
+
+- Weights: one random weight quantized per tensor with its real amax/448 scale, cloned until the
+  copies together exceed 3x the L2 (timing.copies_for); timed call i uses copy i, so every
+  call's weight comes from HBM, as in a forward pass.
+- Activations: one x per M, not rotated. In a model x was just written by the previous kernel,
+  so it is as hot in L2 as it can be; above a few thousand rows it does not fit anyway.
+- Before an arm is timed its output is checked against the fp32 reference of the same FP8
+  operands: a fast wrong kernel must not win.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+
+from fp8route.backends import BACKENDS
+from fp8route.bench import timing
+from fp8route.layer import Fp8Linear
+from fp8route.plan import Preference
+from fp8route.policy import Policy
+from fp8route.problem import GemmProblem
+from fp8route.quant import FP8_MAX, quantize_per_tensor
+
+Run = Callable[[torch.Tensor, Fp8Linear], torch.Tensor]
+TimeArms = Callable[..., Mapping[str, timing.ArmTiming]]
+
+# Relative Frobenius error against the reference: bf16 output rounding is 2^-9 and K-long
+# fp32 sums add little, so 1e-2 passes every correct FP8 kernel and catches wrong ones.
+CHECK_TOLERANCE = 1e-2
+# weight_only does not quantize x: it differs from the FP8 reference by x's e4m3 rounding (~3-4%).
+TOLERANCES = {"weight_only": 6e-2}
+# Unit-variance activations with headroom: a calibrated static scale under which none saturate.
+INPUT_AMAX = 8.0
+
+
+def routed_run(x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
+    """The whole layer forward: the plan's bisect, then the backend it picked."""
+    return layer(x)
+
+
+class Workload:
+    def __init__(
+        self,
+        n: int,
+        k: int,
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str = "cuda",
+        preference: Preference | None = None,
+        copies: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.n, self.k, self.dtype = n, k, dtype
+        self.device = torch.device(device)
+        self._gen = torch.Generator(device=self.device).manual_seed(seed)
+        weight = torch.randn(n, k, generator=self._gen, device=self.device) * 0.02
+        qweight, scale = quantize_per_tensor(weight)
+        del weight
+        self.copies = copies or timing.copies_for(qweight.numel(), self.device)
+        input_scale = torch.tensor(INPUT_AMAX / FP8_MAX, device=self.device)
+        self.layers = [
+            Fp8Linear(
+                qweight if i == 0 else qweight.clone(),
+                scale,
+                input_scale,
+                name=f"{n}x{k}[{i}]",
+                policy=Policy(),
+                preference=preference,
+            )
+            for i in range(self.copies)
+        ]
+        for layer in self.layers:
+            # Every backend is timed on every layer, whatever its plan chose: give each layer
+            # the per-channel scale layout rowwise reads (what Fp8Linear.replan builds for it).
+            if layer.weight_scale_channel is None:
+                layer.weight_scale_channel = layer.weight_scale.reshape(1, 1).repeat(1, n)
+        self._m: int | None = None
+        self._x: torch.Tensor | None = None
+        self._reference: torch.Tensor | None = None
+
+    def problem(self, m: int) -> GemmProblem:
+        return self.layers[0].plan.problem.with_bucket(self.dtype, m)
+
+    def x(self, m: int) -> torch.Tensor:
+        if self._m != m:
+            self._x = self._reference = None
+            self._x = torch.randn(m, self.k, generator=self._gen, device=self.device).to(self.dtype)
+            self._m = m
+        assert self._x is not None
+        return self._x
+
+    def check(self, run: Run, m: int, tolerance: float = CHECK_TOLERANCE) -> str | None:
+        """None when run's output at M=m matches the reference, else what is wrong with it."""
+        x = self.x(m)
+        if self._reference is None:
+            self._reference = BACKENDS["reference"].run(x, self.layers[0]).float()
+        try:
+            out = run(x, self.layers[0])
+        except Exception as exc:  # a backend that cannot run this shape is slow, not fatal
+            return _first_line(f"{type(exc).__name__}: {exc}")
+        if tuple(out.shape) != (m, self.n) or out.dtype != self.dtype:
+            return f"returned {out.dtype} {tuple(out.shape)}, expected {self.dtype} {(m, self.n)}"
+        out = out.float()
+        if not torch.isfinite(out).all():
+            return "output has NaN or inf"
+        ref = self._reference
+        err = ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+        if err > tolerance:
+            return f"output off the fp32 reference by {err:.1e} (tolerance {tolerance:.0e})"
+        return None
+
+    def time(
+        self, runs: Mapping[str, Run], m: int, *, repeats: int = 30, reps: int = 2, timer: TimeArms | None = None
+    ) -> dict[str, timing.ArmTiming | str]:
+        """Per arm: its timing, or why it was not timed (failed or wrong)."""
+        timer = timer or timing.time_arms
+        x = self.x(m)
+        results: dict[str, timing.ArmTiming | str] = {}
+        arms: dict[str, list[Callable[[], object]]] = {}
+        for name, run in runs.items():
+            reason = self.check(run, m, TOLERANCES.get(name, CHECK_TOLERANCE))
+            if reason is not None:
+                results[name] = reason
+            else:
+                arms[name] = [functools.partial(run, x, layer) for layer in self.layers]
+        self._reference = None  # up to M x N fp32: not kept while timing
+        if arms:
+            try:
+                results.update(timer(arms, repeats=repeats, reps=reps))
+            except Exception:
+                # One arm broke while timed (out of memory at large M, say): time them one by one
+                # so the others keep their numbers.
+                for name, calls in arms.items():
+                    try:
+                        results.update(timer({name: calls}, repeats=repeats, reps=reps))
+                    except Exception as exc:
+                        results[name] = _first_line(f"failed while timed: {type(exc).__name__}: {exc}")
+        return {name: results[name] for name in runs}
+
+
+class CudaMeasure:
+    """The tuner's Measure on a CUDA device: one Workload per shape, kept while its M values run."""
+
+    def __init__(
+        self,
+        device: torch.device | str = "cuda",
+        *,
+        repeats: int = 30,
+        reps: int = 2,
+        copies: int | None = None,
+        timer: TimeArms | None = None,
+    ) -> None:
+        self.device = torch.device(device)
+        self.repeats, self.reps = repeats, reps
+        self.copies, self.timer = copies, timer  # tests run it on CPU with a fixed count and a fake timer
+        self._key: tuple[int, int, torch.dtype] | None = None
+        self._workload: Workload | None = None
+
+    def __call__(self, problem: GemmProblem, m: int, backends: Sequence[str]) -> dict[str, timing.ArmTiming | str]:
+        key = (problem.n, problem.k, problem.out_dtype)
+        if key != self._key:
+            self.release()
+            self._workload = Workload(
+                problem.n, problem.k, dtype=problem.out_dtype, device=self.device, copies=self.copies
+            )
+            self._key = key
+        assert self._workload is not None
+        runs = {name: BACKENDS[name].run for name in backends}
+        return self._workload.time(runs, m, repeats=self.repeats, reps=self.reps, timer=self.timer)
+
+    def release(self) -> None:
+        self._workload, self._key = None, None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else text
+    return line if len(line) <= limit else line[: limit - 3] + "..."

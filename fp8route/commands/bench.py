@@ -1,0 +1,97 @@
+"""`fp8route bench gemm`: routed vs every single-backend policy, per shape and M, with floors."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from fp8route.backends import BACKENDS
+from fp8route.bench.ceilings import measure_ceilings
+from fp8route.bench.gemm import default_policies, make_report, sweep, write_results
+from fp8route.bench.report import ROUTED
+from fp8route.commands.progress import TextProgress
+from fp8route.commands.sweep_args import (
+    DTYPES,
+    add_sweep_args,
+    command_line,
+    cuda_device,
+    m_values_from_args,
+    shapes_from_args,
+)
+from fp8route.errors import Fp8InputError, Fp8RouteError
+from fp8route.problem import DeviceInfo
+from fp8route.routing.fingerprint import Fingerprint
+from fp8route.routing.store import load_table
+
+
+def run_gemm(args: argparse.Namespace) -> int:
+    try:
+        device = cuda_device(args)
+        shapes, label = shapes_from_args(args)
+        m_values = m_values_from_args(args)
+        info = DeviceInfo.of(device)
+        policies = _policies(args.policy, info)
+    except Fp8RouteError as exc:
+        print(f"fp8route bench gemm: {exc}", file=sys.stderr)
+        return 2
+    fingerprint = Fingerprint.of(device)
+    dtype = DTYPES[args.dtype]
+    table = load_table(device, path=args.table)
+    print(f"bench gemm on {fingerprint.summary()}")
+    print(f"routing table: {table.origin if table else 'none (routed = default priority; run `fp8route tune` first)'}")
+    start = time.perf_counter()
+    ceilings = measure_ceilings(device)
+    print(f"ceilings (this run): copy {ceilings.copy_gbs:.0f} GB/s, FP8 GEMM {ceilings.fp8_tflops:.0f} TFLOP/s\n")
+    cells = sweep(
+        shapes,
+        m_values,
+        policies,
+        table=table,
+        device=device,
+        dtype=dtype,
+        repeats=args.repeats,
+        progress=TextProgress("bench"),
+    )
+    report = make_report(cells, shapes, m_values, ceilings, dtype)
+    print(report.text())
+    out_dir = Path(args.out).expanduser() if args.out else Path("benchmarks") / "results" / fingerprint.slug
+    meta = {
+        "command": command_line(),
+        "model": args.model or args.shapes,
+        "tp": args.tp,
+        "dtype": args.dtype,
+        "repeats": args.repeats,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    for path in write_results(report, out_dir, f"gemm-{label}", fingerprint=fingerprint, table=table, meta=meta):
+        print(f"wrote {path}")
+    return 0
+
+
+def _policies(text: str | None, device: DeviceInfo) -> list[str]:
+    if not text:
+        return default_policies(device)
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in names if p != ROUTED and p not in BACKENDS]
+    if unknown:
+        raise Fp8InputError(f"--policy: unknown {', '.join(unknown)}; known: {ROUTED}, {', '.join(BACKENDS)}")
+    # routed is always measured: every speedup is relative to it.
+    return [ROUTED, *(p for p in dict.fromkeys(names) if p != ROUTED)]
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("bench", help="benchmarks (bench gemm: routed vs every single GEMM backend)")
+    kinds = parser.add_subparsers(dest="bench", required=True)
+    gemm = kinds.add_parser(
+        "gemm", help="time routed and each single-backend policy per shape and M, with floors; JSON + PNG"
+    )
+    add_sweep_args(gemm)
+    gemm.add_argument(
+        "--policy",
+        help=f"comma-separated: {ROUTED}, {', '.join(BACKENDS)} (default: routed and every backend but last resorts)",
+    )
+    gemm.add_argument("--table", help="routing table for routed (default: this machine's, see `fp8route tune`)")
+    gemm.add_argument("--out", help="directory for the JSON and PNGs (default: benchmarks/results/<device>/)")
+    gemm.set_defaults(run=run_gemm)

@@ -1,0 +1,310 @@
+"""A routing table: for each tuned (N, K, dtype) and M bucket, the backend that measured fastest.
+
+The table is a Preference (plan.py): the plan calls it once per (dtype, M bucket) when a layer
+is built, so the forward pass never sees it. A shape that was not tuned takes the routes of the
+nearest tuned shape, or none (the default priority); describe() says which, and explain() shows it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from fp8route.backends import BACKENDS
+from fp8route.errors import Fp8InputError
+from fp8route.problem import DeviceInfo, GemmProblem
+from fp8route.quant import FLOAT_DTYPES
+from fp8route.routing.choose import MIN_TIE, Timing, choose, priority_order
+from fp8route.routing.fingerprint import Fingerprint
+
+log = logging.getLogger("fp8route")
+
+FORMAT = "fp8route-routing-table"
+VERSION = 1
+
+# A shape further than this from every tuned one (|log2 N ratio| + |log2 K ratio|) gets the
+# default priority: past a factor of 2 the winners we measured change (DESIGN.md).
+MAX_NEAREST_DISTANCE = 1.0
+
+_DTYPES = {str(d).removeprefix("torch."): d for d in FLOAT_DTYPES}
+
+
+class RoutingTableError(Fp8InputError):
+    """A routing table file is malformed; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class ShapeRoutes:
+    """One tuned shape: a route per M bucket (len(m_bounds) + 1) and what was measured per M."""
+
+    n: int
+    k: int
+    dtype: torch.dtype
+    routes: tuple[str | None, ...]
+    timings: Mapping[str, tuple[Timing | None, ...]]  # backend -> one per measured M; None: not timed
+    failures: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[int, int, torch.dtype]:
+        return (self.n, self.k, self.dtype)
+
+    def timings_at(self, index: int) -> dict[str, Timing]:
+        """Every timed backend at measured M number `index` (the last one for the open bucket)."""
+        out = {}
+        for name, per_m in self.timings.items():
+            t = per_m[min(index, len(per_m) - 1)]
+            if t is not None:
+                out[name] = t
+        return out
+
+
+class RoutingTable:
+    """Routes per (N, K, dtype, M bucket) measured on one device, stamped with its fingerprint."""
+
+    def __init__(
+        self,
+        fingerprint: Fingerprint,
+        m_bounds: Iterable[int],
+        shapes: Iterable[ShapeRoutes],
+        *,
+        min_tie: float = MIN_TIE,
+        created: str = "",
+        command: str = "",
+        origin: str = "",
+    ) -> None:
+        self.fingerprint = fingerprint
+        self.m_bounds = tuple(m_bounds)
+        if not self.m_bounds or list(self.m_bounds) != sorted(set(self.m_bounds)) or self.m_bounds[0] < 1:
+            raise RoutingTableError(
+                f"routing table m_bounds must be increasing positive integers, got {list(self.m_bounds)}"
+            )
+        self.shapes: dict[tuple[int, int, torch.dtype], ShapeRoutes] = {}
+        for s in shapes:
+            if len(s.routes) != len(self.m_bounds) + 1:
+                raise RoutingTableError(
+                    f"shape {s.n}x{s.k}: {len(s.routes)} routes for {len(self.m_bounds) + 1} M buckets"
+                )
+            self.shapes[s.key] = s
+        self.min_tie = min_tie
+        self.created = created
+        self.command = command
+        # Where it came from, for explain(): "routing table PATH" or "shipped defaults NAME".
+        self.origin = origin or "routing table in memory"
+        self._nearest: dict[tuple[int, int, torch.dtype], ShapeRoutes | None] = {}
+
+    def __repr__(self) -> str:
+        return f"<RoutingTable {len(self.shapes)} shapes on {self.fingerprint.gpu}, {self.origin}>"
+
+    # --- lookup -------------------------------------------------------------------------------
+
+    def applies_to(self, device: DeviceInfo) -> bool:
+        if device.type != "cuda" or device.capability is None:
+            return False
+        major, minor = device.capability
+        return device.name == self.fingerprint.gpu and f"{major}.{minor}" == self.fingerprint.capability
+
+    def lookup(self, n: int, k: int, dtype: torch.dtype) -> tuple[ShapeRoutes, bool] | None:
+        """The tuned shape itself (exact=True), else the nearest tuned one, else None."""
+        exact = self.shapes.get((n, k, dtype))
+        if exact is not None:
+            return exact, True
+        if (n, k, dtype) not in self._nearest:
+            self._nearest[(n, k, dtype)] = self._find_nearest(n, k, dtype)
+        near = self._nearest[(n, k, dtype)]
+        return None if near is None else (near, False)
+
+    def _find_nearest(self, n: int, k: int, dtype: torch.dtype) -> ShapeRoutes | None:
+        best: tuple[tuple[float, bool, int, int], ShapeRoutes] | None = None
+        for s in self.shapes.values():
+            if s.dtype != dtype:
+                continue
+            distance = abs(math.log2(s.n / n)) + abs(math.log2(s.k / k))
+            # At equal distance the same K wins: K sets the reduction (split-K, pipeline depth).
+            key = (distance, s.k != k, s.n, s.k)
+            if distance <= MAX_NEAREST_DISTANCE and (best is None or key < best[0]):
+                best = (key, s)
+        return None if best is None else best[1]
+
+    def bucket(self, m_max: int | None) -> int:
+        """Index of the table's M bucket holding m_max (None: the open bucket above the last bound)."""
+        return len(self.m_bounds) if m_max is None else bisect_left(self.m_bounds, m_max)
+
+    def __call__(self, problem: GemmProblem) -> str | None:
+        """The Preference: the measured backend for this problem's bucket, or None (no measurement)."""
+        if not self.applies_to(problem.device) or problem.n <= 0 or problem.k <= 0:
+            return None
+        found = self.lookup(problem.n, problem.k, problem.out_dtype)
+        if found is None:
+            return None
+        shape, exact = found
+        index = self.bucket(problem.m_max)
+        if exact:
+            # A tuned route that cannot run here becomes a fallback the plan reports, not a silent swap.
+            return shape.routes[index]
+        # Another shape's winner is a guess; pick among what that shape measured and this one can run.
+        runnable = {
+            name: t
+            for name, t in shape.timings_at(index).items()
+            if name in BACKENDS and BACKENDS[name].why_not(problem) is None
+        }
+        return choose(runnable, priority_order(problem.device), self.min_tie)
+
+    def describe(self, problem: GemmProblem) -> str:
+        """Where a layer's routes come from, per activation dtype (the plan's source)."""
+        default = f"default priority for {problem.device.label}"
+        if not self.applies_to(problem.device):
+            return f"{default} ({self.origin} is for {self.fingerprint.gpu}, not this device)"
+        kinds: dict[str, list[str]] = {}
+        for name, dtype in _DTYPES.items():
+            found = self.lookup(problem.n, problem.k, dtype)
+            if found is None:
+                kind = default
+            elif found[1]:
+                kind = "tuned"
+            else:
+                kind = f"nearest tuned shape {found[0].n}x{found[0].k}"
+            kinds.setdefault(kind, []).append(name)
+        if len(kinds) == 1:
+            return f"{next(iter(kinds))}; {self.origin}"
+        return "; ".join(f"{', '.join(names)}: {kind}" for kind, names in kinds.items()) + f"; {self.origin}"
+
+    # --- building and (de)serialising ---------------------------------------------------------
+
+    def merged_with(self, newer: RoutingTable) -> RoutingTable:
+        """This table's shapes plus newer's, newer winning on the same (N, K, dtype)."""
+        if newer.m_bounds != self.m_bounds:
+            log.warning(
+                "dropping %d shapes of %s: they were tuned at M %s, the new ones at M %s",
+                len(self.shapes),
+                self.origin,
+                list(self.m_bounds),
+                list(newer.m_bounds),
+            )
+            return newer
+        commands = dict.fromkeys(c for c in (*self.command.split("; "), newer.command) if c)
+        return RoutingTable(
+            newer.fingerprint,
+            newer.m_bounds,
+            [*(s for key, s in self.shapes.items() if key not in newer.shapes), *newer.shapes.values()],
+            min_tie=newer.min_tie,
+            created=newer.created,
+            command="; ".join(commands),
+            origin=newer.origin,
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "fingerprint": self.fingerprint.to_json(),
+            "created": self.created,
+            "command": self.command,
+            "min_tie": self.min_tie,
+            "m_bounds": list(self.m_bounds),
+            "shapes": [_shape_to_json(s) for s in sorted(self.shapes.values(), key=lambda s: (str(s.dtype), s.n, s.k))],
+        }
+
+    @classmethod
+    def from_json(cls, obj: object, origin: str = "") -> RoutingTable:
+        """Parse and validate; every problem is a RoutingTableError naming the field."""
+        where = origin or "routing table"
+        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+            raise RoutingTableError(f'{where}: not an fp8route routing table (no "format": "{FORMAT}")')
+        if obj.get("version") != VERSION:
+            raise RoutingTableError(f"{where}: format version {obj.get('version')!r}, this fp8route reads {VERSION}")
+        try:
+            fingerprint = Fingerprint.from_json(obj["fingerprint"])
+            m_bounds = [_int(v, "m_bounds") for v in _list(obj["m_bounds"], "m_bounds")]
+            shapes = [_shape_from_json(s, len(m_bounds)) for s in _list(obj["shapes"], "shapes")]
+            min_tie = float(obj.get("min_tie", MIN_TIE))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RoutingTableError(f"{where}: {exc}") from None
+        return cls(
+            fingerprint,
+            m_bounds,
+            shapes,
+            min_tie=min_tie,
+            created=str(obj.get("created", "")),
+            command=str(obj.get("command", "")),
+            origin=origin,
+        )
+
+    def with_origin(self, origin: str) -> RoutingTable:
+        return RoutingTable(
+            self.fingerprint,
+            self.m_bounds,
+            self.shapes.values(),
+            min_tie=self.min_tie,
+            created=self.created,
+            command=self.command,
+            origin=origin,
+        )
+
+
+def _shape_to_json(s: ShapeRoutes) -> dict[str, object]:
+    return {
+        "n": s.n,
+        "k": s.k,
+        "dtype": str(s.dtype).removeprefix("torch."),
+        "routes": list(s.routes),
+        # Failed runs are null: JSON has no infinity.
+        "median_us": {
+            b: [None if t is None or not t.ok else round(t.median_us, 3) for t in ts] for b, ts in s.timings.items()
+        },
+        "spread": {
+            b: [None if t is None or not t.ok else round(t.spread, 4) for t in ts] for b, ts in s.timings.items()
+        },
+        "failed": dict(s.failures),
+    }
+
+
+def _shape_from_json(obj: object, n_bounds: int) -> ShapeRoutes:
+    if not isinstance(obj, dict):
+        raise ValueError(f"each entry of shapes must be an object, got {obj!r}")
+    n, k = _int(obj["n"], "n"), _int(obj["k"], "k")
+    if n <= 0 or k <= 0:
+        raise ValueError(f"shape {n}x{k}: N and K must be positive")
+    dtype_name = obj["dtype"]
+    if dtype_name not in _DTYPES:
+        raise ValueError(f"shape {n}x{k}: unknown dtype {dtype_name!r}; known: {', '.join(_DTYPES)}")
+    routes = tuple(_route(r, n, k) for r in _list(obj["routes"], "routes"))
+    medians, spreads = obj.get("median_us", {}), obj.get("spread", {})
+    if not isinstance(medians, dict) or not isinstance(spreads, dict):
+        raise ValueError(f"shape {n}x{k}: median_us and spread must be objects")
+    failures = obj.get("failed", {})
+    if not isinstance(failures, dict):
+        raise ValueError(f"shape {n}x{k}: failed must be an object")
+    timings: dict[str, tuple[Timing | None, ...]] = {}
+    for name, values in medians.items():
+        values = _list(values, f"median_us.{name}")
+        spread = _list(spreads.get(name, [0.0] * len(values)), f"spread.{name}")
+        if len(values) != n_bounds or len(spread) != n_bounds:
+            raise ValueError(f"shape {n}x{k}: {name} has {len(values)} times for {n_bounds} M values")
+        # null: not timed there, or failed ("failed" says why); either way never chosen.
+        timings[str(name)] = tuple(
+            None if v is None else Timing(float(v), float(sp or 0.0)) for v, sp in zip(values, spread)
+        )
+    return ShapeRoutes(n, k, _DTYPES[dtype_name], routes, timings, {str(a): str(b) for a, b in failures.items()})
+
+
+def _route(value: object, n: int, k: int) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise ValueError(f"shape {n}x{k}: routes must be backend names or null, got {value!r}")
+
+
+def _int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be integers, got {value!r}")
+    return value
+
+
+def _list(value: object, what: str) -> list:  # type: ignore[type-arg]
+    if not isinstance(value, list):
+        raise ValueError(f"{what} must be a list, got {type(value).__name__}")
+    return value

@@ -1,0 +1,228 @@
+"""bench gemm and the tuner's measurement, on CPU: operand checks, arms, the report's arithmetic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from routing_helpers import FP, H200, only_core_backends
+
+from fp8route.backends import BACKENDS
+from fp8route.bench.ceilings import Ceilings
+from fp8route.bench.gemm import sweep, write_results
+from fp8route.bench.report import ROUTED, SUM, Cell, GemmReport, gemm_bytes
+from fp8route.bench.timing import ArmTiming
+from fp8route.bench.workload import CudaMeasure, Workload, routed_run
+from fp8route.cli import main
+from fp8route.routing import LayerShape, Tuner
+
+
+@pytest.fixture(autouse=True)
+def core_backends(monkeypatch):
+    only_core_backends(monkeypatch)
+
+
+class FakeTimer:
+    """Calls every bound call once (so the arms really run) and reports 1 µs per copy index."""
+
+    def __init__(self, fail: str | None = None):
+        self.seen: dict[str, int] = {}
+        self.fail = fail
+
+    def __call__(self, arms, repeats, reps):
+        if self.fail in arms:
+            raise RuntimeError("CUDA out of memory")
+        out = {}
+        for name, calls in arms.items():
+            for call in calls:
+                call()
+            self.seen[name] = len(calls)
+            out[name] = ArmTiming(name, (2.0, 2.0), 2.0, 0.0)
+        return out
+
+
+def test_workload_checks_each_arm_against_the_reference_before_timing():
+    w = Workload(64, 32, device="cpu", copies=3)
+    assert len(w.layers) == 3 and all(layer.weight_scale_channel is not None for layer in w.layers)
+    assert w.layers[1].weight.data_ptr() != w.layers[0].weight.data_ptr()
+    timer = FakeTimer()
+    runs = {
+        "reference": BACKENDS["reference"].run,
+        "rowwise": BACKENDS["rowwise"].run,
+        "routed": routed_run,
+        "zeros": lambda x, layer: torch.zeros(x.shape[0], 64, dtype=x.dtype),
+        "raises": lambda x, layer: (_ for _ in ()).throw(RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED\nmore")),
+        "nan": lambda x, layer: torch.full((x.shape[0], 64), float("nan"), dtype=x.dtype),
+        "shape": lambda x, layer: torch.zeros(1, 1, dtype=x.dtype),
+    }
+    out = w.time(runs, 5, timer=timer)
+    assert list(out) == list(runs)
+    assert timer.seen == {"reference": 3, "rowwise": 3, "routed": 3}
+    assert out["zeros"].startswith("output off the fp32 reference by 1.0e+00")
+    assert out["raises"] == "RuntimeError: CUBLAS_STATUS_NOT_SUPPORTED"
+    assert out["nan"] == "output has NaN or inf"
+    assert "expected torch.bfloat16 (5, 64)" in out["shape"]
+    assert isinstance(out["rowwise"], ArmTiming)
+
+
+def test_weight_only_is_checked_against_its_own_looser_tolerance():
+    out = Workload(64, 256, device="cpu", copies=2).time(
+        {"weight_only": BACKENDS["weight_only"].run}, 8, timer=FakeTimer()
+    )
+    assert isinstance(out["weight_only"], ArmTiming)
+
+
+def test_an_arm_that_breaks_while_timed_fails_alone():
+    timer = FakeTimer(fail="rowwise")
+    out = Workload(64, 32, device="cpu", copies=2).time(
+        {"rowwise": BACKENDS["rowwise"].run, "cublas": BACKENDS["cublas"].run}, 4, timer=timer
+    )
+    assert out["rowwise"] == "failed while timed: RuntimeError: CUDA out of memory"
+    assert isinstance(out["cublas"], ArmTiming)
+
+
+def test_tuner_with_the_real_measurement_path_on_cpu():
+    # The kernels run on CPU tensors (torch._scaled_mm has a CPU path); only the clock is fake.
+    measure = CudaMeasure("cpu", copies=2, timer=FakeTimer())
+    table = Tuner(measure, H200, FP, m_values=(1, 8)).tune([(64, 32), (32, 64)])
+    assert {s.routes for s in table.shapes.values()} == {("cublas", "cublas", "cublas")}  # all tie: priority
+    assert not any(s.failures for s in table.shapes.values())
+
+
+def test_sweep_on_cpu_marks_ineligible_policies():
+    cells = sweep(
+        [LayerShape("x", 64, 32)], [1, 4], [ROUTED, "cublas"], table=None, device="cpu", copies=2, timer=FakeTimer()
+    )
+    by = {(c.m, c.arm): c for c in cells}
+    assert by[(1, ROUTED)].median_us == 2.0 and by[(1, ROUTED)].backend == "reference"
+    assert by[(4, "cublas")].median_us is None and by[(4, "cublas")].error.startswith("not eligible: needs a CUDA GPU")
+
+
+QKV, DOWN = LayerShape("qkv", 6144, 4096), LayerShape("down", 4096, 14336)
+CEIL = Ceilings(copy_gbs=4000.0, fp8_tflops=1500.0)
+
+
+def report(routed_down_2048: float = 100.0) -> GemmReport:
+    times = {
+        (QKV, 1): {ROUTED: 10.0, "cublas": 10.1, "rowwise": 20.0},
+        (DOWN, 1): {ROUTED: 20.0, "cublas": 20.0, "rowwise": 30.0},
+        (QKV, 2048): {ROUTED: 50.0, "cublas": 50.0, "rowwise": 55.0},
+        (DOWN, 2048): {ROUTED: routed_down_2048, "cublas": 100.0, "rowwise": 110.0},
+    }
+    cells = [
+        Cell(s, m, arm, t, 0.01, (t, t), backend="cublas" if arm == ROUTED else None)
+        for (s, m), arms in times.items()
+        for arm, t in arms.items()
+    ]
+    return GemmReport(cells, [QKV, DOWN], [1, 2048], CEIL)
+
+
+def test_report_speedups_sums_floor_and_seed():
+    r = report()
+    assert r.speedup(QKV, 1, "rowwise") == pytest.approx(2.0)
+    assert r.timing(SUM, 1, ROUTED).median_us == pytest.approx(30.0)
+    assert r.speedup(SUM, 1, "rowwise") == pytest.approx(50.0 / 30.0)
+    floor = max(gemm_bytes(2048, 6144, 4096) / 4e12, 2 * 2048 * 6144 * 4096 / 1.5e15) * 1e6
+    assert r.floor(QKV, 2048) == pytest.approx(floor)
+    assert r.prefill_floor_ratios()[2048] == pytest.approx(150.0 / r.floor(SUM, 2048))
+    assert r.seed_ratios()["qkv 6144x4096"][1] == pytest.approx(20.0 / 10.1)
+    assert r.violations() == []
+    rows = r.rows()
+    assert len(rows) == 3 * 2 * 3
+    row = next(x for x in rows if x["shape"] == "qkv 6144x4096" and x["m"] == 2048 and x["arm"] == ROUTED)
+    assert row["tflops"] == pytest.approx(2 * 2048 * 6144 * 4096 / 50e-6 / 1e12, rel=1e-3)
+    assert row["pct_of_floor"] == pytest.approx(100 * floor / 50.0, abs=0.1)
+    assert "PASS" in r.text() and "seed comparison" in r.text()
+
+
+def test_report_flags_routed_slower_beyond_the_spread_only():
+    assert report(routed_down_2048=100.5).violations() == []  # 0.5%: inside the 1% spread
+    bad = report(routed_down_2048=110.0).violations()
+    assert any(v.startswith("down 4096x14336 M=2048: routed 110.0 us vs cublas 100.0 us") for v in bad)
+    assert any(v.startswith(f"{SUM} M=2048") for v in bad)
+    assert "FAIL" in report(routed_down_2048=110.0).text()
+
+
+def test_write_results_json_and_optional_png(tmp_path):
+    paths = write_results(
+        report(),
+        tmp_path,
+        "gemm-test",
+        fingerprint=FP,
+        table=None,
+        meta={"command": "fp8route bench gemm", "model": "x"},
+    )
+    doc = json.loads(paths[0].read_text())
+    assert doc["command"] == "fp8route bench gemm" and doc["fingerprint"]["gpu"] == "NVIDIA H200"
+    assert doc["ceilings"] == {"copy_gbs": 4000.0, "fp8_tflops": 1500.0} and doc["violations"] == []
+    assert doc["seed_rowwise_over_cublas"]["qkv 6144x4096"]["1"] == round(20.0 / 10.1, 4)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert len(paths) == 1
+    else:
+        assert [p.suffix for p in paths] == [".json", ".png", ".png"]
+
+
+def test_cli_commands_say_they_need_a_gpu_or_what_is_wrong(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["tune", "--model", "llama-3.1-8b"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert main(["bench", "gemm", "--model", "llama-3.1-8b"]) == 2
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr("fp8route.commands.bench.cuda_device", lambda args: torch.device("cuda", 0))
+    monkeypatch.setattr("fp8route.commands.bench.DeviceInfo.of", lambda device: H200)
+    assert main(["bench", "gemm", "--model", "llama-3.1-8b", "--policy", "cublas,nope"]) == 2
+    assert "unknown nope" in capsys.readouterr().err
+    assert main(["bench", "gemm", "--shapes", "12x"]) == 2
+
+
+class _Stub:
+    def __init__(self, value):
+        self.value = value
+
+    def of(self, device):
+        return self.value
+
+
+def test_cli_tune_end_to_end_with_a_fake_clock(tmp_path, monkeypatch, capsys):
+    import fp8route.commands.tune as tune
+
+    monkeypatch.setattr(tune, "cuda_device", lambda args: torch.device("cpu"))
+    monkeypatch.setattr(tune, "DeviceInfo", _Stub(H200))
+    monkeypatch.setattr(tune, "Fingerprint", _Stub(FP))
+    monkeypatch.setattr(tune, "CudaMeasure", lambda device, repeats: CudaMeasure("cpu", copies=2, timer=FakeTimer()))
+    argv = [
+        "tune",
+        "--shapes",
+        "64x32,32x64",
+        "--m",
+        "8,1",
+        "--table",
+        str(tmp_path / "t.json"),
+        "--out",
+        str(tmp_path / "out"),
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "tuning 2 shapes x 2 M values on NVIDIA H200" in out and "M 1+ -> cublas" in out
+    table = json.loads((tmp_path / "out" / "routing-h200.json").read_text())
+    assert table["m_bounds"] == [1, 8] and len(table["shapes"]) == 2 and table["command"].startswith("fp8route ")
+
+
+def test_cli_bench_end_to_end_with_a_fake_clock(tmp_path, monkeypatch, capsys):
+    import fp8route.commands.bench as bench
+
+    monkeypatch.setattr(bench, "cuda_device", lambda args: torch.device("cpu"))
+    monkeypatch.setattr(bench, "measure_ceilings", lambda device: CEIL)
+    real_sweep = bench.sweep
+    monkeypatch.setattr(bench, "sweep", lambda *a, **kw: real_sweep(*a, **{**kw, "copies": 2, "timer": FakeTimer()}))
+    assert main(["bench", "gemm", "--shapes", "64x32", "--m", "1,4", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "routing table: none" in out and "layer sum" in out
+    doc = json.loads((tmp_path / "gemm-shapes.json").read_text())
+    assert doc["fingerprint"]["gpu"] == "cpu"
+    # On a CPU only the reference (and routed, which runs it) can be timed; the rest say why not.
+    assert {r["arm"] for r in doc["rows"] if r["median_us"] is not None} == {ROUTED, "reference"}
+    assert next(r for r in doc["rows"] if r["arm"] == "cublas")["error"].startswith("not eligible")
