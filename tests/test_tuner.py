@@ -214,3 +214,28 @@ def test_dummy_backends_are_timed_ranked_after_the_priority_and_routed_to(monkey
     assert table.shapes[(4096, 4096, torch.bfloat16)].routes == ("cublas", "dummy_fast", "dummy_fast", "dummy_fast")
     plan = make_plan("l", GemmProblem(4096, 4096, H200), Policy(), table)
     assert plan.route_text(torch.bfloat16) == "M 1 -> cublas; M 2+ -> dummy_fast"
+
+
+def test_a_disturbed_measurement_is_taken_again_instead_of_tying_everything():
+    attempts = {"n": 0}
+
+    def fn(n, k, m, name):
+        if name == "cublas" and m == 1:
+            attempts["n"] += 1
+            # First attempt: one rep came out 1.7x the other, so cublas would "tie" with anything.
+            return (15.0, 1.2) if attempts["n"] == 1 else 15.0
+        return {"cublas": 15.0, "cublas_fast": 10.0, "rowwise": 30.0}[name]
+
+    t, timer = tuner(fn, m_values=(1,))
+    table = t.tune([(4096, 4096)])
+    assert [c[2] for c in timer.calls] == [1, 1]
+    assert table.shapes[(4096, 4096, torch.bfloat16)].routes[0] == "cublas_fast"
+
+
+def test_remeasuring_gives_up_after_two_retries_and_keeps_the_steadiest():
+    def fn(n, k, m, name):
+        return (15.0, 0.5) if name == "cublas" else {"cublas_fast": 10.0, "rowwise": 30.0}[name]
+
+    t, timer = tuner(fn, m_values=(1,))
+    t.tune([(4096, 4096)])
+    assert len(timer.calls) == 3
