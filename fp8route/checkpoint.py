@@ -51,7 +51,8 @@ def load_checkpoint(
     device defaults to CUDA when available. Shards are read one at a time and each tensor goes
     to the device as it is read, so host memory peaks near one shard, not the model. With fuse,
     q/k/v and gate/up projections become one Fp8Linear each (their shards requantized to the
-    largest weight scale; layer.requant_error says what that cost).
+    largest weight scale; layer.requant_error says what that cost). On a GPU every layer is
+    planned by this device's routing table (fp8route.load_table) unless a preference is given.
     """
     folder = Path(path)
     config = read_json(folder / CONFIG)
@@ -59,6 +60,10 @@ def load_checkpoint(
     shards = ShardSet.open(folder)
     lay = layout(shards, scheme, fuse)
     target = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if preference is None and target.type == "cuda":
+        from fp8route.routing.store import load_table
+
+        preference = load_table(target)
     loader = _Loader(shards, lay, target, policy, preference)
     for file, names in shards.by_file().items():
         for name, tensor in shards.read(file, names):
