@@ -106,10 +106,11 @@ def run_checked(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, str, f
     errors: dict[str, float] = {}
 
     def check(layer: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        assert isinstance(layer, Fp8Linear)
         x2d = args[0].reshape(-1, args[0].shape[-1])
-        expected = BACKENDS["reference"].run(x2d, layer).float()  # type: ignore[arg-type]
+        expected = BACKENDS["reference"].run(x2d, layer).float()
         diff = (out.reshape(expected.shape).float() - expected).norm() / expected.norm().clamp(min=1e-30)
-        errors[layer.name] = diff.item()  # type: ignore[assignment]
+        errors[layer.name] = diff.item()
 
     hooks = [m.register_forward_hook(check) for m in model.modules() if isinstance(m, Fp8Linear)]
     try:

@@ -125,9 +125,9 @@ def fp8_gemv(
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
     """fp8route's decode kernel; x in bf16/fp16 is quantized with x_scale inside it."""
-    from fp8route.kernels.fp8_gemv import fp8_gemv as kernel
+    from fp8route.kernels.fp8_gemv import launch
 
-    return kernel(x.contiguous(), weight, w_scale, x_scale, bias, x.dtype)
+    return launch(x.contiguous(), weight, w_scale, x_scale, bias, x.dtype)
 
 
 @fp8_gemv.register_fake

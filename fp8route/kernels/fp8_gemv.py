@@ -140,6 +140,7 @@ def ctas_per_sm(block_n: int, block_k: int, block_m: int, num_stages: int) -> in
     return max(1, _SMEM_PER_SM // (num_stages * (block_n * block_k + 2 * block_k * block_m)))
 
 
+@functools.lru_cache(maxsize=4096)
 def choose_config(m: int, n: int, k: int, num_sms: int = 132) -> GemvConfig:
     """The launch configuration for one (M, N, K): the measured entry if there is one, else one wave.
 
@@ -339,6 +340,22 @@ def fp8_gemv(
     has run eagerly (first call allocates the split-K counters). Deterministic.
     """
     _check(x, weight, weight_scale, input_scale, bias, out_dtype)
+    return launch(x, weight, weight_scale, input_scale, bias, out_dtype, out=out, config=config)
+
+
+def launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    input_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    *,
+    out: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """fp8_gemv without the argument checks, for callers whose plan already vetted the layer and
+    whose forward checked x: the checks cost microseconds of host time on every decode step."""
     m, k = x.shape
     n = weight.shape[0]
     cfg = config or choose_config(m, n, k, _num_sms(weight.device.index or 0))

@@ -105,7 +105,7 @@ class Tuner:
             command=self.command,
         )
 
-    def _measure_steadily(self, problem: GemmProblem, m: int, wanted: list[str]) -> dict[str, object]:
+    def _measure_steadily(self, problem: GemmProblem, m: int, wanted: list[str]) -> Mapping[str, object]:
         """Measure again when a rep was disturbed: on the H200 one rep in a few hundred came out
         1.2-1.7x the other (clock ramps, a neighbour's burst). Such a spread says nothing about the
         kernels, yet it would make every backend tie and hand the bucket to the default."""
@@ -178,7 +178,7 @@ _STEADY_SPREAD = 0.05
 _RETRIES = 2
 
 
-def _worst_spread(results: dict[str, object]) -> float:
+def _worst_spread(results: Mapping[str, object]) -> float:
     timings = [_as_timing(r)[0] for r in results.values()]
     return max((t.spread for t in timings if t.ok), default=0.0)
 
