@@ -3,6 +3,7 @@ the same way, with the ceilings measured in the same run, written as JSON and PN
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ from fp8route.backends import BACKENDS, last_resorts
 from fp8route.bench.ceilings import Ceilings
 from fp8route.bench.plot import plot_seed, plot_speedups
 from fp8route.bench.report import ROUTED, Cell, GemmReport
+from fp8route.bench.timing import steadiest
 from fp8route.bench.workload import Run, TimeArms, Workload, routed_run
 from fp8route.problem import DeviceInfo
 from fp8route.routing.fingerprint import Fingerprint
@@ -63,7 +65,8 @@ def sweep(
                 else:
                     cells.append(Cell(shape, m, policy, None, error=f"not eligible: {reason}"))
             routed_backend = workload.layers[0].plan.backend_for(m, dtype).name
-            for arm, result in workload.time(runs, m, repeats=repeats, reps=reps, timer=timer).items():
+            timed = steadiest(functools.partial(workload.time, runs, m, repeats=repeats, reps=reps, timer=timer))
+            for arm, result in timed.items():
                 backend = routed_backend if arm == ROUTED else None
                 if isinstance(result, str):
                     cells.append(Cell(shape, m, arm, None, error=result, backend=backend))

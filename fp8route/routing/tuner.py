@@ -7,6 +7,7 @@ measurement lives in fp8route/bench/workload.py.
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import torch
 
 from fp8route.backends import BACKENDS, last_resorts
+from fp8route.bench.timing import steadiest
 from fp8route.errors import Fp8InputError
 from fp8route.plan import M_BOUNDS
 from fp8route.problem import DeviceInfo, GemmProblem
@@ -83,7 +85,7 @@ class Tuner:
                     self.progress(done, total, f"{n}x{k} {_dtype_name(dtype)} M={m}")
                 problem = base.with_bucket(dtype, m)
                 wanted = self.candidates(problem)
-                results = self._measure_steadily(problem, m, wanted) if wanted else {}
+                results = steadiest(functools.partial(self.measure, problem, m, wanted)) if wanted else {}
                 for name in wanted:
                     timing, reason = _as_timing(results.get(name, "the measurement returned nothing for it"))
                     times[ci, mi, names.index(name)] = torch.tensor(
@@ -104,19 +106,6 @@ class Tuner:
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             command=self.command,
         )
-
-    def _measure_steadily(self, problem: GemmProblem, m: int, wanted: list[str]) -> Mapping[str, object]:
-        """Measure again when a rep was disturbed: on the H200 one rep in a few hundred came out
-        1.2-1.7x the other (clock ramps, a neighbour's burst). Such a spread says nothing about the
-        kernels, yet it would make every backend tie and hand the bucket to the default."""
-        best = self.measure(problem, m, wanted)
-        for _ in range(_RETRIES):
-            if _worst_spread(best) <= _STEADY_SPREAD:
-                break
-            again = self.measure(problem, m, wanted)
-            if _worst_spread(again) < _worst_spread(best):
-                best = again
-        return best
 
     def _routes(
         self, cell: tuple[int, int, torch.dtype], times: torch.Tensor, names: list[str], failed: dict[str, list[str]]
@@ -172,15 +161,6 @@ def agree_across_ranks(times: torch.Tensor) -> torch.Tensor:
     reduced = times.to(device)
     dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
     return reduced.cpu()
-
-
-_STEADY_SPREAD = 0.05
-_RETRIES = 2
-
-
-def _worst_spread(results: Mapping[str, object]) -> float:
-    timings = [_as_timing(r)[0] for r in results.values()]
-    return max((t.spread for t in timings if t.ok), default=0.0)
 
 
 def _as_timing(result: object) -> tuple[Timing, str | None]:
