@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 import torch
 from torch import nn
@@ -13,6 +12,7 @@ from fp8route.explain import explain
 from fp8route.layer import Fp8Linear
 from fp8route.policy import Policy
 from fp8route.quant import FP8_MAX, sqnr_db
+from fp8route.routing.apply import route
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -73,6 +73,9 @@ def quantize_model(model: nn.Module, calibration: torch.Tensor, policy: Policy) 
 def run_demo(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = _DTYPES[args.dtype]
+    # On a GPU the blocks take Llama-3.1-8B's shapes, so the shipped routing table applies as tuned.
+    hidden, intermediate = (4096, 14336) if device == "cuda" else (1024, 3584)
+    args.hidden, args.intermediate = args.hidden or hidden, args.intermediate or intermediate
     float_model = build_float_model(args.hidden, args.intermediate, args.layers, dtype, device)
     x = torch.randn(args.tokens, args.hidden, device=device, dtype=dtype)
     with torch.no_grad():
@@ -80,6 +83,7 @@ def run_demo(args: argparse.Namespace) -> int:
         model = quantize_model(
             build_float_model(args.hidden, args.intermediate, args.layers, dtype, device), x, Policy.from_env()
         )
+        route(model)
     print(
         f"fp8route demo on {device} ({torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}), {args.dtype}, "
         f"{args.layers} blocks, hidden {args.hidden}, intermediate {args.intermediate}, {args.tokens} tokens\n"
@@ -126,14 +130,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("demo", help="build, plan, explain, run and check a small random FP8 model")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--intermediate", type=int, default=3584)
+    parser.add_argument("--hidden", type=int, help="default: 4096 on a GPU (Llama-3.1-8B), 1024 on a CPU")
+    parser.add_argument("--intermediate", type=int, help="default: 14336 on a GPU, 3584 on a CPU")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=33)
     parser.set_defaults(run=run_demo)
 
-
-if __name__ == "__main__":
-    sys.exit(
-        run_demo(argparse.Namespace(device=None, dtype="bfloat16", hidden=256, intermediate=512, layers=1, tokens=9))
-    )
