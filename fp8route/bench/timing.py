@@ -14,6 +14,7 @@ Nothing here touches CUDA at import time.
 
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -80,11 +81,19 @@ def time_cold(
     torch.cuda.synchronize()
     cycles = _sleep_cycles(sleep_us)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
-    for i, (start, end) in enumerate(events):
-        torch.cuda._sleep(cycles)
-        start.record()
-        calls[i % len(calls)]()
-        end.record()
+    # A collection pausing the host between two kernels of one call would leave the GPU idle
+    # inside the events; timeit turns the collector off for the same reason.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for i, (start, end) in enumerate(events):
+            torch.cuda._sleep(cycles)
+            start.record()
+            calls[i % len(calls)]()
+            end.record()
+    finally:
+        if collecting:
+            gc.enable()
     torch.cuda.synchronize()
     return [start.elapsed_time(end) * 1e3 for start, end in events]
 
