@@ -127,7 +127,7 @@ def run_checked(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, str, f
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("demo", help="build, plan, explain, run and check a small random FP8 model")
+    parser = commands.add_parser("demo", help="build, plan, explain, run and check a random FP8 model of Llama blocks")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")
     parser.add_argument("--hidden", type=int, help="default: 4096 on a GPU (Llama-3.1-8B), 1024 on a CPU")
