@@ -135,4 +135,3 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=33)
     parser.set_defaults(run=run_demo)
-
