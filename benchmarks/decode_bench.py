@@ -7,7 +7,9 @@ copies, two reps in mirrored order):
   cublas+quant  one quantization kernel + torch._scaled_mm per-tensor (cuBLASLt)
   cublas        torch._scaled_mm per-tensor on quantized x (GEMM only)
   rowwise+quant one quantization kernel + torch._scaled_mm with (M,1)/(1,N) scales (CUTLASS)
-With --sweep, every candidate configuration of ours is timed too (one rep) and the best kept as
+With --graph, every arm is also timed inside one CUDA graph per arm (the rotating copies back to
+back, as a decode step replays them): launch gaps shrink to a graph's, which is what a served model
+pays. With --sweep, every candidate configuration of ours is timed too (one rep) and the best kept as
 `ours_best`, which is how the table in fp8_gemv.choose_config was made.
 
     PYTHONUNBUFFERED=1 python benchmarks/decode_bench.py --out results/   [--sweep]
@@ -28,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fp8route.bench.timing import copies_for, copy_bandwidth_gbs, time_arms, time_cold  # noqa: E402
+from fp8route.bench.timing import copies_for, copy_bandwidth_gbs, time_arms, time_cold, time_graph  # noqa: E402
 from fp8route.kernels import fp8_gemv as fg  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
@@ -149,12 +151,14 @@ def run(args: argparse.Namespace, out: Path) -> dict:
     copy_gbs = copy_bandwidth_gbs()
     # What an empty kernel costs through the same timing: launch and event overhead, no work.
     empty_us = statistics.median(time_cold([lambda: torch.cuda._sleep(0)], repeats=50))
-    print(f"copy bandwidth {copy_gbs:.0f} GB/s; empty kernel {empty_us:.2f} µs", flush=True)
+    empty_graph_us = statistics.median(time_graph([lambda: torch.cuda._sleep(0)] * 50, repeats=10))
+    print(f"copy bandwidth {copy_gbs:.0f} GB/s; empty kernel {empty_us:.2f} µs, in a graph {empty_graph_us:.2f} µs")
     ms = [int(v) for v in args.ms.split(",")]
     rows: list[dict] = []
     sweep_rows: list[dict] = []
     result = {
-        "fingerprint": fp, "copy_gbs": copy_gbs, "empty_kernel_us": empty_us, "command": " ".join(sys.argv),
+        "fingerprint": fp, "copy_gbs": copy_gbs, "empty_kernel_us": empty_us, "empty_kernel_graph_us": empty_graph_us,
+        "command": " ".join(sys.argv),
         "rows": rows, "sweep": sweep_rows,
     }  # fmt: skip
     for name, (n, k) in SHAPES.items():
@@ -185,22 +189,32 @@ def run(args: argparse.Namespace, out: Path) -> dict:
             errs = {}
             for arm, calls in arms.items():
                 errs[arm] = rel_err(calls[0](), ref)
-            timed = time_arms(arms, repeats=args.repeats)
+            timings = {"events": time_arms(arms, repeats=args.repeats)}
+            if args.graph:
+                timings["graph"] = time_arms(arms, repeats=args.graph_replays, timer=time_graph)
             nbytes = n * k + m * k * 2 + m * n * 2
             floor_us = nbytes / (copy_gbs * 1e3)
-            for arm, t in timed.items():
-                rows.append({
-                    "shape": name, "n": n, "k": k, "m": m, "arm": arm,
+            for mode, timed in timings.items():
+                for arm, t in timed.items():
+                    rows.append({
+                    "shape": name, "n": n, "k": k, "m": m, "arm": arm, "timing": mode,
                     "median_us": t.median_us, "rep_medians_us": list(t.rep_medians_us), "spread": t.spread,
                     "gbs": nbytes / (t.median_us * 1e3), "pct_copy_bw": 100 * floor_us / t.median_us,
                     "floor_us": floor_us, "rel_err": errs[arm],
                     "config": (best_cfg if arm == "ours_best" else heur).__dict__ if arm.startswith("ours") else None,
-                })  # fmt: skip
+                    })  # fmt: skip
+            timed = timings["events"]
             o, cq = timed["ours"].median_us, timed["cublas+quant"].median_us
             print(
                 f"{name:12s} M={m:4d} ours {o:7.2f} cublas+q {cq:7.2f} cublas {timed['cublas'].median_us:7.2f} "
                 f"rowwise+q {timed['rowwise+quant'].median_us:7.2f} floor {floor_us:6.2f} "
                 + (f"best {best_us:7.2f} {best_cfg} " if best_cfg else "")
+                + (
+                    f"graph: ours {timings['graph']['ours'].median_us:7.2f} "
+                    f"cublas+q {timings['graph']['cublas+quant'].median_us:7.2f} "
+                    if "graph" in timings
+                    else ""
+                )
                 + f"err ours {errs['ours']:.1e} cublas {errs['cublas']:.1e} [{time.time() - t0:.1f}s]",
                 flush=True,
             )
@@ -217,21 +231,32 @@ def timings_tie(a: dict, b: dict) -> bool:
 
 
 def summarize(result: dict) -> str:
-    rows = result["rows"]
+    lines = [
+        f"copy bandwidth {result['copy_gbs']:.0f} GB/s, empty kernel {result['empty_kernel_us']:.2f} µs"
+        f" (in a graph {result.get('empty_kernel_graph_us', float('nan')):.2f} µs); cold L2 by rotation"
+    ]
+    for mode in ("events", "graph"):
+        rows = [r for r in result["rows"] if r.get("timing", "events") == mode]
+        if rows:
+            lines.append(
+                f"-- timing: {mode} "
+                + ("(per call, 2 reps x 30)" if mode == "events" else "(per call, 2 reps x graph replays)")
+            )
+            lines += _summary_table(rows)
+    return "\n".join(lines)
+
+
+def _summary_table(rows: list[dict]) -> list[str]:
     by = {(r["shape"], r["m"], r["arm"]): r for r in rows}
     arms = sorted(
         {r["arm"] for r in rows},
         key=["ours", "ours_best", "ours_prequant", "cublas+quant", "cublas", "rowwise+quant"].index,
     )
     lines = [
-        f"copy bandwidth {result['copy_gbs']:.0f} GB/s, empty kernel {result['empty_kernel_us']:.2f} µs;"
-        " µs = median of 2 reps x 30, cold L2 by rotation"
-    ]
-    lines.append(
         f"{'shape':12s} {'M':>4s} "
         + " ".join(f"{a:>13s}" for a in arms)
         + f" {'floor':>7s} {'%bw ours':>8s} {'x vs cub+q':>10s}"
-    )
+    ]
     for shape in SHAPES:
         for m in sorted({r["m"] for r in rows if r["shape"] == shape}):
             t = {a: by[(shape, m, a)]["median_us"] for a in arms if (shape, m, a) in by}
@@ -254,7 +279,7 @@ def summarize(result: dict) -> str:
             + f", floor {floor:.1f} µs; ours is {sums['cublas+quant'] / sums['ours']:.2f}x cublas+quant,"
             f" {sums['cublas'] / sums['ours']:.2f}x cublas GEMM-only"
         )
-    return "\n".join(lines)
+    return lines
 
 
 def plot(result: dict, path: Path) -> None:
@@ -263,7 +288,7 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = result["rows"]
+    rows = [r for r in result["rows"] if r.get("timing", "events") == "events"]
     fig, axes = plt.subplots(2, 4, figsize=(20, 9))
     for ax, (shape, (n, k)) in zip(axes.flat, SHAPES.items(), strict=False):
         for arm in sorted({r["arm"] for r in rows}):
@@ -294,6 +319,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="", help="comma-separated subset of " + ",".join(SHAPES))
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--sweep-repeats", type=int, default=20)
+    ap.add_argument("--graph", action="store_true", help="also time every arm inside a CUDA graph")
+    ap.add_argument("--graph-replays", type=int, default=10, help="graph replays per rep (one sample each)")
     ap.add_argument("--sweep-ms", default=",".join(map(str, SWEEP_MS)), help="M values to sweep configs at")
     args = ap.parse_args()
     out = Path(args.out)

@@ -4,8 +4,13 @@
   more than 3x the L2, so each call's weight comes from HBM while L2 holds clean lines of other
   weights (as in a forward pass). A large buffer *written* before each call (the usual flush)
   leaves dirty lines whose write-back made M=1 times 15-25% slower on the H200: an artifact.
-- A sleep kernel is queued ahead of each timed call, so the host's launch cost (tens of µs for an
-  eager call) overlaps the sleep and stays outside the events.
+- The host stays out of the events, checked rather than assumed: one sleep kernel, long enough
+  for the host to queue every timed call behind it, goes first; the calls then run back to back
+  from the GPU's queue. An event right behind the sleep must still be pending once the host has
+  queued the last call; if it is not, the GPU may have waited on the host inside some event pair,
+  and the batch is timed again with a longer sleep. (A fixed 200 µs sleep ahead of each call was
+  not enough on our virtualised H200 host: whole reps came out 2-15x slow when its launches
+  slowed down for a while, and the tuner then routed on those.)
 - Every arm runs twice in mirrored order (A B C, then C B A); a difference inside the spread
   between the two reps is a tie.
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 import gc
 import math
 import statistics
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -24,9 +30,18 @@ from typing import TypeVar
 import torch
 
 L2_ROTATION_FACTOR = 3.0  # operand copies together exceed this many L2 sizes
-DEFAULT_SLEEP_US = 200.0  # longer than the host needs to enqueue one timed call (~30-100 µs)
+MIN_LEAD_US = 1000.0  # the shortest sleep ahead of a batch
+LEAD_PER_CALL = 4.0  # sleep ahead = this many times the host's measured time to queue the batch
+LEAD_ATTEMPTS = 4  # each attempt whose host fell behind quadruples the sleep
 
 _cycles_per_us: dict[int, float] = {}
+# Batches timed, and how many had to be timed again because the host fell behind: bench and tune
+# print these, so a host too busy to time on is seen, not averaged away.
+batch_counts = {"timed": 0, "host_behind": 0}
+
+
+class HostBehindError(RuntimeError):
+    """The host could not queue a batch of calls ahead of the GPU even behind a long sleep."""
 
 
 def l2_bytes(device: torch.device | int | None = None) -> int:
@@ -62,40 +77,104 @@ def _sleep_cycles(us: float) -> int:
     return int(us * _cycles_per_us[dev])
 
 
+def batch_summary() -> str:
+    """One line for a command's output: batches timed, and those the host fell behind on."""
+    timed, behind = batch_counts["timed"], batch_counts["host_behind"]
+    return f"timing: {timed} batches, {behind} timed again because the host had fallen behind the GPU"
+
+
 def time_cold(
     calls: Sequence[Callable[[], object]],
     *,
     repeats: int = 30,
     warmup: int = 3,
-    sleep_us: float = DEFAULT_SLEEP_US,
 ) -> list[float]:
     """Time `repeats` calls in µs; call i runs calls[i % len(calls)], each bound to its own operand copy.
 
     Build `calls` so that the copies together exceed 3x the L2 (see copies_for). Every call gets
-    its own pair of events around it only, and a sleep kernel queued ahead of it.
+    its own pair of events around it only; all of them are queued behind one sleep kernel, and a
+    batch the host could not queue in time is timed again (HostBehindError after LEAD_ATTEMPTS).
     """
     if not calls:
         raise ValueError("time_cold: no calls to time")
-    for i in range(max(warmup, 1) * len(calls) if warmup else 0):
+    for i in range(max(warmup, 1) * len(calls)):
         calls[i % len(calls)]()
     torch.cuda.synchronize()
-    cycles = _sleep_cycles(sleep_us)
+    # The host's cost of queueing one call, measured after warm-up (compiles and first-call setup
+    # happen there), sizes the sleep.
+    began = time.perf_counter()
+    for call in calls:
+        call()
+    host_us_per_call = (time.perf_counter() - began) * 1e6 / len(calls)
+    torch.cuda.synchronize()
+    lead_us = max(MIN_LEAD_US, LEAD_PER_CALL * host_us_per_call * repeats)
+    for _ in range(LEAD_ATTEMPTS):
+        batch_counts["timed"] += 1
+        times = _time_behind_sleep(calls, repeats, lead_us)
+        if times is not None:
+            return times
+        batch_counts["host_behind"] += 1
+        lead_us *= 4
+    raise HostBehindError(
+        f"time_cold: the host could not queue {repeats} calls within a {lead_us / 4e3:.0f} ms sleep "
+        f"({LEAD_ATTEMPTS} attempts); the machine is too busy to time on"
+    )
+
+
+def _time_behind_sleep(calls: Sequence[Callable[[], object]], repeats: int, lead_us: float) -> list[float] | None:
+    """The batch's times, or None when the GPU finished the sleep before the host queued the last call."""
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
-    # A collection pausing the host between two kernels of one call would leave the GPU idle
-    # inside the events; timeit turns the collector off for the same reason.
+    sleep_done = torch.cuda.Event()
+    # A collection pausing the host mid-batch would only cost a retry, but timeit turns the
+    # collector off for the same reason and so do we.
     collecting = gc.isenabled()
     gc.disable()
     try:
+        torch.cuda._sleep(_sleep_cycles(lead_us))
+        sleep_done.record()
         for i, (start, end) in enumerate(events):
-            torch.cuda._sleep(cycles)
             start.record()
             calls[i % len(calls)]()
             end.record()
+        host_ahead = not sleep_done.query()
     finally:
         if collecting:
             gc.enable()
     torch.cuda.synchronize()
+    if not host_ahead:
+        return None
     return [start.elapsed_time(end) * 1e3 for start, end in events]
+
+
+def time_graph(calls: Sequence[Callable[[], object]], *, repeats: int = 5, warmup: int = 3) -> list[float]:
+    """µs per call when the calls run back to back inside one CUDA graph, the way a decode step is
+    replayed by a serving engine: launch gaps shrink to the graph's, and a kernel that saves a
+    launch (a fused quantization) shows what that is worth there. One sample per replay
+    (`repeats` replays), each the replay's time over len(calls).
+    """
+    if not calls:
+        raise ValueError("time_graph: no calls to time")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(max(warmup, 1) * len(calls)):
+            calls[i % len(calls)]()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()  # first replay uploads the graph
+    torch.cuda.synchronize()
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+    torch.cuda._sleep(_sleep_cycles(MIN_LEAD_US))
+    for start, end in pairs:
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) * 1e3 / len(calls) for start, end in pairs]
 
 
 @dataclass(frozen=True)
@@ -119,7 +198,7 @@ def time_arms(
     repeats: int = 30,
     warmup: int = 3,
     reps: int = 2,
-    sleep_us: float = DEFAULT_SLEEP_US,
+    timer: Callable[..., list[float]] = time_cold,
 ) -> dict[str, ArmTiming]:
     """Time each arm `reps` times, in order A B C ... then mirrored (C B A), so drift and order
     effects land on every arm alike. Returns per arm its rep medians, overall median and spread."""
@@ -128,7 +207,7 @@ def time_arms(
     for rep in range(reps):
         order = names if rep % 2 == 0 else names[::-1]
         for name in order:
-            samples[name].append(time_cold(arms[name], repeats=repeats, warmup=warmup, sleep_us=sleep_us))
+            samples[name].append(timer(arms[name], repeats=repeats, warmup=warmup))
     result = {}
     for name in names:
         rep_medians = tuple(statistics.median(s) for s in samples[name])

@@ -11,6 +11,7 @@ from fp8route.backends import BACKENDS
 from fp8route.bench.ceilings import measure_ceilings
 from fp8route.bench.gemm import default_policies, make_report, sweep, write_results
 from fp8route.bench.report import ROUTED
+from fp8route.bench.timing import batch_summary
 from fp8route.commands.progress import TextProgress
 from fp8route.commands.sweep_args import (
     DTYPES,
@@ -56,6 +57,7 @@ def run_gemm(args: argparse.Namespace) -> int:
     )
     report = make_report(cells, shapes, m_values, ceilings, dtype)
     print(report.text())
+    print(batch_summary())
     out_dir = Path(args.out).expanduser() if args.out else Path("benchmarks") / "results" / fingerprint.slug
     meta = {
         "command": command_line(),

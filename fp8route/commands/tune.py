@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from fp8route.bench.timing import batch_summary
 from fp8route.bench.workload import CudaMeasure
 from fp8route.commands.progress import TextProgress
 from fp8route.commands.sweep_args import (
@@ -70,7 +71,7 @@ def run_tune(args: argparse.Namespace) -> int:
     measure.release()
     if rank != 0:
         return 0
-    print(f"tuned in {elapsed:.1f} s (+ {warm:.1f} s warm-up: JIT builds, first-call setup)\n")
+    print(f"tuned in {elapsed:.1f} s (+ {warm:.1f} s warm-up: JIT builds, first-call setup); {batch_summary()}\n")
     print(summary(table, info, dtype))
     path = Path(args.table).expanduser() if args.table else default_path(fingerprint)
     saved = save_table(table, path)
