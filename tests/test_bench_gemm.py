@@ -103,17 +103,25 @@ QKV, DOWN = LayerShape("qkv", 6144, 4096), LayerShape("down", 4096, 14336)
 CEIL = Ceilings(copy_gbs=4000.0, fp8_tflops=1500.0)
 
 
-def report(routed_down_2048: float = 100.0) -> GemmReport:
+def report(
+    routed_down_2048: float = 100.0, down_2048_rowwise: float = 110.0, down_2048_backend: str = "cublas"
+) -> GemmReport:
     times = {
         (QKV, 1): {ROUTED: 10.0, "cublas": 10.1, "rowwise": 20.0},
         (DOWN, 1): {ROUTED: 20.0, "cublas": 20.0, "rowwise": 30.0},
         (QKV, 2048): {ROUTED: 50.0, "cublas": 50.0, "rowwise": 55.0},
-        (DOWN, 2048): {ROUTED: routed_down_2048, "cublas": 100.0, "rowwise": 110.0},
+        (DOWN, 2048): {ROUTED: routed_down_2048, "cublas": 100.0, "rowwise": down_2048_rowwise},
     }
     cells = [
-        Cell(s, m, arm, t, 0.01, (t, t), backend="cublas" if arm == ROUTED else None)
+        Cell(s, m, arm, t, 0.01, (t, t), backend=None if arm != ROUTED else "cublas")
         for (s, m), arms in times.items()
         for arm, t in arms.items()
+    ]
+    cells = [
+        Cell(c.shape, c.m, c.arm, c.median_us, c.spread, c.rep_medians_us, backend=down_2048_backend)
+        if (c.shape, c.m, c.arm) == (DOWN, 2048, ROUTED)
+        else c
+        for c in cells
     ]
     return GemmReport(cells, [QKV, DOWN], [1, 2048], CEIL)
 
@@ -138,10 +146,24 @@ def test_report_speedups_sums_floor_and_seed():
 
 def test_report_flags_routed_slower_beyond_the_spread_only():
     assert report(routed_down_2048=100.5).violations() == []  # 0.5%: inside the 1% spread
-    bad = report(routed_down_2048=110.0).violations()
+    # Routed to rowwise, which is 10% slower than cublas: a wrong route.
+    bad = report(routed_down_2048=110.0, down_2048_backend="rowwise").violations()
     assert any(v.startswith("down 4096x14336 M=2048: routed 110.0 us vs cublas 100.0 us") for v in bad)
     assert any(v.startswith(f"{SUM} M=2048") for v in bad)
-    assert "FAIL" in report(routed_down_2048=110.0).text()
+    assert "FAIL" in report(routed_down_2048=110.0, down_2048_backend="rowwise").text()
+
+
+def test_report_counts_the_twin_gap_as_noise():
+    # Routed ran cublas, as the cublas arm did: 5% between two timings of one kernel is noise
+    # this run measured, and a 3% edge of another arm is inside it.
+    r = report(routed_down_2048=105.0, down_2048_rowwise=102.0)
+    assert r.twin_gap(DOWN, 2048) == pytest.approx(5 / 105)
+    assert r.violations() == []
+    assert sorted(r.twin_gaps())[-1] == pytest.approx(0.05)
+    assert "twin gap" in r.text()
+    # Without a twin (its backend's arm not timed) only the spreads and min_tie count.
+    lone = report(routed_down_2048=105.0, down_2048_rowwise=102.0, down_2048_backend="flashinfer")
+    assert any(v.startswith("down 4096x14336 M=2048: routed 105.0 us vs rowwise 102.0 us") for v in lone.violations())
 
 
 def test_write_results_json_and_optional_png(tmp_path):
