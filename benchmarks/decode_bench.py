@@ -3,7 +3,6 @@
 Arms per (N, K, M), all timed with fp8route.bench.timing (CUDA events, cold L2 by rotating operand
 copies, two reps in mirrored order):
   ours          fp8_gemv on bf16 x (quantization fused)
-  ours_prefetch_flipped  ours with GemvConfig.prefetch_x the other way (an A/B of that option)
   ours_prequant fp8_gemv on an already-quantized x (GEMM only)
   cublas+quant  one quantization kernel + torch._scaled_mm per-tensor (cuBLASLt)
   cublas        torch._scaled_mm per-tensor on quantized x (GEMM only)
@@ -19,7 +18,6 @@ pays. With --sweep, every candidate configuration of ours is timed too (one rep)
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -131,13 +129,8 @@ class Operands:
         def ours(i, cfg=cfg):
             return lambda: fg.fp8_gemv(x[i], w[i], s_w, s_in, None, bf16, config=cfg)
 
-        flipped = dataclasses.replace(
-            cfg or fg.choose_config(m, self.n, self.k),
-            prefetch_x=not (cfg or fg.choose_config(m, self.n, self.k)).prefetch_x,
-        )
         return {
             "ours": [ours(i) for i in c],
-            "ours_prefetch_flipped": [ours(i, flipped) for i in c],
             "ours_prequant": [lambda i=i: fg.fp8_gemv(xq[i], w[i], s_w, s_in, None, bf16, config=cfg) for i in c],
             "cublas+quant": [
                 lambda i=i: torch._scaled_mm(fg.quantize_fp8(x[i], s_in), w[i].t(), s_in, s_w, out_dtype=bf16)

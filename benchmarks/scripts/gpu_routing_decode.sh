@@ -1,20 +1,32 @@
 #!/usr/bin/env bash
-# One device call: fp8_gemv and timing GPU tests, the decode bench (events and CUDA-graph timing),
-# the prefill quantization share, then tune + bench gemm (TP1, TP4). run.log has the output,
-# results.tgz the JSON/PNG files (the device returns few files).
+# One device call: GPU tests, the decode bench (events and CUDA-graph timing), the prefill
+# quantization share, then tune + bench gemm (TP1, TP4). SECTIONS picks some of
+# "tests decode prefill routing" (default: all). run.log has the output, results.tgz the
+# JSON/PNG files (the device returns few files).
 set -u -o pipefail
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+SECTIONS=${SECTIONS:-tests decode prefill routing}
 R=$OUT/r; mkdir -p "$R"
+has() { [[ " $SECTIONS " == *" $1 "* ]]; }
 {
-  echo "# command: bash benchmarks/scripts/gpu_routing_decode.sh   ($(date -u +%FT%TZ))"
+  echo "# command: SECTIONS='$SECTIONS' bash benchmarks/scripts/gpu_routing_decode.sh   ($(date -u +%FT%TZ))"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
-  python3 -m pytest -q -m gpu tests/gpu/test_fp8_gemv.py tests/gpu/test_timing_gpu.py -n 4 2>&1 | tail -4
-  echo "## decode"; python3 benchmarks/decode_bench.py --graph --out "$R" 2>&1 | grep -v "^tp" | tail -90
-  echo "## prefill quantization share"; python3 benchmarks/prefill_quant.py --out "$R"
-  echo "## tune"; python3 -m fp8route.cli tune --model llama-3.1-8b --tp 1,4 --table "$R/routing-h200.json" | grep -v "^tune \["
-  for tp in 1 4; do
-    echo "## bench tp$tp"; python3 -m fp8route.cli bench gemm --model llama-3.1-8b --tp $tp --table "$R/routing-h200.json" --out "$R" | grep -v "^bench \["
-  done
+  if has tests; then
+    echo "## tests"; python3 -m pytest -q -m gpu tests/gpu -n 4 -rs 2>&1 | tail -6
+    echo "## demo"; python3 -m fp8route.cli demo 2>&1 | tail -8
+  fi
+  if has decode; then
+    echo "## decode"; python3 benchmarks/decode_bench.py --graph --out "$R" 2>&1 | grep -v "^tp" | tail -90
+  fi
+  if has prefill; then
+    echo "## prefill quantization share"; python3 benchmarks/prefill_quant.py --out "$R"
+  fi
+  if has routing; then
+    echo "## tune"; python3 -m fp8route.cli tune --model llama-3.1-8b --tp 1,4 --table "$R/routing-h200.json" | grep -v "^tune \["
+    for tp in 1 4; do
+      echo "## bench tp$tp"; python3 -m fp8route.cli bench gemm --model llama-3.1-8b --tp $tp --table "$R/routing-h200.json" --out "$R" | grep -v "^bench \["
+    done
+  fi
 } > "$OUT/run.log" 2>&1
 rm -f "$R"/*.lock
 tar -C "$R" -czf "$OUT/results.tgz" .

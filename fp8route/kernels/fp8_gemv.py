@@ -54,9 +54,6 @@ class GemvConfig:
     split_k: int
     num_warps: int = 4
     num_stages: int = 4
-    # Load the next x tile one iteration ahead, so its L2 latency overlaps the current tile's
-    # quantization and MMA instead of stalling every warp each iteration (fused path only).
-    prefetch_x: bool = False
 
 
 def why_not(m_max: int, n: int, k: int) -> str | None:
@@ -200,7 +197,7 @@ if triton is not None:
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
-        REDUCE_UNROLL: tl.constexpr, PREFETCH_X: tl.constexpr,
+        REDUCE_UNROLL: tl.constexpr,
     ):  # fmt: skip
         pid = tl.program_id(0)
         # The splits of one tile are adjacent pids: launched together, so the last one (which
@@ -225,8 +222,6 @@ if triton is not None:
         in_scale_rcp = tl.math.div_rn(1.0, in_scale)
 
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        if PREFETCH_X:
-            x_next = tl.load(x_ptrs, mask=m_mask[None, :] & ((k_lo + offs_k) < K)[:, None], other=0.0)
         # EVEN_K: every split covers exactly k_per_split (a multiple of BLOCK_K) inside K.
         for k in range(0, k_per_split, BLOCK_K):
             if EVEN_K:
@@ -234,20 +229,10 @@ if triton is not None:
                     w = tl.load(w_ptrs)
                 else:
                     w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
+                xt = tl.load(x_ptrs, mask=m_mask[None, :], other=0.0)
             else:
                 k_mask = (k_lo + k + offs_k) < K
                 w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            if PREFETCH_X:
-                xt = x_next
-                ahead = k + BLOCK_K + offs_k
-                x_next = tl.load(
-                    x_ptrs + BLOCK_K,
-                    mask=m_mask[None, :] & ((ahead < k_per_split) & (k_lo + ahead < K))[:, None],
-                    other=0.0,
-                )
-            elif EVEN_K:
-                xt = tl.load(x_ptrs, mask=m_mask[None, :], other=0.0)
-            else:
                 xt = tl.load(x_ptrs, mask=m_mask[None, :] & k_mask[:, None], other=0.0)
             if QUANT_X:  # noqa: SIM108 (constexpr branches, as the loads above)
                 xq = _quantize(xt, in_scale, in_scale_rcp)
@@ -395,7 +380,6 @@ def launch(
         QUANT_X=x.dtype != FP8, HAS_BIAS=bias is not None, USE_WS=use_ws,
         EVEN_K=k_per_split * split == k, EVEN_N=n % cfg.block_n == 0,
         IMPRECISE_ACC=min(128, cfg.block_k), REDUCE_UNROLL=_REDUCE_UNROLL,
-        PREFETCH_X=cfg.prefetch_x and x.dtype != FP8,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
