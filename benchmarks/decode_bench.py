@@ -9,8 +9,7 @@ copies, two reps in mirrored order):
   rowwise+quant one quantization kernel + torch._scaled_mm with (M,1)/(1,N) scales (CUTLASS)
 With --graph, every arm is also timed inside one CUDA graph per arm (the rotating copies back to
 back, as a decode step replays them): launch gaps shrink to a graph's, which is what a served model
-pays. With --sweep --tokens-as-a, the sweep is over the tokens-as-A variant (GemvConfig.tokens_as_a).
-With --sweep, every candidate configuration of ours is timed too (one rep) and the best kept as
+pays. With --sweep, every candidate configuration of ours is timed too (one rep) and the best kept as
 `ours_best`, which is how the table in fp8_gemv.choose_config was made.
 
     PYTHONUNBUFFERED=1 python benchmarks/decode_bench.py --out results/   [--sweep]
@@ -78,19 +77,10 @@ def fingerprint() -> dict:
     }
 
 
-# The tokens-as-A variant (x quantized in registers feeds mma.sync directly): a smaller sweep.
-SWEEP_BLOCKS_TOKENS_AS_A = {
-    16: ((64, 256, 4, 4), (128, 128, 4, 4), (128, 256, 3, 8), (256, 128, 4, 8), (128, 256, 4, 4)),
-    32: ((128, 128, 4, 4), (128, 256, 3, 8)),
-    64: ((128, 128, 4, 8), (128, 64, 6, 8)),
-}  # fmt: skip
-
-
-def sweep_configs(m: int, n: int, k: int, num_sms: int, tokens_as_a: bool = False) -> list[fg.GemvConfig]:
+def sweep_configs(m: int, n: int, k: int, num_sms: int) -> list[fg.GemvConfig]:
     out = []
     block_m = fg.block_m_for(m)
-    blocks = SWEEP_BLOCKS_TOKENS_AS_A if tokens_as_a else SWEEP_BLOCKS
-    for block_n, block_k, stages, warps in blocks[block_m]:
+    for block_n, block_k, stages, warps in SWEEP_BLOCKS[block_m]:
         k_iters = k // block_k
         slots = num_sms * fg.ctas_per_sm(block_n, block_k, block_m, stages)
         tiles = -(-n // block_n) * -(-m // block_m)
@@ -99,7 +89,7 @@ def sweep_configs(m: int, n: int, k: int, num_sms: int, tokens_as_a: bool = Fals
             if uneven and (block_m > 16 or -(-k_iters // split) * (split - 1) >= k_iters):
                 continue  # uneven splits only at decode sizes, and none that leave a split empty
             if split == 1 or slots // 2 <= tiles * split <= 3 * slots:
-                out.append(fg.GemvConfig(block_n, block_k, block_m, split, warps, stages, tokens_as_a=tokens_as_a))
+                out.append(fg.GemvConfig(block_n, block_k, block_m, split, warps, stages))
     return out
 
 
@@ -181,7 +171,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
             heur = fg.choose_config(m, n, k)
             best_cfg, best_us = None, float("inf")
             if args.sweep and m in {int(v) for v in args.sweep_ms.split(",")}:
-                for cfg in sweep_configs(m, n, k, fp["sm_count"], tokens_as_a=args.tokens_as_a):
+                for cfg in sweep_configs(m, n, k, fp["sm_count"]):
                     try:
                         y = fg.fp8_gemv(ops.x[0][:m], ops.w[0], ops.s_w, ops.s_in, None, torch.bfloat16, config=cfg)
                         err = rel_err(y, ref)
@@ -338,7 +328,6 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--sweep-repeats", type=int, default=20)
     ap.add_argument("--graph", action="store_true", help="also time every arm inside a CUDA graph")
-    ap.add_argument("--tokens-as-a", action="store_true", help="sweep the tokens-as-A (mma.sync) variant instead")
     ap.add_argument("--graph-replays", type=int, default=10, help="graph replays per rep (one sample each)")
     ap.add_argument("--sweep-ms", default=",".join(map(str, SWEEP_MS)), help="M values to sweep configs at")
     args = ap.parse_args()

@@ -54,9 +54,6 @@ class GemvConfig:
     split_k: int
     num_warps: int = 4
     num_stages: int = 4
-    # Tokens on the MMA's M side instead (x quantized in registers feeds the MMA as its A operand;
-    # with BLOCK_M < 64 Triton emits mma.sync rather than wgmma). Experimental: see DECODE.md.
-    tokens_as_a: bool = False
 
 
 def why_not(m_max: int, n: int, k: int) -> str | None:
@@ -200,7 +197,7 @@ if triton is not None:
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
-        REDUCE_UNROLL: tl.constexpr, TOKENS_AS_A: tl.constexpr,
+        REDUCE_UNROLL: tl.constexpr,
     ):  # fmt: skip
         pid = tl.program_id(0)
         # The splits of one tile are adjacent pids: launched together, so the last one (which
@@ -224,10 +221,7 @@ if triton is not None:
         in_scale = tl.load(in_scale_ptr)
         in_scale_rcp = tl.math.div_rn(1.0, in_scale)
 
-        if TOKENS_AS_A:
-            acc_t = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        else:
-            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         # EVEN_K: every split covers exactly k_per_split (a multiple of BLOCK_K) inside K.
         for k in range(0, k_per_split, BLOCK_K):
             if EVEN_K:
@@ -246,14 +240,9 @@ if triton is not None:
                 xq = xt
             # Promote the tensor cores' reduced-precision fp8 accumulation to fp32 every
             # IMPRECISE_ACC elements of K (cuBLASLt's default, non fast-accum, does likewise).
-            if TOKENS_AS_A:
-                acc_t = tl.dot(tl.trans(xq), tl.trans(w), acc_t, max_num_imprecise_acc=IMPRECISE_ACC)
-            else:
-                acc = tl.dot(w, xq, acc, max_num_imprecise_acc=IMPRECISE_ACC)
+            acc = tl.dot(w, xq, acc, max_num_imprecise_acc=IMPRECISE_ACC)
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
-        if TOKENS_AS_A:
-            acc = tl.trans(acc_t)
 
         scale = in_scale * tl.load(w_scale_ptr)
         if USE_WS:
@@ -390,7 +379,7 @@ def launch(
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m,
         QUANT_X=x.dtype != FP8, HAS_BIAS=bias is not None, USE_WS=use_ws,
         EVEN_K=k_per_split * split == k, EVEN_N=n % cfg.block_n == 0,
-        IMPRECISE_ACC=min(128, cfg.block_k), REDUCE_UNROLL=_REDUCE_UNROLL, TOKENS_AS_A=cfg.tokens_as_a,
+        IMPRECISE_ACC=min(128, cfg.block_k), REDUCE_UNROLL=_REDUCE_UNROLL,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out

@@ -77,30 +77,6 @@ def test_matches_reference(n: int, k: int, out_dtype: torch.dtype) -> None:
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("n,k", SHAPES, ids=lambda v: str(v))
-def test_tokens_as_a_variant_matches_reference(n: int, k: int) -> None:
-    import dataclasses
-
-    failures = []
-    for m in (1, 3, 16, 17, 33, 64):
-        x, w, s_w, s_in, bias = make(n, k, m, torch.bfloat16, seed=m + 3 * n + k)
-        q = quantize_ref(x, s_in)
-        ref = reference(q, w, s_w, s_in, bias)
-        err_cublas = rel_err(cublas(q, w, s_w, s_in, bias, torch.bfloat16), ref)
-        base = fg.choose_config(m, n, k)
-        for split in sorted({1, base.split_k, 3}):
-            cfg = dataclasses.replace(base, split_k=split, tokens_as_a=True)
-            for name, xin in (("fused", x), ("prequant", q)):
-                out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-                fg.fp8_gemv(xin, w, s_w, s_in, bias, torch.bfloat16, out=out, config=cfg)
-                err = rel_err(out, ref)
-                if out.isnan().any().item() or err > max(2 * err_cublas, 1e-4) or err >= 1e-2:
-                    failures.append(f"M={m} split={split} {name}: err {err:.2e} cublas {err_cublas:.2e}")
-    assert not failures, "\n".join(failures)
-
-
-@pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("split_k", [1, 4])
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
 def test_fused_quantization_is_bit_identical(out_dtype: torch.dtype, split_k: int) -> None:
