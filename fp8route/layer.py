@@ -12,7 +12,15 @@ from fp8route.errors import Fp8InputError, Fp8TypeError
 from fp8route.plan import Plan, Preference, make_plan
 from fp8route.policy import Policy
 from fp8route.problem import DeviceInfo, GemmProblem
-from fp8route.quant import FLOAT_DTYPES, as_scale, check_float, check_fp8_weight, quantize_per_tensor, requantize_shards
+from fp8route.quant import (
+    FLOAT_DTYPES,
+    FP8_DTYPE,
+    as_scale,
+    check_float,
+    check_fp8_weight,
+    quantize_per_tensor,
+    requantize_shards,
+)
 
 ScaleLike = torch.Tensor | float
 
@@ -156,6 +164,30 @@ class Fp8Linear(nn.Module):
             return x.new_empty(*x.shape[:-1], self.out_features)
         out = self._plan.backend_for(x2d.shape[0], x.dtype).run(x2d, self)
         return out.reshape(*x.shape[:-1], self.out_features)
+
+    def forward_quantized(self, x_q: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """The GEMM alone, for x already quantized with this layer's input_scale upstream (fused
+        into the norm or activation kernel that produced it, as serving engines do): routed as
+        forward() routes an out_dtype x of the same size; the result is in out_dtype."""
+        if self.input_scale is None:
+            raise Fp8InputError(
+                f"{self.name}: forward_quantized needs a static input_scale (this layer computes one "
+                "from each x, so a pre-quantized x has no scale it could trust); call the layer on x"
+            )
+        if x_q.dtype != FP8_DTYPE:
+            raise Fp8TypeError(f"{self.name}: forward_quantized takes float8_e4m3fn x, got {x_q.dtype}")
+        if out_dtype not in FLOAT_DTYPES:
+            raise Fp8TypeError(f"{self.name}: out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
+        if x_q.shape[-1] != self.in_features:
+            raise Fp8InputError(
+                f"{self.name}: x's last dim must be K={self.in_features}, got x of shape {tuple(x_q.shape)}"
+            )
+        x2d = x_q.reshape(-1, self.in_features)
+        if x2d.shape[0] == 0:
+            return x_q.new_empty(*x_q.shape[:-1], self.out_features, dtype=out_dtype)
+        backend = self._plan.backend_for(x2d.shape[0], out_dtype)
+        out = backend.run_quantized(x2d, self.input_scale, self, out_dtype)
+        return out.reshape(*x_q.shape[:-1], self.out_features)
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Fp8Linear:
         # module.to(dtype) would cast the fp8 weight and the fp32 scales; they keep their dtype

@@ -123,13 +123,15 @@ def fp8_gemv(
     w_scale: torch.Tensor,
     x_scale: torch.Tensor,
     bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
 ) -> torch.Tensor:
-    """fp8route's decode kernel; x in bf16/fp16 is quantized with x_scale inside it."""
+    """fp8route's decode kernel; x in bf16/fp16 is quantized with x_scale inside it, e4m3 x was
+    quantized with it already."""
     from fp8route.kernels.fp8_gemv import launch
 
-    return launch(x.contiguous(), weight, w_scale, x_scale, bias, x.dtype)
+    return launch(x.contiguous(), weight, w_scale, x_scale, bias, out_dtype)
 
 
 @fp8_gemv.register_fake
-def _(x, weight, w_scale, x_scale, bias):  # type: ignore[no-untyped-def]
-    return _empty_out(x, weight, x.dtype)
+def _(x, weight, w_scale, x_scale, bias, out_dtype):  # type: ignore[no-untyped-def]
+    return _empty_out(x, weight, out_dtype)

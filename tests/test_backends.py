@@ -6,6 +6,7 @@ from helpers import fp32_reference, poison_allocator, random_fp8_operands, rel_e
 from torch import nn
 
 from fp8route import BACKENDS, DeviceInfo, Fp8Linear, Policy, sqnr_db
+from fp8route.quant import quantize
 
 SHAPES = [(32, 64), (48, 256), (128, 1024), (96, 80)]
 MS = [1, 17, 33, 129, 1000]
@@ -89,3 +90,38 @@ def test_forced_reference_and_plan_agree_with_forward():
     x = torch.randn(5, 64)
     assert layer.plan.backend_for(5, torch.float32).name == "reference"
     assert torch.equal(layer(x), BACKENDS["reference"].run(x, layer))
+
+
+@pytest.mark.parametrize("name", ["reference", "cublas", "cublas_fast", "rowwise"])
+def test_run_is_quantize_then_run_quantized(name):
+    ops = random_fp8_operands(17, 48, 256, seed=3)
+    layer = make_layer(ops, bias=True)
+    x_q = quantize(ops["x"], layer.input_scale)
+    expected = BACKENDS[name].run(ops["x"], layer)
+    assert torch.equal(BACKENDS[name].run_quantized(x_q, layer.input_scale, layer, torch.float32), expected)
+
+
+def test_forward_quantized_routes_like_forward_and_keeps_leading_dims():
+    ops = random_fp8_operands(6, 48, 256, seed=4)
+    layer = Fp8Linear(ops["weight"], ops["weight_scale"], ops["input_scale"], ops["bias"])
+    x = ops["x"].to(torch.bfloat16).reshape(2, 3, 256)
+    x_q = quantize(x, layer.input_scale)
+    out = layer.forward_quantized(x_q, torch.bfloat16)
+    assert out.shape == (2, 3, 48) and out.dtype == torch.bfloat16
+    assert torch.equal(out, layer(x))
+    assert layer.forward_quantized(x_q[:0], torch.float16).shape == (0, 3, 48)
+
+
+def test_forward_quantized_refuses_what_it_cannot_trust():
+    ops = random_fp8_operands(4, 48, 256, seed=5)
+    static = Fp8Linear(ops["weight"], ops["weight_scale"], ops["input_scale"], name="layers.0.o_proj")
+    dynamic = Fp8Linear(ops["weight"], ops["weight_scale"], None, name="layers.0.down_proj")
+    x_q = quantize(ops["x"], static.input_scale)
+    with pytest.raises(ValueError, match="layers.0.down_proj: forward_quantized needs a static input_scale"):
+        dynamic.forward_quantized(x_q)
+    with pytest.raises(TypeError, match="layers.0.o_proj: forward_quantized takes float8_e4m3fn x, got torch.float32"):
+        static.forward_quantized(ops["x"])
+    with pytest.raises(TypeError, match="out_dtype must be"):
+        static.forward_quantized(x_q, torch.int8)
+    with pytest.raises(ValueError, match="K=256"):
+        static.forward_quantized(x_q[:, :128])

@@ -248,3 +248,45 @@ def test_cli_bench_end_to_end_with_a_fake_clock(tmp_path, monkeypatch, capsys):
     # On a CPU only the reference (and routed, which runs it) can be timed; the rest say why not.
     assert {r["arm"] for r in doc["rows"] if r["median_us"] is not None} == {ROUTED, "reference"}
     assert next(r for r in doc["rows"] if r["arm"] == "cublas")["error"].startswith("not eligible")
+
+
+def test_bench_with_x_quantized_upstream_times_gemms_alone(tmp_path, monkeypatch, capsys):
+    import fp8route.backends.base as base
+    import fp8route.commands.bench as bench
+
+    calls: list[str] = []
+    real_run_quantized = BACKENDS["reference"].run_quantized
+    monkeypatch.setattr(
+        BACKENDS["reference"],
+        "run_quantized",
+        lambda *a: calls.append("gemm") or real_run_quantized(*a),
+    )
+    monkeypatch.setattr(bench, "cuda_device", lambda args: torch.device("cpu"))
+    monkeypatch.setattr(bench, "measure_ceilings", lambda device: CEIL)
+    timing_now = [False]
+    fake = FakeTimer()
+
+    def timer(arms, repeats, reps):  # type: ignore[no-untyped-def]
+        timing_now[0] = True
+        try:
+            return fake(arms, repeats, reps)
+        finally:
+            timing_now[0] = False
+
+    real_quantize_input = base.quantize_input
+
+    def quantize_input(x, layer):  # type: ignore[no-untyped-def]
+        assert not timing_now[0], "x was quantized inside a timed arm"
+        return real_quantize_input(x, layer)
+
+    monkeypatch.setattr(base, "quantize_input", quantize_input)
+    real_sweep = bench.sweep
+    monkeypatch.setattr(bench, "sweep", lambda *a, **kw: real_sweep(*a, **{**kw, "copies": 2, "timer": timer}))
+    argv = ["bench", "gemm", "--shapes", "64x32", "--m", "1,4", "--x-quantized", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert "every arm times its GEMM alone" in capsys.readouterr().out
+    doc = json.loads((tmp_path / "gemm-shapes-xq.json").read_text())
+    assert doc["x_quantized"] is True
+    timed = [r for r in doc["rows"] if r["median_us"] is not None and r["n"] is not None]
+    assert {r["arm"] for r in timed} == {ROUTED, "reference"} and all(r["error"] is None for r in timed)
+    assert calls  # the arms ran the GEMM on the pre-quantized x, and passed the reference check

@@ -36,6 +36,26 @@ def test_compiled_mlp_equals_eager_without_graph_breaks(dynamic_scale, dtype, mo
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1
 
 
+def test_quantization_fused_upstream_compiles_without_graph_breaks(monkeypatch):
+    # What a model that quantizes inside its activation does: gelu and the e4m3 cast in one
+    # inductor kernel, then the routed GEMM on the fp8 tensor.
+    monkeypatch.setattr(torch._inductor.config, "emulate_precision_casts", True)
+    torch._dynamo.reset()
+    model = Mlp(dynamic_scale=False).to(torch.bfloat16)
+    down = model.down
+
+    def mlp_tail(h: torch.Tensor) -> torch.Tensor:
+        assert down.input_scale is not None
+        h_q = (torch.nn.functional.gelu(h).float() / down.input_scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+        return down.forward_quantized(h_q, torch.bfloat16)
+
+    h = torch.randn(2, 17, 128, dtype=torch.bfloat16)
+    eager = mlp_tail(h)
+    torch.testing.assert_close(eager, down(torch.nn.functional.gelu(h)), rtol=0, atol=0)
+    compiled = torch.compile(mlp_tail, fullgraph=True)(h)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+
+
 # opcheck's test_schema compares inputs with torch.allclose, which has no fp8 kernel; the
 # schema's "mutates nothing" promise is checked byte for byte in `opcheck` below instead.
 _OPCHECK_TESTS = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
@@ -84,6 +104,8 @@ def test_gpu_only_ops_have_fakes_for_tracing():
         fx, fw = mode.from_tensor(x_q), mode.from_tensor(o["weight"])
         fs, gs = mode.from_tensor(o["input_scale"]), mode.from_tensor(o["weight_scale"])
         out = ops.flashinfer_bmm(fx, fw, fs, gs, torch.bfloat16)
-        fused = ops.fp8_gemv(mode.from_tensor(x_half), fw, gs, fs, None)
+        fused = ops.fp8_gemv(mode.from_tensor(x_half), fw, gs, fs, None, torch.float16)
+        prequantized = ops.fp8_gemv(fx, fw, gs, fs, None, torch.bfloat16)
     assert out.shape == (17, 32) and out.dtype == torch.bfloat16
     assert fused.shape == (17, 32) and fused.dtype == torch.float16
+    assert prequantized.shape == (17, 32) and prequantized.dtype == torch.bfloat16

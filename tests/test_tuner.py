@@ -199,7 +199,7 @@ class DummyBackend(Backend):
     def why_not(self, problem: GemmProblem) -> str | None:
         return self.reason
 
-    def run(self, x, layer):  # type: ignore[no-untyped-def]
+    def run_quantized(self, x_q, x_scale, layer, out_dtype):  # type: ignore[no-untyped-def]
         raise AssertionError("never run: the timer is fake")
 
 

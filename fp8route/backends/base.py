@@ -29,9 +29,17 @@ class Backend(ABC):
     def why_not(self, problem: GemmProblem) -> str | None:
         """None when this backend can run the problem, else a reason a user can act on."""
 
-    @abstractmethod
     def run(self, x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
         """x is 2-D [M, K] in bf16/fp16/fp32; the result is [M, N] in x's dtype."""
+        x_q, x_scale = quantize_input(x, layer)
+        return self.run_quantized(x_q, x_scale, layer, x.dtype)
+
+    @abstractmethod
+    def run_quantized(
+        self, x_q: torch.Tensor, x_scale: torch.Tensor, layer: Fp8Linear, out_dtype: torch.dtype
+    ) -> torch.Tensor:
+        """x_q is 2-D [M, K] e4m3, quantized with the fp32 scalar x_scale (by run, or upstream of the
+        layer); the result is [M, N] in out_dtype."""
 
     def __repr__(self) -> str:
         return f"<backend {self.name}>"

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fp8route import ops
-from fp8route.backends.base import Backend, bias_as, first_reason, needs_aligned, needs_fp8_gpu, quantize_input
+from fp8route.backends.base import Backend, bias_as, first_reason, needs_aligned, needs_fp8_gpu
 from fp8route.problem import GemmProblem
 
 if TYPE_CHECKING:
@@ -25,8 +25,9 @@ class CublasBackend(Backend):
     def why_not(self, problem: GemmProblem) -> str | None:
         return first_reason(needs_fp8_gpu(problem), needs_aligned(problem))
 
-    def run(self, x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
-        x_q, x_scale = quantize_input(x, layer)
+    def run_quantized(
+        self, x_q: torch.Tensor, x_scale: torch.Tensor, layer: Fp8Linear, out_dtype: torch.dtype
+    ) -> torch.Tensor:
         return ops.scaled_mm(
-            x_q, layer.weight, x_scale, layer.weight_scale, bias_as(layer, x.dtype), x.dtype, self.fast_accum
+            x_q, layer.weight, x_scale, layer.weight_scale, bias_as(layer, out_dtype), out_dtype, self.fast_accum
         )

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fp8route import ops
-from fp8route.backends.base import Backend, bias_as, first_reason, needs_aligned, needs_fp8_gpu, quantize_input
+from fp8route.backends.base import Backend, bias_as, first_reason, needs_aligned, needs_fp8_gpu
 from fp8route.problem import GemmProblem
 
 if TYPE_CHECKING:
@@ -31,7 +31,8 @@ class FlashinferBackend(Backend):
             return "writes bfloat16 or float16 output only"
         return reason
 
-    def run(self, x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
-        x_q, x_scale = quantize_input(x, layer)
-        out = ops.flashinfer_bmm(x_q, layer.weight, x_scale, layer.weight_scale, x.dtype)
-        return out if layer.bias is None else out + bias_as(layer, x.dtype)
+    def run_quantized(
+        self, x_q: torch.Tensor, x_scale: torch.Tensor, layer: Fp8Linear, out_dtype: torch.dtype
+    ) -> torch.Tensor:
+        out = ops.flashinfer_bmm(x_q, layer.weight, x_scale, layer.weight_scale, out_dtype)
+        return out if layer.bias is None else out + bias_as(layer, out_dtype)

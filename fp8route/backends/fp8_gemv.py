@@ -41,4 +41,9 @@ class Fp8GemvBackend(Backend):
 
     def run(self, x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
         assert layer.input_scale is not None, "the plan only picks fp8_gemv for a static input scale"
-        return ops.fp8_gemv(x, layer.weight, layer.weight_scale, layer.input_scale, bias_as(layer, x.dtype))
+        return ops.fp8_gemv(x, layer.weight, layer.weight_scale, layer.input_scale, bias_as(layer, x.dtype), x.dtype)
+
+    def run_quantized(
+        self, x_q: torch.Tensor, x_scale: torch.Tensor, layer: Fp8Linear, out_dtype: torch.dtype
+    ) -> torch.Tensor:
+        return ops.fp8_gemv(x_q, layer.weight, layer.weight_scale, x_scale, bias_as(layer, out_dtype), out_dtype)

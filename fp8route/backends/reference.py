@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fp8route import ops
-from fp8route.backends.base import Backend, quantize_input
+from fp8route.backends.base import Backend
 from fp8route.problem import GemmProblem
 
 if TYPE_CHECKING:
@@ -21,6 +21,7 @@ class ReferenceBackend(Backend):
     def why_not(self, problem: GemmProblem) -> str | None:
         return None
 
-    def run(self, x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
-        x_q, x_scale = quantize_input(x, layer)
-        return ops.reference_mm(x_q, layer.weight, x_scale, layer.weight_scale, layer.bias, x.dtype)
+    def run_quantized(
+        self, x_q: torch.Tensor, x_scale: torch.Tensor, layer: Fp8Linear, out_dtype: torch.dtype
+    ) -> torch.Tensor:
+        return ops.reference_mm(x_q, layer.weight, x_scale, layer.weight_scale, layer.bias, out_dtype)

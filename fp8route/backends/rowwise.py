@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fp8route import ops
-from fp8route.backends.base import CHANNEL, Backend, bias_as, first_reason, needs_aligned, needs_fp8_gpu, quantize_input
+from fp8route.backends.base import CHANNEL, Backend, bias_as, first_reason, needs_aligned, needs_fp8_gpu
 from fp8route.problem import GemmProblem
 
 if TYPE_CHECKING:
@@ -34,10 +34,12 @@ class RowwiseBackend(Backend):
             return "writes bfloat16 output only"
         return None
 
-    def run(self, x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
-        x_q, x_scale = quantize_input(x, layer)
-        x_scales = x_scale.reshape(1, 1).repeat(x.shape[0], 1)  # a fresh tensor: the kernel wants stride 1, even at M=1
+    def run_quantized(
+        self, x_q: torch.Tensor, x_scale: torch.Tensor, layer: Fp8Linear, out_dtype: torch.dtype
+    ) -> torch.Tensor:
+        # A fresh (M, 1) tensor: the kernel wants stride 1, even at M=1.
+        x_scales = x_scale.reshape(1, 1).repeat(x_q.shape[0], 1)
         assert layer.weight_scale_channel is not None, "plan prepares the channel layout"
         return ops.scaled_mm(
-            x_q, layer.weight, x_scales, layer.weight_scale_channel, bias_as(layer, x.dtype), x.dtype, False
+            x_q, layer.weight, x_scales, layer.weight_scale_channel, bias_as(layer, out_dtype), out_dtype, False
         )

@@ -30,3 +30,9 @@ class WeightOnlyBackend(Backend):
 
     def run(self, x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
         return ops.weight_only_mm(x, layer.weight, layer.weight_scale, layer.bias)
+
+    def run_quantized(
+        self, x_q: torch.Tensor, x_scale: torch.Tensor, layer: Fp8Linear, out_dtype: torch.dtype
+    ) -> torch.Tensor:
+        x = (x_q.float() * x_scale).to(out_dtype)  # e4m3 times a scalar: what the FP8 path multiplies too
+        return ops.weight_only_mm(x, layer.weight, layer.weight_scale, layer.bias)

@@ -17,7 +17,7 @@ from fp8route.bench.ceilings import Ceilings
 from fp8route.bench.plot import plot_seed, plot_speedups
 from fp8route.bench.report import ROUTED, Cell, GemmReport
 from fp8route.bench.timing import steadiest
-from fp8route.bench.workload import Run, TimeArms, Workload, routed_run
+from fp8route.bench.workload import Run, TimeArms, Workload, prequantized, routed_run
 from fp8route.problem import DeviceInfo
 from fp8route.routing.fingerprint import Fingerprint
 from fp8route.routing.shapes import LayerShape
@@ -43,9 +43,11 @@ def sweep(
     progress: Progress | None = None,
     copies: int | None = None,
     timer: TimeArms | None = None,
+    x_quantized: bool = False,
 ) -> list[Cell]:
     """One Cell per (shape, M, policy). Routed runs the layer's forward, planned with table.
-    (copies and timer are for running it on CPU in tests.)"""
+    x_quantized: every arm gets x already quantized (the quantization fused upstream), so each
+    times its GEMM alone. (copies and timer are for running it on CPU in tests.)"""
     cells: list[Cell] = []
     total, done = len(shapes) * len(m_values), 0
     for shape in shapes:
@@ -55,13 +57,14 @@ def sweep(
                 progress(done, total, f"{shape.label} M={m}")
             problem = workload.problem(m)
             runs: dict[str, Run] = {}
+            x_q = workload.x_quantized(m) if x_quantized else None
             for policy in policies:
                 if policy == ROUTED:
-                    runs[policy] = routed_run
+                    runs[policy] = routed_run if x_q is None else prequantized(ROUTED, x_q)
                     continue
                 reason = BACKENDS[policy].why_not(problem)
                 if reason is None:
-                    runs[policy] = BACKENDS[policy].run
+                    runs[policy] = BACKENDS[policy].run if x_q is None else prequantized(policy, x_q)
                 else:
                     cells.append(Cell(shape, m, policy, None, error=f"not eligible: {reason}"))
             routed_backend = workload.layers[0].plan.backend_for(m, dtype).name

@@ -23,7 +23,7 @@ from fp8route.layer import Fp8Linear
 from fp8route.plan import Preference
 from fp8route.policy import Policy
 from fp8route.problem import GemmProblem
-from fp8route.quant import FP8_MAX, quantize_per_tensor
+from fp8route.quant import FP8_MAX, quantize, quantize_per_tensor
 
 Run = Callable[[torch.Tensor, Fp8Linear], torch.Tensor]
 TimeArms = Callable[..., Mapping[str, timing.ArmTiming]]
@@ -40,6 +40,20 @@ INPUT_AMAX = 8.0
 def routed_run(x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
     """The whole layer forward: the plan's bisect, then the backend it picked."""
     return layer(x)
+
+
+def prequantized(name: str, x_q: torch.Tensor) -> Run:
+    """`name` (a backend, or routed) on x_q, x already quantized upstream: the GEMM alone. The x
+    it is handed only says the output dtype; x_q must be that x quantized with the layer's scale."""
+    if name == "routed":
+        return lambda x, layer: layer.forward_quantized(x_q, x.dtype)
+    backend = BACKENDS[name]
+
+    def run(x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
+        assert layer.input_scale is not None, "Workload layers have a static input scale"
+        return backend.run_quantized(x_q, layer.input_scale, layer, x.dtype)
+
+    return run
 
 
 class Workload:
@@ -92,6 +106,12 @@ class Workload:
             self._m = m
         assert self._x is not None
         return self._x
+
+    def x_quantized(self, m: int) -> torch.Tensor:
+        """x(m) quantized with the layers' input scale, as a fused norm or activation would hand it over."""
+        scale = self.layers[0].input_scale
+        assert scale is not None
+        return quantize(self.x(m), scale)
 
     def check(self, run: Run, m: int, tolerance: float = CHECK_TOLERANCE) -> str | None:
         """None when run's output at M=m matches the reference, else what is wrong with it."""

@@ -42,6 +42,8 @@ def run_gemm(args: argparse.Namespace) -> int:
     table = load_table(device, path=args.table)
     print(f"bench gemm on {fingerprint.summary()}")
     print(f"routing table: {table.origin if table else 'none (routed = default priority; run `fp8route tune` first)'}")
+    if args.x_quantized:
+        print("x arrives quantized (fused upstream): every arm times its GEMM alone")
     start = time.perf_counter()
     ceilings = measure_ceilings(device)
     print(f"ceilings (this run): copy {ceilings.copy_gbs:.0f} GB/s, FP8 GEMM {ceilings.fp8_tflops:.0f} TFLOP/s\n")
@@ -54,6 +56,7 @@ def run_gemm(args: argparse.Namespace) -> int:
         dtype=dtype,
         repeats=args.repeats,
         progress=TextProgress("bench"),
+        x_quantized=args.x_quantized,
     )
     report = make_report(cells, shapes, m_values, ceilings, dtype)
     print(report.text())
@@ -65,9 +68,11 @@ def run_gemm(args: argparse.Namespace) -> int:
         "tp": args.tp,
         "dtype": args.dtype,
         "repeats": args.repeats,
+        "x_quantized": args.x_quantized,
         "seconds": round(time.perf_counter() - start, 1),
     }
-    for path in write_results(report, out_dir, f"gemm-{label}", fingerprint=fingerprint, table=table, meta=meta):
+    stem = f"gemm-{label}" + ("-xq" if args.x_quantized else "")
+    for path in write_results(report, out_dir, stem, fingerprint=fingerprint, table=table, meta=meta):
         print(f"wrote {path}")
     return 0
 
@@ -95,5 +100,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         help=f"comma-separated: {ROUTED}, {', '.join(BACKENDS)} (default: routed and every backend but last resorts)",
     )
     gemm.add_argument("--table", help="routing table for routed (default: this machine's, see `fp8route tune`)")
+    gemm.add_argument(
+        "--x-quantized",
+        action="store_true",
+        help="hand every arm x already quantized (the quantization fused upstream, as Fp8Linear.forward_quantized "
+        "takes it): GEMMs alone",
+    )
     gemm.add_argument("--out", help="directory for the JSON and PNGs (default: benchmarks/results/<device>/)")
     gemm.set_defaults(run=run_gemm)

@@ -8,6 +8,7 @@ from helpers import fp32_reference, poison_allocator, random_fp8_operands, rel_e
 from torch import nn
 
 from fp8route import BACKENDS, DeviceInfo, Fp8Linear, GemmProblem, Policy
+from fp8route.quant import quantize
 
 pytestmark = pytest.mark.gpu
 
@@ -125,3 +126,21 @@ def test_compile_and_cuda_graph_replay_equal_eager(m):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(static_out, model(fresh)), "graph replay must give eager's bits"
+
+
+@pytest.mark.parametrize("name", ["cublas", "cublas_fast", "rowwise", "flashinfer", "fp8_gemv", "reference"])
+@pytest.mark.parametrize("m", [1, 17, 2048])
+def test_forward_quantized_is_forward_without_the_quantization(name, m):
+    """x quantized upstream (as a fused norm or activation would) gives the very bits forward gives."""
+    n, k = 4096, 4096
+    reason = runnable(name, n, k, m, torch.bfloat16)
+    if reason is not None:
+        if name == "flashinfer" or (name == "fp8_gemv" and m > 128):
+            pytest.skip(reason)
+        raise AssertionError(f"{name} cannot run {n}x{k}: {reason}")
+    layer, ops = gpu_layer(n, k, m, bias=True, seed=m + 5)
+    layer.replan(policy=Policy(force=name))
+    x = ops["x"].to(torch.bfloat16)
+    assert layer.input_scale is not None
+    x_q = quantize(x, layer.input_scale)
+    assert torch.equal(layer.forward_quantized(x_q, torch.bfloat16).view(torch.int16), layer(x).view(torch.int16))
