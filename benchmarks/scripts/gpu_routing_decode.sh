@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the decode bench (events and CUDA-graph timing), the prefill
-# quantization share, then tune + bench gemm (TP1, TP4). SECTIONS picks some of
-# "tests decode prefill routing" (default: all). run.log has the output, results.tgz the
-# JSON/PNG files (the device returns few files).
+# quantization share, tune + bench gemm (TP1, TP4), and bench gemm on x quantized upstream (GEMMs
+# alone, against the shipped table). SECTIONS picks some of "tests decode prefill routing xq"
+# (default: all). Flashinfer wheels carried in .whl/ are installed for the tests. run.log has the
+# output, results.tgz the JSON/PNG files (the device returns few files).
 set -u -o pipefail
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-SECTIONS=${SECTIONS:-tests decode prefill routing}
+SECTIONS=${SECTIONS:-tests decode prefill routing xq}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
 R=$OUT/r; mkdir -p "$R"
 has() { [[ " $SECTIONS " == *" $1 "* ]]; }
 {
   echo "# command: SECTIONS='$SECTIONS' bash benchmarks/scripts/gpu_routing_decode.sh   ($(date -u +%FT%TZ))"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
   if has tests; then
-    echo "## tests"; python3 -m pytest -q -m gpu tests/gpu -n 4 -rs 2>&1 | tail -6
+    echo "## tests"; python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -1
+    python3 -m pytest -q -m gpu tests/gpu -n 4 -rs 2>&1 | tail -6
     echo "## demo"; python3 -m fp8route.cli demo 2>&1 | tail -8
   fi
   if has decode; then
@@ -25,6 +31,13 @@ has() { [[ " $SECTIONS " == *" $1 "* ]]; }
     echo "## tune"; python3 -m fp8route.cli tune --model llama-3.1-8b --tp 1,4 --table "$R/routing-h200.json" | grep -v "^tune \["
     for tp in 1 4; do
       echo "## bench tp$tp"; python3 -m fp8route.cli bench gemm --model llama-3.1-8b --tp $tp --table "$R/routing-h200.json" --out "$R" | grep -v "^bench \["
+    done
+  fi
+  if has xq; then
+    for tp in 1 4; do
+      echo "## bench tp$tp, x quantized upstream"
+      python3 -m fp8route.cli bench gemm --model llama-3.1-8b --tp $tp --x-quantized \
+        --table fp8route/routing/defaults/h200.json --out "$R" | grep -v "^bench \["
     done
   fi
 } > "$OUT/run.log" 2>&1
