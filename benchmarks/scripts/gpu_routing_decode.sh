@@ -24,7 +24,7 @@ has() { [[ " $SECTIONS " == *" $1 "* ]]; }
     echo "## demo"; python3 -m fp8route.cli demo 2>&1 | tail -8
   fi
   if has decode; then
-    echo "## decode"; python3 benchmarks/decode_bench.py --graph --out "$R" 2>&1 | grep -v "^tp" | tail -90
+    echo "## decode"; python3 benchmarks/decode_bench.py --graph --out "$R" 2>&1
   fi
   if has prefill; then
     echo "## prefill quantization share"; python3 benchmarks/prefill_quant.py --out "$R"
