@@ -4,9 +4,10 @@
 
 Why a kernel of our own: the separate quantization kernel costs every linear one more launch, and
 at decode sizes the library FP8 GEMMs sit well above the memory floor. What it reaches on the H200
-(benchmarks/DECODE.md): at M <= 16 it ties or beats cuBLASLt + quantization (Llama-3.1-8B sum at
-M=1: 83.6 vs 87.6 µs), but cuBLASLt alone (x already quantized) stays ahead, and from M=32 on it
-loses. The router decides by measurement.
+(benchmarks/DECODE.md): timed per call, at M <= 16 it ties or beats cuBLASLt + quantization
+(Llama-3.1-8B sum at M=1: 83.7 vs 85.2 µs); inside a CUDA graph, where the second launch costs
+little, it is 3% behind (77.9 vs 75.2 µs); cuBLASLt alone (x already quantized) stays ahead, and
+from M=32 on it loses. The router decides by measurement.
 
 How it runs:
 - Swap AB: the weight rows are the MMA's M side (64 to 256 per tile) and the tokens its N side
