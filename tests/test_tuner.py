@@ -238,4 +238,35 @@ def test_remeasuring_gives_up_after_two_retries_and_keeps_the_steadiest():
 
     t, timer = tuner(fn, m_values=(1,))
     t.tune([(4096, 4096)])
-    assert len(timer.calls) == 3
+    # Three tries of all arms, then (cublas still "ties" through its 50% spread) three of the
+    # head to head between the default and the fastest.
+    assert [len(c[3]) for c in timer.calls] == [3, 3, 3, 2, 2, 2]
+
+
+def test_a_tie_that_hands_the_bucket_to_a_slower_default_is_timed_again_head_to_head():
+    calls: list[tuple[str, ...]] = []
+
+    def measure(problem, m, backends):  # type: ignore[no-untyped-def]
+        calls.append(tuple(backends))
+        if len(backends) > 2:  # all arms at once: cublas_fast 2% faster, inside cublas's 3% spread
+            times = {"cublas": (10.0, 0.03), "cublas_fast": (9.8, 0.01), "rowwise": (30.0, 0.0)}
+        else:
+            times = {"cublas": (10.0, 0.004), "cublas_fast": (9.8, 0.004)}
+        return {name: ArmTiming(name, (times[name][0],) * 2, *times[name]) for name in backends}
+
+    entry = Tuner(measure, H200, FP, m_values=(1,)).tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16)]
+    # The first measurement is retried (a 3% spread is not steady), then the two are timed alone.
+    assert calls[-1] == ("cublas", "cublas_fast") and all(len(c) == 3 for c in calls[:-1])
+    assert entry.routes[0] == "cublas_fast"  # 2% apart head to head, beyond 1% and the 0.4% spreads
+    assert entry.timings["cublas"][0] == Timing(10.0, 0.004)
+    assert entry.timings["rowwise"][0] == Timing(30.0, 0.0)
+
+
+def test_no_head_to_head_when_the_default_is_the_fastest_or_the_tie_stands():
+    t, timer = tuner(lambda n, k, m, name: {"cublas": 10.0, "cublas_fast": 10.05, "rowwise": 30.0}[name])
+    t.tune([(4096, 4096)])
+    assert all(len(c[3]) == 3 for c in timer.calls)  # cublas is the fastest: nothing to settle
+    t, timer = tuner(lambda n, k, m, name: {"cublas": 10.0, "cublas_fast": 9.95, "rowwise": 30.0}[name])
+    entry = t.tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16)]
+    assert [len(c[3]) for c in timer.calls] == [3, 2] * 3  # timed again, still 0.5% apart: a tie
+    assert set(entry.routes) == {"cublas"}
