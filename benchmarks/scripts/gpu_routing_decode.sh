@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the decode bench (events and CUDA-graph timing), the prefill
 # quantization share, tune + bench gemm (TP1, TP4), and bench gemm on x quantized upstream (GEMMs
-# alone, against the shipped table). SECTIONS picks some of "tests decode prefill routing xq"
+# alone, against the table tuned in the same call, else the shipped one). SECTIONS picks some of "tests decode prefill routing xq"
 # (default: all). Flashinfer wheels carried in .whl/ are installed for the tests. run.log has the
 # output, results.tgz the JSON/PNG files (the device returns few files).
 set -u -o pipefail
@@ -36,10 +36,12 @@ has() { [[ " $SECTIONS " == *" $1 "* ]]; }
     done
   fi
   if has xq; then
+    TABLE=fp8route/routing/defaults/h200.json
+    has routing && TABLE=$R/routing-h200.json  # the table this call just tuned
     for tp in 1 4; do
       echo "## bench tp$tp, x quantized upstream"
       python3 -m fp8route.cli bench gemm --model llama-3.1-8b --tp $tp --x-quantized \
-        --table fp8route/routing/defaults/h200.json --out "$R" | grep -v "^bench \["
+        --table "$TABLE" --out "$R" | grep -v "^bench \["
     done
   fi
 } > "$OUT/run.log" 2>&1
