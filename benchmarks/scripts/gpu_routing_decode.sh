@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the decode bench (events and CUDA-graph timing), the prefill
 # quantization share, tune + bench gemm (TP1, TP4), and bench gemm on x quantized upstream (GEMMs
-# alone, against the table tuned in the same call, else the shipped one). SECTIONS picks some of "tests decode prefill routing xq"
-# (default: all). Flashinfer wheels carried in .whl/ are installed for the tests. run.log has the
-# output, results.tgz the JSON/PNG files (the device returns few files).
+# alone; against the table tuned in the same call, else the shipped one). SECTIONS picks some of
+# "tests decode prefill routing xq" (default: all). Flashinfer wheels carried in .whl/ are
+# installed for the tests. run.log has the output, results.tgz the JSON/PNG files (the device
+# returns few files).
 set -u -o pipefail
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 SECTIONS=${SECTIONS:-tests decode prefill routing xq}
