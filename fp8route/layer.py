@@ -167,8 +167,9 @@ class Fp8Linear(nn.Module):
 
     def forward_quantized(self, x_q: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """The GEMM alone, for x already quantized with this layer's input_scale upstream (fused
-        into the norm or activation kernel that produced it, as serving engines do): routed as
-        forward() routes an out_dtype x of the same size; the result is in out_dtype."""
+        into the norm or activation kernel that produced it, as serving engines do), routed by the
+        plan's routes for pre-quantized input (`fp8route tune --x-quantized`; without them, those
+        of an out_dtype x); the result is in out_dtype."""
         if self.input_scale is None:
             raise Fp8InputError(
                 f"{self.name}: forward_quantized needs a static input_scale (this layer computes one "
@@ -185,7 +186,7 @@ class Fp8Linear(nn.Module):
         x2d = x_q.reshape(-1, self.in_features)
         if x2d.shape[0] == 0:
             return x_q.new_empty(*x_q.shape[:-1], self.out_features, dtype=out_dtype)
-        backend = self._plan.backend_for(x2d.shape[0], out_dtype)
+        backend = self._plan.backend_for(x2d.shape[0], out_dtype, x_quantized=True)
         out = backend.run_quantized(x2d, self.input_scale, self, out_dtype)
         return out.reshape(*x_q.shape[:-1], self.out_features)
 

@@ -39,13 +39,15 @@ class Fallback:
     wanted: str
     used: str
     reason: str
+    x_quantized: bool = False  # on the route for x handed over quantized (forward_quantized)
 
 
 def fallback_lines(fallbacks: Sequence[Fallback]) -> list[str]:
     """One line per distinct fallback, with the activation dtypes it applies to."""
     dtypes: dict[tuple[int, int | None, str, str, str], list[str]] = {}
     for f in fallbacks:
-        dtypes.setdefault((f.m_lo, f.m_hi, f.wanted, f.used, f.reason), []).append(_dtype_name(f.dtype))
+        name = ("x pre-quantized " if f.x_quantized else "") + _dtype_name(f.dtype)
+        dtypes.setdefault((f.m_lo, f.m_hi, f.wanted, f.used, f.reason), []).append(name)
     return [f"{', '.join(d)} {_m_range(lo, hi)}: {w} -> {u} ({r})" for (lo, hi, w, u, r), d in dtypes.items()]
 
 
@@ -65,24 +67,29 @@ class Plan:
     layer: str
     problem: GemmProblem
     bounds: tuple[int, ...]
-    routes: dict[torch.dtype, tuple[Backend, ...]]
+    routes: dict[torch.dtype, tuple[Backend, ...]]  # x in that dtype: the layer quantizes it
     excluded: tuple[Exclusion, ...]
     fallbacks: tuple[Fallback, ...]
     source: str
+    # x handed over already quantized, the output in that dtype (Fp8Linear.forward_quantized)
+    quantized_routes: dict[torch.dtype, tuple[Backend, ...]]
 
-    def backend_for(self, m: int, dtype: torch.dtype) -> Backend:
-        return self.routes[dtype][bucket_index(self.bounds, m)]
+    def backend_for(self, m: int, dtype: torch.dtype, x_quantized: bool = False) -> Backend:
+        routes = self.quantized_routes if x_quantized else self.routes
+        return routes[dtype][bucket_index(self.bounds, m)]
 
     @property
     def backends(self) -> frozenset[Backend]:
-        return frozenset(b for route in self.routes.values() for b in route)
+        every = (*self.routes.values(), *self.quantized_routes.values())
+        return frozenset(b for route in every for b in route)
 
     @property
     def layouts(self) -> frozenset[str]:
         return frozenset(layout for b in self.backends for layout in b.layouts)
 
-    def route_text(self, dtype: torch.dtype) -> str:
-        return "; ".join(f"{m_range} -> {name}" for m_range, name in _runs(self.bounds, self.routes[dtype]))
+    def route_text(self, dtype: torch.dtype, x_quantized: bool = False) -> str:
+        route = (self.quantized_routes if x_quantized else self.routes)[dtype]
+        return "; ".join(f"{m_range} -> {name}" for m_range, name in _runs(self.bounds, route))
 
     def explain(self) -> str:
         p = self.problem
@@ -96,6 +103,13 @@ class Plan:
         for dtype in self.routes:
             by_text.setdefault(self.route_text(dtype), []).append(_dtype_name(dtype))
         lines += [f"    {', '.join(dtypes)}: {text}" for text, dtypes in by_text.items()]
+        if self.quantized_routes == self.routes:
+            lines.append("    x pre-quantized (forward_quantized): the same")
+        else:
+            by_text = {}
+            for dtype in self.quantized_routes:
+                by_text.setdefault(self.route_text(dtype, True), []).append(_dtype_name(dtype))
+            lines += [f"    x pre-quantized -> {', '.join(dtypes)}: {text}" for text, dtypes in by_text.items()]
         if self.excluded:
             width = max(len(e.backend) for e in self.excluded)
             lines.append("  excluded:")
@@ -132,31 +146,36 @@ def make_plan(
     reasons: dict[tuple[str, str], dict[torch.dtype, None]] = {
         (name, "disabled by FP8ROUTE_DISABLE"): dict.fromkeys(FLOAT_DTYPES) for name in sorted(policy.disable)
     }
-    routes: dict[torch.dtype, tuple[Backend, ...]] = {}
+    routes: dict[bool, dict[torch.dtype, tuple[Backend, ...]]] = {False: {}, True: {}}
     fallbacks: list[Fallback] = []
-    for dtype in FLOAT_DTYPES:
-        route: list[Backend] = []
-        for lo, hi in _bucket_ranges(M_BOUNDS):
-            bucket = problem.with_bucket(dtype, hi)
-            why = {name: BACKENDS[name].why_not(bucket) for name in BACKENDS if name not in policy.disable}
-            for name, reason in why.items():
-                if reason is not None:
-                    reasons.setdefault((name, reason), {})[dtype] = None
-            preferred = preference(bucket) if preference else None
-            wanted = policy.force or (preferred if preferred in why else None)
-            if wanted is not None and why[wanted] is None:
-                used = wanted
-            else:
-                used = next((name for name in priority if why[name] is None), "reference")
-                wanted = wanted or next((name for name in priority if why[name] is not None), None)
-            if wanted is not None and used != wanted and (policy.force or preferred or used in resorts):
-                fallbacks.append(Fallback(dtype, lo, hi, wanted, used, why[wanted] or ""))
-            route.append(BACKENDS[used])
-        routes[dtype] = tuple(route)
+    for x_quantized in (False, True):
+        for dtype in FLOAT_DTYPES:
+            route: list[Backend] = []
+            for lo, hi in _bucket_ranges(M_BOUNDS):
+                bucket = problem.with_bucket(dtype, hi).with_input(x_quantized)
+                why = {name: BACKENDS[name].why_not(bucket) for name in BACKENDS if name not in policy.disable}
+                for name, reason in why.items():
+                    if reason is not None:
+                        reasons.setdefault((name, reason), {})[dtype] = None
+                preferred = preference(bucket) if preference else None
+                wanted = policy.force or (preferred if preferred in why else None)
+                if wanted is not None and why[wanted] is None:
+                    used = wanted
+                else:
+                    used = next((name for name in priority if why[name] is None), "reference")
+                    wanted = wanted or next((name for name in priority if why[name] is not None), None)
+                if wanted is not None and used != wanted and (policy.force or preferred or used in resorts):
+                    fallback = Fallback(dtype, lo, hi, wanted, used, why[wanted] or "", x_quantized)
+                    # The same fallback on both inputs is one fallback: reported once.
+                    if not (x_quantized and replace(fallback, x_quantized=False) in fallbacks):
+                        fallbacks.append(fallback)
+                route.append(BACKENDS[used])
+            routes[x_quantized][dtype] = tuple(route)
     order = list(BACKENDS)
     ranked = sorted(reasons.items(), key=lambda item: order.index(item[0][0]))
     excluded = tuple(Exclusion(name, reason, tuple(dtypes)) for (name, reason), dtypes in ranked)
-    plan = Plan(layer, problem, M_BOUNDS, routes, excluded, tuple(_merge(fallbacks)), source)
+    merged = tuple(_merge(fallbacks))
+    plan = Plan(layer, problem, M_BOUNDS, routes[False], excluded, merged, source, routes[True])
     _check_forced(plan, policy)
     _report(plan, policy)
     return plan
@@ -229,7 +248,8 @@ def _merge(fallbacks: list[Fallback]) -> list[Fallback]:
             last
             and last.m_hi is not None
             and last.m_hi + 1 == f.m_lo
-            and (last.dtype, last.wanted, last.used, last.reason) == (f.dtype, f.wanted, f.used, f.reason)
+            and (last.dtype, last.x_quantized, last.wanted, last.used, last.reason)
+            == (f.dtype, f.x_quantized, f.wanted, f.used, f.reason)
         ):
             merged[-1] = replace(last, m_hi=f.m_hi)
         else:

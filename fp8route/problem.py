@@ -54,6 +54,12 @@ class GemmProblem:
     has_bias: bool = False
     static_input_scale: bool = True
     m_max: int | None = None  # the largest M of the bucket being planned; None means unbounded
+    # x arrives already quantized (Fp8Linear.forward_quantized): the GEMM alone, no quantization
+    # pass to pay or to fuse, so the fastest backend can differ.
+    x_quantized: bool = False
 
     def with_bucket(self, out_dtype: torch.dtype, m_max: int | None) -> GemmProblem:
         return replace(self, out_dtype=out_dtype, m_max=m_max)
+
+    def with_input(self, x_quantized: bool) -> GemmProblem:
+        return replace(self, x_quantized=x_quantized)

@@ -228,9 +228,44 @@ def test_cli_tune_end_to_end_with_a_fake_clock(tmp_path, monkeypatch, capsys):
     ]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "tuning 2 shapes x 2 M values on NVIDIA H200" in out and "M 1+ -> cublas" in out
+    assert "tuning 2 shapes x 2 M values, x quantized by each layer, on NVIDIA H200" in out and "M 1+ -> cublas" in out
     table = json.loads((tmp_path / "out" / "routing-h200.json").read_text())
     assert table["m_bounds"] == [1, 8] and len(table["shapes"]) == 2 and table["command"].startswith("fp8route ")
+
+
+def test_cli_tune_for_pre_quantized_input_keeps_both_kinds_of_routes(tmp_path, monkeypatch, capsys):
+    import fp8route.backends.base as base
+    import fp8route.commands.tune as tune
+
+    timing_now = [False]
+    fake = FakeTimer()
+
+    def timer(arms, repeats, reps):  # type: ignore[no-untyped-def]
+        timing_now[0] = True
+        try:
+            return fake(arms, repeats, reps)
+        finally:
+            timing_now[0] = False
+
+    quantizations: list[bool] = []  # per call of quantize_input: was an arm being timed?
+    real_quantize_input = base.quantize_input
+
+    def quantize_input(x, layer):  # type: ignore[no-untyped-def]
+        quantizations.append(timing_now[0])
+        return real_quantize_input(x, layer)
+
+    monkeypatch.setattr(base, "quantize_input", quantize_input)
+    monkeypatch.setattr(tune, "cuda_device", lambda args: torch.device("cpu"))
+    monkeypatch.setattr(tune, "DeviceInfo", _Stub(H200))
+    monkeypatch.setattr(tune, "Fingerprint", _Stub(FP))
+    monkeypatch.setattr(tune, "CudaMeasure", lambda device, repeats: CudaMeasure("cpu", copies=2, timer=timer))
+    argv = ["tune", "--shapes", "64x32", "--m", "1,8", "--table", str(tmp_path / "t.json")]
+    assert main([*argv, "--x-quantized"]) == 0
+    assert "x handed over quantized (GEMMs alone)" in capsys.readouterr().out
+    assert quantizations and not any(quantizations)  # x was quantized for the reference check only
+    assert main(argv) == 0
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert sorted(s["x"] for s in doc["shapes"]) == ["float", "fp8"]  # the second run kept the first's routes
 
 
 def test_cli_bench_end_to_end_with_a_fake_clock(tmp_path, monkeypatch, capsys):

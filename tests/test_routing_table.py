@@ -6,6 +6,7 @@ import json
 import logging
 import multiprocessing
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -113,7 +114,7 @@ def test_json_round_trip(tmp_path):
     back = read_table(tmp_path / "t.json")
     assert back.to_json() == t.to_json() == saved.to_json()
     assert back.fingerprint == FP
-    assert back.shapes[(4096, 4096, torch.bfloat16)].timings["cublas"][1] is None
+    assert back.shapes[(4096, 4096, torch.bfloat16, False)].timings["cublas"][1] is None
     assert "routing table" in back.origin
 
 
@@ -208,11 +209,11 @@ def test_save_merges_with_a_table_of_the_same_fingerprint(tmp_path, caplog):
     path = tmp_path / "t.json"
     save_table(table(shape(4096, 4096, ROUTES), shape(6144, 4096, ["cublas"] * 4)), path)
     merged = save_table(table(shape(6144, 4096, ["rowwise"] * 4)), path)
-    assert set(merged.shapes) == {(4096, 4096, torch.bfloat16), (6144, 4096, torch.bfloat16)}
-    assert read_table(path).shapes[(6144, 4096, torch.bfloat16)].routes[0] == "rowwise"
+    assert set(merged.shapes) == {(4096, 4096, torch.bfloat16, False), (6144, 4096, torch.bfloat16, False)}
+    assert read_table(path).shapes[(6144, 4096, torch.bfloat16, False)].routes[0] == "rowwise"
     with caplog.at_level(logging.WARNING, logger="fp8route"):
         replaced = save_table(table(shape(8192, 4096, ["cublas"] * 4), fingerprint=other(torch="9.9")), path)
-    assert set(replaced.shapes) == {(8192, 4096, torch.bfloat16)} and "measured elsewhere" in caplog.text
+    assert set(replaced.shapes) == {(8192, 4096, torch.bfloat16, False)} and "measured elsewhere" in caplog.text
 
 
 def _writer(path: str, n: int, rounds: int) -> None:
@@ -244,12 +245,9 @@ def test_concurrent_writers_never_leave_a_torn_file_and_keep_each_others_shapes(
         w.join(timeout=max(1.0, deadline - time.monotonic()))
         assert w.exitcode == 0
     final = read_table(path)
-    assert {n for n, _, _ in final.shapes} == {4096, 6144}
-    assert (4096, 16 * 1000 + 24, torch.bfloat16) in final.shapes and (
-        6144,
-        16 * 1000 + 24,
-        torch.bfloat16,
-    ) in final.shapes
+    assert {key[0] for key in final.shapes} == {4096, 6144}
+    last = 16 * 1000 + 24
+    assert (4096, last, torch.bfloat16, False) in final.shapes and (6144, last, torch.bfloat16, False) in final.shapes
     assert not list(tmp_path.glob("*.tmp"))
     assert reads > 0
 
@@ -298,3 +296,64 @@ def test_fingerprint_of_a_cuda_device_reads_every_field(monkeypatch):
     fp = Fingerprint.of(torch.device("cuda", 0))
     assert (fp.gpu, fp.capability, fp.sm_count, fp.l2_bytes) == ("NVIDIA H200", "9.0", 132, 62914560)
     assert fp.driver and fp.cublas and fp.cuda and fp.torch == torch.__version__
+
+
+def test_pre_quantized_input_has_routes_of_its_own_or_takes_the_float_ones():
+    float_routes = shape(4096, 4096, ROUTES)
+    fp8_routes = replace(shape(4096, 4096, ["cublas", "cublas", "cublas", "cublas_fast"]), x_quantized=True)
+    both = table(float_routes, fp8_routes)
+    xq = replace(problem(m_max=1), x_quantized=True)
+    assert both(problem(m_max=1)) == "cublas_fast" and both(xq) == "cublas"
+    assert table(float_routes)(xq) == "cublas_fast"  # no routes of its own: the float-input ones
+    assert both.describe(problem()).startswith("bfloat16: tuned; float16, float32: default priority for sm90; ")
+    assert "x pre-quantized bfloat16: tuned" in both.describe(problem())
+    assert "x pre-quantized" not in table(float_routes).describe(problem())
+
+    plan = make_plan("l", problem(), Policy(), both)
+    assert plan.backend_for(1, torch.bfloat16).name == "cublas_fast"
+    assert plan.backend_for(1, torch.bfloat16, x_quantized=True).name == "cublas"
+    assert plan.backend_for(10_000, torch.bfloat16, x_quantized=True).name == "cublas_fast"
+    text = plan.explain()
+    assert "x pre-quantized -> bfloat16: M 1-256 -> cublas; M 257+ -> cublas_fast" in text
+    same = make_plan("l", problem(), Policy(), table(float_routes)).explain()
+    assert "x pre-quantized (forward_quantized): the same" in same
+
+
+def test_pre_quantized_entries_survive_json_and_version_1_files_still_read(tmp_path):
+    fp8_routes = replace(shape(4096, 4096, ["cublas"] * 4), x_quantized=True)
+    t = table(shape(4096, 4096, ROUTES), fp8_routes)
+    path = tmp_path / "t.json"
+    save_table(t, path)
+    doc = json.loads(path.read_text())
+    assert doc["version"] == 2 and sorted(s["x"] for s in doc["shapes"]) == ["float", "fp8"]
+    back = read_table(path)
+    assert set(back.shapes) == {(4096, 4096, torch.bfloat16, False), (4096, 4096, torch.bfloat16, True)}
+    doc["version"] = 1
+    for s in doc["shapes"]:
+        del s["x"]
+    doc["shapes"] = doc["shapes"][:1]
+    path.write_text(json.dumps(doc))
+    assert set(read_table(path).shapes) == {(4096, 4096, torch.bfloat16, False)}
+    doc["shapes"][0]["x"] = "int8"
+    doc["version"] = 2
+    path.write_text(json.dumps(doc))
+    with pytest.raises(RoutingTableError, match='x must be "float" or "fp8"'):
+        RoutingTable.from_json(json.loads(path.read_text()), origin=str(path))
+
+
+def test_forward_quantized_runs_the_pre_quantized_route(monkeypatch):
+    from helpers import random_fp8_operands
+
+    ops = random_fp8_operands(3, 64, 32, seed=1)
+    layer = Fp8Linear(ops["weight"], ops["weight_scale"], ops["input_scale"], name="l")
+    t = table(shape(64, 32, ["cublas"] * 4), replace(shape(64, 32, ["cublas_fast"] * 4), x_quantized=True))
+    layer.replan(preference=t, device=H200)
+    ran: list[str] = []
+    for name in ("cublas", "cublas_fast"):
+        backend = fp8route.BACKENDS[name]
+        run = backend.run_quantized
+        monkeypatch.setattr(backend, "run_quantized", lambda *a, name=name, run=run: ran.append(name) or run(*a))
+    x = ops["x"].to(torch.bfloat16)
+    layer(x)
+    layer.forward_quantized(fp8route.quant.quantize(x, layer.input_scale), torch.bfloat16)
+    assert ran == ["cublas", "cublas_fast"]

@@ -67,7 +67,7 @@ def sweep(
                     runs[policy] = BACKENDS[policy].run if x_q is None else prequantized(policy, x_q)
                 else:
                     cells.append(Cell(shape, m, policy, None, error=f"not eligible: {reason}"))
-            routed_backend = workload.layers[0].plan.backend_for(m, dtype).name
+            routed_backend = workload.layers[0].plan.backend_for(m, dtype, x_quantized).name
             timed = steadiest(functools.partial(workload.time, runs, m, repeats=repeats, reps=reps, timer=timer))
             for arm, result in timed.items():
                 backend = routed_backend if arm == ROUTED else None

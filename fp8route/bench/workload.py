@@ -189,7 +189,11 @@ class CudaMeasure:
             )
             self._key = key
         assert self._workload is not None
-        runs = {name: BACKENDS[name].run for name in backends}
+        if problem.x_quantized:
+            x_q = self._workload.x_quantized(m)
+            runs = {name: prequantized(name, x_q) for name in backends}
+        else:
+            runs = {name: BACKENDS[name].run for name in backends}
         return self._workload.time(runs, m, repeats=self.repeats, reps=self.reps, timer=self.timer)
 
     def release(self) -> None:

@@ -54,15 +54,18 @@ def run_tune(args: argparse.Namespace) -> int:
             min_tie=args.min_tie,
             progress=TextProgress("tune") if rank == 0 else None,
             command=command_line(),
+            x_quantized=args.x_quantized,
         )
     except Fp8RouteError as exc:
         print(f"fp8route tune: {exc}", file=sys.stderr)
         return 2
     if rank == 0:
-        print(f"tuning {len(shapes)} shapes x {len(m_values)} M values on {fingerprint.summary()}")
+        what = "x handed over quantized (GEMMs alone)" if args.x_quantized else "x quantized by each layer"
+        print(f"tuning {len(shapes)} shapes x {len(m_values)} M values, {what}, on {fingerprint.summary()}")
     # First calls build JIT kernels and library handles: done before the clock, reported apart.
     start = time.perf_counter()
-    first = GemmProblem(shapes[0].n, shapes[0].k, info, out_dtype=dtype).with_bucket(dtype, m_values[0])
+    first = GemmProblem(shapes[0].n, shapes[0].k, info, out_dtype=dtype, x_quantized=args.x_quantized)
+    first = first.with_bucket(dtype, m_values[0])
     measure(first, m_values[0], tuner.candidates(first))
     warm = time.perf_counter() - start
     start = time.perf_counter()
@@ -72,7 +75,7 @@ def run_tune(args: argparse.Namespace) -> int:
     if rank != 0:
         return 0
     print(f"tuned in {elapsed:.1f} s (+ {warm:.1f} s warm-up: JIT builds, first-call setup); {batch_summary()}\n")
-    print(summary(table, info, dtype))
+    print(summary(table, info, dtype, args.x_quantized))
     path = Path(args.table).expanduser() if args.table else default_path(fingerprint)
     saved = save_table(table, path)
     print(f"\nrouting table: {display_path(path)} ({len(saved.shapes)} shapes); fp8route.route(model) uses it here")
@@ -83,16 +86,16 @@ def run_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def summary(table: RoutingTable, device: DeviceInfo, dtype: torch.dtype) -> str:
+def summary(table: RoutingTable, device: DeviceInfo, dtype: torch.dtype, x_quantized: bool = False) -> str:
     """What each tuned shape will run, per M range, and every backend that failed somewhere."""
     lines = []
     for shape in sorted(table.shapes.values(), key=lambda s: (s.n, s.k)):
-        if shape.dtype != dtype:
+        if shape.dtype != dtype or shape.x_quantized != x_quantized:
             continue
         plan = make_plan(
             f"{shape.n}x{shape.k}", GemmProblem(shape.n, shape.k, device, out_dtype=dtype), Policy(), table
         )
-        lines.append(f"{shape.n:>6}x{shape.k:<6} {plan.route_text(dtype)}")
+        lines.append(f"{shape.n:>6}x{shape.k:<6} {plan.route_text(dtype, x_quantized)}")
         lines += [f"{'':>14}{name} failed: {why}" for name, why in shape.failures.items()]
     return "\n".join(lines)
 
@@ -129,4 +132,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--table", help="table file to merge into (default: $FP8ROUTE_TABLE or the user cache file for this GPU)"
     )
     parser.add_argument("--out", help="also write a copy of the table into this directory")
+    parser.add_argument(
+        "--x-quantized",
+        action="store_true",
+        help="tune for x handed over quantized (Fp8Linear.forward_quantized): GEMMs alone; these routes "
+        "are kept beside the float-input ones",
+    )
     parser.set_defaults(run=run_tune)

@@ -1,8 +1,13 @@
-"""A routing table: for each tuned (N, K, dtype) and M bucket, the backend that measured fastest.
+"""A routing table: for each tuned (N, K, dtype, input) and M bucket, the backend that measured fastest.
 
-The table is a Preference (plan.py): the plan calls it once per (dtype, M bucket) when a layer
-is built, so the forward pass never sees it. A shape that was not tuned takes the routes of the
-nearest tuned shape, or none (the default priority); describe() says which, and explain() shows it.
+The input is x as the layer gets it: float (the layer quantizes it) or already quantized upstream
+(Fp8Linear.forward_quantized), tuned apart because the fastest GEMM can differ once there is no
+quantization pass to pay or fuse.
+
+The table is a Preference (plan.py): the plan calls it once per (input, dtype, M bucket) when a
+layer is built, so the forward pass never sees it. A shape that was not tuned takes the routes of
+the nearest tuned shape, or none (the default priority); pre-quantized input with no routes of its
+own takes those tuned on float input; describe() says which, and explain() shows it.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from fp8route.routing.fingerprint import Fingerprint
 log = logging.getLogger("fp8route")
 
 FORMAT = "fp8route-routing-table"
-VERSION = 1
+VERSION = 2  # 2: entries may be for pre-quantized input ("x": "fp8"); version 1 files read as float input
+READABLE_VERSIONS = (1, 2)
 
 # A shape further than this from every tuned one (|log2 N ratio| + |log2 K ratio|) gets the
 # default priority: past a factor of 2 the winners we measured change (DESIGN.md).
@@ -38,6 +44,9 @@ class RoutingTableError(Fp8InputError):
     """A routing table file is malformed; the message names the file and the field."""
 
 
+ShapeKey = tuple[int, int, torch.dtype, bool]  # N, K, output dtype, x pre-quantized
+
+
 @dataclass(frozen=True)
 class ShapeRoutes:
     """One tuned shape: a route per M bucket (len(m_bounds) + 1) and what was measured per M."""
@@ -48,10 +57,11 @@ class ShapeRoutes:
     routes: tuple[str | None, ...]
     timings: Mapping[str, tuple[Timing | None, ...]]  # backend -> one per measured M; None: not timed
     failures: Mapping[str, str] = field(default_factory=dict)
+    x_quantized: bool = False  # tuned on x handed over quantized (the GEMM alone)
 
     @property
-    def key(self) -> tuple[int, int, torch.dtype]:
-        return (self.n, self.k, self.dtype)
+    def key(self) -> ShapeKey:
+        return (self.n, self.k, self.dtype, self.x_quantized)
 
     def timings_at(self, index: int) -> dict[str, Timing]:
         """Every timed backend at measured M number `index` (the last one for the open bucket)."""
@@ -83,7 +93,7 @@ class RoutingTable:
             raise RoutingTableError(
                 f"routing table m_bounds must be increasing positive integers, got {list(self.m_bounds)}"
             )
-        self.shapes: dict[tuple[int, int, torch.dtype], ShapeRoutes] = {}
+        self.shapes: dict[ShapeKey, ShapeRoutes] = {}
         for s in shapes:
             if len(s.routes) != len(self.m_bounds) + 1:
                 raise RoutingTableError(
@@ -95,7 +105,7 @@ class RoutingTable:
         self.command = command
         # Where it came from, for explain(): "routing table PATH" or "shipped defaults NAME".
         self.origin = origin or "routing table in memory"
-        self._nearest: dict[tuple[int, int, torch.dtype], ShapeRoutes | None] = {}
+        self._nearest: dict[ShapeKey, ShapeRoutes | None] = {}
 
     def __repr__(self) -> str:
         return f"<RoutingTable {len(self.shapes)} shapes on {self.fingerprint.gpu}, {self.origin}>"
@@ -108,20 +118,27 @@ class RoutingTable:
         major, minor = device.capability
         return device.name == self.fingerprint.gpu and f"{major}.{minor}" == self.fingerprint.capability
 
-    def lookup(self, n: int, k: int, dtype: torch.dtype) -> tuple[ShapeRoutes, bool] | None:
-        """The tuned shape itself (exact=True), else the nearest tuned one, else None."""
-        exact = self.shapes.get((n, k, dtype))
+    def lookup(self, n: int, k: int, dtype: torch.dtype, x_quantized: bool = False) -> tuple[ShapeRoutes, bool] | None:
+        """The tuned shape itself (exact=True), else the nearest tuned one, else None. Pre-quantized
+        input with no routes of its own near this shape takes the float-input ones."""
+        found = self._lookup((n, k, dtype, x_quantized))
+        if found is None and x_quantized:
+            return self._lookup((n, k, dtype, False))
+        return found
+
+    def _lookup(self, key: ShapeKey) -> tuple[ShapeRoutes, bool] | None:
+        exact = self.shapes.get(key)
         if exact is not None:
             return exact, True
-        if (n, k, dtype) not in self._nearest:
-            self._nearest[(n, k, dtype)] = self._find_nearest(n, k, dtype)
-        near = self._nearest[(n, k, dtype)]
+        if key not in self._nearest:
+            self._nearest[key] = self._find_nearest(*key)
+        near = self._nearest[key]
         return None if near is None else (near, False)
 
-    def _find_nearest(self, n: int, k: int, dtype: torch.dtype) -> ShapeRoutes | None:
+    def _find_nearest(self, n: int, k: int, dtype: torch.dtype, x_quantized: bool) -> ShapeRoutes | None:
         best: tuple[tuple[float, bool, int, int], ShapeRoutes] | None = None
         for s in self.shapes.values():
-            if s.dtype != dtype:
+            if s.dtype != dtype or s.x_quantized != x_quantized:
                 continue
             distance = abs(math.log2(s.n / n)) + abs(math.log2(s.k / k))
             # At equal distance the same K wins: K sets the reduction (split-K, pipeline depth).
@@ -138,7 +155,7 @@ class RoutingTable:
         """The Preference: the measured backend for this problem's bucket, or None (no measurement)."""
         if not self.applies_to(problem.device) or problem.n <= 0 or problem.k <= 0:
             return None
-        found = self.lookup(problem.n, problem.k, problem.out_dtype)
+        found = self.lookup(problem.n, problem.k, problem.out_dtype, problem.x_quantized)
         if found is None:
             return None
         shape, exact = found
@@ -155,28 +172,37 @@ class RoutingTable:
         return choose(runnable, priority_order(problem.device), self.min_tie)
 
     def describe(self, problem: GemmProblem) -> str:
-        """Where a layer's routes come from, per activation dtype (the plan's source)."""
+        """Where a layer's routes come from, per activation dtype (the plan's source); routes for
+        pre-quantized x are named apart only where the table has some of their own."""
         default = f"default priority for {problem.device.label}"
         if not self.applies_to(problem.device):
             return f"{default} ({self.origin} is for {self.fingerprint.gpu}, not this device)"
         kinds: dict[str, list[str]] = {}
+        own_fp8: dict[str, list[str]] = {}
         for name, dtype in _DTYPES.items():
-            found = self.lookup(problem.n, problem.k, dtype)
-            if found is None:
-                kind = default
-            elif found[1]:
-                kind = "tuned"
-            else:
-                kind = f"nearest tuned shape {found[0].n}x{found[0].k}"
-            kinds.setdefault(kind, []).append(name)
+            kinds.setdefault(self._kind(self._lookup((problem.n, problem.k, dtype, False)), default), []).append(name)
+            found = self._lookup((problem.n, problem.k, dtype, True))
+            if found is not None:
+                own_fp8.setdefault(self._kind(found, default), []).append(name)
         if len(kinds) == 1:
-            return f"{next(iter(kinds))}; {self.origin}"
-        return "; ".join(f"{', '.join(names)}: {kind}" for kind, names in kinds.items()) + f"; {self.origin}"
+            text = next(iter(kinds))
+        else:
+            text = "; ".join(f"{', '.join(names)}: {kind}" for kind, names in kinds.items())
+        if own_fp8:
+            text += "; x pre-quantized " + "; ".join(f"{', '.join(names)}: {kind}" for kind, names in own_fp8.items())
+        return f"{text}; {self.origin}"
+
+    @staticmethod
+    def _kind(found: tuple[ShapeRoutes, bool] | None, default: str) -> str:
+        if found is None:
+            return default
+        shape, exact = found
+        return "tuned" if exact else f"nearest tuned shape {shape.n}x{shape.k}"
 
     # --- building and (de)serialising ---------------------------------------------------------
 
     def merged_with(self, newer: RoutingTable) -> RoutingTable:
-        """This table's shapes plus newer's, newer winning on the same (N, K, dtype)."""
+        """This table's shapes plus newer's, newer winning on the same (N, K, dtype, input)."""
         if newer.m_bounds != self.m_bounds:
             log.warning(
                 "dropping %d shapes of %s: they were tuned at M %s, the new ones at M %s",
@@ -206,7 +232,10 @@ class RoutingTable:
             "command": self.command,
             "min_tie": self.min_tie,
             "m_bounds": list(self.m_bounds),
-            "shapes": [_shape_to_json(s) for s in sorted(self.shapes.values(), key=lambda s: (str(s.dtype), s.n, s.k))],
+            "shapes": [
+                _shape_to_json(s)
+                for s in sorted(self.shapes.values(), key=lambda s: (s.x_quantized, str(s.dtype), s.n, s.k))
+            ],
         }
 
     @classmethod
@@ -215,8 +244,9 @@ class RoutingTable:
         where = origin or "routing table"
         if not isinstance(obj, dict) or obj.get("format") != FORMAT:
             raise RoutingTableError(f'{where}: not an fp8route routing table (no "format": "{FORMAT}")')
-        if obj.get("version") != VERSION:
-            raise RoutingTableError(f"{where}: format version {obj.get('version')!r}, this fp8route reads {VERSION}")
+        if obj.get("version") not in READABLE_VERSIONS:
+            readable = ", ".join(map(str, READABLE_VERSIONS))
+            raise RoutingTableError(f"{where}: format version {obj.get('version')!r}, this fp8route reads {readable}")
         try:
             fingerprint = Fingerprint.from_json(obj["fingerprint"])
             m_bounds = [_int(v, "m_bounds") for v in _list(obj["m_bounds"], "m_bounds")]
@@ -251,6 +281,7 @@ def _shape_to_json(s: ShapeRoutes) -> dict[str, object]:
         "n": s.n,
         "k": s.k,
         "dtype": str(s.dtype).removeprefix("torch."),
+        "x": "fp8" if s.x_quantized else "float",
         "routes": list(s.routes),
         # Failed runs are null: JSON has no infinity.
         "median_us": {
@@ -272,6 +303,9 @@ def _shape_from_json(obj: object, n_bounds: int) -> ShapeRoutes:
     dtype_name = obj["dtype"]
     if dtype_name not in _DTYPES:
         raise ValueError(f"shape {n}x{k}: unknown dtype {dtype_name!r}; known: {', '.join(_DTYPES)}")
+    x_kind = obj.get("x", "float")
+    if x_kind not in ("float", "fp8"):
+        raise ValueError(f'shape {n}x{k}: x must be "float" or "fp8", got {x_kind!r}')
     routes = tuple(_route(r, n, k) for r in _list(obj["routes"], "routes"))
     medians, spreads = obj.get("median_us", {}), obj.get("spread", {})
     if not isinstance(medians, dict) or not isinstance(spreads, dict):
@@ -289,7 +323,8 @@ def _shape_from_json(obj: object, n_bounds: int) -> ShapeRoutes:
         timings[str(name)] = tuple(
             None if v is None else Timing(float(v), float(sp or 0.0)) for v, sp in zip(values, spread)
         )
-    return ShapeRoutes(n, k, _DTYPES[dtype_name], routes, timings, {str(a): str(b) for a, b in failures.items()})
+    failed = {str(a): str(b) for a, b in failures.items()}
+    return ShapeRoutes(n, k, _DTYPES[dtype_name], routes, timings, failed, x_quantized=x_kind == "fp8")
 
 
 def _route(value: object, n: int, k: int) -> str | None:

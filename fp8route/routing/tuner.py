@@ -49,6 +49,7 @@ class Tuner:
         min_tie: float = MIN_TIE,
         progress: Progress | None = None,
         command: str = "",
+        x_quantized: bool = False,
     ) -> None:
         unknown = [name for name in backends or () if name not in BACKENDS]
         if unknown:
@@ -64,6 +65,7 @@ class Tuner:
         self.min_tie = min_tie
         self.progress = progress
         self.command = command
+        self.x_quantized = x_quantized  # time the GEMMs on x handed over quantized (forward_quantized)
 
     def candidates(self, problem: GemmProblem) -> list[str]:
         """Backends worth timing here: those that can run it, less the last resorts (which only
@@ -79,7 +81,7 @@ class Tuner:
         failures: dict[int, dict[str, list[str]]] = {}
         total, done = len(cells) * len(self.m_values), 0
         for ci, (n, k, dtype) in enumerate(cells):
-            base = GemmProblem(n, k, self.device, out_dtype=dtype)
+            base = GemmProblem(n, k, self.device, out_dtype=dtype, x_quantized=self.x_quantized)
             for mi, m in enumerate(self.m_values):
                 if self.progress:
                     self.progress(done, total, f"{n}x{k} {_dtype_name(dtype)} M={m}")
@@ -154,6 +156,7 @@ class Tuner:
             tuple(routes),
             {name: tuple(per_m) for name, per_m in timings.items()},
             {b: "; ".join(r) for b, r in failed.items()},
+            x_quantized=self.x_quantized,
         )
 
 
