@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the decode bench (events and CUDA-graph timing), the prefill
 # quantization share, tune + bench gemm (TP1, TP4), and bench gemm on x quantized upstream (GEMMs
-# alone; against the table tuned in the same call, else the shipped one). SECTIONS picks some of
-# "tests decode prefill routing xq" (default: all). Flashinfer wheels carried in .whl/ are
+# alone; against the table tuned in the same call, else the shipped one), and "xqtune": routes
+# for x quantized upstream, tuned and benched at TP1. SECTIONS picks some of
+# "tests decode prefill routing xq xqtune" (default: the first five). Flashinfer wheels carried in .whl/ are
 # installed for the tests. run.log has the output, results.tgz the JSON/PNG files (the device
 # returns few files).
 set -u -o pipefail
@@ -44,6 +45,17 @@ has() { [[ " $SECTIONS " == *" $1 "* ]]; }
       python3 -m fp8route.cli bench gemm --model llama-3.1-8b --tp $tp --x-quantized \
         --table "$TABLE" --out "$R" | grep -v "^bench \["
     done
+  fi
+  if has xqtune; then
+    # Routes for pre-quantized x, tuned into a copy of the shipped table, then benched on that path.
+    [ -f "$R/routing-h200.json" ] || cp fp8route/routing/defaults/h200.json "$R/routing-h200.json"
+    python3 -m pytest -q -m gpu tests/gpu/test_routing_gpu.py 2>&1 | tail -2
+    echo "## tune tp1, x quantized upstream"
+    python3 -m fp8route.cli tune --model llama-3.1-8b --tp 1 --x-quantized --table "$R/routing-h200.json" \
+      | grep -v "^tune \["
+    echo "## bench tp1, x quantized upstream"
+    python3 -m fp8route.cli bench gemm --model llama-3.1-8b --tp 1 --x-quantized --table "$R/routing-h200.json" \
+      --out "$R" | grep -v "^bench \["
   fi
 } > "$OUT/run.log" 2>&1
 rm -f "$R"/*.lock
