@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# One device call: GPU tests, the decode bench (events and CUDA-graph timing), the prefill
-# quantization share, tune + bench gemm (TP1, TP4), and bench gemm on x quantized upstream (GEMMs
-# alone; against the table tuned in the same call, else the shipped one), and "xqtune": routes
-# for x quantized upstream, tuned and benched at TP1. SECTIONS picks some of
-# "tests decode prefill routing xq xqtune" (default: the first five). Flashinfer wheels carried in .whl/ are
-# installed for the tests. run.log has the output, results.tgz the JSON/PNG files (the device
+# One device call. SECTIONS picks some of:
+#   tests    tests/gpu (flashinfer wheels carried in .whl/ are installed for them) and the demo
+#   decode   the decode bench, per-call and CUDA-graph timing
+#   prefill  the activation quantization pass's share of the prefill layer sum
+#   routing  tune + bench gemm, TP1 and TP4
+#   xq       bench gemm on x quantized upstream (GEMMs alone), TP1 and TP4, against the table
+#            tuned by "routing" in the same call, else the shipped one
+#   xqtune   routes for x quantized upstream, tuned into a copy of the shipped table and benched, TP1
+# (default: the first five). run.log has the output, results.tgz the JSON/PNG files (the device
 # returns few files).
 set -u -o pipefail
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
