@@ -357,3 +357,14 @@ def test_forward_quantized_runs_the_pre_quantized_route(monkeypatch):
     layer(x)
     layer.forward_quantized(fp8route.quant.quantize(x, layer.input_scale), torch.bfloat16)
     assert ran == ["cublas", "cublas_fast"]
+
+
+def test_a_pre_quantized_route_that_cannot_run_is_its_own_reported_fallback():
+    # rowwise writes bfloat16 only: a float16 entry for pre-quantized x naming it falls back, and
+    # the fallback says which input it is on; the float-input routes are untouched.
+    fp8_only = replace(shape(4096, 4096, ROUTES, dtype=torch.float16), x_quantized=True)
+    plan = make_plan("l", problem(dtype=torch.float16), Policy(), table(fp8_only))
+    assert plan.backend_for(100, torch.float16, x_quantized=True).name == "cublas"
+    bad = [f for f in plan.fallbacks if f.wanted == "rowwise"]
+    assert bad and all(f.x_quantized and f.used == "cublas" for f in bad)
+    assert "x pre-quantized float16 M 17+: rowwise -> cublas (writes bfloat16 output only)" in plan.explain()
