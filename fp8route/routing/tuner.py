@@ -120,6 +120,8 @@ class Tuner:
         fastest = min(timings, key=lambda name: timings[name].median_us, default=None)
         if winner is None or fastest is None or winner == fastest:
             return results
+        if _gap(timings[winner], timings[fastest]) <= self.min_tie:
+            return results  # within min_tie it stays a tie however tight the spreads: nothing to settle
         again = steadiest(functools.partial(self.measure, problem, m, [winner, fastest]))
         if not all(_as_timing(again.get(name, "missing"))[0].ok for name in (winner, fastest)):
             return results  # a backend that ran a moment ago failed now: keep the first verdict
@@ -180,6 +182,10 @@ def agree_across_ranks(times: torch.Tensor) -> torch.Tensor:
     reduced = times.to(device)
     dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
     return reduced.cpu()
+
+
+def _gap(slower: Timing, faster: Timing) -> float:
+    return (slower.median_us - faster.median_us) / slower.median_us if slower.median_us > 0 else 0.0
 
 
 def _as_timing(result: object) -> tuple[Timing, str | None]:
