@@ -325,3 +325,20 @@ def test_bench_with_x_quantized_upstream_times_gemms_alone(tmp_path, monkeypatch
     timed = [r for r in doc["rows"] if r["median_us"] is not None and r["n"] is not None]
     assert {r["arm"] for r in timed} == {ROUTED, "reference"} and all(r["error"] is None for r in timed)
     assert calls  # the arms ran the GEMM on the pre-quantized x, and passed the reference check
+
+
+def test_a_host_too_busy_to_time_on_stops_tune_instead_of_failing_a_backend(tmp_path, monkeypatch, capsys):
+    import fp8route.commands.tune as tune
+    from fp8route.bench.timing import HostBehindError
+
+    def busy(arms, repeats, reps):  # type: ignore[no-untyped-def]
+        raise HostBehindError("time_cold: the host could not queue 30 calls within a 64 ms sleep")
+
+    with pytest.raises(HostBehindError):
+        Workload(64, 32, device="cpu", copies=2).time({"reference": BACKENDS["reference"].run}, 1, timer=busy)
+    monkeypatch.setattr(tune, "cuda_device", lambda args: torch.device("cpu"))
+    monkeypatch.setattr(tune, "DeviceInfo", _Stub(H200))
+    monkeypatch.setattr(tune, "Fingerprint", _Stub(FP))
+    monkeypatch.setattr(tune, "CudaMeasure", lambda device, repeats: CudaMeasure("cpu", copies=2, timer=busy))
+    assert main(["tune", "--shapes", "64x32", "--m", "1", "--table", str(tmp_path / "t.json")]) == 2
+    assert "could not queue 30 calls" in capsys.readouterr().err and not (tmp_path / "t.json").exists()

@@ -29,6 +29,8 @@ from typing import TypeVar
 
 import torch
 
+from fp8route.errors import Fp8RouteError
+
 L2_ROTATION_FACTOR = 3.0  # operand copies together exceed this many L2 sizes
 MIN_LEAD_US = 1000.0  # the shortest sleep ahead of a batch
 LEAD_PER_CALL = 4.0  # sleep ahead = this many times the host's measured time to queue the batch
@@ -40,8 +42,9 @@ _cycles_per_us: dict[int, float] = {}
 batch_counts = {"timed": 0, "host_behind": 0}
 
 
-class HostBehindError(RuntimeError):
-    """The host could not queue a batch of calls ahead of the GPU even behind a long sleep."""
+class HostBehindError(Fp8RouteError, RuntimeError):
+    """The host could not queue a batch of calls ahead of the GPU even behind a long sleep: no
+    timing on this machine can be trusted now, so tune and bench stop rather than record it."""
 
 
 def l2_bytes(device: torch.device | int | None = None) -> int:

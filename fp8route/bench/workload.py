@@ -151,12 +151,16 @@ class Workload:
         if arms:
             try:
                 results.update(timer(arms, repeats=repeats, reps=reps))
+            except timing.HostBehindError:
+                raise  # the machine, not an arm: no arm may be marked failed for it
             except Exception:
                 # One arm broke while timed (out of memory at large M, say): time them one by one
                 # so the others keep their numbers.
                 for name, calls in arms.items():
                     try:
                         results.update(timer({name: calls}, repeats=repeats, reps=reps))
+                    except timing.HostBehindError:
+                        raise
                     except Exception as exc:
                         results[name] = _first_line(f"failed while timed: {type(exc).__name__}: {exc}")
         return {name: results[name] for name in runs}

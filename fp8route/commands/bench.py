@@ -11,7 +11,7 @@ from fp8route.backends import BACKENDS
 from fp8route.bench.ceilings import measure_ceilings
 from fp8route.bench.gemm import default_policies, make_report, sweep, write_results
 from fp8route.bench.report import ROUTED
-from fp8route.bench.timing import batch_summary
+from fp8route.bench.timing import HostBehindError, batch_summary
 from fp8route.commands.progress import TextProgress
 from fp8route.commands.sweep_args import (
     DTYPES,
@@ -45,19 +45,23 @@ def run_gemm(args: argparse.Namespace) -> int:
     if args.x_quantized:
         print("x arrives quantized (fused upstream): every arm times its GEMM alone")
     start = time.perf_counter()
-    ceilings = measure_ceilings(device)
-    print(f"ceilings (this run): copy {ceilings.copy_gbs:.0f} GB/s, FP8 GEMM {ceilings.fp8_tflops:.0f} TFLOP/s\n")
-    cells = sweep(
-        shapes,
-        m_values,
-        policies,
-        table=table,
-        device=device,
-        dtype=dtype,
-        repeats=args.repeats,
-        progress=TextProgress("bench"),
-        x_quantized=args.x_quantized,
-    )
+    try:
+        ceilings = measure_ceilings(device)
+        print(f"ceilings (this run): copy {ceilings.copy_gbs:.0f} GB/s, FP8 GEMM {ceilings.fp8_tflops:.0f} TFLOP/s\n")
+        cells = sweep(
+            shapes,
+            m_values,
+            policies,
+            table=table,
+            device=device,
+            dtype=dtype,
+            repeats=args.repeats,
+            progress=TextProgress("bench"),
+            x_quantized=args.x_quantized,
+        )
+    except HostBehindError as exc:
+        print(f"fp8route bench gemm: {exc}; nothing was written", file=sys.stderr)
+        return 2
     report = make_report(cells, shapes, m_values, ceilings, dtype)
     print(report.text())
     print(batch_summary())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from fp8route.bench.timing import batch_summary
+from fp8route.bench.timing import HostBehindError, batch_summary
 from fp8route.bench.workload import CudaMeasure
 from fp8route.commands.progress import TextProgress
 from fp8route.commands.sweep_args import (
@@ -66,12 +66,17 @@ def run_tune(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     first = GemmProblem(shapes[0].n, shapes[0].k, info, out_dtype=dtype, x_quantized=args.x_quantized)
     first = first.with_bucket(dtype, m_values[0])
-    measure(first, m_values[0], tuner.candidates(first))
-    warm = time.perf_counter() - start
-    start = time.perf_counter()
-    table = tuner.tune(shapes)
+    try:
+        measure(first, m_values[0], tuner.candidates(first))
+        warm = time.perf_counter() - start
+        start = time.perf_counter()
+        table = tuner.tune(shapes)
+    except HostBehindError as exc:
+        print(f"fp8route tune: {exc}; nothing was saved", file=sys.stderr)
+        return 2
+    finally:
+        measure.release()
     elapsed = time.perf_counter() - start
-    measure.release()
     if rank != 0:
         return 0
     print(f"tuned in {elapsed:.1f} s (+ {warm:.1f} s warm-up: JIT builds, first-call setup); {batch_summary()}\n")
