@@ -368,3 +368,20 @@ def test_a_pre_quantized_route_that_cannot_run_is_its_own_reported_fallback():
     bad = [f for f in plan.fallbacks if f.wanted == "rowwise"]
     assert bad and all(f.x_quantized and f.used == "cublas" for f in bad)
     assert "x pre-quantized float16 M 17+: rowwise -> cublas (writes bfloat16 output only)" in plan.explain()
+
+
+def test_the_shipped_h200_table_covers_llama_8b_and_names_only_known_backends():
+    from importlib.resources import files
+
+    from fp8route.routing.shapes import model_shapes
+
+    doc = json.loads(files("fp8route.routing.defaults").joinpath("h200.json").read_text())
+    shipped = RoutingTable.from_json(doc, origin="h200.json")
+    assert shipped.fingerprint.gpu == "NVIDIA H200"
+    for tp in (1, 4):
+        for s in model_shapes("llama-3.1-8b", tp=tp):
+            assert (s.n, s.k, torch.bfloat16, False) in shipped.shapes, (tp, s)
+    for s in model_shapes("llama-3.1-8b", tp=1):
+        assert (s.n, s.k, torch.bfloat16, True) in shipped.shapes, s
+    named = {r for entry in shipped.shapes.values() for r in entry.routes}
+    assert named <= set(fp8route.BACKENDS) and None not in named
