@@ -42,6 +42,30 @@ class FakeTimer:
         return out
 
 
+class QuantizationWatch:
+    """A FakeTimer that knows when it is timing, and a spy on quantize_input recording, per call,
+    whether an arm was being timed (none may be when x arrives quantized)."""
+
+    def __init__(self, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+        import fp8route.backends.base as base
+
+        self.fake, self.timing, self.inside_timing = FakeTimer(), False, []
+        real = base.quantize_input
+
+        def spy(x, layer):  # type: ignore[no-untyped-def]
+            self.inside_timing.append(self.timing)
+            return real(x, layer)
+
+        monkeypatch.setattr(base, "quantize_input", spy)
+
+    def __call__(self, arms, repeats, reps):  # type: ignore[no-untyped-def]
+        self.timing = True
+        try:
+            return self.fake(arms, repeats, reps)
+        finally:
+            self.timing = False
+
+
 def test_workload_checks_each_arm_against_the_reference_before_timing():
     w = Workload(64, 32, device="cpu", copies=3)
     assert len(w.layers) == 3 and all(layer.weight_scale_channel is not None for layer in w.layers)
@@ -234,35 +258,18 @@ def test_cli_tune_end_to_end_with_a_fake_clock(tmp_path, monkeypatch, capsys):
 
 
 def test_cli_tune_for_pre_quantized_input_keeps_both_kinds_of_routes(tmp_path, monkeypatch, capsys):
-    import fp8route.backends.base as base
     import fp8route.commands.tune as tune
 
-    timing_now = [False]
-    fake = FakeTimer()
-
-    def timer(arms, repeats, reps):  # type: ignore[no-untyped-def]
-        timing_now[0] = True
-        try:
-            return fake(arms, repeats, reps)
-        finally:
-            timing_now[0] = False
-
-    quantizations: list[bool] = []  # per call of quantize_input: was an arm being timed?
-    real_quantize_input = base.quantize_input
-
-    def quantize_input(x, layer):  # type: ignore[no-untyped-def]
-        quantizations.append(timing_now[0])
-        return real_quantize_input(x, layer)
-
-    monkeypatch.setattr(base, "quantize_input", quantize_input)
+    watch = QuantizationWatch(monkeypatch)
     monkeypatch.setattr(tune, "cuda_device", lambda args: torch.device("cpu"))
     monkeypatch.setattr(tune, "DeviceInfo", _Stub(H200))
     monkeypatch.setattr(tune, "Fingerprint", _Stub(FP))
-    monkeypatch.setattr(tune, "CudaMeasure", lambda device, repeats: CudaMeasure("cpu", copies=2, timer=timer))
+    monkeypatch.setattr(tune, "CudaMeasure", lambda device, repeats: CudaMeasure("cpu", copies=2, timer=watch))
     argv = ["tune", "--shapes", "64x32", "--m", "1,8", "--table", str(tmp_path / "t.json")]
     assert main([*argv, "--x-quantized"]) == 0
     assert "x handed over quantized (GEMMs alone)" in capsys.readouterr().out
-    assert quantizations and not any(quantizations)  # x was quantized for the reference check only
+    # x was quantized for the reference check only
+    assert watch.inside_timing and not any(watch.inside_timing)
     assert main(argv) == 0
     doc = json.loads((tmp_path / "t.json").read_text())
     assert sorted(s["x"] for s in doc["shapes"]) == ["float", "fp8"]  # the second run kept the first's routes
@@ -286,7 +293,6 @@ def test_cli_bench_end_to_end_with_a_fake_clock(tmp_path, monkeypatch, capsys):
 
 
 def test_bench_with_x_quantized_upstream_times_gemms_alone(tmp_path, monkeypatch, capsys):
-    import fp8route.backends.base as base
     import fp8route.commands.bench as bench
 
     calls: list[str] = []
@@ -298,25 +304,9 @@ def test_bench_with_x_quantized_upstream_times_gemms_alone(tmp_path, monkeypatch
     )
     monkeypatch.setattr(bench, "cuda_device", lambda args: torch.device("cpu"))
     monkeypatch.setattr(bench, "measure_ceilings", lambda device: CEIL)
-    timing_now = [False]
-    fake = FakeTimer()
-
-    def timer(arms, repeats, reps):  # type: ignore[no-untyped-def]
-        timing_now[0] = True
-        try:
-            return fake(arms, repeats, reps)
-        finally:
-            timing_now[0] = False
-
-    real_quantize_input = base.quantize_input
-
-    def quantize_input(x, layer):  # type: ignore[no-untyped-def]
-        assert not timing_now[0], "x was quantized inside a timed arm"
-        return real_quantize_input(x, layer)
-
-    monkeypatch.setattr(base, "quantize_input", quantize_input)
+    watch = QuantizationWatch(monkeypatch)
     real_sweep = bench.sweep
-    monkeypatch.setattr(bench, "sweep", lambda *a, **kw: real_sweep(*a, **{**kw, "copies": 2, "timer": timer}))
+    monkeypatch.setattr(bench, "sweep", lambda *a, **kw: real_sweep(*a, **{**kw, "copies": 2, "timer": watch}))
     argv = ["bench", "gemm", "--shapes", "64x32", "--m", "1,4", "--x-quantized", "--out", str(tmp_path)]
     assert main(argv) == 0
     assert "every arm times its GEMM alone" in capsys.readouterr().out
@@ -325,6 +315,7 @@ def test_bench_with_x_quantized_upstream_times_gemms_alone(tmp_path, monkeypatch
     timed = [r for r in doc["rows"] if r["median_us"] is not None and r["n"] is not None]
     assert {r["arm"] for r in timed} == {ROUTED, "reference"} and all(r["error"] is None for r in timed)
     assert calls  # the arms ran the GEMM on the pre-quantized x, and passed the reference check
+    assert not any(watch.inside_timing), "x was quantized inside a timed arm"
 
 
 def test_a_host_too_busy_to_time_on_stops_tune_instead_of_failing_a_backend(tmp_path, monkeypatch, capsys):
