@@ -54,6 +54,10 @@ SWEEP_BLOCKS = {
     64: ((128, 64, 6, 8), (128, 128, 4, 8), (256, 64, 4, 8)),
 }  # fmt: skip
 SWEEP_MS = (1, 2, 4, 8, 16)
+# The CUDA-core kernel, M <= 8: (block_n, block_k, num_warps). block_k sets how the warp's lanes
+# split a row (512: all 32 along K; 64: 4 along K x 8 rows), so it trades x re-quantization
+# (one per lane sharing a K column) against the shuffles of each row's reduction.
+CUDA_CORE_BLOCKS = ((16, 512, 4), (32, 512, 4), (64, 512, 8), (128, 64, 4), (256, 64, 8), (128, 128, 8), (64, 256, 4))
 
 
 def fingerprint() -> dict:
@@ -77,8 +81,17 @@ def fingerprint() -> dict:
     }
 
 
-def sweep_configs(m: int, n: int, k: int, num_sms: int) -> list[fg.GemvConfig]:
+def sweep_configs(m: int, n: int, k: int, num_sms: int, kinds: str = "wgmma") -> list[fg.GemvConfig]:
     out = []
+    if "cuda_core" in kinds and m <= fg.CUDA_CORE_M_MAX:
+        block_m = 1 << (m - 1).bit_length()
+        for block_n, block_k, warps in CUDA_CORE_BLOCKS:
+            k_iters, tiles = k // block_k, -(-n // block_n)
+            for split in (1, 2, 3, 4, 6, 7, 8, 12, 14, 16):
+                if k_iters % split == 0 and (split == 1 or num_sms // 2 <= tiles * split <= 16 * num_sms):
+                    out.append(fg.GemvConfig(block_n, block_k, block_m, split, warps, 1, cuda_core=True))
+    if "wgmma" not in kinds:
+        return out
     block_m = fg.block_m_for(m)
     for block_n, block_k, stages, warps in SWEEP_BLOCKS[block_m]:
         k_iters = k // block_k
@@ -171,7 +184,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
             heur = fg.choose_config(m, n, k)
             best_cfg, best_us = None, float("inf")
             if args.sweep and m in {int(v) for v in args.sweep_ms.split(",")}:
-                for cfg in sweep_configs(m, n, k, fp["sm_count"]):
+                for cfg in sweep_configs(m, n, k, fp["sm_count"], args.sweep_kinds):
                     try:
                         y = fg.fp8_gemv(ops.x[0][:m], ops.w[0], ops.s_w, ops.s_in, None, torch.bfloat16, config=cfg)
                         err = rel_err(y, ref)
@@ -329,6 +342,7 @@ def main() -> None:
     ap.add_argument("--sweep-repeats", type=int, default=20)
     ap.add_argument("--graph", action="store_true", help="also time every arm inside a CUDA graph")
     ap.add_argument("--graph-replays", type=int, default=10, help="graph replays per rep (one sample each)")
+    ap.add_argument("--sweep-kinds", default="wgmma", help="kernels to sweep: wgmma, cuda_core or both (comma)")
     ap.add_argument("--sweep-ms", default=",".join(map(str, SWEEP_MS)), help="M values to sweep configs at")
     args = ap.parse_args()
     out = Path(args.out)

@@ -43,6 +43,7 @@ except ImportError as exc:  # CPU-only installs: the module still imports, why_n
 FP8 = torch.float8_e4m3fn
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 M_MAX = 128  # decode sizes; it already loses to cuBLASLt from M=32 on the H200
+CUDA_CORE_M_MAX = 8  # the CUDA-core kernel's FMAs grow with M; from 16 on the tensor cores win
 K_ALIGN = 16  # 16-byte rows of the fp8 weight: cp.async / wgmma operand alignment
 _REDUCE_UNROLL = 8  # partials summed per round by the last CTA (loads in flight)
 
@@ -55,6 +56,7 @@ class GemvConfig:
     split_k: int
     num_warps: int = 4
     num_stages: int = 4
+    cuda_core: bool = False  # the CUDA-core kernel (block_m <= CUDA_CORE_M_MAX) instead of wgmma
 
 
 def why_not(m_max: int, n: int, k: int) -> str | None:
@@ -190,6 +192,37 @@ if triton is not None:
         ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
         tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
 
+    @triton.jit
+    def _finish(
+        acc, out_ptr, bias_ptr, ws_ptr, cnt_ptr, scale, pid_k, tile, split_k,
+        M, N, stride_om, offs_n, offs_m, n_mask, m_mask,
+        HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr, REDUCE_UNROLL: tl.constexpr,
+    ):  # fmt: skip
+        """Write a [BLOCK_N, BLOCK_M] fp32 tile: directly, or as split pid_k's partial, summed by the last split."""
+        if USE_WS:
+            mn_mask = n_mask[:, None] & m_mask[None, :]
+            mn_offs = offs_m[None, :] * N + offs_n[:, None]
+            tl.store(ws_ptr + pid_k * (M * N) + mn_offs, acc, mask=mn_mask)
+            # Every thread's partial must be written before the release by the counter atomic.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == split_k - 1:
+                total = tl.zeros(acc.shape, dtype=tl.float32)
+                # Fixed order s = 0, 1, 2 ... so the bits never depend on which CTA came last.
+                for s0 in range(0, split_k, REDUCE_UNROLL):
+                    for j in tl.static_range(REDUCE_UNROLL):
+                        part = tl.load(
+                            ws_ptr + (s0 + j) * (M * N) + mn_offs,
+                            mask=mn_mask & (s0 + j < split_k),
+                            other=0.0,
+                            cache_modifier=".cg",
+                        )
+                        total += part
+                _store_out(total, out_ptr, bias_ptr, scale, offs_n, offs_m, n_mask, m_mask, stride_om, HAS_BIAS)
+                tl.atomic_xchg(cnt_ptr + tile, 0)  # ready for the next call / graph replay
+        else:
+            _store_out(acc, out_ptr, bias_ptr, scale, offs_n, offs_m, n_mask, m_mask, stride_om, HAS_BIAS)
+
     # M and split_k vary per call; specializing on them (==1, %16) would only multiply compiles.
     @triton.jit(do_not_specialize=["M", "split_k"])
     def _fp8_gemv_kernel(
@@ -245,30 +278,61 @@ if triton is not None:
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
 
-        scale = in_scale * tl.load(w_scale_ptr)
-        if USE_WS:
-            mn_mask = n_mask[:, None] & m_mask[None, :]
-            mn_offs = offs_m[None, :] * N + offs_n[:, None]
-            tl.store(ws_ptr + pid_k * (M * N) + mn_offs, acc, mask=mn_mask)
-            # Every thread's partial must be written before the release by the counter atomic.
-            tl.debug_barrier()
-            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if arrived == split_k - 1:
-                total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                # Fixed order s = 0, 1, 2 ... so the bits never depend on which CTA came last.
-                for s0 in range(0, split_k, REDUCE_UNROLL):
-                    for j in tl.static_range(REDUCE_UNROLL):
-                        part = tl.load(
-                            ws_ptr + (s0 + j) * (M * N) + mn_offs,
-                            mask=mn_mask & (s0 + j < split_k),
-                            other=0.0,
-                            cache_modifier=".cg",
-                        )
-                        total += part
-                _store_out(total, out_ptr, bias_ptr, scale, offs_n, offs_m, n_mask, m_mask, stride_om, HAS_BIAS)
-                tl.atomic_xchg(cnt_ptr + tile, 0)  # ready for the next call / graph replay
-        else:
-            _store_out(acc, out_ptr, bias_ptr, scale, offs_n, offs_m, n_mask, m_mask, stride_om, HAS_BIAS)
+        _finish(acc, out_ptr, bias_ptr, ws_ptr, cnt_ptr, in_scale * tl.load(w_scale_ptr), pid_k, tile, split_k,
+                M, N, stride_om, offs_n, offs_m, n_mask, m_mask, HAS_BIAS, USE_WS, REDUCE_UNROLL)  # fmt: skip
+
+    @triton.jit(do_not_specialize=["M", "split_k"])
+    def _fp8_gemv_cuda_core_kernel(
+        x_ptr, w_ptr, out_ptr, bias_ptr, ws_ptr, cnt_ptr, w_scale_ptr, in_scale_ptr,
+        M, N, K, stride_xm, stride_wn, stride_om, split_k, k_per_split,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
+        QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
+        EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, REDUCE_UNROLL: tl.constexpr,
+    ):  # fmt: skip
+        """The same product for a few tokens (BLOCK_M <= 8) on the CUDA cores: no shared-memory staging
+        of the weight and no MMA padding of the token side to 16. Each weight element is converted once
+        (e4m3 -> fp32, exact) and multiplied by every token's x in fp32; the products are exact, so only
+        the fp32 sums round."""
+        pid = tl.program_id(0)
+        pid_k = pid % split_k
+        pid_n = pid // split_k
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_k = tl.arange(0, BLOCK_K)
+        n_mask = offs_n < N
+        m_mask = offs_m < M
+        k_lo = pid_k * k_per_split
+
+        w_ptrs = w_ptr + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]
+        x_ptrs = x_ptr + k_lo + offs_k
+        in_scale = tl.load(in_scale_ptr)
+        in_scale_rcp = tl.math.div_rn(1.0, in_scale)
+
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for k in range(0, k_per_split, BLOCK_K):
+            if EVEN_K:
+                k_mask = offs_k < BLOCK_K
+                if EVEN_N:  # noqa: SIM108 (one load per constexpr branch)
+                    w = tl.load(w_ptrs)
+                else:
+                    w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
+            else:
+                k_mask = (k_lo + k + offs_k) < K
+                w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            w = w.to(tl.float32)
+            # Token by token: a [BLOCK_N, BLOCK_M, BLOCK_K] product would spread K over the threads
+            # one element each and move every operand through shared memory.
+            for i in tl.static_range(BLOCK_M):
+                xt = tl.load(x_ptrs + i * stride_xm, mask=k_mask & (i < M), other=0.0)
+                if QUANT_X:
+                    xt = _quantize(xt, in_scale, in_scale_rcp)
+                part = tl.sum(w * xt.to(tl.float32)[None, :], axis=1)
+                acc += tl.where(offs_m[None, :] == i, part[:, None], 0.0)
+            w_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K
+
+        _finish(acc, out_ptr, bias_ptr, ws_ptr, cnt_ptr, in_scale * tl.load(w_scale_ptr), pid_k, pid_n, split_k,
+                M, N, stride_om, offs_n, offs_m, n_mask, m_mask, HAS_BIAS, USE_WS, REDUCE_UNROLL)  # fmt: skip
 
 
 # One zeroed counter buffer per device, kept zero by the kernel itself. Two fp8_gemv calls running
@@ -365,6 +429,8 @@ def launch(
     elif out.shape != (m, n) or out.dtype != out_dtype or out.stride(1) != 1:
         raise Fp8InputError(f"fp8_gemv: out must be [{m}, {n}] {out_dtype} with contiguous rows")
 
+    if cfg.cuda_core and m > cfg.block_m:
+        raise Fp8InputError(f"fp8_gemv: {cfg} takes at most {cfg.block_m} tokens, got M={m}")
     k_iters = triton.cdiv(k, cfg.block_k)
     split = max(1, min(cfg.split_k, k_iters))
     k_per_split = triton.cdiv(k_iters, split) * cfg.block_k
@@ -374,15 +440,22 @@ def launch(
     ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if use_ws else out
     cnt = _counters(x.device, tiles) if use_ws else out
 
-    _fp8_gemv_kernel[(tiles * split,)](
+    args = (
         x, weight, out, bias if bias is not None else out, ws, cnt, weight_scale, input_scale,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0), split, k_per_split,
+    )  # fmt: skip
+    flags = dict(
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m,
         QUANT_X=x.dtype != FP8, HAS_BIAS=bias is not None, USE_WS=use_ws,
-        EVEN_K=k_per_split * split == k, EVEN_N=n % cfg.block_n == 0,
-        IMPRECISE_ACC=min(128, cfg.block_k), REDUCE_UNROLL=_REDUCE_UNROLL,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        EVEN_K=k_per_split * split == k, EVEN_N=n % cfg.block_n == 0, REDUCE_UNROLL=_REDUCE_UNROLL,
+        num_warps=cfg.num_warps,
     )  # fmt: skip
+    if cfg.cuda_core:
+        _fp8_gemv_cuda_core_kernel[(tiles * split,)](*args, **flags)
+    else:
+        _fp8_gemv_kernel[(tiles * split,)](
+            *args, **flags, IMPRECISE_ACC=min(128, cfg.block_k), num_stages=cfg.num_stages
+        )
     return out
 
 

@@ -100,6 +100,55 @@ def test_fused_quantization_is_bit_identical(out_dtype: torch.dtype, split_k: in
     assert torch.equal(fg.quantize_fp8(x, s_in).view(torch.uint8), q.view(torch.uint8))
 
 
+# The CUDA-core kernel's lane layouts (block_k 512: 32 lanes along K; 64: 4 along K x 8 rows; 256),
+# each with and without split-K.
+CUDA_CORE_BLOCKS = [(16, 512, 4, 1), (16, 512, 4, 3), (128, 64, 4, 1), (128, 64, 4, 4), (64, 256, 8, 2)]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("block_n,block_k,warps,split_k", CUDA_CORE_BLOCKS, ids=str)
+def test_cuda_core_kernel_matches_reference(block_n: int, block_k: int, warps: int, split_k: int) -> None:
+    failures = []
+    for n, k in [(4096, 14336), (1536, 4096), (208, 400)]:
+        for m in range(1, fg.CUDA_CORE_M_MAX + 1):
+            out_dtype = OUT_DTYPES[m % 2]
+            x, w, s_w, s_in, bias = make(n, k, m, out_dtype, seed=m * 5 + n)
+            q = quantize_ref(x, s_in)
+            ref = reference(q, w, s_w, s_in, bias)
+            err_cublas = rel_err(cublas(q, w, s_w, s_in, bias, out_dtype), ref)
+            cfg = fg.GemvConfig(block_n, block_k, 1 << (m - 1).bit_length(), split_k, warps, 1, cuda_core=True)
+            for name, xin in (("fused", x), ("prequant", q)):
+                out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
+                fg.fp8_gemv(xin, w, s_w, s_in, bias, out_dtype, out=out, config=cfg)
+                err = rel_err(out, ref)
+                if out.isnan().any().item() or err > max(2 * err_cublas, 1e-4) or err >= 1e-2:
+                    failures.append(f"{n}x{k} M={m} {name}: err {err:.2e} cublas {err_cublas:.2e}")
+                again = fg.fp8_gemv(xin, w, s_w, s_in, bias, out_dtype, config=cfg)
+                if not torch.equal(again, out):
+                    failures.append(f"{n}x{k} M={m} {name}: a repeat run gave other bits")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("split_k", [1, 4])
+def test_cuda_core_fused_quantization_is_bit_identical(split_k: int) -> None:
+    k, m = 1024, 5
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(m, k, device="cuda", generator=g) * torch.logspace(-4, 1.5, k, device="cuda")
+    x[0, :6] = torch.tensor([float("inf"), -float("inf"), 0.0, -0.0, 1e6, -1e6])
+    x = x.to(torch.bfloat16)
+    s_in = torch.tensor(0.0371, device="cuda")
+    w = torch.eye(k, device="cuda").to(FP8)
+    one = torch.tensor(1.0, device="cuda")
+    expected = (quantize_ref(x, s_in).float() * s_in).to(torch.bfloat16)
+    cfg = fg.GemvConfig(128, 64, 8, split_k, 4, 1, cuda_core=True)
+    out = fg.fp8_gemv(x, w, one, s_in, None, torch.bfloat16, config=cfg)
+    bad = (out.float() != expected.float()).nonzero()
+    assert bad.numel() == 0, f"{len(bad)} mismatches, first at {bad[:4].tolist()}: x={x[tuple(bad[0])].item()}"
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dtype", OUT_DTYPES, ids=str)
@@ -154,6 +203,8 @@ def test_rejects_bad_input() -> None:
         fg.fp8_gemv(torch.zeros(129, 512, dtype=torch.bfloat16, device="cuda"), w, s_w, s_in, None, torch.bfloat16)
     with pytest.raises(TypeError, match="out_dtype"):
         fg.fp8_gemv(x, w, s_w, s_in, None, torch.float32)
+    with pytest.raises(ValueError, match="at most 2 tokens"):
+        fg.fp8_gemv(x, w, s_w, s_in, None, torch.bfloat16, config=fg.GemvConfig(64, 128, 2, 1, 4, 1, cuda_core=True))
 
 
 def test_why_not_reasons() -> None:

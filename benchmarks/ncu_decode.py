@@ -1,0 +1,72 @@
+"""The decode kernels under Nsight Compute: one profiled call per (shape, arm) at one M.
+
+Run it under ncu, which profiles only between cudaProfilerStart/Stop (everything before is warm-up
+and compilation) and, with its default cache control, starts every kernel with a flushed L2:
+
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight \\
+        --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \\
+        python3 benchmarks/ncu_decode.py --m 1 --cuda-core 32,512,4
+
+Arms: ours (the configuration fp8_gemv.choose_config picks), ours_cuda_core (the CUDA-core kernel
+with the block_n,block_k,num_warps given, split for about 4 CTAs per SM), and cuBLASLt on pre-quantized x
+(GEMM only) after the standalone quantization kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fp8route.kernels import fp8_gemv as fg  # noqa: E402
+
+SHAPES = {"tp1_qkv": (6144, 4096), "tp1_o": (4096, 4096), "tp1_gate_up": (28672, 4096), "tp1_down": (4096, 14336)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--m", type=int, default=1)
+    ap.add_argument("--cuda-core", default="", help="block_n,block_k,num_warps[,split] of the CUDA-core arm")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    args = ap.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    s_in = torch.tensor(4.0 / 448, device="cuda")
+    s_w = torch.tensor(1.0 / 448, device="cuda")
+    runs = []
+    for name in args.shapes.split(","):
+        n, k = SHAPES[name]
+        w = (torch.randn(n, k, device="cuda", generator=gen) * 150).clamp(-448, 448).to(fg.FP8)
+        x = torch.randn(args.m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        arms = {"ours": lambda x=x, w=w: fg.fp8_gemv(x, w, s_w, s_in, None, torch.bfloat16)}
+        if args.cuda_core:
+            bn, bk, warps, *split = (int(v) for v in args.cuda_core.split(","))
+            tiles = -(-n // bn)
+            split_k = split[0] if split else max(1, min(k // bk, 4 * 132 // tiles))  # about 4 CTAs per SM
+            cfg = fg.GemvConfig(bn, bk, 1 << (args.m - 1).bit_length(), split_k, warps, 1, True)
+            arms["ours_cuda_core"] = lambda x=x, w=w, cfg=cfg: fg.fp8_gemv(
+                x, w, s_w, s_in, None, torch.bfloat16, config=cfg
+            )
+        arms["cublas"] = lambda x=x, w=w: torch._scaled_mm(
+            fg.quantize_fp8(x, s_in), w.t(), s_in, s_w, out_dtype=torch.bfloat16
+        )
+        for arm, call in arms.items():
+            for _ in range(3):
+                call()
+            runs.append((name, arm, call))
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for name, arm, call in runs:
+        torch.cuda.nvtx.range_push(f"{name}/{arm}")
+        call()
+        torch.cuda.nvtx.range_pop()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print("profiled:", ", ".join(f"{n}/{a}" for n, a, _ in runs))
+
+
+if __name__ == "__main__":
+    main()
