@@ -54,10 +54,14 @@ SWEEP_BLOCKS = {
     64: ((128, 64, 6, 8), (128, 128, 4, 8), (256, 64, 4, 8)),
 }  # fmt: skip
 SWEEP_MS = (1, 2, 4, 8, 16)
-# The CUDA-core kernel, M <= 8: (block_n, block_k, num_warps). block_k sets how the warp's lanes
-# split a row (512: all 32 along K; 64: 4 along K x 8 rows), so it trades x re-quantization
-# (one per lane sharing a K column) against the shuffles of each row's reduction.
-CUDA_CORE_BLOCKS = ((16, 512, 4), (32, 512, 4), (64, 512, 8), (128, 64, 4), (256, 64, 8), (128, 128, 8), (64, 256, 4))
+# The CUDA-core kernel, M <= 8: (block_n, block_k, num_warps, num_stages). block_k 512 puts a warp's
+# 32 lanes along K (64: 4 along K x 8 rows), so each row's sum costs 5 shuffles (2); every lane
+# quantizes its 16 x values per K-step for the block_n / num_warps rows it holds, so fewer warps
+# per row block re-quantize x less often. num_stages > 1: weight tiles staged by cp.async.
+CUDA_CORE_BLOCKS = (
+    (16, 512, 4, 1), (16, 512, 4, 3), (32, 512, 4, 3), (16, 512, 1, 3), (16, 512, 2, 3), (32, 512, 2, 3),
+    (64, 512, 4, 3), (8, 512, 1, 3), (16, 1024, 2, 3), (64, 256, 4, 3), (128, 64, 4, 3),
+)  # fmt: skip
 
 
 def fingerprint() -> dict:
@@ -85,11 +89,11 @@ def sweep_configs(m: int, n: int, k: int, num_sms: int, kinds: str = "wgmma") ->
     out = []
     if "cuda_core" in kinds and m <= fg.CUDA_CORE_M_MAX:
         block_m = 1 << (m - 1).bit_length()
-        for block_n, block_k, warps in CUDA_CORE_BLOCKS:
+        for block_n, block_k, warps, stages in CUDA_CORE_BLOCKS:
             k_iters, tiles = k // block_k, -(-n // block_n)
             for split in (1, 2, 3, 4, 6, 7, 8, 12, 14, 16):
                 if k_iters % split == 0 and (split == 1 or num_sms // 2 <= tiles * split <= 16 * num_sms):
-                    out.append(fg.GemvConfig(block_n, block_k, block_m, split, warps, 1, cuda_core=True))
+                    out.append(fg.GemvConfig(block_n, block_k, block_m, split, warps, stages, cuda_core=True))
     if "wgmma" not in kinds:
         return out
     block_m = fg.block_m_for(m)

@@ -5,10 +5,10 @@ and compilation) and, with its default cache control, starts every kernel with a
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight \\
         --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \\
-        python3 benchmarks/ncu_decode.py --m 1 --cuda-core 32,512,4
+        python3 benchmarks/ncu_decode.py --m 1 --cuda-core 16,512,1,3
 
 Arms: ours (the configuration fp8_gemv.choose_config picks), ours_cuda_core (the CUDA-core kernel
-with the block_n,block_k,num_warps given, split for about 4 CTAs per SM), and cuBLASLt on pre-quantized x
+with the block_n,block_k,num_warps,num_stages given, split for about 4 CTAs per SM), and cuBLASLt on pre-quantized x
 (GEMM only) after the standalone quantization kernel.
 """
 
@@ -30,7 +30,7 @@ SHAPES = {"tp1_qkv": (6144, 4096), "tp1_o": (4096, 4096), "tp1_gate_up": (28672,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--m", type=int, default=1)
-    ap.add_argument("--cuda-core", default="", help="block_n,block_k,num_warps[,split] of the CUDA-core arm")
+    ap.add_argument("--cuda-core", default="", help="block_n,block_k,num_warps,num_stages[,split] of the CUDA-core arm")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -43,10 +43,10 @@ def main() -> None:
         x = torch.randn(args.m, k, device="cuda", generator=gen).to(torch.bfloat16)
         arms = {"ours": lambda x=x, w=w: fg.fp8_gemv(x, w, s_w, s_in, None, torch.bfloat16)}
         if args.cuda_core:
-            bn, bk, warps, *split = (int(v) for v in args.cuda_core.split(","))
+            bn, bk, warps, stages, *split = (int(v) for v in args.cuda_core.split(","))
             tiles = -(-n // bn)
             split_k = split[0] if split else max(1, min(k // bk, 4 * 132 // tiles))  # about 4 CTAs per SM
-            cfg = fg.GemvConfig(bn, bk, 1 << (args.m - 1).bit_length(), split_k, warps, 1, True)
+            cfg = fg.GemvConfig(bn, bk, 1 << (args.m - 1).bit_length(), split_k, warps, stages, True)
             arms["ours_cuda_core"] = lambda x=x, w=w, cfg=cfg: fg.fp8_gemv(
                 x, w, s_w, s_in, None, torch.bfloat16, config=cfg
             )

@@ -8,19 +8,19 @@ set -u -o pipefail
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 SECTIONS=${SECTIONS:-tests sweep ncu}
 SWEEP_S=${SWEEP_S:-400}
-NCU_CC=${NCU_CC:-32,512,4}
+NCU_CC=${NCU_CC:-16,512,1,3}
 R=$OUT/r; mkdir -p "$R"
 has() { [[ " $SECTIONS " == *" $1 "* ]]; }
 {
   echo "# command: SECTIONS='$SECTIONS' SWEEP_S=$SWEEP_S NCU_CC=$NCU_CC bash benchmarks/scripts/gpu_cuda_core.sh   ($(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null))"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
   if has tests; then
-    echo "## tests"; python3 -m pytest -q -m gpu tests/gpu/test_fp8_gemv.py -n 4 2>&1 | tail -8
+    echo "## tests"; python3 -m pytest -q -m gpu tests/gpu/test_fp8_gemv.py -n 4 ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tail -8
   fi
   if has sweep; then
     echo "## sweep"
-    timeout "$SWEEP_S" python3 benchmarks/decode_bench.py --sweep --sweep-kinds cuda_core --sweep-ms 1,2,4,8 \
-      --ms 1,2,4,8 --sweep-repeats 10 --out "$R" 2>&1
+    timeout "$SWEEP_S" python3 benchmarks/decode_bench.py --sweep --sweep-kinds cuda_core --sweep-ms ${SWEEP_MS:-1,2} \
+      --ms ${SWEEP_MS:-1,2} --sweep-repeats 10 --out "$R" 2>&1
   fi
   if has ncu; then
     echo "## ncu"

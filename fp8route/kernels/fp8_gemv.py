@@ -182,7 +182,9 @@ if triton is not None:
         q1 = tl.fma(tl.fma(-q, s, x), r, q)
         q2 = tl.fma(tl.fma(-q1, s, x), r, q1)
         q = tl.where((tl.abs(q) < 65536.0) & (q != 0.0), q2, q)
-        return tl.clamp(q, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL).to(tl.float8e4nv)
+        # No clamp to +-448: the e4m3 conversion is cvt.rn.satfinite, which saturates (inf too) and
+        # keeps NaN, as the clamp would.
+        return q.to(tl.float8e4nv)
 
     @triton.jit
     def _store_out(acc, out_ptr, bias_ptr, scale, offs_n, offs_m, n_mask, m_mask, stride_om, HAS_BIAS: tl.constexpr):
@@ -287,7 +289,7 @@ if triton is not None:
         M, N, K, stride_xm, stride_wn, stride_om, split_k, k_per_split,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
-        EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, REDUCE_UNROLL: tl.constexpr,
+        EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, REDUCE_UNROLL: tl.constexpr, NUM_STAGES: tl.constexpr,
     ):  # fmt: skip
         """The same product for a few tokens (BLOCK_M <= 8) on the CUDA cores: no shared-memory staging
         of the weight and no MMA padding of the token side to 16. Each weight element is converted once
@@ -309,7 +311,7 @@ if triton is not None:
         in_scale_rcp = tl.math.div_rn(1.0, in_scale)
 
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for k in range(0, k_per_split, BLOCK_K):
+        for k in tl.range(0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
             if EVEN_K:
                 k_mask = offs_k < BLOCK_K
                 if EVEN_N:  # noqa: SIM108 (one load per constexpr branch)
@@ -451,7 +453,7 @@ def launch(
         num_warps=cfg.num_warps,
     )  # fmt: skip
     if cfg.cuda_core:
-        _fp8_gemv_cuda_core_kernel[(tiles * split,)](*args, **flags)
+        _fp8_gemv_cuda_core_kernel[(tiles * split,)](*args, **flags, NUM_STAGES=cfg.num_stages)
     else:
         _fp8_gemv_kernel[(tiles * split,)](
             *args, **flags, IMPRECISE_ACC=min(128, cfg.block_k), num_stages=cfg.num_stages

@@ -101,14 +101,15 @@ def test_fused_quantization_is_bit_identical(out_dtype: torch.dtype, split_k: in
 
 
 # The CUDA-core kernel's lane layouts (block_k 512: 32 lanes along K; 64: 4 along K x 8 rows; 256),
-# each with and without split-K.
-CUDA_CORE_BLOCKS = [(16, 512, 4, 1), (16, 512, 4, 3), (128, 64, 4, 1), (128, 64, 4, 4), (64, 256, 8, 2)]
+# with and without cp.async staging (num_stages), with and without split-K:
+# (block_n, block_k, num_warps, num_stages, split_k).
+CUDA_CORE_BLOCKS = [(16, 512, 4, 1, 1), (16, 512, 1, 3, 3), (128, 64, 4, 3, 4), (64, 256, 8, 1, 2), (32, 512, 2, 3, 1)]
 
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("block_n,block_k,warps,split_k", CUDA_CORE_BLOCKS, ids=str)
-def test_cuda_core_kernel_matches_reference(block_n: int, block_k: int, warps: int, split_k: int) -> None:
+@pytest.mark.parametrize("block_n,block_k,warps,stages,split_k", CUDA_CORE_BLOCKS, ids=str)
+def test_cuda_core_kernel_matches_reference(block_n: int, block_k: int, warps: int, stages: int, split_k: int) -> None:
     failures = []
     for n, k in [(4096, 14336), (1536, 4096), (208, 400)]:
         for m in range(1, fg.CUDA_CORE_M_MAX + 1):
@@ -117,7 +118,7 @@ def test_cuda_core_kernel_matches_reference(block_n: int, block_k: int, warps: i
             q = quantize_ref(x, s_in)
             ref = reference(q, w, s_w, s_in, bias)
             err_cublas = rel_err(cublas(q, w, s_w, s_in, bias, out_dtype), ref)
-            cfg = fg.GemvConfig(block_n, block_k, 1 << (m - 1).bit_length(), split_k, warps, 1, cuda_core=True)
+            cfg = fg.GemvConfig(block_n, block_k, 1 << (m - 1).bit_length(), split_k, warps, stages, cuda_core=True)
             for name, xin in (("fused", x), ("prequant", q)):
                 out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
                 fg.fp8_gemv(xin, w, s_w, s_in, bias, out_dtype, out=out, config=cfg)
@@ -143,7 +144,7 @@ def test_cuda_core_fused_quantization_is_bit_identical(split_k: int) -> None:
     w = torch.eye(k, device="cuda").to(FP8)
     one = torch.tensor(1.0, device="cuda")
     expected = (quantize_ref(x, s_in).float() * s_in).to(torch.bfloat16)
-    cfg = fg.GemvConfig(128, 64, 8, split_k, 4, 1, cuda_core=True)
+    cfg = fg.GemvConfig(16, 512, 8, split_k, 1, 3, cuda_core=True)
     out = fg.fp8_gemv(x, w, one, s_in, None, torch.bfloat16, config=cfg)
     bad = (out.float() != expected.float()).nonzero()
     assert bad.numel() == 0, f"{len(bad)} mismatches, first at {bad[:4].tolist()}: x={x[tuple(bad[0])].item()}"
