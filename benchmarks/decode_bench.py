@@ -18,6 +18,7 @@ pays. With --sweep, every candidate configuration of ours is timed too (one rep)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -85,15 +86,20 @@ def fingerprint() -> dict:
     }
 
 
-def sweep_configs(m: int, n: int, k: int, num_sms: int, kinds: str = "wgmma") -> list[fg.GemvConfig]:
+def sweep_configs(
+    m: int, n: int, k: int, num_sms: int, kinds: str = "wgmma",
+    cuda_core_blocks: tuple[tuple[int, ...], ...] = CUDA_CORE_BLOCKS, prefetch: tuple[int, ...] = (0,),
+) -> list[fg.GemvConfig]:  # fmt: skip
     out = []
     if "cuda_core" in kinds and m <= fg.CUDA_CORE_M_MAX:
         block_m = 1 << (m - 1).bit_length()
-        for block_n, block_k, warps, stages in CUDA_CORE_BLOCKS:
+        for block_n, block_k, warps, stages in cuda_core_blocks:
             k_iters, tiles = k // block_k, -(-n // block_n)
             for split in (1, 2, 3, 4, 6, 7, 8, 12, 14, 16):
                 if k_iters % split == 0 and (split == 1 or num_sms // 2 <= tiles * split <= 16 * num_sms):
-                    out.append(fg.GemvConfig(block_n, block_k, block_m, split, warps, stages, cuda_core=True))
+                    for ahead in prefetch:
+                        cfg = fg.GemvConfig(block_n, block_k, block_m, split, warps, stages, True, ahead)
+                        out.append(cfg)
     if "wgmma" not in kinds:
         return out
     block_m = fg.block_m_for(m)
@@ -188,7 +194,11 @@ def run(args: argparse.Namespace, out: Path) -> dict:
             heur = fg.choose_config(m, n, k)
             best_cfg, best_us = None, float("inf")
             if args.sweep and m in {int(v) for v in args.sweep_ms.split(",")}:
-                for cfg in sweep_configs(m, n, k, fp["sm_count"], args.sweep_kinds):
+                blocks = CUDA_CORE_BLOCKS
+                if args.cuda_core_blocks:
+                    blocks = tuple(tuple(int(v) for v in b.split("x")) for b in args.cuda_core_blocks.split(","))
+                prefetch = tuple(int(v) for v in args.sweep_prefetch.split(","))
+                for cfg in sweep_configs(m, n, k, fp["sm_count"], args.sweep_kinds, blocks, prefetch):
                     try:
                         y = fg.fp8_gemv(ops.x[0][:m], ops.w[0], ops.s_w, ops.s_in, None, torch.bfloat16, config=cfg)
                         err = rel_err(y, ref)
@@ -203,6 +213,8 @@ def run(args: argparse.Namespace, out: Path) -> dict:
             arms = ops.arms(m, None)
             if best_cfg is not None:
                 arms["ours_best"] = ops.arms(m, best_cfg)["ours"]
+            if args.pdl and (best_cfg or heur).cuda_core:
+                arms["ours_pdl"] = ops.arms(m, dataclasses.replace(best_cfg or heur, pdl=True))["ours"]
             errs = {}
             for arm, calls in arms.items():
                 errs[arm] = rel_err(calls[0](), ref)
@@ -218,7 +230,8 @@ def run(args: argparse.Namespace, out: Path) -> dict:
                     "median_us": t.median_us, "rep_medians_us": list(t.rep_medians_us), "spread": t.spread,
                     "gbs": nbytes / (t.median_us * 1e3), "pct_copy_bw": 100 * floor_us / t.median_us,
                     "floor_us": floor_us, "rel_err": errs[arm],
-                    "config": (best_cfg if arm == "ours_best" else heur).__dict__ if arm.startswith("ours") else None,
+                    "config": (best_cfg if arm in ("ours_best", "ours_pdl") and best_cfg else heur).__dict__
+                    if arm.startswith("ours") else None,
                     })  # fmt: skip
             timed = timings["events"]
             o, cq = timed["ours"].median_us, timed["cublas+quant"].median_us
@@ -271,6 +284,7 @@ def _summary_table(rows: list[dict]) -> list[str]:
             "ours",
             "ours_prefetch_flipped",
             "ours_best",
+            "ours_pdl",
             "ours_prequant",
             "cublas+quant",
             "cublas",
@@ -347,6 +361,9 @@ def main() -> None:
     ap.add_argument("--graph", action="store_true", help="also time every arm inside a CUDA graph")
     ap.add_argument("--graph-replays", type=int, default=10, help="graph replays per rep (one sample each)")
     ap.add_argument("--sweep-kinds", default="wgmma", help="kernels to sweep: wgmma, cuda_core or both (comma)")
+    ap.add_argument("--cuda-core-blocks", default="", help="CUDA-core blocks to sweep, e.g. 16x512x4x1,8x512x1x3")
+    ap.add_argument("--sweep-prefetch", default="0", help="CUDA-core L2 prefetch distances to sweep (tiles)")
+    ap.add_argument("--pdl", action="store_true", help="also time the CUDA-core config with programmatic launch")
     ap.add_argument("--sweep-ms", default=",".join(map(str, SWEEP_MS)), help="M values to sweep configs at")
     args = ap.parse_args()
     out = Path(args.out)

@@ -57,6 +57,8 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 4
     cuda_core: bool = False  # the CUDA-core kernel (block_m <= CUDA_CORE_M_MAX) instead of wgmma
+    prefetch: int = 0  # CUDA-core kernel: weight tiles prefetched into L2 ahead of the loads
+    pdl: bool = False  # CUDA-core kernel: programmatic dependent launch (overlaps the previous kernel)
 
 
 def why_not(m_max: int, n: int, k: int) -> str | None:
@@ -81,12 +83,13 @@ _DEFAULT_BLOCKS = {16: (256, 128, 8, 4), 32: (128, 128, 8, 4), 64: (128, 128, 8,
 # (N, K) -> ((m_max, GemvConfig(block_n, block_k, block_m, split_k, num_warps, num_stages)), ...).
 _H200_TABLE: dict[tuple[int, int], tuple[tuple[int, GemvConfig], ...]] = {
     (6144, 4096): (  # 8B qkv
+        (1, GemvConfig(16, 512, 1, 2, 4, 1, cuda_core=True)),
         (16, GemvConfig(256, 128, 16, 4, 8, 4)),
         (32, GemvConfig(256, 128, 32, 4, 8, 3)),
         (128, GemvConfig(128, 64, 64, 4, 8, 6)),
     ),
     (4096, 4096): (  # 8B o
-        (1, GemvConfig(128, 256, 16, 4, 8, 3)),
+        (1, GemvConfig(16, 512, 1, 4, 4, 1, cuda_core=True)),
         (2, GemvConfig(256, 128, 16, 8, 8, 4)),
         (16, GemvConfig(128, 256, 16, 4, 8, 3)),
         (32, GemvConfig(256, 128, 32, 8, 8, 3)),
@@ -98,14 +101,15 @@ _H200_TABLE: dict[tuple[int, int], tuple[tuple[int, GemvConfig], ...]] = {
         (128, GemvConfig(256, 64, 64, 1, 8, 4)),
     ),
     (4096, 14336): (  # 8B down
+        (1, GemvConfig(16, 512, 1, 4, 4, 1, cuda_core=True)),
         (8, GemvConfig(256, 128, 16, 8, 8, 4)),
         (16, GemvConfig(128, 256, 16, 4, 8, 3)),
         (32, GemvConfig(128, 128, 32, 8, 8, 4)),
         (128, GemvConfig(128, 128, 64, 4, 8, 4)),
     ),
     (1536, 4096): (  # 8B TP4 qkv
-        (1, GemvConfig(128, 256, 16, 8, 8, 3)),
-        (2, GemvConfig(128, 128, 16, 11, 8, 5)),
+        (1, GemvConfig(16, 512, 1, 8, 4, 1, cuda_core=True)),
+        (2, GemvConfig(8, 512, 2, 8, 1, 3, cuda_core=True)),
         (4, GemvConfig(128, 256, 16, 8, 8, 3)),
         (8, GemvConfig(128, 128, 16, 11, 8, 5)),
         (16, GemvConfig(128, 256, 16, 8, 8, 3)),
@@ -113,7 +117,8 @@ _H200_TABLE: dict[tuple[int, int], tuple[tuple[int, GemvConfig], ...]] = {
         (128, GemvConfig(128, 128, 64, 8, 8, 4)),
     ),
     (4096, 1024): (  # 8B TP4 o
-        (2, GemvConfig(128, 256, 16, 1, 8, 3)),
+        (1, GemvConfig(16, 512, 1, 1, 4, 1, cuda_core=True)),
+        (2, GemvConfig(8, 512, 2, 1, 1, 3, cuda_core=True)),
         (4, GemvConfig(64, 128, 16, 1, 4, 6)),
         (8, GemvConfig(128, 256, 16, 1, 8, 3)),
         (16, GemvConfig(64, 128, 16, 1, 4, 6)),
@@ -121,11 +126,14 @@ _H200_TABLE: dict[tuple[int, int], tuple[tuple[int, GemvConfig], ...]] = {
         (128, GemvConfig(128, 128, 64, 4, 8, 4)),
     ),
     (7168, 4096): (  # 8B TP4 gate_up
+        (1, GemvConfig(8, 512, 1, 1, 1, 3, cuda_core=True)),
         (16, GemvConfig(256, 128, 16, 4, 8, 4)),
         (32, GemvConfig(256, 128, 32, 4, 8, 3)),
         (128, GemvConfig(128, 128, 64, 2, 8, 4)),
     ),
     (4096, 3584): (  # 8B TP4 down
+        (1, GemvConfig(16, 512, 1, 1, 4, 3, cuda_core=True)),
+        (2, GemvConfig(16, 512, 2, 1, 2, 3, cuda_core=True)),
         (8, GemvConfig(256, 128, 16, 7, 8, 4)),
         (16, GemvConfig(128, 256, 16, 4, 8, 3)),
         (32, GemvConfig(128, 128, 32, 7, 8, 4)),
@@ -155,6 +163,8 @@ def choose_config(m: int, n: int, k: int, num_sms: int = 132) -> GemvConfig:
         for m_max, cfg in _H200_TABLE.get((n, k), ()):
             if m <= m_max:
                 return cfg
+    if m == 1:
+        return _one_token_config(n, k, num_sms)
     block_m = block_m_for(m)
     block_n, block_k, warps, stages = _DEFAULT_BLOCKS[block_m]
     block_k = min(block_k, max(K_ALIGN, triton.next_power_of_2(k)))
@@ -162,6 +172,18 @@ def choose_config(m: int, n: int, k: int, num_sms: int = 132) -> GemvConfig:
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     split = max(1, min(slots // tiles, triton.cdiv(k, block_k)))
     return GemvConfig(block_n, block_k, block_m, split, num_warps=warps, num_stages=stages)
+
+
+def _one_token_config(n: int, k: int, num_sms: int) -> GemvConfig:
+    """The CUDA-core kernel, which won at M=1 on every swept H200 shape but one (a tie): 16-row
+    blocks, one warp-wide 512-byte K-step per row, split-K up to about eight CTAs per SM while every
+    split keeps at least two K-steps."""
+    block_k = min(512, max(K_ALIGN, triton.next_power_of_2(k)))
+    tiles, k_iters = triton.cdiv(n, 16), triton.cdiv(k, block_k)
+    split = 1
+    while tiles * split * 2 <= 8 * num_sms and k_iters // (split * 2) >= 2:
+        split *= 2
+    return GemvConfig(16, block_k, 1, split, num_warps=4, num_stages=1, cuda_core=True)
 
 
 if triton is not None:
@@ -185,6 +207,12 @@ if triton is not None:
         # No clamp to +-448: the e4m3 conversion is cvt.rn.satfinite, which saturates (inf too) and
         # keeps NaN, as the clamp would.
         return q.to(tl.float8e4nv)
+
+    @triton.jit
+    def _prefetch_l2(ptrs):
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; // $0 unused", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+        )
 
     @triton.jit
     def _store_out(acc, out_ptr, bias_ptr, scale, offs_n, offs_m, n_mask, m_mask, stride_om, HAS_BIAS: tl.constexpr):
@@ -290,6 +318,7 @@ if triton is not None:
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, REDUCE_UNROLL: tl.constexpr, NUM_STAGES: tl.constexpr,
+        PREFETCH: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """The same product for a few tokens (BLOCK_M <= 8) on the CUDA cores: no shared-memory staging
         of the weight and no MMA padding of the token side to 16. Each weight element is converted once
@@ -307,11 +336,24 @@ if triton is not None:
 
         w_ptrs = w_ptr + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]
         x_ptrs = x_ptr + k_lo + offs_k
+        # L2 prefetch of the weight PREFETCH tiles ahead: one instruction per 128-byte line, no
+        # registers held, so many more bytes in flight than the loads themselves keep.
+        pf_rows = w_ptr + tl.minimum(offs_n, N - 1)[:, None] * stride_wn
+        pf_lines = k_lo + tl.arange(0, BLOCK_K // 128)[None, :] * 128
+        for d in tl.static_range(PREFETCH):
+            _prefetch_l2(pf_rows + tl.minimum(pf_lines + d * BLOCK_K, K - 1))
+        if PDL:
+            # Launched with programmatic dependent launch: everything above may overlap the previous
+            # kernel; x, the scales and every write wait for it to finish.
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         in_scale = tl.load(in_scale_ptr)
         in_scale_rcp = tl.math.div_rn(1.0, in_scale)
 
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k in tl.range(0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
+            if PREFETCH > 0:
+                _prefetch_l2(pf_rows + tl.minimum(pf_lines + k + PREFETCH * BLOCK_K, K - 1))
             if EVEN_K:
                 k_mask = offs_k < BLOCK_K
                 if EVEN_N:  # noqa: SIM108 (one load per constexpr branch)
@@ -453,7 +495,9 @@ def launch(
         num_warps=cfg.num_warps,
     )  # fmt: skip
     if cfg.cuda_core:
-        _fp8_gemv_cuda_core_kernel[(tiles * split,)](*args, **flags, NUM_STAGES=cfg.num_stages)
+        _fp8_gemv_cuda_core_kernel[(tiles * split,)](
+            *args, **flags, NUM_STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, PDL=cfg.pdl, launch_pdl=cfg.pdl
+        )
     else:
         _fp8_gemv_kernel[(tiles * split,)](
             *args, **flags, IMPRECISE_ACC=min(128, cfg.block_k), num_stages=cfg.num_stages
