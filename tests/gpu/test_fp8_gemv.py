@@ -106,7 +106,8 @@ def test_fused_quantization_is_bit_identical(out_dtype: torch.dtype, split_k: in
 # prefetch, pdl).
 CUDA_CORE_BLOCKS = [
     (16, 512, 4, 1, 1, 0, False), (16, 512, 1, 3, 3, 0, False), (128, 64, 4, 3, 4, 0, False),
-    (64, 256, 8, 1, 2, 0, False), (32, 512, 2, 3, 1, 0, False), (16, 512, 4, 1, 2, 4, False), (16, 512, 4, 1, 2, 2, True),
+    (64, 256, 8, 1, 2, 0, False), (32, 512, 2, 3, 1, 0, False), (16, 512, 4, 1, 2, 4, False),
+    (16, 512, 4, 1, 2, 2, True),
 ]  # fmt: skip
 
 
