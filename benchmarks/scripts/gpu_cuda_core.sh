@@ -3,6 +3,8 @@
 #   tests  tests/gpu/test_fp8_gemv.py (CUDA-core cases and the input checks)
 #   sweep  decode_bench.py --sweep over the CUDA-core configs at M 1, 2, 4, 8 (ours_best = its best)
 #   ncu    benchmarks/ncu_decode.py under Nsight Compute, M=1, TP1 shapes
+#   prefetch  the sweep at M=1 over L2 prefetch distances 0, 2, 4, 8 (a few blocks)
+#   pdl    decode_bench at M 1, 2 with the table's configs, with and without PDL, per call and in a graph
 # run.log has the output, results.tgz the files (the device returns few files).
 set -u -o pipefail
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
@@ -21,6 +23,14 @@ has() { [[ " $SECTIONS " == *" $1 "* ]]; }
     echo "## sweep"
     timeout "$SWEEP_S" python3 benchmarks/decode_bench.py --sweep --sweep-kinds cuda_core --sweep-ms ${SWEEP_MS:-1,2} \
       --ms ${SWEEP_MS:-1,2} --sweep-repeats 10 --out "$R" 2>&1
+  fi
+  if has prefetch; then
+    echo "## prefetch"
+    python3 benchmarks/decode_bench.py --sweep --sweep-kinds cuda_core --cuda-core-blocks 16x512x4x1,8x512x1x3,16x512x2x3 \
+      --sweep-prefetch 0,2,4,8 --sweep-ms 1 --ms 1 --sweep-repeats 10 --out "$R/prefetch" 2>&1 | grep -v "^tp"
+  fi
+  if has pdl; then
+    echo "## pdl"; python3 benchmarks/decode_bench.py --pdl --graph --ms 1,2 --out "$R/pdl" 2>&1 | grep -v "^tp"
   fi
   if has ncu; then
     echo "## ncu"
