@@ -18,7 +18,6 @@ pays. With --sweep, every candidate configuration of ours is timed too (one rep)
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -88,7 +87,7 @@ def fingerprint() -> dict:
 
 def sweep_configs(
     m: int, n: int, k: int, num_sms: int, kinds: str = "wgmma",
-    cuda_core_blocks: tuple[tuple[int, ...], ...] = CUDA_CORE_BLOCKS, prefetch: tuple[int, ...] = (0,),
+    cuda_core_blocks: tuple[tuple[int, ...], ...] = CUDA_CORE_BLOCKS,
 ) -> list[fg.GemvConfig]:  # fmt: skip
     out = []
     if "cuda_core" in kinds and m <= fg.CUDA_CORE_M_MAX:
@@ -97,9 +96,7 @@ def sweep_configs(
             k_iters, tiles = k // block_k, -(-n // block_n)
             for split in (1, 2, 3, 4, 6, 7, 8, 12, 14, 16):
                 if k_iters % split == 0 and (split == 1 or num_sms // 2 <= tiles * split <= 16 * num_sms):
-                    for ahead in prefetch:
-                        cfg = fg.GemvConfig(block_n, block_k, block_m, split, warps, stages, True, ahead)
-                        out.append(cfg)
+                    out.append(fg.GemvConfig(block_n, block_k, block_m, split, warps, stages, cuda_core=True))
     if "wgmma" not in kinds:
         return out
     block_m = fg.block_m_for(m)
@@ -197,8 +194,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
                 blocks = CUDA_CORE_BLOCKS
                 if args.cuda_core_blocks:
                     blocks = tuple(tuple(int(v) for v in b.split("x")) for b in args.cuda_core_blocks.split(","))
-                prefetch = tuple(int(v) for v in args.sweep_prefetch.split(","))
-                for cfg in sweep_configs(m, n, k, fp["sm_count"], args.sweep_kinds, blocks, prefetch):
+                for cfg in sweep_configs(m, n, k, fp["sm_count"], args.sweep_kinds, blocks):
                     try:
                         y = fg.fp8_gemv(ops.x[0][:m], ops.w[0], ops.s_w, ops.s_in, None, torch.bfloat16, config=cfg)
                         err = rel_err(y, ref)
@@ -213,8 +209,6 @@ def run(args: argparse.Namespace, out: Path) -> dict:
             arms = ops.arms(m, None)
             if best_cfg is not None:
                 arms["ours_best"] = ops.arms(m, best_cfg)["ours"]
-            if args.pdl and (best_cfg or heur).cuda_core:
-                arms["ours_pdl"] = ops.arms(m, dataclasses.replace(best_cfg or heur, pdl=True))["ours"]
             errs = {}
             for arm, calls in arms.items():
                 errs[arm] = rel_err(calls[0](), ref)
@@ -230,8 +224,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
                     "median_us": t.median_us, "rep_medians_us": list(t.rep_medians_us), "spread": t.spread,
                     "gbs": nbytes / (t.median_us * 1e3), "pct_copy_bw": 100 * floor_us / t.median_us,
                     "floor_us": floor_us, "rel_err": errs[arm],
-                    "config": (best_cfg if arm in ("ours_best", "ours_pdl") and best_cfg else heur).__dict__
-                    if arm.startswith("ours") else None,
+                    "config": (best_cfg if arm == "ours_best" else heur).__dict__ if arm.startswith("ours") else None,
                     })  # fmt: skip
             timed = timings["events"]
             o, cq = timed["ours"].median_us, timed["cublas+quant"].median_us
@@ -284,7 +277,6 @@ def _summary_table(rows: list[dict]) -> list[str]:
             "ours",
             "ours_prefetch_flipped",
             "ours_best",
-            "ours_pdl",
             "ours_prequant",
             "cublas+quant",
             "cublas",
@@ -310,7 +302,7 @@ def _summary_table(rows: list[dict]) -> list[str]:
         tp1 = [s for s in SHAPES if s.startswith("tp1")]
         if not all((s, m, "ours") in by for s in tp1):
             continue
-        sums = {a: sum(by[(s, m, a)]["median_us"] for s in tp1) for a in arms}
+        sums = {a: sum(by[(s, m, a)]["median_us"] for s in tp1) for a in arms if all((s, m, a) in by for s in tp1)}
         floor = sum(by[(s, m, "ours")]["floor_us"] for s in tp1)
         lines.append(
             f"Llama-3.1-8B TP1 sum M={m}: "
@@ -362,8 +354,6 @@ def main() -> None:
     ap.add_argument("--graph-replays", type=int, default=10, help="graph replays per rep (one sample each)")
     ap.add_argument("--sweep-kinds", default="wgmma", help="kernels to sweep: wgmma, cuda_core or both (comma)")
     ap.add_argument("--cuda-core-blocks", default="", help="CUDA-core blocks to sweep, e.g. 16x512x4x1,8x512x1x3")
-    ap.add_argument("--sweep-prefetch", default="0", help="CUDA-core L2 prefetch distances to sweep (tiles)")
-    ap.add_argument("--pdl", action="store_true", help="also time the CUDA-core config with programmatic launch")
     ap.add_argument("--sweep-ms", default=",".join(map(str, SWEEP_MS)), help="M values to sweep configs at")
     args = ap.parse_args()
     out = Path(args.out)

@@ -3,8 +3,8 @@
 #   tests  tests/gpu/test_fp8_gemv.py (CUDA-core cases and the input checks)
 #   sweep  decode_bench.py --sweep over the CUDA-core configs at M 1, 2, 4, 8 (ours_best = its best)
 #   ncu    benchmarks/ncu_decode.py under Nsight Compute, M=1, TP1 shapes
-#   prefetch  the sweep at M=1 over L2 prefetch distances 0, 2, 4, 8 (a few blocks)
-#   pdl    decode_bench at M 1, 2 with the table's configs, with and without PDL, per call and in a graph
+#   (two sections of commit bf985be, since removed with the options they timed: "prefetch", the M=1
+#   sweep over L2 prefetch distances 0, 2, 4, 8, and "pdl", decode_bench --pdl --graph --ms 1,2)
 # run.log has the output, results.tgz the files (the device returns few files).
 set -u -o pipefail
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
@@ -14,7 +14,7 @@ NCU_CC=${NCU_CC:-16,512,1,3}
 R=$OUT/r; mkdir -p "$R"
 has() { [[ " $SECTIONS " == *" $1 "* ]]; }
 {
-  echo "# command: SECTIONS='$SECTIONS' SWEEP_S=$SWEEP_S NCU_CC=$NCU_CC bash benchmarks/scripts/gpu_cuda_core.sh   ($(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null))"
+  echo "# command: SECTIONS='$SECTIONS' SWEEP_S=$SWEEP_S NCU_CC=$NCU_CC bash benchmarks/scripts/gpu_cuda_core.sh   ($(date -u +%FT%TZ), commit ${COMMIT:-unknown})"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
   if has tests; then
     echo "## tests"; python3 -m pytest -q -m gpu tests/gpu/test_fp8_gemv.py -n 4 ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tail -8
@@ -23,14 +23,6 @@ has() { [[ " $SECTIONS " == *" $1 "* ]]; }
     echo "## sweep"
     timeout "$SWEEP_S" python3 benchmarks/decode_bench.py --sweep --sweep-kinds cuda_core --sweep-ms ${SWEEP_MS:-1,2} \
       --ms ${SWEEP_MS:-1,2} --sweep-repeats 10 --out "$R" 2>&1
-  fi
-  if has prefetch; then
-    echo "## prefetch"
-    python3 benchmarks/decode_bench.py --sweep --sweep-kinds cuda_core --cuda-core-blocks 16x512x4x1,8x512x1x3,16x512x2x3 \
-      --sweep-prefetch 0,2,4,8 --sweep-ms 1 --ms 1 --sweep-repeats 10 --out "$R/prefetch" 2>&1 | grep -v "^tp"
-  fi
-  if has pdl; then
-    echo "## pdl"; python3 benchmarks/decode_bench.py --pdl --graph --ms 1,2 --out "$R/pdl" 2>&1 | grep -v "^tp"
   fi
   if has ncu; then
     echo "## ncu"

@@ -57,8 +57,6 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 4
     cuda_core: bool = False  # the CUDA-core kernel (block_m <= CUDA_CORE_M_MAX) instead of wgmma
-    prefetch: int = 0  # CUDA-core kernel: weight tiles prefetched into L2 ahead of the loads
-    pdl: bool = False  # CUDA-core kernel: programmatic dependent launch (overlaps the previous kernel)
 
 
 def why_not(m_max: int, n: int, k: int) -> str | None:
@@ -96,6 +94,7 @@ _H200_TABLE: dict[tuple[int, int], tuple[tuple[int, GemvConfig], ...]] = {
         (128, GemvConfig(128, 128, 64, 4, 8, 4)),
     ),
     (28672, 4096): (  # 8B gate_up
+        (1, GemvConfig(16, 512, 1, 1, 4, 1, cuda_core=True)),
         (16, GemvConfig(256, 128, 16, 1, 8, 4)),
         (32, GemvConfig(128, 128, 32, 1, 8, 4)),
         (128, GemvConfig(256, 64, 64, 1, 8, 4)),
@@ -209,12 +208,6 @@ if triton is not None:
         return q.to(tl.float8e4nv)
 
     @triton.jit
-    def _prefetch_l2(ptrs):
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2 [$1]; // $0 unused", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
-        )
-
-    @triton.jit
     def _store_out(acc, out_ptr, bias_ptr, scale, offs_n, offs_m, n_mask, m_mask, stride_om, HAS_BIAS: tl.constexpr):
         y = acc * scale
         if HAS_BIAS:
@@ -318,7 +311,6 @@ if triton is not None:
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, REDUCE_UNROLL: tl.constexpr, NUM_STAGES: tl.constexpr,
-        PREFETCH: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
         """The same product for a few tokens (BLOCK_M <= 8) on the CUDA cores: no shared-memory staging
         of the weight and no MMA padding of the token side to 16. Each weight element is converted once
@@ -336,24 +328,11 @@ if triton is not None:
 
         w_ptrs = w_ptr + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]
         x_ptrs = x_ptr + k_lo + offs_k
-        # L2 prefetch of the weight PREFETCH tiles ahead: one instruction per 128-byte line, no
-        # registers held, so many more bytes in flight than the loads themselves keep.
-        pf_rows = w_ptr + tl.minimum(offs_n, N - 1)[:, None] * stride_wn
-        pf_lines = k_lo + tl.arange(0, BLOCK_K // 128)[None, :] * 128
-        for d in tl.static_range(PREFETCH):
-            _prefetch_l2(pf_rows + tl.minimum(pf_lines + d * BLOCK_K, K - 1))
-        if PDL:
-            # Launched with programmatic dependent launch: everything above may overlap the previous
-            # kernel; x, the scales and every write wait for it to finish.
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
         in_scale = tl.load(in_scale_ptr)
         in_scale_rcp = tl.math.div_rn(1.0, in_scale)
 
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k in tl.range(0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
-            if PREFETCH > 0:
-                _prefetch_l2(pf_rows + tl.minimum(pf_lines + k + PREFETCH * BLOCK_K, K - 1))
             if EVEN_K:
                 k_mask = offs_k < BLOCK_K
                 if EVEN_N:  # noqa: SIM108 (one load per constexpr branch)
@@ -495,9 +474,7 @@ def launch(
         num_warps=cfg.num_warps,
     )  # fmt: skip
     if cfg.cuda_core:
-        _fp8_gemv_cuda_core_kernel[(tiles * split,)](
-            *args, **flags, NUM_STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, PDL=cfg.pdl, launch_pdl=cfg.pdl
-        )
+        _fp8_gemv_cuda_core_kernel[(tiles * split,)](*args, **flags, NUM_STAGES=cfg.num_stages)
     else:
         _fp8_gemv_kernel[(tiles * split,)](
             *args, **flags, IMPRECISE_ACC=min(128, cfg.block_k), num_stages=cfg.num_stages

@@ -102,20 +102,15 @@ def test_fused_quantization_is_bit_identical(out_dtype: torch.dtype, split_k: in
 
 # The CUDA-core kernel's lane layouts (block_k 512: 32 lanes along K; 64: 4 along K x 8 rows; 256),
 # with and without cp.async staging (num_stages), with and without split-K:
-# with L2 prefetch and programmatic dependent launch: (block_n, block_k, num_warps, num_stages, split_k,
-# prefetch, pdl).
-CUDA_CORE_BLOCKS = [
-    (16, 512, 4, 1, 1, 0, False), (16, 512, 1, 3, 3, 0, False), (128, 64, 4, 3, 4, 0, False),
-    (64, 256, 8, 1, 2, 0, False), (32, 512, 2, 3, 1, 0, False), (16, 512, 4, 1, 2, 4, False),
-    (16, 512, 4, 1, 2, 2, True),
-]  # fmt: skip
+# (block_n, block_k, num_warps, num_stages, split_k).
+CUDA_CORE_BLOCKS = [(16, 512, 4, 1, 1), (16, 512, 4, 1, 4), (16, 512, 1, 3, 3), (128, 64, 4, 3, 4), (64, 256, 8, 1, 2)]
 
 
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("blocks", CUDA_CORE_BLOCKS, ids=str)
 def test_cuda_core_kernel_matches_reference(blocks: tuple) -> None:
-    block_n, block_k, warps, stages, split_k, prefetch, pdl = blocks
+    block_n, block_k, warps, stages, split_k = blocks
     failures = []
     for n, k in [(4096, 14336), (1536, 4096), (208, 400)]:
         for m in range(1, fg.CUDA_CORE_M_MAX + 1):
@@ -125,7 +120,7 @@ def test_cuda_core_kernel_matches_reference(blocks: tuple) -> None:
             ref = reference(q, w, s_w, s_in, bias)
             err_cublas = rel_err(cublas(q, w, s_w, s_in, bias, out_dtype), ref)
             block_m = 1 << (m - 1).bit_length()
-            cfg = fg.GemvConfig(block_n, block_k, block_m, split_k, warps, stages, True, prefetch, pdl)
+            cfg = fg.GemvConfig(block_n, block_k, block_m, split_k, warps, stages, cuda_core=True)
             for name, xin in (("fused", x), ("prequant", q)):
                 out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
                 fg.fp8_gemv(xin, w, s_w, s_in, bias, out_dtype, out=out, config=cfg)
