@@ -6,7 +6,7 @@
 #   routing  tune + bench gemm, TP1 and TP4
 #   xq       bench gemm on x quantized upstream (GEMMs alone), TP1 and TP4, against the table
 #            tuned by "routing" in the same call, else the shipped one
-#   xqtune   routes for x quantized upstream, tuned into a copy of the shipped table and benched, TP1
+#   xqtune   routes for x quantized upstream, tuned into a copy of the shipped table and benched, TP1 and TP4
 # (default: the first five). run.log has the output, results.tgz the JSON/PNG files (the device
 # returns few files).
 set -u -o pipefail
@@ -53,12 +53,14 @@ has() { [[ " $SECTIONS " == *" $1 "* ]]; }
     # Routes for pre-quantized x, tuned into a copy of the shipped table, then benched on that path.
     [ -f "$R/routing-h200.json" ] || cp fp8route/routing/defaults/h200.json "$R/routing-h200.json"
     python3 -m pytest -q -m gpu tests/gpu/test_routing_gpu.py 2>&1 | tail -2
-    echo "## tune tp1, x quantized upstream"
-    python3 -m fp8route.cli tune --model llama-3.1-8b --tp 1 --x-quantized --table "$R/routing-h200.json" \
+    echo "## tune tp1 and tp4, x quantized upstream"
+    python3 -m fp8route.cli tune --model llama-3.1-8b --tp 1,4 --x-quantized --table "$R/routing-h200.json" \
       | grep -v "^tune \["
-    echo "## bench tp1, x quantized upstream"
-    python3 -m fp8route.cli bench gemm --model llama-3.1-8b --tp 1 --x-quantized --table "$R/routing-h200.json" \
-      --out "$R" | grep -v "^bench \["
+    for tp in 1 4; do
+      echo "## bench tp$tp, x quantized upstream"
+      python3 -m fp8route.cli bench gemm --model llama-3.1-8b --tp $tp --x-quantized --table "$R/routing-h200.json" \
+        --out "$R" | grep -v "^bench \["
+    done
   fi
 } > "$OUT/run.log" 2>&1
 rm -f "$R"/*.lock
