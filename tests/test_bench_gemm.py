@@ -168,6 +168,14 @@ def test_report_speedups_sums_floor_and_seed():
     assert "PASS" in r.text() and "seed comparison" in r.text()
 
 
+def test_a_policy_never_timed_is_not_plotted():
+    r = report()
+    absent = [Cell(s, m, "flashinfer", None, error="not installed") for s in (QKV, DOWN) for m in (1, 2048)]
+    with_absent = GemmReport([*r.cells.values(), *absent], [QKV, DOWN], [1, 2048], CEIL)
+    assert "flashinfer" in with_absent.policies
+    assert with_absent.timed_policies() == ["cublas", "rowwise"]
+
+
 def test_report_flags_routed_slower_beyond_the_spread_only():
     assert report(routed_down_2048=100.5).violations() == []  # 0.5%: inside the 1% spread
     # Routed to rowwise, which is 10% slower than cublas: a wrong route.

@@ -16,12 +16,13 @@ def plot_speedups(report: GemmReport, path: Path, title: str) -> Path | None:
     """One panel per single-backend policy: its time / routed time vs M, a line per shape and
     one (bold) for the layer sum. Above 1, routing wins."""
     plt = _pyplot()
-    if plt is None or not report.policies:
+    policies = report.timed_policies()  # no empty panel for a backend absent here
+    if plt is None or not policies:
         return None
-    cols = min(3, len(report.policies))
-    rows = -(-len(report.policies) // cols)
+    cols = min(3, len(policies))
+    rows = -(-len(policies) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False, sharey=True)
-    for ax, policy in zip(axes.flat, report.policies):
+    for ax, policy in zip(axes.flat, policies):
         for target in report.targets:
             points = [(m, s) for m in report.m_values if (s := report.speedup(target, m, policy)) is not None]
             if points:
@@ -33,7 +34,7 @@ def plot_speedups(report: GemmReport, path: Path, title: str) -> Path | None:
         ax.set_title(f"{policy} time / {ROUTED} time")
         ax.set_xlabel("M (tokens)")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(report.policies) :]:
+    for ax in list(axes.flat)[len(policies) :]:
         ax.axis("off")
     axes.flat[0].set_ylabel("speedup of routed")
     axes.flat[0].legend(fontsize=7)

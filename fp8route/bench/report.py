@@ -70,6 +70,10 @@ class GemmReport:
         """Every shape, then the layer sum."""
         return [*self.shapes, SUM]
 
+    def timed_policies(self) -> list[str]:
+        """The policies timed at least once (a backend absent on this machine has cells, none timed)."""
+        return [p for p in self.policies if any(c.arm == p and c.median_us is not None for c in self.cells.values())]
+
     def cell(self, shape: LayerShape, m: int, arm: str) -> Cell | None:
         return self.cells.get((shape.label, m, arm))
 

@@ -1,18 +1,20 @@
-"""Small-M (decode) static per-tensor FP8 linear: activation quantization fused into a split-K GEMM.
+"""Small-M (decode) static per-tensor FP8 linear: activation quantization fused into a split-K GEMV/GEMM.
 
     out = (q(x) @ w.T) * input_scale * weight_scale + bias,   q(x) = e4m3(clamp(x / input_scale, +-448))
 
-Why a kernel of our own: the separate quantization kernel costs every linear one more launch, and
-at decode sizes the library FP8 GEMMs sit well above the memory floor. What it reaches on the H200
-(benchmarks/DECODE.md): timed per call, at M <= 16 it ties or beats cuBLASLt + quantization
-(Llama-3.1-8B sum at M=1: 83.7 vs 85.2 µs); inside a CUDA graph, where the second launch costs
-little, it is 3% behind (77.9 vs 75.2 µs); cuBLASLt alone (x already quantized) stays ahead, and
-from M=32 on it loses. The router decides by measurement.
+Why kernels of our own: the separate quantization kernel costs every linear one more launch, and
+at decode sizes the library FP8 GEMMs sit well above the memory floor. What they reach on the H200
+(benchmarks/DECODE.md): Llama-3.1-8B TP1 sum at M=1 80.3 µs per call vs 85.8 for cuBLASLt +
+quantization (72.9 vs 75.5 in a CUDA graph), 1.1-1.6x on the TP4 shapes; at M=16 a tie, from M=32
+on a loss. The router decides by measurement.
 
-How it runs:
-- Swap AB: the weight rows are the MMA's M side (64 to 256 per tile) and the tokens its N side
-  (16..64), so wgmma runs even at M=1 and the weight goes straight from shared memory into the tensor
-  cores: no fp8 -> fp32 conversions on the CUDA cores.
+Two kernels behind one op, picked per (N, K, M bucket):
+- CUDA-core (M <= 8, used at M=1): 16-row blocks, each lane streams 16 contiguous weight bytes per
+  K-step with one 128-bit load, converts them to fp32 (exact) and multiplies by its quantized x; rows
+  are reduced across the warp. No token padding, no shared-memory staging.
+- wgmma (M 2..128): swap AB, the weight rows on the MMA's M side (64 to 256 per tile) and the tokens
+  on its N side (16..64), so the weight goes straight from shared memory into the tensor cores.
+Both:
 - Split-K to put several CTAs' worth of loads in flight on every SM; each split writes its fp32
   partial to a workspace and the last CTA of a tile (an integer counter tells which) sums the
   partials in split order. The counter is reset by that CTA, so the kernel is graph-safe, and the
