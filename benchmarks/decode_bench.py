@@ -10,7 +10,8 @@ copies, two reps in mirrored order):
 With --graph, every arm is also timed inside one CUDA graph per arm (the rotating copies back to
 back, as a decode step replays them): launch gaps shrink to a graph's, which is what a served model
 pays. With --sweep, every candidate configuration of ours is timed too (one rep) and the best kept as
-`ours_best`, which is how the table in fp8_gemv.choose_config was made.
+`ours_best`, which is how the table in fp8_gemv.choose_config was made (--sweep-kinds: the wgmma
+kernel's configurations, the CUDA-core kernel's at M <= 8, or both).
 
     PYTHONUNBUFFERED=1 python benchmarks/decode_bench.py --out results/   [--sweep]
 """
