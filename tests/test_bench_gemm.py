@@ -11,6 +11,7 @@ from routing_helpers import FP, H200, only_core_backends
 from fp8route.backends import BACKENDS
 from fp8route.bench.ceilings import Ceilings
 from fp8route.bench.gemm import sweep, write_results
+from fp8route.bench.kernels import split_by_window
 from fp8route.bench.report import ROUTED, SUM, Cell, GemmReport, gemm_bytes
 from fp8route.bench.timing import ArmTiming
 from fp8route.bench.workload import CudaMeasure, Workload, routed_run
@@ -174,6 +175,29 @@ def test_a_policy_never_timed_is_not_plotted():
     with_absent = GemmReport([*r.cells.values(), *absent], [QKV, DOWN], [1, 2048], CEIL)
     assert "flashinfer" in with_absent.policies
     assert with_absent.timed_policies() == ["cublas", "rowwise"]
+
+
+def test_kernels_split_by_the_window_of_the_arm_that_launched_them():
+    windows = {"cublas": (10.0, 20.0), "fp8_gemv": (21.0, 30.0)}
+    kernels = [(25.0, "_fp8_gemv_kernel"), (12.0, "quantize"), (15.0, "nvjet_sm90_gemm"), (40.0, "stray")]
+    assert split_by_window(windows, kernels) == {
+        "cublas": ("quantize", "nvjet_sm90_gemm"),
+        "fp8_gemv": ("_fp8_gemv_kernel",),
+    }
+
+
+def test_rows_carry_the_kernels_an_arm_ran():
+    r = report()
+    cells = [
+        Cell(c.shape, c.m, c.arm, c.median_us, c.spread, c.rep_medians_us, backend=c.backend, kernels=("k1", "k2"))
+        if c.arm == "cublas"
+        else c
+        for c in r.cells.values()
+    ]
+    rows = GemmReport(cells, [QKV, DOWN], [1, 2048], CEIL).rows()
+    cublas = next(x for x in rows if x["shape"] == "qkv 6144x4096" and x["m"] == 1 and x["arm"] == "cublas")
+    rowwise = next(x for x in rows if x["shape"] == "qkv 6144x4096" and x["m"] == 1 and x["arm"] == "rowwise")
+    assert cublas["kernels"] == ["k1", "k2"] and "kernels" not in rowwise
 
 
 def test_report_flags_routed_slower_beyond_the_spread_only():

@@ -69,14 +69,14 @@ def sweep(
                     cells.append(Cell(shape, m, policy, None, error=f"not eligible: {reason}"))
             routed_backend = workload.layers[0].plan.backend_for(m, dtype, x_quantized).name
             timed = steadiest(functools.partial(workload.time, runs, m, repeats=repeats, reps=reps, timer=timer))
+            kernels = workload.kernels({a: runs[a] for a, r in timed.items() if not isinstance(r, str)}, m)
             for arm, result in timed.items():
                 backend = routed_backend if arm == ROUTED else None
                 if isinstance(result, str):
                     cells.append(Cell(shape, m, arm, None, error=result, backend=backend))
                 else:
-                    cells.append(
-                        Cell(shape, m, arm, result.median_us, result.spread, result.rep_medians_us, backend=backend)
-                    )
+                    times = (result.median_us, result.spread, result.rep_medians_us)
+                    cells.append(Cell(shape, m, arm, *times, backend=backend, kernels=kernels[arm]))
             done += 1
         del workload
         gc.collect()

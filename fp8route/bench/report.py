@@ -32,6 +32,7 @@ class Cell:
     rep_medians_us: tuple[float, ...] = ()
     error: str | None = None
     backend: str | None = None  # routed: the backend its plan ran at this M
+    kernels: tuple[str, ...] = ()  # the GPU kernels one call launched (profiler), when seen
 
     @property
     def timing(self) -> Timing | None:
@@ -211,6 +212,8 @@ class GemmReport:
             )
         if is_shape and c is not None:
             row.update(rep_medians_us=[round(r, 3) for r in c.rep_medians_us], error=c.error, backend=c.backend)
+            if c.kernels:
+                row["kernels"] = list(c.kernels)
         if arm != ROUTED:
             s = self.speedup(target, m, arm)
             row["routed_speedup"] = None if s is None else round(s, 4)

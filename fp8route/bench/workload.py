@@ -19,6 +19,7 @@ import torch
 
 from fp8route.backends import BACKENDS
 from fp8route.bench import timing
+from fp8route.bench.kernels import kernels_by_arm
 from fp8route.layer import Fp8Linear
 from fp8route.plan import Preference
 from fp8route.policy import Policy
@@ -132,6 +133,11 @@ class Workload:
         if err > tolerance:
             return f"output off the fp32 reference by {err:.1e} (tolerance {tolerance:.0e})"
         return None
+
+    def kernels(self, runs: Mapping[str, Run], m: int) -> dict[str, tuple[str, ...]]:
+        """The GPU kernels one call of each run launches at M=m (empty where they cannot be seen)."""
+        x, layer = self.x(m), self.layers[0]
+        return kernels_by_arm({name: functools.partial(run, x, layer) for name, run in runs.items()})
 
     def time(
         self, runs: Mapping[str, Run], m: int, *, repeats: int = 30, reps: int = 2, timer: TimeArms | None = None

@@ -1,0 +1,30 @@
+"""The profiler sees which kernels each arm launches, on a real GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp8route.bench.kernels import kernels_by_arm
+from fp8route.kernels import fp8_gemv as fg
+
+pytestmark = pytest.mark.gpu
+
+
+def test_each_arm_gets_its_own_kernels():
+    x = torch.randn(2, 4096, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(4096, 4096, device="cuda") * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    s = torch.tensor(0.01, device="cuda")
+    q = fg.quantize_fp8(x, s)
+    calls = {
+        "cublas": lambda: torch._scaled_mm(q, w.t(), s, s, out_dtype=torch.bfloat16),
+        "fp8_gemv": lambda: fg.fp8_gemv(x, w, s, s, None, torch.bfloat16),
+        "quant_then_cublas": lambda: torch._scaled_mm(fg.quantize_fp8(x, s), w.t(), s, s, out_dtype=torch.bfloat16),
+    }
+    for call in calls.values():
+        call()  # compile and warm up outside the profiler
+    names = kernels_by_arm(calls)
+    assert names["cublas"] and not any("fp8_gemv" in k or "quantize" in k for k in names["cublas"]), names
+    assert any("_fp8_gemv" in k for k in names["fp8_gemv"]), names
+    assert names["quant_then_cublas"][0].startswith("_quantize_kernel"), names
+    assert names["quant_then_cublas"][1:] == names["cublas"], names
