@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -29,12 +30,15 @@ def kernels_by_arm(calls: Mapping[str, Callable[[], object]]) -> dict[str, tuple
     from torch.profiler import ProfilerActivity, profile, record_function
 
     try:
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for name, call in calls.items():
-                with record_function(_LABEL + name):
-                    call()
-                    torch.cuda.synchronize()
-        events = prof.events()
+        with warnings.catch_warnings():
+            # torch's note that each profiling cycle starts afresh: one cycle here, nothing to keep
+            warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for name, call in calls.items():
+                    with record_function(_LABEL + name):
+                        call()
+                        torch.cuda.synchronize()
+            events = prof.events()
     except Exception as exc:  # a diagnostic: never the reason a bench fails
         _warn_once(f"kernel names not recorded: the profiler failed ({type(exc).__name__}: {exc})")
         return empty
