@@ -179,8 +179,10 @@ def test_repeat_runs_are_bit_identical(m: int) -> None:
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("fused", [True, False])
-def test_cuda_graph_replay_equals_eager(fused: bool) -> None:
-    n, k, m = 4096, 4096, 8
+@pytest.mark.parametrize("m", [1, 8])  # the CUDA-core kernel and the wgmma one, both with split-K
+def test_cuda_graph_replay_equals_eager(fused: bool, m: int) -> None:
+    n, k = 4096, 4096
+    assert fg.choose_config(m, n, k).cuda_core == (m == 1) and fg.choose_config(m, n, k).split_k > 1
     x, w, s_w, s_in, bias = make(n, k, m, torch.bfloat16, seed=5)
     static_x = (x if fused else quantize_ref(x, s_in)).clone()
     fg.fp8_gemv(static_x, w, s_w, s_in, bias, torch.bfloat16)  # compile, allocate counters
