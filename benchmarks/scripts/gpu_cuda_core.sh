@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the CUDA-core decode kernel (fp8_gemv, M <= 8) checked, swept and profiled.
 #   tests  tests/gpu/test_fp8_gemv.py (CUDA-core cases and the input checks)
-#   sweep  decode_bench.py --sweep over the CUDA-core configs at M 1, 2, 4, 8 (ours_best = its best)
+#   sweep  decode_bench.py --sweep over the CUDA-core configs at M in $SWEEP_MS (default 1,2; ours_best = its best)
 #   ncu    benchmarks/ncu_decode.py under Nsight Compute, M=1, TP1 shapes
 #   (two sections of commit bf985be, since removed with the options they timed: "prefetch", the M=1
 #   sweep over L2 prefetch distances 0, 2, 4, 8, and "pdl", decode_bench --pdl --graph --ms 1,2)
