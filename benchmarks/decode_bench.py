@@ -88,8 +88,10 @@ def fingerprint() -> dict:
 
 def sweep_configs(
     m: int, n: int, k: int, num_sms: int, kinds: str = "wgmma",
-    cuda_core_blocks: tuple[tuple[int, ...], ...] = CUDA_CORE_BLOCKS,
+    cuda_core_blocks: tuple[tuple[int, ...], ...] = CUDA_CORE_BLOCKS, block_ms: tuple[int, ...] = (),
 ) -> list[fg.GemvConfig]:  # fmt: skip
+    """The configs to time at one (M, N, K). block_ms: wgmma token tiles to try besides the one
+    covering M (a smaller one runs M in several token tiles that share each weight tile via L2)."""
     out = []
     if "cuda_core" in kinds and m <= fg.CUDA_CORE_M_MAX:
         block_m = 1 << (m - 1).bit_length()
@@ -100,17 +102,18 @@ def sweep_configs(
                     out.append(fg.GemvConfig(block_n, block_k, block_m, split, warps, stages, cuda_core=True))
     if "wgmma" not in kinds:
         return out
-    block_m = fg.block_m_for(m)
-    for block_n, block_k, stages, warps in SWEEP_BLOCKS[block_m]:
-        k_iters = k // block_k
-        slots = num_sms * fg.ctas_per_sm(block_n, block_k, block_m, stages)
-        tiles = -(-n // block_n) * -(-m // block_m)
-        for split in range(1, min(32, k_iters) + 1):
-            uneven = k_iters % split != 0
-            if uneven and (block_m > 16 or -(-k_iters // split) * (split - 1) >= k_iters):
-                continue  # uneven splits only at decode sizes, and none that leave a split empty
-            if split == 1 or slots // 2 <= tiles * split <= 3 * slots:
-                out.append(fg.GemvConfig(block_n, block_k, block_m, split, warps, stages))
+    own = fg.block_m_for(m)
+    for block_m in sorted({own, *(b for b in block_ms if b < own)}):
+        for block_n, block_k, stages, warps in SWEEP_BLOCKS[block_m]:
+            k_iters = k // block_k
+            slots = num_sms * fg.ctas_per_sm(block_n, block_k, block_m, stages)
+            tiles = -(-n // block_n) * -(-m // block_m)
+            for split in range(1, min(32, k_iters) + 1):
+                uneven = k_iters % split != 0
+                if uneven and (block_m > 16 or -(-k_iters // split) * (split - 1) >= k_iters):
+                    continue  # uneven splits only at decode sizes, and none that leave a split empty
+                if split == 1 or slots // 2 <= tiles * split <= 3 * slots:
+                    out.append(fg.GemvConfig(block_n, block_k, block_m, split, warps, stages))
     return out
 
 
@@ -195,7 +198,8 @@ def run(args: argparse.Namespace, out: Path) -> dict:
                 blocks = CUDA_CORE_BLOCKS
                 if args.cuda_core_blocks:
                     blocks = tuple(tuple(int(v) for v in b.split("x")) for b in args.cuda_core_blocks.split(","))
-                for cfg in sweep_configs(m, n, k, fp["sm_count"], args.sweep_kinds, blocks):
+                block_ms = tuple(int(v) for v in args.sweep_block_ms.split(",") if v)
+                for cfg in sweep_configs(m, n, k, fp["sm_count"], args.sweep_kinds, blocks, block_ms):
                     try:
                         y = fg.fp8_gemv(ops.x[0][:m], ops.w[0], ops.s_w, ops.s_in, None, torch.bfloat16, config=cfg)
                         err = rel_err(y, ref)
@@ -355,6 +359,7 @@ def main() -> None:
     ap.add_argument("--graph-replays", type=int, default=10, help="graph replays per rep (one sample each)")
     ap.add_argument("--sweep-kinds", default="wgmma", help="kernels to sweep: wgmma, cuda_core or both (comma)")
     ap.add_argument("--cuda-core-blocks", default="", help="CUDA-core blocks to sweep, e.g. 16x512x4x1,8x512x1x3")
+    ap.add_argument("--sweep-block-ms", default="", help="wgmma token tiles to sweep below M's own, e.g. 16,32")
     ap.add_argument("--sweep-ms", default=",".join(map(str, SWEEP_MS)), help="M values to sweep configs at")
     args = ap.parse_args()
     out = Path(args.out)

@@ -263,9 +263,11 @@ if triton is not None:
         # reduces) does not wait on a split scheduled a wave later.
         pid_k = pid % split_k
         tile = pid // split_k
-        num_n_tiles = tl.cdiv(N, BLOCK_N)
-        pid_n = tile % num_n_tiles
-        pid_m = tile // num_n_tiles
+        # Token tiles of one weight tile are adjacent too: they run together and share its bytes
+        # through L2, so BLOCK_M below M reads the weight from memory about once.
+        num_m_tiles = tl.cdiv(M, BLOCK_M)
+        pid_m = tile % num_m_tiles
+        pid_n = tile // num_m_tiles
 
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

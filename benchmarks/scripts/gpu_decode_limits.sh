@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call: where the decode kernel stands against what is reachable.
+#   tests    tests/gpu/test_fp8_gemv.py
+#   ceiling  benchmarks/read_ceiling.py: the fastest pure read of each TP1 weight (the GEMV's ceiling)
+#   sweep    decode_bench.py --sweep of the wgmma kernel at M in $SWEEP_MS (default 32,64) on $SHAPES
+#            (default the TP4 ones), token tiles $BLOCK_MS (default 16,32) besides M's own; --graph
+# run.log has the output, results.tgz the files.
+set -u -o pipefail
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+SECTIONS=${SECTIONS:-tests ceiling sweep}
+SWEEP_MS=${SWEEP_MS:-32,64}
+SHAPES=${SHAPES:-tp4_qkv,tp4_o,tp4_gate_up,tp4_down}
+BLOCK_MS=${BLOCK_MS:-16,32}
+R=$OUT/r; mkdir -p "$R"
+has() { [[ " $SECTIONS " == *" $1 "* ]]; }
+{
+  echo "# command: SECTIONS='$SECTIONS' SWEEP_MS=$SWEEP_MS SHAPES=$SHAPES BLOCK_MS=$BLOCK_MS bash benchmarks/scripts/gpu_decode_limits.sh   ($(date -u +%FT%TZ), commit ${COMMIT:-unknown})"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+  if has tests; then
+    echo "## tests"; python3 -m pytest -q -m gpu tests/gpu/test_fp8_gemv.py -n 4 ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tail -8
+  fi
+  if has ceiling; then
+    echo "## ceiling"; timeout 200 python3 benchmarks/read_ceiling.py --out "$R" 2>&1 | tail -30
+  fi
+  if has sweep; then
+    echo "## sweep"
+    timeout "${SWEEP_S:-330}" python3 benchmarks/decode_bench.py --sweep --sweep-ms "$SWEEP_MS" --sweep-block-ms "$BLOCK_MS" \
+      --ms "16,$SWEEP_MS" --shapes "$SHAPES" --sweep-repeats 10 --graph --out "$R" 2>&1 | grep -v "^  GemvConfig"
+    ls "$R"
+  fi
+} > "$OUT/run.log" 2>&1
+tar -C "$R" -czf "$OUT/results.tgz" .
+rm -rf "$R"
+tail -60 "$OUT/run.log"
