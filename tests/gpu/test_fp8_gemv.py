@@ -78,8 +78,9 @@ def test_matches_reference(n: int, k: int, out_dtype: torch.dtype) -> None:
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("split_k", [1, 4])
+@pytest.mark.parametrize("block_m", [64, 16])  # 16: the 33 tokens in three token tiles per weight tile
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
-def test_fused_quantization_is_bit_identical(out_dtype: torch.dtype, split_k: int) -> None:
+def test_fused_quantization_is_bit_identical(out_dtype: torch.dtype, block_m: int, split_k: int) -> None:
     # With w = identity and weight_scale = 1, out = e4m3(x / s) * s exactly, rounded once to out_dtype,
     # so any difference in the quantized value shows in the output bits.
     k = 1024
@@ -92,12 +93,32 @@ def test_fused_quantization_is_bit_identical(out_dtype: torch.dtype, split_k: in
     one = torch.tensor(1.0, device="cuda")
     q = quantize_ref(x, s_in)
     expected = (q.float() * s_in).to(out_dtype)
-    cfg = fg.GemvConfig(128, 128, 64, split_k, num_warps=8, num_stages=4)
+    cfg = fg.GemvConfig(128, 128, block_m, split_k, num_warps=8, num_stages=4)
     out = fg.fp8_gemv(x, w, one, s_in, None, out_dtype, config=cfg)
     # Compared by value: a matmul cannot return -0 (the accumulator starts at +0), so e4m3 -0 comes back as +0.
     bad = (out.float() != expected.float()).nonzero()
     assert bad.numel() == 0, f"{len(bad)} mismatches, first at {bad[:4].tolist()}: x={x[tuple(bad[0])].item()}"
     assert torch.equal(fg.quantize_fp8(x, s_in).view(torch.uint8), q.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("n,k", [(1536, 4096), (208, 400)], ids=str)
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_token_tiles_below_m_match_reference(n: int, k: int, split_k: int) -> None:
+    failures = []
+    for m in (17, 33, 63, 64):
+        x, w, s_w, s_in, bias = make(n, k, m, torch.bfloat16, seed=m + n)
+        ref = reference(quantize_ref(x, s_in), w, s_w, s_in, bias)
+        for block_m in (16, 32):
+            out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+            fg.fp8_gemv(
+                x, w, s_w, s_in, bias, torch.bfloat16, out=out, config=fg.GemvConfig(128, 128, block_m, split_k, 8, 4)
+            )
+            err = rel_err(out, ref)
+            if out.isnan().any().item() or err > 5e-3:
+                failures.append(f"M={m} block_m={block_m}: err {err:.2e}")
+    assert not failures, "\n".join(failures)
 
 
 # The CUDA-core kernel's lane layouts (block_k 512: 32 lanes along K; 64: 4 along K x 8 rows; 256),
