@@ -5,7 +5,8 @@
 #   sweep    decode_bench.py --sweep of the wgmma kernel at M in $SWEEP_MS (default 32,64) on $SHAPES
 #            (default the TP4 ones), token tiles $BLOCK_MS (default 16,32) besides M's own; --graph
 #   tokens_a benchmarks/exp_tokens_a.py: tokens as the wgmma's register A operand, M 16..64
-#   cc_sweep decode_bench.py --sweep of the CUDA-core kernel at M=1 over $CC_BLOCKS on the TP1 shapes
+#   cc_sweep decode_bench.py --sweep of the CUDA-core kernel at M in $CC_MS (default 1) over $CC_BLOCKS
+#            on $CC_SHAPES (default the TP1 ones)
 # run.log has the output, results.tgz the files.
 set -u -o pipefail
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
@@ -13,11 +14,13 @@ SECTIONS=${SECTIONS:-tests ceiling sweep}
 SWEEP_MS=${SWEEP_MS:-32,64}
 SHAPES=${SHAPES:-tp4_qkv,tp4_o,tp4_gate_up,tp4_down}
 BLOCK_MS=${BLOCK_MS:-16,32}
+CC_MS=${CC_MS:-1}
+CC_SHAPES=${CC_SHAPES:-tp1_qkv,tp1_o,tp1_gate_up,tp1_down}
 CC_BLOCKS=${CC_BLOCKS:-16x512x4x1,16x512x8x1,32x512x8x1,8x512x4x1,8x512x8x1,16x1024x8x1,32x512x16x1,16x512x16x1}
 R=$OUT/r; mkdir -p "$R"
 has() { [[ " $SECTIONS " == *" $1 "* ]]; }
 {
-  echo "# command: SECTIONS='$SECTIONS' SWEEP_MS=$SWEEP_MS SHAPES=$SHAPES BLOCK_MS=$BLOCK_MS CC_BLOCKS=$CC_BLOCKS bash benchmarks/scripts/gpu_decode_limits.sh   ($(date -u +%FT%TZ), commit ${COMMIT:-unknown})"
+  echo "# command: SECTIONS='$SECTIONS' SWEEP_MS=$SWEEP_MS SHAPES=$SHAPES BLOCK_MS=$BLOCK_MS CC_MS=$CC_MS CC_SHAPES=$CC_SHAPES CC_BLOCKS=$CC_BLOCKS bash benchmarks/scripts/gpu_decode_limits.sh   ($(date -u +%FT%TZ), commit ${COMMIT:-unknown})"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
   if has tests; then
     echo "## tests"; python3 -m pytest -q -m gpu tests/gpu/test_fp8_gemv.py -n 4 ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tail -8
@@ -36,9 +39,9 @@ has() { [[ " $SECTIONS " == *" $1 "* ]]; }
   fi
   if has cc_sweep; then
     echo "## cc_sweep"; mkdir -p "$R/cc_sweep"
-    timeout "${CC_S:-200}" python3 benchmarks/decode_bench.py --sweep --sweep-kinds cuda_core --sweep-ms 1 --ms 1 \
-      --shapes tp1_qkv,tp1_o,tp1_gate_up,tp1_down --cuda-core-blocks "$CC_BLOCKS" --sweep-repeats 10 --graph \
-      --out "$R/cc_sweep" 2>&1 | grep -v "^  GemvConfig" | tail -25
+    timeout "${CC_S:-200}" python3 benchmarks/decode_bench.py --sweep --sweep-kinds cuda_core --sweep-ms "$CC_MS" --ms "$CC_MS" \
+      --shapes "$CC_SHAPES" --cuda-core-blocks "$CC_BLOCKS" --sweep-repeats 10 --graph \
+      --out "$R/cc_sweep" 2>&1 | grep -v "^  GemvConfig" | tail -45
   fi
 } > "$OUT/run.log" 2>&1
 tar -C "$R" -czf "$OUT/results.tgz" .
