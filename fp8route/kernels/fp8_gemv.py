@@ -79,57 +79,60 @@ def why_not(m_max: int, n: int, k: int) -> str | None:
 _SMEM_PER_SM = 227 * 1024  # Hopper: shared memory one SM can give its CTAs
 # (block_n, block_k, num_warps, num_stages) per block_m when no measured entry exists.
 _DEFAULT_BLOCKS = {16: (256, 128, 8, 4), 32: (128, 128, 8, 4), 64: (128, 128, 8, 4)}
-# Fastest config per M bucket from `benchmarks/decode_bench.py --sweep` on the H200 (cold L2):
+# Fastest config per M bucket from `benchmarks/decode_bench.py --sweep` on the H200 (cold L2; token tiles
+# below M from `--sweep-block-ms`, CUDA-core blocks of 8-16 warps from `results/h200/decode_limits/`):
 # (N, K) -> ((m_max, GemvConfig(block_n, block_k, block_m, split_k, num_warps, num_stages)), ...).
 _H200_TABLE: dict[tuple[int, int], tuple[tuple[int, GemvConfig], ...]] = {
     (6144, 4096): (  # 8B qkv
-        (1, GemvConfig(16, 512, 1, 2, 4, 1, cuda_core=True)),
+        (1, GemvConfig(16, 1024, 1, 1, 8, 1, cuda_core=True)),
         (16, GemvConfig(256, 128, 16, 4, 8, 4)),
         (32, GemvConfig(256, 128, 32, 4, 8, 3)),
         (128, GemvConfig(128, 64, 64, 4, 8, 6)),
     ),
     (4096, 4096): (  # 8B o
-        (1, GemvConfig(16, 512, 1, 4, 4, 1, cuda_core=True)),
+        (1, GemvConfig(32, 512, 1, 4, 8, 1, cuda_core=True)),
         (2, GemvConfig(256, 128, 16, 8, 8, 4)),
         (16, GemvConfig(128, 256, 16, 4, 8, 3)),
         (32, GemvConfig(256, 128, 32, 8, 8, 3)),
         (128, GemvConfig(128, 128, 64, 4, 8, 4)),
     ),
     (28672, 4096): (  # 8B gate_up
-        (1, GemvConfig(16, 512, 1, 1, 4, 1, cuda_core=True)),
+        (1, GemvConfig(32, 512, 1, 1, 16, 1, cuda_core=True)),
         (16, GemvConfig(256, 128, 16, 1, 8, 4)),
         (32, GemvConfig(128, 128, 32, 1, 8, 4)),
         (128, GemvConfig(256, 64, 64, 1, 8, 4)),
     ),
     (4096, 14336): (  # 8B down
-        (1, GemvConfig(16, 512, 1, 4, 4, 1, cuda_core=True)),
+        (1, GemvConfig(32, 512, 1, 4, 8, 1, cuda_core=True)),
         (8, GemvConfig(256, 128, 16, 8, 8, 4)),
         (16, GemvConfig(128, 256, 16, 4, 8, 3)),
         (32, GemvConfig(128, 128, 32, 8, 8, 4)),
         (128, GemvConfig(128, 128, 64, 4, 8, 4)),
     ),
     (1536, 4096): (  # 8B TP4 qkv
-        (1, GemvConfig(16, 512, 1, 8, 4, 1, cuda_core=True)),
+        (1, GemvConfig(32, 512, 1, 8, 8, 1, cuda_core=True)),
         (2, GemvConfig(8, 512, 2, 8, 1, 3, cuda_core=True)),
         (4, GemvConfig(128, 256, 16, 8, 8, 3)),
         (8, GemvConfig(128, 128, 16, 11, 8, 5)),
         (16, GemvConfig(128, 256, 16, 8, 8, 3)),
-        (32, GemvConfig(64, 256, 32, 4, 8, 4)),
+        (32, GemvConfig(128, 256, 16, 4, 8, 3)),
+        (64, GemvConfig(128, 128, 16, 5, 8, 5)),
         (128, GemvConfig(128, 128, 64, 8, 8, 4)),
     ),
     (4096, 1024): (  # 8B TP4 o
-        (1, GemvConfig(16, 512, 1, 1, 4, 1, cuda_core=True)),
-        (2, GemvConfig(8, 512, 2, 1, 1, 3, cuda_core=True)),
+        (1, GemvConfig(16, 1024, 1, 1, 8, 1, cuda_core=True)),
+        (2, GemvConfig(16, 1024, 2, 1, 8, 1, cuda_core=True)),
         (4, GemvConfig(64, 128, 16, 1, 4, 6)),
         (8, GemvConfig(128, 256, 16, 1, 8, 3)),
         (16, GemvConfig(64, 128, 16, 1, 4, 6)),
-        (32, GemvConfig(64, 256, 32, 2, 8, 4)),
+        (64, GemvConfig(128, 256, 16, 1, 8, 3)),
         (128, GemvConfig(128, 128, 64, 4, 8, 4)),
     ),
     (7168, 4096): (  # 8B TP4 gate_up
-        (1, GemvConfig(8, 512, 1, 1, 1, 3, cuda_core=True)),
+        (1, GemvConfig(16, 1024, 1, 1, 8, 1, cuda_core=True)),
         (16, GemvConfig(256, 128, 16, 4, 8, 4)),
         (32, GemvConfig(256, 128, 32, 4, 8, 3)),
+        (64, GemvConfig(256, 128, 32, 2, 8, 3)),
         (128, GemvConfig(128, 128, 64, 2, 8, 4)),
     ),
     (4096, 3584): (  # 8B TP4 down
@@ -137,7 +140,8 @@ _H200_TABLE: dict[tuple[int, int], tuple[tuple[int, GemvConfig], ...]] = {
         (2, GemvConfig(16, 512, 2, 1, 2, 3, cuda_core=True)),
         (8, GemvConfig(256, 128, 16, 7, 8, 4)),
         (16, GemvConfig(128, 256, 16, 4, 8, 3)),
-        (32, GemvConfig(128, 128, 32, 7, 8, 4)),
+        (32, GemvConfig(128, 128, 16, 4, 8, 5)),
+        (64, GemvConfig(256, 128, 32, 4, 8, 3)),
         (128, GemvConfig(128, 128, 64, 4, 8, 4)),
     ),
 }  # fmt: skip
