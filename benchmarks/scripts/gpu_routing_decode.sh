@@ -3,7 +3,7 @@
 #   tests    tests/gpu (flashinfer wheels carried in .whl/ are installed for them) and the demo
 #   decode   the decode bench, per-call and CUDA-graph timing
 #   prefill  the activation quantization pass's share of the prefill layer sum
-#   routing  tune + bench gemm, TP1 and TP4
+#   routing  tune (into a copy of the shipped table) + bench gemm, TP1 and TP4
 #   xq       bench gemm on x quantized upstream (GEMMs alone), TP1 and TP4, against the table
 #            tuned by "routing" in the same call, else the shipped one
 #   xqtune   routes for x quantized upstream, tuned into a copy of the shipped table and benched, TP1 and TP4
@@ -35,6 +35,9 @@ has() { [[ " $SECTIONS " == *" $1 "* ]]; }
     echo "## prefill quantization share"; python3 benchmarks/prefill_quant.py --out "$R"
   fi
   if has routing; then
+    # Into a copy of the shipped table, so its other routes (pre-quantized x, 70B) stay and the
+    # result can replace it.
+    cp fp8route/routing/defaults/h200.json "$R/routing-h200.json"
     echo "## tune"; python3 -m fp8route.cli tune --model llama-3.1-8b --tp 1,4 --table "$R/routing-h200.json" | grep -v "^tune \["
     for tp in 1 4; do
       echo "## bench tp$tp"; python3 -m fp8route.cli bench gemm --model llama-3.1-8b --tp $tp --table "$R/routing-h200.json" --out "$R" | grep -v "^bench \["
