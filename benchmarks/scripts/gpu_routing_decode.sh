@@ -4,6 +4,7 @@
 #   decode   the decode bench, per-call and CUDA-graph timing
 #   prefill  the activation quantization pass's share of the prefill layer sum
 #   routing  tune (into a copy of the shipped table) + bench gemm, TP1 and TP4
+#   bench    bench gemm, TP1 and TP4, against the shipped table (a fresh process's recheck)
 #   xq       bench gemm on x quantized upstream (GEMMs alone), TP1 and TP4, against the table
 #            tuned by "routing" in the same call, else the shipped one
 #   xqtune   routes for x quantized upstream, tuned into a copy of the shipped table and benched, TP1 and TP4
@@ -41,6 +42,13 @@ has() { [[ " $SECTIONS " == *" $1 "* ]]; }
     echo "## tune"; python3 -m fp8route.cli tune --model llama-3.1-8b --tp 1,4 --table "$R/routing-h200.json" | grep -v "^tune \["
     for tp in 1 4; do
       echo "## bench tp$tp"; python3 -m fp8route.cli bench gemm --model llama-3.1-8b --tp $tp --table "$R/routing-h200.json" --out "$R" | grep -v "^bench \["
+    done
+  fi
+  if has bench; then
+    for tp in 1 4; do
+      echo "## bench tp$tp against the shipped table"
+      python3 -m fp8route.cli bench gemm --model llama-3.1-8b --tp $tp --table fp8route/routing/defaults/h200.json \
+        --out "$R" | grep -v "^bench \["
     done
   fi
   if has xq; then
