@@ -1,0 +1,89 @@
+"""Does where a weight lands in memory change a kernel's time? (Repeatability of the tuner across processes.)
+
+The same cuBLASLt kernel (same nvjet name) on the same Llama-3.1-8B gate_up weight ran 34.9 µs in
+one process and 36.0 µs in the next, while fp8_gemv went 35.8 -> 33.7 µs, so the route flipped;
+inside either process two reps agreed within 1%. A process's only other difference is where its
+rotating weight copies were allocated. This allocates several independent sets of copies (a
+differently sized spacer allocation before each, so the sets land at different addresses), times
+both arms on each set, twice, and prints per set the times and their ratio.
+
+    PYTHONPATH=$PWD python3 benchmarks/placement_check.py --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fp8route.bench.timing import copies_for, time_arms  # noqa: E402
+from fp8route.kernels import fp8_gemv as fg  # noqa: E402
+
+FP8 = torch.float8_e4m3fn
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--n", type=int, default=28672)
+    ap.add_argument("--k", type=int, default=4096)
+    ap.add_argument("--m", type=int, default=1)
+    ap.add_argument("--sets", type=int, default=6)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    n, k, m = args.n, args.k, args.m
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    s_in = torch.tensor(4.0 / 448, device="cuda")
+    s_w = torch.tensor(1.0 / 448, device="cuda")
+    base = (torch.randn(n, k, device="cuda", generator=gen) * 150).clamp(-448, 448).to(FP8)
+    x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    copies = copies_for(n * k)
+    keep = []  # spacers and sets stay allocated, so every set has its own addresses
+    rows = []
+    for s in range(args.sets):
+        keep.append(torch.empty((s * 37 + 5) << 20, dtype=torch.uint8, device="cuda"))
+        ws = [base.clone() for _ in range(copies)]
+        keep.append(ws)
+        arms = {
+            "fp8_gemv": [lambda w=w: fg.fp8_gemv(x, w, s_w, s_in, None, torch.bfloat16) for w in ws],
+            "cublas+quant": [
+                lambda w=w: torch._scaled_mm(fg.quantize_fp8(x, s_in), w.t(), s_in, s_w, out_dtype=torch.bfloat16)
+                for w in ws
+            ],
+        }
+        timed = time_arms(arms, repeats=30)
+        row = {
+            "set": s,
+            "addresses": [hex(w.data_ptr()) for w in ws],
+            **{
+                a: {"median_us": t.median_us, "reps": list(t.rep_medians_us), "spread": t.spread}
+                for a, t in timed.items()
+            },  # fmt: skip
+        }
+        row["ratio"] = row["cublas+quant"]["median_us"] / row["fp8_gemv"]["median_us"]
+        rows.append(row)
+        print(
+            f"set {s} ({copies} copies from {row['addresses'][0]}): fp8_gemv {row['fp8_gemv']['median_us']:6.2f} "
+            f"(spread {100 * row['fp8_gemv']['spread']:.1f}%)  cublas+quant {row['cublas+quant']['median_us']:6.2f} "
+            f"(spread {100 * row['cublas+quant']['spread']:.1f}%)  cublas+quant / fp8_gemv {row['ratio']:.3f}",
+            flush=True,
+        )
+    for arm in ("fp8_gemv", "cublas+quant"):
+        v = [r[arm]["median_us"] for r in rows]
+        spread = (max(v) - min(v)) / statistics.median(v)
+        print(f"{arm}: across sets {min(v):.2f}..{max(v):.2f} µs ({100 * spread:.1f}%)")
+    ratios = [r["ratio"] for r in rows]
+    print(f"ratio across sets {min(ratios):.3f}..{max(ratios):.3f}")
+    (args.out / f"placement_{n}x{k}_m{m}.json").write_text(
+        json.dumps({"command": " ".join(sys.argv), "copies": copies, "rows": rows}, indent=1)
+    )
+
+
+if __name__ == "__main__":
+    main()
