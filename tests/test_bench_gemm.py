@@ -365,3 +365,25 @@ def test_a_host_too_busy_to_time_on_stops_tune_instead_of_failing_a_backend(tmp_
     monkeypatch.setattr(tune, "CudaMeasure", lambda device, repeats: CudaMeasure("cpu", copies=2, timer=busy))
     assert main(["tune", "--shapes", "64x32", "--m", "1", "--table", str(tmp_path / "t.json")]) == 2
     assert "could not queue 30 calls" in capsys.readouterr().err and not (tmp_path / "t.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("mb_per_copy", "gib", "expected"),
+    [
+        (117, 141, 8),  # 8B gate_up on an H200: the L2 rule alone gives 2, placement wants 8
+        (25, 141, 8),  # 8B qkv: the L2 rule gives 8
+        (4, 141, 46),  # TP4 o: the L2 rule dominates
+        (1024, 16, 4),  # 8 would take more than a quarter of the memory: what fits
+        (8192, 16, 2),  # never fewer than 2
+    ],
+)
+def test_copies_cover_three_l2_and_at_least_eight_placements(monkeypatch, mb_per_copy, gib, expected):
+    from fp8route.bench import timing
+
+    class Props:
+        total_memory = gib << 30
+
+    monkeypatch.setattr(timing, "l2_bytes", lambda device=None: 60 << 20)
+    monkeypatch.setattr(timing, "_index", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props())
+    assert timing.copies_for(mb_per_copy << 20) == expected

@@ -11,6 +11,11 @@
   and the batch is timed again with a longer sleep. (A fixed 200 µs sleep ahead of each call was
   not enough on our virtualised H200 host: whole reps came out 2-15x slow when its launches
   slowed down for a while, and the tuner then routed on those.)
+- Placement averaged: where a weight lands in memory moves a kernel's time. On the H200 the same
+  cuBLASLt kernel on the same 117 MB weight ran 34.6-37.1 µs depending on which of eight pairs of
+  copies it rotated through (fp8_gemv: 34.9-35.7), enough to flip a route from one process to the
+  next while the reps inside each agreed within 1%; with eight copies of a 25 MB weight the sets
+  agreed within 0.6% (benchmarks/results/h200/placement/). So at least MIN_COPIES copies.
 - Every arm runs twice in mirrored order (A B C, then C B A); a difference inside the spread
   between the two reps is a tie.
 
@@ -32,6 +37,8 @@ import torch
 from fp8route.errors import Fp8RouteError
 
 L2_ROTATION_FACTOR = 3.0  # operand copies together exceed this many L2 sizes
+MIN_COPIES = 8  # at least this many copies, to average over where each one landed in memory
+MAX_ROTATION_SHARE = 0.25  # ... unless they would take more of the device's memory than this
 MIN_LEAD_US = 1000.0  # the shortest sleep ahead of a batch
 LEAD_PER_CALL = 4.0  # sleep ahead = this many times the host's measured time to queue the batch
 LEAD_ATTEMPTS = 4  # each attempt whose host fell behind quadruples the sleep
@@ -52,9 +59,12 @@ def l2_bytes(device: torch.device | int | None = None) -> int:
 
 
 def copies_for(bytes_per_copy: int, device: torch.device | int | None = None) -> int:
-    """How many operand copies to rotate through so that together they exceed 3x the L2 (at least 2)."""
-    need = L2_ROTATION_FACTOR * l2_bytes(device)
-    return max(2, int(need // max(1, bytes_per_copy)) + 1)
+    """How many operand copies to rotate through: together more than 3x the L2, and at least
+    MIN_COPIES while those fit in a quarter of the device's memory (never fewer than 2)."""
+    size = max(1, bytes_per_copy)
+    cold = int(L2_ROTATION_FACTOR * l2_bytes(device) // size) + 1
+    memory = torch.cuda.get_device_properties(_index(device)).total_memory
+    return max(2, cold, min(MIN_COPIES, int(MAX_ROTATION_SHARE * memory // size)))
 
 
 def _index(device: torch.device | int | None) -> int:

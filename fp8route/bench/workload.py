@@ -1,7 +1,8 @@
 """One GEMM shape set up for timing the way a model sees it, shared by the tuner and bench.
 
 - Weights: one random weight quantized per tensor with its real amax/448 scale, cloned until the
-  copies together exceed 3x the L2 (timing.copies_for); timed call i uses copy i, so every
+  copies together exceed 3x the L2 and number at least eight (timing.copies_for: where a copy
+  lands in memory moves kernel times by a few percent); timed call i uses copy i, so every
   call's weight comes from HBM, as in a forward pass.
 - Activations: one x per M, not rotated. In a model x was just written by the previous kernel,
   so it is as hot in L2 as it can be; above a few thousand rows it does not fit anyway.
