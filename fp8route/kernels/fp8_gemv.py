@@ -4,14 +4,15 @@
 
 Why kernels of our own: the separate quantization kernel costs every linear one more launch, and
 at decode sizes the library FP8 GEMMs sit well above the memory floor. What they reach on the H200
-(benchmarks/DECODE.md): Llama-3.1-8B TP1 sum at M=1 80.3 µs per call vs 85.8 for cuBLASLt +
-quantization (72.9 vs 75.5 in a CUDA graph), 1.1-1.6x on the TP4 shapes; at M=16 a tie, from M=32
-on a loss. The router decides by measurement.
+(benchmarks/DECODE.md): Llama-3.1-8B TP1 sum at M=1 79.5 µs per call vs 86.2 for cuBLASLt +
+quantization (70.8 vs 74.4 in a CUDA graph; a kernel that only reads those weights needs 65.9 and
+58.7), 1.2-1.5x on the TP4 shapes; at M=16 a tie, from M=32 on mostly a loss. The router decides
+by measurement.
 
 Two kernels behind one op, picked per (N, K, M bucket):
-- CUDA-core (M <= 8, used at M=1): 16-row blocks, each lane streams 16 contiguous weight bytes per
-  K-step with one 128-bit load, converts them to fp32 (exact) and multiplies by its quantized x; rows
-  are reduced across the warp. No token padding, no shared-memory staging.
+- CUDA-core (M <= 8, used at M=1): 16-32-row blocks, each lane streams 16 contiguous weight bytes
+  per row and K-step with one 128-bit load, converts them to fp32 (exact) and multiplies by its
+  quantized x; rows are reduced across the warp. No token padding, no shared-memory staging.
 - wgmma (M 2..128): swap AB, the weight rows on the MMA's M side (64 to 256 per tile) and the tokens
   on its N side (16..64), so the weight goes straight from shared memory into the tensor cores.
 Both:
