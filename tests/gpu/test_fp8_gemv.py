@@ -121,10 +121,13 @@ def test_token_tiles_below_m_match_reference(n: int, k: int, split_k: int) -> No
     assert not failures, "\n".join(failures)
 
 
-# The CUDA-core kernel's lane layouts (block_k 512: 32 lanes along K; 64: 4 along K x 8 rows; 256),
-# with and without cp.async staging (num_stages), with and without split-K:
-# (block_n, block_k, num_warps, num_stages, split_k).
-CUDA_CORE_BLOCKS = [(16, 512, 4, 1, 1), (16, 512, 4, 1, 4), (16, 512, 1, 3, 3), (128, 64, 4, 3, 4), (64, 256, 8, 1, 2)]
+# The CUDA-core kernel's lane layouts (block_k 512: 32 lanes along K; 64: 4 along K x 8 rows; 256;
+# 1024-2048: two to four 16-byte loads per lane and row), with and without cp.async staging
+# (num_stages), with and without split-K: (block_n, block_k, num_warps, num_stages, split_k).
+CUDA_CORE_BLOCKS = [
+    (16, 512, 4, 1, 1), (16, 512, 4, 1, 4), (16, 512, 1, 3, 3), (128, 64, 4, 3, 4), (64, 256, 8, 1, 2),
+    (32, 1024, 16, 1, 2), (16, 2048, 8, 1, 1),
+]  # fmt: skip
 
 
 @pytest.mark.gpu
