@@ -91,14 +91,14 @@ _H200_TABLE: dict[tuple[int, int], tuple[tuple[int, GemvConfig], ...]] = {
         (128, GemvConfig(128, 64, 64, 4, 8, 6)),
     ),
     (4096, 4096): (  # 8B o
-        (1, GemvConfig(32, 512, 1, 4, 8, 1, cuda_core=True)),
+        (1, GemvConfig(16, 2048, 1, 1, 8, 1, cuda_core=True)),
         (2, GemvConfig(256, 128, 16, 8, 8, 4)),
         (16, GemvConfig(128, 256, 16, 4, 8, 3)),
         (32, GemvConfig(256, 128, 32, 8, 8, 3)),
         (128, GemvConfig(128, 128, 64, 4, 8, 4)),
     ),
     (28672, 4096): (  # 8B gate_up
-        (1, GemvConfig(32, 512, 1, 1, 16, 1, cuda_core=True)),
+        (1, GemvConfig(32, 512, 1, 1, 8, 1, cuda_core=True)),
         (16, GemvConfig(256, 128, 16, 1, 8, 4)),
         (32, GemvConfig(128, 128, 32, 1, 8, 4)),
         (128, GemvConfig(256, 64, 64, 1, 8, 4)),
