@@ -4,9 +4,10 @@
 #   ceiling  benchmarks/read_ceiling.py: the fastest pure read of each TP1 weight (the GEMV's ceiling)
 #   sweep    decode_bench.py --sweep of the wgmma kernel at M in $SWEEP_MS (default 32,64) on $SHAPES
 #            (default the TP4 ones), token tiles $BLOCK_MS (default 16,32) besides M's own; --graph
-#   tokens_a benchmarks/exp_tokens_a.py: tokens as the wgmma's register A operand, M 16..64
 #   cc_sweep decode_bench.py --sweep of the CUDA-core kernel at M in $CC_MS (default 1) over $CC_BLOCKS
 #            on $CC_SHAPES (default the TP1 ones)
+#   (a section of commit 71f9a10, since removed with the experiment it ran: "tokens_a",
+#   benchmarks/exp_tokens_a.py, tokens as the wgmma's register A operand at M 32..64; it did not pay)
 # run.log has the output, results.tgz the files.
 set -u -o pipefail
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
@@ -33,9 +34,6 @@ has() { [[ " $SECTIONS " == *" $1 "* ]]; }
     timeout "${SWEEP_S:-330}" python3 benchmarks/decode_bench.py --sweep --sweep-ms "$SWEEP_MS" --sweep-block-ms "$BLOCK_MS" \
       --ms "16,$SWEEP_MS" --shapes "$SHAPES" --sweep-repeats 10 --graph --out "$R" 2>&1 | grep -v "^  GemvConfig"
     ls "$R"
-  fi
-  if has tokens_a; then
-    echo "## tokens_a"; timeout "${TOKENS_A_S:-300}" python3 benchmarks/exp_tokens_a.py --ms "${TOKENS_A_MS:-32,64}" --out "$R" 2>&1 | grep -v failed
   fi
   if has cc_sweep; then
     echo "## cc_sweep"; mkdir -p "$R/cc_sweep"
