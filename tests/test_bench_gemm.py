@@ -9,6 +9,7 @@ import torch
 from routing_helpers import FP, H200, only_core_backends
 
 from fp8route.backends import BACKENDS
+from fp8route.bench import timing
 from fp8route.bench.ceilings import Ceilings
 from fp8route.bench.gemm import sweep, write_results
 from fp8route.bench.kernels import split_by_window
@@ -378,8 +379,6 @@ def test_a_host_too_busy_to_time_on_stops_tune_instead_of_failing_a_backend(tmp_
     ],
 )
 def test_copies_cover_three_l2_and_at_least_eight_placements(monkeypatch, mb_per_copy, gib, expected):
-    from fp8route.bench import timing
-
     class Props:
         total_memory = gib << 30
 

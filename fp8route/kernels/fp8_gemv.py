@@ -81,7 +81,7 @@ _SMEM_PER_SM = 227 * 1024  # Hopper: shared memory one SM can give its CTAs
 # (block_n, block_k, num_warps, num_stages) per block_m when no measured entry exists.
 _DEFAULT_BLOCKS = {16: (256, 128, 8, 4), 32: (128, 128, 8, 4), 64: (128, 128, 8, 4)}
 # Fastest config per M bucket from `benchmarks/decode_bench.py --sweep` on the H200 (cold L2; token tiles
-# below M from `--sweep-block-ms`, CUDA-core blocks of 8-16 warps from `results/h200/decode_limits/`):
+# below M from `--sweep-block-ms`, 8-warp CUDA-core blocks from `results/h200/decode_limits/`):
 # (N, K) -> ((m_max, GemvConfig(block_n, block_k, block_m, split_k, num_warps, num_stages)), ...).
 _H200_TABLE: dict[tuple[int, int], tuple[tuple[int, GemvConfig], ...]] = {
     (6144, 4096): (  # 8B qkv
