@@ -386,3 +386,17 @@ def test_copies_cover_three_l2_and_at_least_eight_placements(monkeypatch, mb_per
     monkeypatch.setattr(timing, "_index", lambda device: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props())
     assert timing.copies_for(mb_per_copy << 20) == expected
+
+
+@pytest.mark.parametrize(("copies", "repeats"), [([8, 8, 8], 30), ([46, 46], 30), ([2, 3], 7), ([4, 4], 10)])
+def test_interleaved_arms_take_turns_of_a_whole_rotation(copies, repeats):
+    schedule = timing.interleaved_schedule(copies, repeats)
+    for arm, n in enumerate(copies):
+        mine = [c for a, c in schedule if a == arm]
+        assert mine == [i % n for i in range(repeats)]  # each arm: its own plain rotation, every copy met
+    turns = [schedule[0][0]] + [a for (a, _), (b, _) in zip(schedule[1:], schedule) if a != b]
+    assert len(turns) == sum(-(-repeats // n) for n in copies)  # arms switch after every pass, not before
+    # The next arm starts its pass at copy 0 right after one ended on copy n-1: when arms share the
+    # same copies, a copy still comes back only after all the others.
+    for (a, c), (b, d) in zip(schedule, schedule[1:]):
+        assert d == (c + 1) % copies[a] if a == b else d == 0

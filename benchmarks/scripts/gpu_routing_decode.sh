@@ -8,8 +8,10 @@
 #   xq       bench gemm on x quantized upstream (GEMMs alone), TP1 and TP4, against the table
 #            tuned by "routing" in the same call, else the shipped one
 #   xqtune   routes for x quantized upstream, tuned into a copy of the shipped table and benched, TP1 and TP4
+#   drift    long GEMMs timed arm after arm vs interleaved (benchmarks/drift_check.py)
 # (default: the first five). run.log has the output, results.tgz the JSON/PNG files (the device
-# returns few files).
+# returns few files; it is written after every section, so a call cut short keeps what it did) and
+# smi.csv the SM clock, power and throttle reasons every 200 ms.
 set -u -o pipefail
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 SECTIONS=${SECTIONS:-tests decode prefill routing xq}
@@ -20,6 +22,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 R=$OUT/r; mkdir -p "$R"
 has() { [[ " $SECTIONS " == *" $1 "* ]]; }
+save() { tar -C "$R" --exclude='*.lock' -czf "$OUT/results.tgz" .; }
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active \
+  --format=csv -lms 200 > "$OUT/smi.csv" 2>&1 &
+SMI=$!
 {
   echo "# command: SECTIONS='$SECTIONS' bash benchmarks/scripts/gpu_routing_decode.sh   ($(date -u +%FT%TZ))"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
@@ -28,12 +34,19 @@ has() { [[ " $SECTIONS " == *" $1 "* ]]; }
     PYTHONPATH=$PYTHONPATH:/tmp/site python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -1
     PYTHONPATH=$PYTHONPATH:/tmp/site python3 -m pytest -q -m gpu tests/gpu -n 4 -rs 2>&1 | tail -6
     echo "## demo"; python3 -m fp8route.cli demo 2>&1 | tail -8
+    save
   fi
   if has decode; then
     echo "## decode"; python3 benchmarks/decode_bench.py --graph --out "$R" 2>&1
+    save
+  fi
+  if has drift; then
+    echo "## drift"; python3 benchmarks/drift_check.py --out "$R"
+    save
   fi
   if has prefill; then
     echo "## prefill quantization share"; python3 benchmarks/prefill_quant.py --out "$R"
+    save
   fi
   if has routing; then
     # Into a copy of the shipped table, so its other routes (pre-quantized x, 70B) stay and the
@@ -43,6 +56,7 @@ has() { [[ " $SECTIONS " == *" $1 "* ]]; }
     for tp in 1 4; do
       echo "## bench tp$tp"; python3 -m fp8route.cli bench gemm --model llama-3.1-8b --tp $tp --table "$R/routing-h200.json" --out "$R" | grep -v "^bench \["
     done
+    save
   fi
   if has bench; then
     for tp in 1 4; do
@@ -50,6 +64,7 @@ has() { [[ " $SECTIONS " == *" $1 "* ]]; }
       python3 -m fp8route.cli bench gemm --model llama-3.1-8b --tp $tp --table fp8route/routing/defaults/h200.json \
         --out "$R" | grep -v "^bench \["
     done
+    save
   fi
   if has xq; then
     TABLE=fp8route/routing/defaults/h200.json
@@ -59,6 +74,7 @@ has() { [[ " $SECTIONS " == *" $1 "* ]]; }
       python3 -m fp8route.cli bench gemm --model llama-3.1-8b --tp $tp --x-quantized \
         --table "$TABLE" --out "$R" | grep -v "^bench \["
     done
+    save
   fi
   if has xqtune; then
     # Routes for pre-quantized x, tuned into a copy of the shipped table, then benched on that path.
@@ -72,9 +88,10 @@ has() { [[ " $SECTIONS " == *" $1 "* ]]; }
       python3 -m fp8route.cli bench gemm --model llama-3.1-8b --tp $tp --x-quantized --table "$R/routing-h200.json" \
         --out "$R" | grep -v "^bench \["
     done
+    save
   fi
 } > "$OUT/run.log" 2>&1
-rm -f "$R"/*.lock
-tar -C "$R" -czf "$OUT/results.tgz" .
+kill $SMI
+save
 rm -rf "$R"
 grep -E "passed|failed|TP1 sum|layer sum: floor|tuned in|FAIL|PASS" "$OUT/run.log" | tail -20

@@ -16,8 +16,10 @@
   copies it rotated through (fp8_gemv: 34.9-35.7), enough to flip a route from one process to the
   next while the reps inside each agreed within 1%; with eight copies of a 25 MB weight the sets
   agreed within 0.6% (benchmarks/results/h200/placement/). So at least MIN_COPIES copies.
-- Every arm runs twice in mirrored order (A B C, then C B A); a difference inside the spread
-  between the two reps is a tie.
+- Arms take turns inside one batch (a pass over the copies each turn), so a drift while the batch
+  runs, such as the clocks dropping through a stretch of long FP8 GEMMs, lands on every arm alike.
+- Every arm runs twice, the second time in mirrored order (A B C, then C B A); a difference inside
+  the spread between the two reps is a tie.
 
 Nothing here touches CUDA at import time.
 """
@@ -110,33 +112,77 @@ def time_cold(
     """
     if not calls:
         raise ValueError("time_cold: no calls to time")
-    for i in range(max(warmup, 1) * len(calls)):
-        calls[i % len(calls)]()
+    return _time_queued([calls[i % len(calls)] for i in range(repeats)], calls, warmup)
+
+
+def interleaved_schedule(copies_per_arm: Sequence[int], repeats: int) -> list[tuple[int, int]]:
+    """(arm, copy) for each call of an interleaved batch: the arms take turns, one pass over their
+    copies per turn, until each has made `repeats` calls.
+
+    A turn of a whole pass keeps the copy sequence a plain rotation (a copy comes back only after
+    all the others: cold L2), and every arm meets every copy. Turns of single calls would make
+    arms that share copies read each other's weights from L2.
+    """
+    schedule: list[tuple[int, int]] = []
+    done = [0] * len(copies_per_arm)
+    while any(d < repeats for d in done):
+        for arm, copies in enumerate(copies_per_arm):
+            turn = min(copies, repeats - done[arm])
+            schedule.extend((arm, copy) for copy in range(turn))
+            done[arm] += turn
+    return schedule
+
+
+def time_interleaved(
+    arms: Sequence[Sequence[Callable[[], object]]], *, repeats: int = 30, warmup: int = 3
+) -> list[list[float]]:
+    """`repeats` calls of each arm in µs, the arms taking turns inside one batch behind one sleep
+    (interleaved_schedule). Whatever drifts while the batch runs lands on every arm alike: on the
+    H200 a stretch of long FP8 GEMMs lowers the clocks, and timed one after the other, arm by arm,
+    the same cuBLASLt kernel ran 4% apart at M=16384 and a route flipped between processes."""
+    if not arms or not all(arms):
+        raise ValueError("time_interleaved: every arm needs calls to time")
+    schedule = interleaved_schedule([len(calls) for calls in arms], repeats)
+    times = _time_queued([arms[a][c] for a, c in schedule], [call for calls in arms for call in calls], warmup)
+    per_arm: list[list[float]] = [[] for _ in arms]
+    for (arm, _), t in zip(schedule, times, strict=True):
+        per_arm[arm].append(t)
+    return per_arm
+
+
+def _time_queued(
+    schedule: Sequence[Callable[[], object]], distinct: Sequence[Callable[[], object]], warmup: int
+) -> list[float]:
+    """Each call of the schedule timed by its own events, all queued behind one sleep (retried
+    with a longer sleep while the host falls behind). `distinct`: every call of the schedule once."""
+    for _ in range(max(warmup, 1)):
+        for call in distinct:
+            call()
     torch.cuda.synchronize()
     # The host's cost of queueing one call, measured after warm-up (compiles and first-call setup
     # happen there), sizes the sleep.
     began = time.perf_counter()
-    for call in calls:
+    for call in distinct:
         call()
-    host_us_per_call = (time.perf_counter() - began) * 1e6 / len(calls)
+    host_us_per_call = (time.perf_counter() - began) * 1e6 / len(distinct)
     torch.cuda.synchronize()
-    lead_us = max(MIN_LEAD_US, LEAD_PER_CALL * host_us_per_call * repeats)
+    lead_us = max(MIN_LEAD_US, LEAD_PER_CALL * host_us_per_call * len(schedule))
     for _ in range(LEAD_ATTEMPTS):
         batch_counts["timed"] += 1
-        times = _time_behind_sleep(calls, repeats, lead_us)
+        times = _time_behind_sleep(schedule, lead_us)
         if times is not None:
             return times
         batch_counts["host_behind"] += 1
         lead_us *= 4
     raise HostBehindError(
-        f"time_cold: the host could not queue {repeats} calls within a {lead_us / 4e3:.0f} ms sleep "
+        f"timing: the host could not queue {len(schedule)} calls within a {lead_us / 4e3:.0f} ms sleep "
         f"({LEAD_ATTEMPTS} attempts); the machine is too busy to time on"
     )
 
 
-def _time_behind_sleep(calls: Sequence[Callable[[], object]], repeats: int, lead_us: float) -> list[float] | None:
+def _time_behind_sleep(schedule: Sequence[Callable[[], object]], lead_us: float) -> list[float] | None:
     """The batch's times, or None when the GPU finished the sleep before the host queued the last call."""
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in schedule]
     sleep_done = torch.cuda.Event()
     # A collection pausing the host mid-batch would only cost a retry, but timeit turns the
     # collector off for the same reason and so do we.
@@ -145,9 +191,9 @@ def _time_behind_sleep(calls: Sequence[Callable[[], object]], repeats: int, lead
     try:
         torch.cuda._sleep(_sleep_cycles(lead_us))
         sleep_done.record()
-        for i, (start, end) in enumerate(events):
+        for call, (start, end) in zip(schedule, events, strict=True):
             start.record()
-            calls[i % len(calls)]()
+            call()
             end.record()
         host_ahead = not sleep_done.query()
     finally:
@@ -211,16 +257,25 @@ def time_arms(
     repeats: int = 30,
     warmup: int = 3,
     reps: int = 2,
-    timer: Callable[..., list[float]] = time_cold,
+    timer: Callable[..., list[float]] | None = None,
 ) -> dict[str, ArmTiming]:
-    """Time each arm `reps` times, in order A B C ... then mirrored (C B A), so drift and order
-    effects land on every arm alike. Returns per arm its rep medians, overall median and spread."""
+    """Time every arm `reps` times; per arm its rep medians, overall median and spread.
+
+    By default each rep is one interleaved batch (time_interleaved) with the arms' order mirrored
+    from one rep to the next (A B C, then C B A). Given a timer (time_graph, say), each arm is
+    timed on its own, in order A B C and then mirrored, so drift and order land on every arm alike.
+    """
     names = list(arms)
     samples: dict[str, list[list[float]]] = {name: [] for name in names}
     for rep in range(reps):
         order = names if rep % 2 == 0 else names[::-1]
-        for name in order:
-            samples[name].append(timer(arms[name], repeats=repeats, warmup=warmup))
+        if timer is None:
+            batch = time_interleaved([arms[n] for n in order], repeats=repeats, warmup=warmup)
+            for name, times in zip(order, batch, strict=True):
+                samples[name].append(times)
+        else:
+            for name in order:
+                samples[name].append(timer(arms[name], repeats=repeats, warmup=warmup))
     result = {}
     for name in names:
         rep_medians = tuple(statistics.median(s) for s in samples[name])

@@ -48,3 +48,13 @@ def test_graph_timing_is_per_call():
     times = timing.time_graph([_kernel] * 8, repeats=3)
     assert len(times) == 3
     assert KERNEL_US * 0.5 < statistics.median(times) < 3 * KERNEL_US + 20, times
+
+
+def test_interleaved_arms_keep_their_own_times():
+    def kernel(us: float) -> None:
+        torch.cuda._sleep(timing._sleep_cycles(us))
+
+    short, long = [lambda: kernel(KERNEL_US)] * 4, [lambda: kernel(4 * KERNEL_US)] * 4
+    timed = timing.time_arms({"short": short, "long": long}, repeats=12)
+    assert timed["short"].median_us * 2.5 < timed["long"].median_us, timed
+    assert all(len(s) == 12 for s in timing.time_interleaved([short, long], repeats=12))
