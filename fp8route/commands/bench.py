@@ -47,7 +47,12 @@ def run_gemm(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         ceilings = measure_ceilings(device)
-        print(f"ceilings (this run): copy {ceilings.copy_gbs:.0f} GB/s, FP8 GEMM {ceilings.fp8_tflops:.0f} TFLOP/s\n")
+        sustained = ceilings.fp8_tflops_sustained
+        print(
+            f"ceilings (this run): copy {ceilings.copy_gbs:.0f} GB/s, FP8 GEMM {ceilings.fp8_tflops:.0f} TFLOP/s"
+            + (f" ({sustained:.0f} sustained under the power cap)" if sustained else "")
+            + "\n"
+        )
         cells = sweep(
             shapes,
             m_values,
