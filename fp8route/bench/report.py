@@ -78,9 +78,8 @@ class GemmReport:
     def cell(self, shape: LayerShape, m: int, arm: str) -> Cell | None:
         return self.cells.get((shape.label, m, arm))
 
-    def floor_us(self, shape: LayerShape, m: int, *, sustained: bool = False) -> float:
-        flops, nbytes = gemm_flops(m, shape.n, shape.k), gemm_bytes(m, shape.n, shape.k, self.act_bytes)
-        return self.ceilings.floor_us(flops, nbytes, sustained=sustained)
+    def floor_us(self, shape: LayerShape, m: int) -> float:
+        return self.ceilings.floor_us(gemm_flops(m, shape.n, shape.k), gemm_bytes(m, shape.n, shape.k, self.act_bytes))
 
     def timing(self, target: LayerShape | str, m: int, arm: str) -> Timing | None:
         """One shape's timing, or for SUM the sum over every shape (None unless all were timed);
@@ -93,10 +92,10 @@ class GemmReport:
             return None
         return Timing(sum(p.median_us for p in parts), max(p.spread for p in parts))
 
-    def floor(self, target: LayerShape | str, m: int, *, sustained: bool = False) -> float:
+    def floor(self, target: LayerShape | str, m: int) -> float:
         if isinstance(target, LayerShape):
-            return self.floor_us(target, m, sustained=sustained)
-        return sum(self.floor_us(s, m, sustained=sustained) for s in self.shapes)
+            return self.floor_us(target, m)
+        return sum(self.floor_us(s, m) for s in self.shapes)
 
     def speedup(self, target: LayerShape | str, m: int, policy: str) -> float | None:
         routed, other = self.timing(target, m, ROUTED), self.timing(target, m, policy)
@@ -164,16 +163,13 @@ class GemmReport:
             if (c := self.cell(s, m, ROUTED)) is None or c.median_us is None
         ]
 
-    def prefill_floor_ratios(self, *, sustained: bool = False) -> dict[int, float]:
-        """Routed layer sum / floor for M >= 2048 (the target is <= 1.05); sustained: the floor
-        at the FP8 rate the GPU sustains under its power cap, where measured."""
-        if sustained and self.ceilings.fp8_tflops_sustained is None:
-            return {}
+    def prefill_floor_ratios(self) -> dict[int, float]:
+        """Routed layer sum / floor for M >= 2048 (the target is <= 1.05)."""
         out = {}
         for m in self.m_values:
             t = self.timing(SUM, m, ROUTED)
             if m >= PREFILL_M and t is not None:
-                out[m] = t.median_us / self.floor(SUM, m, sustained=sustained)
+                out[m] = t.median_us / self.floor(SUM, m)
         return out
 
     def rows(self) -> list[dict[str, Any]]:
@@ -245,9 +241,6 @@ class GemmReport:
             "twin_gaps": [round(g, 4) for g in self.twin_gaps()],
             "routed_not_timed": self.untimed_routed(),
             "prefill_floor_ratio": {str(m): round(r, 4) for m, r in self.prefill_floor_ratios().items()},
-            "prefill_sustained_floor_ratio": {
-                str(m): round(r, 4) for m, r in self.prefill_floor_ratios(sustained=True).items()
-            },
             "seed_rowwise_over_cublas": {
                 name: {str(m): round(r, 4) for m, r in by_m.items()} for name, by_m in self.seed_ratios().items()
             },
@@ -327,12 +320,6 @@ class GemmReport:
                 f"prefill: routed layer sum / floor at M >= {PREFILL_M}: "
                 + ", ".join(f"M={m} {r:.3f}x" for m, r in ratios.items())
                 + f" (target <= {FLOOR_TARGET}x: {'PASS' if ok else 'FAIL'})"
-            )
-        sustained = self.prefill_floor_ratios(sustained=True)
-        if sustained:
-            lines.append(
-                f"  against the sustained FP8 rate ({self.ceilings.fp8_tflops_sustained:.0f} TFLOP/s, clocks under "
-                "the power cap): " + ", ".join(f"M={m} {r:.3f}x" for m, r in sustained.items())
             )
         return "\n".join(lines)
 

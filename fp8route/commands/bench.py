@@ -47,12 +47,7 @@ def run_gemm(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         ceilings = measure_ceilings(device)
-        sustained = ceilings.fp8_tflops_sustained
-        print(
-            f"ceilings (this run): copy {ceilings.copy_gbs:.0f} GB/s, FP8 GEMM {ceilings.fp8_tflops:.0f} TFLOP/s"
-            + (f" ({sustained:.0f} sustained under the power cap)" if sustained else "")
-            + "\n"
-        )
+        print(f"ceilings (this run): copy {ceilings.copy_gbs:.0f} GB/s, FP8 GEMM {ceilings.fp8_tflops:.0f} TFLOP/s\n")
         cells = sweep(
             shapes,
             m_values,
