@@ -168,10 +168,10 @@ def _time_queued(
     host_us_per_call = (time.perf_counter() - began) * 1e6 / len(distinct)
     torch.cuda.synchronize()
     pass_s = time.perf_counter() - began
-    # Long GEMMs reach the power cap a few hundred ms in and the clocks drop (H200: 1.98 GHz to
-    # 1.4-1.7 GHz at about 660 W), so the first rep of a batch timed straight after warm-up ran
-    # at other clocks than the second (4-17% apart at M=8192). Keep warming up until the GPU has
-    # run this load for as long as the batch will, then time it in that steady state.
+    # Long GEMMs reach the power cap within a second and the clocks drop (H200: 1.98 GHz to
+    # 1.4-1.7 GHz at about 660 W), the state a long prefill runs in: warm up for as long as the
+    # batch will run, so it is not timed half before that. (Under the cap the clocks keep moving:
+    # at M=8192 reps still came out up to 13% apart, so such points tie more often.)
     warmed_s, batch_s = pass_s, min(MAX_WARM_S, pass_s * len(schedule) / len(distinct))
     while warmed_s < batch_s:
         began = time.perf_counter()
