@@ -7,7 +7,12 @@ rotating weight copies were allocated. This allocates several independent sets o
 differently sized spacer allocation before each, so the sets land at different addresses), times
 both arms on each set, twice, and prints per set the times and their ratio.
 
-    PYTHONPATH=$PWD python3 benchmarks/placement_check.py --out DIR
+--vary activations keeps one set of weight copies and gives each set its own x instead: within
+one process cuBLASLt ran the same kernel on the same weight copies 8% slower at one M than at the
+M on either side (gate_up M=8 or M=16, depending on the process: results/h200/routing/steady/),
+and x, read by every CTA, is what a new M reallocates.
+
+    PYTHONPATH=$PWD python3 benchmarks/placement_check.py --out DIR [--vary activations --m 8]
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--m", type=int, default=1)
     ap.add_argument("--sets", type=int, default=6)
+    ap.add_argument("--vary", choices=("weights", "activations"), default="weights")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     n, k, m = args.n, args.k, args.m
@@ -42,18 +48,24 @@ def main() -> None:
     s_in = torch.tensor(4.0 / 448, device="cuda")
     s_w = torch.tensor(1.0 / 448, device="cuda")
     base = (torch.randn(n, k, device="cuda", generator=gen) * 150).clamp(-448, 448).to(FP8)
-    x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    x0 = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
     copies = copies_for(n * k)
     keep = []  # spacers and sets stay allocated, so every set has its own addresses
     rows = []
+    ws = [base.clone() for _ in range(copies)]
     for s in range(args.sets):
-        keep.append(torch.empty((s * 37 + 5) << 20, dtype=torch.uint8, device="cuda"))
-        ws = [base.clone() for _ in range(copies)]
-        keep.append(ws)
+        # Spacers of MBs move a weight set; an odd number of KBs moves a small x to other lines.
+        spacer = (s * 37 + 5) << 20 if args.vary == "weights" else (s * 37 + 5) << 10
+        keep.append(torch.empty(spacer, dtype=torch.uint8, device="cuda"))
+        if args.vary == "weights":
+            ws = [base.clone() for _ in range(copies)]
+            keep.append(ws)
+        x = x0.clone()
+        keep.append(x)
         arms = {
-            "fp8_gemv": [lambda w=w: fg.fp8_gemv(x, w, s_w, s_in, None, torch.bfloat16) for w in ws],
+            "fp8_gemv": [lambda w=w, x=x: fg.fp8_gemv(x, w, s_w, s_in, None, torch.bfloat16) for w in ws],
             "cublas+quant": [
-                lambda w=w: torch._scaled_mm(fg.quantize_fp8(x, s_in), w.t(), s_in, s_w, out_dtype=torch.bfloat16)
+                lambda w=w, x=x: torch._scaled_mm(fg.quantize_fp8(x, s_in), w.t(), s_in, s_w, out_dtype=torch.bfloat16)
                 for w in ws
             ],
         }
@@ -61,6 +73,7 @@ def main() -> None:
         row = {
             "set": s,
             "addresses": [hex(w.data_ptr()) for w in ws],
+            "x_address": hex(x.data_ptr()),
             **{
                 a: {"median_us": t.median_us, "reps": list(t.rep_medians_us), "spread": t.spread}
                 for a, t in timed.items()
@@ -69,7 +82,8 @@ def main() -> None:
         row["ratio"] = row["cublas+quant"]["median_us"] / row["fp8_gemv"]["median_us"]
         rows.append(row)
         print(
-            f"set {s} ({copies} copies from {row['addresses'][0]}): fp8_gemv {row['fp8_gemv']['median_us']:6.2f} "
+            f"set {s} ({copies} copies from {row['addresses'][0]}, x at {row['x_address']}):\n"
+            f"  fp8_gemv {row['fp8_gemv']['median_us']:6.2f} "
             f"(spread {100 * row['fp8_gemv']['spread']:.1f}%)  cublas+quant {row['cublas+quant']['median_us']:6.2f} "
             f"(spread {100 * row['cublas+quant']['spread']:.1f}%)  cublas+quant / fp8_gemv {row['ratio']:.3f}",
             flush=True,
@@ -80,8 +94,8 @@ def main() -> None:
         print(f"{arm}: across sets {min(v):.2f}..{max(v):.2f} µs ({100 * spread:.1f}%)")
     ratios = [r["ratio"] for r in rows]
     print(f"ratio across sets {min(ratios):.3f}..{max(ratios):.3f}")
-    (args.out / f"placement_{n}x{k}_m{m}.json").write_text(
-        json.dumps({"command": " ".join(sys.argv), "copies": copies, "rows": rows}, indent=1)
+    (args.out / f"placement_{args.vary}_{n}x{k}_m{m}.json").write_text(
+        json.dumps({"command": " ".join(sys.argv), "vary": args.vary, "copies": copies, "rows": rows}, indent=1)
     )
 
 
