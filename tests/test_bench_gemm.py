@@ -400,3 +400,18 @@ def test_interleaved_arms_take_turns_of_a_whole_rotation(copies, repeats):
     # same copies, a copy still comes back only after all the others.
     for (a, c), (b, d) in zip(schedule, schedule[1:]):
         assert d == (c + 1) % copies[a] if a == b else d == 0
+
+
+def test_long_schedules_are_timed_in_batches_the_launch_queue_can_hold(monkeypatch):
+    batches: list[int] = []
+
+    def behind_sleep(batch, lead_us):
+        batches.append(len(batch))
+        return [float(call()) for call in batch]
+
+    monkeypatch.setattr(timing, "_time_behind_sleep", behind_sleep)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    calls = [lambda i=i: i for i in range(8)]
+    times = timing.time_cold(calls, repeats=400, warmup=1)
+    assert batches == [150, 150, 100]
+    assert times == [float(i % 8) for i in range(400)]  # every call timed once, in order

@@ -45,6 +45,10 @@ MIN_LEAD_US = 1000.0  # the shortest sleep ahead of a batch
 LEAD_PER_CALL = 4.0  # sleep ahead = this many times the host's measured time to queue the batch
 LEAD_ATTEMPTS = 4  # each attempt whose host fell behind quadruples the sleep
 MAX_WARM_S = 2.0  # warm-up runs as long as the batch will, up to this
+# Calls queued behind one sleep at most: the launch queue holds only so many kernels and events,
+# and a host blocked on it falls behind (700 calls of one GEMM never got ahead; 150 of up to four
+# kernels each did).
+MAX_BATCH_CALLS = 150
 
 _cycles_per_us: dict[int, float] = {}
 # Batches timed, and how many had to be timed again because the host fell behind: bench and tune
@@ -139,8 +143,10 @@ def time_interleaved(
 ) -> list[list[float]]:
     """`repeats` calls of each arm in µs, the arms taking turns inside one batch behind one sleep
     (interleaved_schedule). Whatever drifts while the batch runs lands on every arm alike: on the
-    H200 a stretch of long FP8 GEMMs lowers the clocks, and timed one after the other, arm by arm,
-    the same cuBLASLt kernel ran 4% apart at M=16384 and a route flipped between processes."""
+    H200 long FP8 GEMMs run under the power cap, and timed arm after arm each ran at the clocks of
+    its own power draw; fast accumulation then came out 1-14% ahead of cuBLASLt at M 8192-16384, a
+    different amount each time, where taking turns, as a model's layers do, they tie within 2.4%
+    (benchmarks/results/h200/routing/drift/)."""
     if not arms or not all(arms):
         raise ValueError("time_interleaved: every arm needs calls to time")
     schedule = interleaved_schedule([len(calls) for calls in arms], repeats)
@@ -154,8 +160,9 @@ def time_interleaved(
 def _time_queued(
     schedule: Sequence[Callable[[], object]], distinct: Sequence[Callable[[], object]], warmup: int
 ) -> list[float]:
-    """Each call of the schedule timed by its own events, all queued behind one sleep (retried
-    with a longer sleep while the host falls behind). `distinct`: every call of the schedule once."""
+    """Each call of the schedule timed by its own events, queued behind a sleep MAX_BATCH_CALLS at
+    a time (a batch is retried with a longer sleep while the host falls behind). `distinct`: every
+    call of the schedule once."""
     for _ in range(max(warmup, 1)):
         for call in distinct:
             call()
@@ -179,16 +186,23 @@ def _time_queued(
             call()
         torch.cuda.synchronize()
         warmed_s += time.perf_counter() - began
-    lead_us = max(MIN_LEAD_US, LEAD_PER_CALL * host_us_per_call * len(schedule))
+    times: list[float] = []
+    for start in range(0, len(schedule), MAX_BATCH_CALLS):
+        times += _time_batch(schedule[start : start + MAX_BATCH_CALLS], host_us_per_call)
+    return times
+
+
+def _time_batch(batch: Sequence[Callable[[], object]], host_us_per_call: float) -> list[float]:
+    lead_us = max(MIN_LEAD_US, LEAD_PER_CALL * host_us_per_call * len(batch))
     for _ in range(LEAD_ATTEMPTS):
         batch_counts["timed"] += 1
-        times = _time_behind_sleep(schedule, lead_us)
+        times = _time_behind_sleep(batch, lead_us)
         if times is not None:
             return times
         batch_counts["host_behind"] += 1
         lead_us *= 4
     raise HostBehindError(
-        f"timing: the host could not queue {len(schedule)} calls within a {lead_us / 4e3:.0f} ms sleep "
+        f"timing: the host could not queue {len(batch)} calls within a {lead_us / 4e3:.0f} ms sleep "
         f"({LEAD_ATTEMPTS} attempts); the machine is too busy to time on"
     )
 
