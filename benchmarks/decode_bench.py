@@ -95,11 +95,12 @@ def sweep_configs(
     out = []
     if "cuda_core" in kinds and m <= fg.CUDA_CORE_M_MAX:
         block_m = 1 << (m - 1).bit_length()
-        for block_n, block_k, warps, stages in cuda_core_blocks:
+        for block_n, block_k, warps, stages, *maxnreg in cuda_core_blocks:
             k_iters, tiles = k // block_k, -(-n // block_n)
             for split in (1, 2, 3, 4, 6, 7, 8, 12, 14, 16):
                 if k_iters % split == 0 and (split == 1 or num_sms // 2 <= tiles * split <= 16 * num_sms):
-                    out.append(fg.GemvConfig(block_n, block_k, block_m, split, warps, stages, cuda_core=True))
+                    cfg = fg.GemvConfig(block_n, block_k, block_m, split, warps, stages, True, *maxnreg)
+                    out.append(cfg)
     if "wgmma" not in kinds:
         return out
     own = fg.block_m_for(m)
@@ -358,7 +359,11 @@ def main() -> None:
     ap.add_argument("--graph", action="store_true", help="also time every arm inside a CUDA graph")
     ap.add_argument("--graph-replays", type=int, default=10, help="graph replays per rep (one sample each)")
     ap.add_argument("--sweep-kinds", default="wgmma", help="kernels to sweep: wgmma, cuda_core or both (comma)")
-    ap.add_argument("--cuda-core-blocks", default="", help="CUDA-core blocks to sweep, e.g. 16x512x4x1,8x512x1x3")
+    ap.add_argument(
+        "--cuda-core-blocks",
+        default="",
+        help="CUDA-core blocks to sweep, block_n x block_k x warps x stages [x maxnreg]: 16x512x4x1,16x2048x8x1x64",
+    )
     ap.add_argument("--sweep-block-ms", default="", help="wgmma token tiles to sweep below M's own, e.g. 16,32")
     ap.add_argument("--sweep-ms", default=",".join(map(str, SWEEP_MS)), help="M values to sweep configs at")
     args = ap.parse_args()

@@ -60,6 +60,7 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 4
     cuda_core: bool = False  # the CUDA-core kernel (block_m <= CUDA_CORE_M_MAX) instead of wgmma
+    maxnreg: int = 0  # registers per thread at most (0: the compiler's choice); fewer fit more CTAs per SM
 
 
 def why_not(m_max: int, n: int, k: int) -> str | None:
@@ -480,7 +481,7 @@ def launch(
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m,
         QUANT_X=x.dtype != FP8, HAS_BIAS=bias is not None, USE_WS=use_ws,
         EVEN_K=k_per_split * split == k, EVEN_N=n % cfg.block_n == 0, REDUCE_UNROLL=_REDUCE_UNROLL,
-        num_warps=cfg.num_warps,
+        num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )  # fmt: skip
     if cfg.cuda_core:
         _fp8_gemv_cuda_core_kernel[(tiles * split,)](*args, **flags, NUM_STAGES=cfg.num_stages)

@@ -123,10 +123,11 @@ def test_token_tiles_below_m_match_reference(n: int, k: int, split_k: int) -> No
 
 # The CUDA-core kernel's lane layouts (block_k 512: 32 lanes along K; 64: 4 along K x 8 rows; 256;
 # 1024-2048: two to four 16-byte loads per lane and row), with and without cp.async staging
-# (num_stages), with and without split-K: (block_n, block_k, num_warps, num_stages, split_k).
+# (num_stages), with and without split-K, and under register caps (48 spills a little at 32x512):
+# (block_n, block_k, num_warps, num_stages, split_k[, maxnreg]).
 CUDA_CORE_BLOCKS = [
     (16, 512, 4, 1, 1), (16, 512, 4, 1, 4), (16, 512, 1, 3, 3), (128, 64, 4, 3, 4), (64, 256, 8, 1, 2),
-    (32, 1024, 16, 1, 2), (16, 2048, 8, 1, 1),
+    (32, 1024, 16, 1, 2), (16, 2048, 8, 1, 1), (16, 2048, 8, 1, 1, 80), (32, 512, 8, 1, 4, 48),
 ]  # fmt: skip
 
 
@@ -134,7 +135,7 @@ CUDA_CORE_BLOCKS = [
 @gpu
 @pytest.mark.parametrize("blocks", CUDA_CORE_BLOCKS, ids=str)
 def test_cuda_core_kernel_matches_reference(blocks: tuple) -> None:
-    block_n, block_k, warps, stages, split_k = blocks
+    block_n, block_k, warps, stages, split_k, *maxnreg = blocks
     failures = []
     for n, k in [(4096, 14336), (1536, 4096), (208, 400)]:
         for m in range(1, fg.CUDA_CORE_M_MAX + 1):
@@ -144,7 +145,7 @@ def test_cuda_core_kernel_matches_reference(blocks: tuple) -> None:
             ref = reference(q, w, s_w, s_in, bias)
             err_cublas = rel_err(cublas(q, w, s_w, s_in, bias, out_dtype), ref)
             block_m = 1 << (m - 1).bit_length()
-            cfg = fg.GemvConfig(block_n, block_k, block_m, split_k, warps, stages, cuda_core=True)
+            cfg = fg.GemvConfig(block_n, block_k, block_m, split_k, warps, stages, True, *maxnreg)
             for name, xin in (("fused", x), ("prequant", q)):
                 out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
                 fg.fp8_gemv(xin, w, s_w, s_in, bias, out_dtype, out=out, config=cfg)
