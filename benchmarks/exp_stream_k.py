@@ -28,20 +28,12 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from decode_bench import SHAPES  # noqa: E402  (the eight Llama-3.1-8B TP1 and TP4 shapes)
+
 from fp8route.bench.timing import copies_for, time_arms, time_cold  # noqa: E402
 from fp8route.kernels import fp8_gemv as fg  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
-SHAPES = {
-    "tp1_qkv": (6144, 4096),
-    "tp1_o": (4096, 4096),
-    "tp1_gate_up": (28672, 4096),
-    "tp1_down": (4096, 14336),
-    "tp4_qkv": (1536, 4096),
-    "tp4_o": (4096, 1024),
-    "tp4_gate_up": (7168, 4096),
-    "tp4_down": (4096, 3584),
-}
 BLOCKS = ((16, 512, 4), (32, 512, 8), (16, 1024, 8), (32, 512, 4))  # (block_n, block_k, num_warps)
 CTAS_PER_SM = (2, 3, 4, 5, 6, 8)
 # Register caps (0: none). Uncapped, 32x512 with 8 warps takes 73 registers (3 CTAs per SM); capped
