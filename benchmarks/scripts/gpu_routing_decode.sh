@@ -33,7 +33,8 @@ SMI=$!
   if has tests; then
     echo "## tests"
     PYTHONPATH=$PYTHONPATH:/tmp/site python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -1
-    PYTHONPATH=$PYTHONPATH:/tmp/site python3 -m pytest -q -m gpu tests/gpu -n 4 -rfEs 2>&1 | grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" | tail -40
+    PYTHONPATH=$PYTHONPATH:/tmp/site python3 -m pytest -q -m gpu tests/gpu -n 4 -rfEs --tb=short > "$R/pytest.log" 2>&1
+    grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$R/pytest.log" | tail -40
     echo "## demo"; python3 -m fp8route.cli demo 2>&1 | tail -8
     save
   fi
