@@ -112,7 +112,7 @@ _H200_TABLE: dict[tuple[int, int], tuple[tuple[int, GemvConfig], ...]] = {
         (128, GemvConfig(128, 128, 64, 4, 8, 4)),
     ),
     (1536, 4096): (  # 8B TP4 qkv
-        (1, GemvConfig(32, 512, 1, 8, 8, 1, cuda_core=True)),
+        (1, GemvConfig(16, 2048, 1, 1, 8, 1, cuda_core=True)),
         (2, GemvConfig(8, 512, 2, 8, 1, 3, cuda_core=True)),
         (4, GemvConfig(128, 256, 16, 8, 8, 3)),
         (8, GemvConfig(128, 128, 16, 11, 8, 5)),
