@@ -6,10 +6,9 @@
 #            (default the TP4 ones), token tiles $BLOCK_MS (default 16,32) besides M's own; --graph
 #   cc_sweep decode_bench.py --sweep of the CUDA-core kernel at M in $CC_MS (default 1) over $CC_BLOCKS
 #            on $CC_SHAPES (default the TP1 ones)
-#   streamk  benchmarks/exp_stream_k.py: its check against the reference, then its sweep at M in
-#            $SK_MS (default 1,2) against fp8_gemv's table on all eight shapes (an experiment)
-#   (a section of commit 71f9a10, since removed with the experiment it ran: "tokens_a",
-#   benchmarks/exp_tokens_a.py, tokens as the wgmma's register A operand at M 32..64; it did not pay)
+#   (sections since removed with the experiments they ran, which did not pay: "tokens_a" of commit
+#   71f9a10, benchmarks/exp_tokens_a.py, tokens as the wgmma's register A operand at M 32..64;
+#   "streamk" of commit 5a8aba5, benchmarks/exp_stream_k.py, a stream-K CUDA-core kernel)
 # run.log has the output, results.tgz the files.
 set -u -o pipefail
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
@@ -36,11 +35,6 @@ has() { [[ " $SECTIONS " == *" $1 "* ]]; }
     timeout "${SWEEP_S:-330}" python3 benchmarks/decode_bench.py --sweep --sweep-ms "$SWEEP_MS" --sweep-block-ms "$BLOCK_MS" \
       --ms "16,$SWEEP_MS" --shapes "$SHAPES" --sweep-repeats 10 --graph --out "$R" 2>&1 | grep -v "^  GemvConfig"
     ls "$R"
-  fi
-  if has streamk; then
-    echo "## streamk"; mkdir -p "$R/streamk"
-    python3 benchmarks/exp_stream_k.py --check 2>&1 | tail -12
-    timeout "${SK_S:-240}" python3 benchmarks/exp_stream_k.py --out "$R/streamk" --ms "${SK_MS:-1,2}" 2>&1
   fi
   if has cc_sweep; then
     echo "## cc_sweep"; mkdir -p "$R/cc_sweep"
