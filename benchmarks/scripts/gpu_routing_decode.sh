@@ -28,7 +28,7 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_eve
   --format=csv -lms 200 > "$OUT/smi.csv" 2>&1 &
 SMI=$!
 {
-  echo "# command: SECTIONS='$SECTIONS' bash benchmarks/scripts/gpu_routing_decode.sh   ($(date -u +%FT%TZ))"
+  echo "# command: SECTIONS='$SECTIONS' bash benchmarks/scripts/gpu_routing_decode.sh   ($(date -u +%FT%TZ), commit ${COMMIT:-unknown})"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
   if has tests; then
     echo "## tests"
