@@ -7,9 +7,11 @@ and compilation) and, with its default cache control, starts every kernel with a
         --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \\
         python3 benchmarks/ncu_decode.py --m 1 --cuda-core 16,512,1,3
 
-Arms: ours (the configuration fp8_gemv.choose_config picks), ours_cuda_core (the CUDA-core kernel
-with the block_n,block_k,num_warps,num_stages given, split for about 4 CTAs per SM), and cuBLASLt on pre-quantized x
-(GEMM only) after the standalone quantization kernel.
+Arms: ours (the configuration fp8_gemv.choose_config picks), ours_prequant (the same on x quantized
+upstream, to tell the fused quantization's cost from the GEMM's), ours_cuda_core (the CUDA-core
+kernel with the block_n,block_k,num_warps,num_stages given, split for about 4 CTAs per SM), and
+cuBLASLt on pre-quantized x (GEMM only) after the standalone quantization kernel. Shapes: those of
+decode_bench.py (`--shapes tp4_gate_up,tp4_down`); `--nvtx` on ncu names each kernel's arm.
 """
 
 from __future__ import annotations
@@ -22,16 +24,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fp8route.kernels import fp8_gemv as fg  # noqa: E402
+from decode_bench import SHAPES  # noqa: E402
 
-SHAPES = {"tp1_qkv": (6144, 4096), "tp1_o": (4096, 4096), "tp1_gate_up": (28672, 4096), "tp1_down": (4096, 14336)}
+from fp8route.kernels import fp8_gemv as fg  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--m", type=int, default=1)
     ap.add_argument("--cuda-core", default="", help="block_n,block_k,num_warps,num_stages[,split] of the CUDA-core arm")
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default="tp1_qkv,tp1_o,tp1_gate_up,tp1_down")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     s_in = torch.tensor(4.0 / 448, device="cuda")
@@ -41,7 +43,11 @@ def main() -> None:
         n, k = SHAPES[name]
         w = (torch.randn(n, k, device="cuda", generator=gen) * 150).clamp(-448, 448).to(fg.FP8)
         x = torch.randn(args.m, k, device="cuda", generator=gen).to(torch.bfloat16)
-        arms = {"ours": lambda x=x, w=w: fg.fp8_gemv(x, w, s_w, s_in, None, torch.bfloat16)}
+        xq = fg.quantize_fp8(x, s_in)
+        arms = {
+            "ours": lambda x=x, w=w: fg.fp8_gemv(x, w, s_w, s_in, None, torch.bfloat16),
+            "ours_prequant": lambda xq=xq, w=w: fg.fp8_gemv(xq, w, s_w, s_in, None, torch.bfloat16),
+        }
         if args.cuda_core:
             bn, bk, warps, stages, *split = (int(v) for v in args.cuda_core.split(","))
             tiles = -(-n // bn)

@@ -6,6 +6,9 @@
 #            (default the TP4 ones), token tiles $BLOCK_MS (default 16,32) besides M's own; --graph
 #   cc_sweep decode_bench.py --sweep of the CUDA-core kernel at M in $CC_MS (default 1) over $CC_BLOCKS
 #            on $CC_SHAPES (default the TP1 ones)
+#   ncu      benchmarks/ncu_decode.py under Nsight Compute at M=$NCU_M (default 32) on $NCU_SHAPES
+#            (default tp4_gate_up,tp4_down,tp1_qkv,tp1_down): ours, ours on pre-quantized x, cuBLASLt
+#            + its quantization kernel; with the sections' details (stall reasons) where ncu has them
 #   (sections since removed with the experiments they ran, which did not pay: "tokens_a" of commit
 #   71f9a10, benchmarks/exp_tokens_a.py, tokens as the wgmma's register A operand at M 32..64;
 #   "streamk" of commit 5a8aba5, benchmarks/exp_stream_k.py, a stream-K CUDA-core kernel)
@@ -41,6 +44,22 @@ has() { [[ " $SECTIONS " == *" $1 "* ]]; }
     timeout "${CC_S:-200}" python3 benchmarks/decode_bench.py --sweep --sweep-kinds cuda_core --sweep-ms "$CC_MS" --ms "$CC_MS" \
       --shapes "$CC_SHAPES" --cuda-core-blocks "$CC_BLOCKS" --sweep-repeats 10 --graph \
       --out "$R/cc_sweep" 2>&1 | grep -v "^  GemvConfig" | tail -45
+  fi
+  if has ncu; then
+    echo "## ncu"
+    NCU_ARGS=(--clock-control none --profile-from-start off --nvtx --section SpeedOfLight
+      --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats
+      --section SchedulerStats)
+    PROG=(python3 benchmarks/ncu_decode.py --m "${NCU_M:-32}" --shapes "${NCU_SHAPES:-tp4_gate_up,tp4_down,tp1_qkv,tp1_down}")
+    timeout "${NCU_S:-150}" ncu "${NCU_ARGS[@]}" --print-details all "${PROG[@]}" > "$R/ncu.txt" 2>&1
+    rc=$?
+    if [ $rc -ne 0 ] && grep -q "print-details" "$R/ncu.txt"; then  # an ncu without the option
+      timeout "${NCU_S:-150}" ncu "${NCU_ARGS[@]}" "${PROG[@]}" > "$R/ncu.txt" 2>&1
+      rc=$?
+    fi
+    echo "ncu rc=$rc"
+    grep -E "^  [a-z_0-9]+.*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Grid Size|Warp Cycles Per Issued|Stall" \
+      "$R/ncu.txt" | head -150
   fi
 } > "$OUT/run.log" 2>&1
 tar -C "$R" -czf "$OUT/results.tgz" .
