@@ -4,9 +4,9 @@
 
 Why kernels of our own: the separate quantization kernel costs every linear one more launch, and
 at decode sizes the library FP8 GEMMs sit well above the memory floor. What they reach on the H200
-(benchmarks/DECODE.md): Llama-3.1-8B TP1 sum at M=1 79.5 µs per call vs 86.2 for cuBLASLt +
-quantization (70.8 vs 74.4 in a CUDA graph; a kernel that only reads those weights needs 65.9 and
-58.7), 1.2-1.5x on the TP4 shapes; at M=16 a tie, from M=32 on mostly a loss. The router decides
+(benchmarks/DECODE.md): Llama-3.1-8B TP1 sum at M=1 77.0 µs per call vs 86.6 for cuBLASLt +
+quantization (66.8 vs 74.1 in a CUDA graph; a kernel that only reads those weights needs 65.9 and
+58.7), 1.15-1.6x on the TP4 shapes; at M=16 a tie, from M=32 on mostly a loss. The router decides
 by measurement.
 
 Two kernels behind one op, picked per (N, K, M bucket):
@@ -15,6 +15,8 @@ Two kernels behind one op, picked per (N, K, M bucket):
   quantized x; rows are reduced across the warp. No token padding, no shared-memory staging.
 - wgmma (M 2..128): swap AB, the weight rows on the MMA's M side (64 to 256 per tile) and the tokens
   on its N side (16..64), so the weight goes straight from shared memory into the tensor cores.
+  The weight tiles arrive by cp.async, or by TMA copies (GemvConfig.tma, for sweeps: not yet
+  measured).
 Both:
 - Split-K to put several CTAs' worth of loads in flight on every SM; each split writes its fp32
   partial to a workspace and the last CTA of a tile (an integer counter tells which) sums the
@@ -61,6 +63,10 @@ class GemvConfig:
     num_stages: int = 4
     cuda_core: bool = False  # the CUDA-core kernel (block_m <= CUDA_CORE_M_MAX) instead of wgmma
     maxnreg: int = 0  # registers per thread at most (0: the compiler's choice); fewer fit more CTAs per SM
+    tma: bool = False  # wgmma kernel: the weight streamed by the TMA engine (Hopper) instead of cp.async
+
+
+TMA_BOX_MAX = 256  # elements per dimension of one TMA copy
 
 
 def why_not(m_max: int, n: int, k: int) -> str | None:
@@ -262,8 +268,11 @@ if triton is not None:
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
-        REDUCE_UNROLL: tl.constexpr,
+        REDUCE_UNROLL: tl.constexpr, W_DESC: tl.constexpr,
     ):  # fmt: skip
+        """W_DESC: w_ptr is a TMA descriptor of the weight (block [BLOCK_N, BLOCK_K], zero fill past N
+        and K); Triton then pipelines the weight tiles with TMA copies and mbarriers instead of
+        cp.async and CTA-wide barriers."""
         pid = tl.program_id(0)
         # The splits of one tile are adjacent pids: launched together, so the last one (which
         # reduces) does not wait on a split scheduled a wave later.
@@ -282,7 +291,8 @@ if triton is not None:
         m_mask = offs_m < M
         k_lo = pid_k * k_per_split
 
-        w_ptrs = w_ptr + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]
+        if not W_DESC:
+            w_ptrs = w_ptr + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]
         # x^T tile [BLOCK_K, BLOCK_M]: K-contiguous, which is what fp8 wgmma wants for its B operand.
         x_ptrs = x_ptr + offs_m[None, :] * stride_xm + (k_lo + offs_k)[:, None]
         in_scale = tl.load(in_scale_ptr)
@@ -292,14 +302,19 @@ if triton is not None:
         # EVEN_K: every split covers exactly k_per_split (a multiple of BLOCK_K) inside K.
         for k in range(0, k_per_split, BLOCK_K):
             if EVEN_K:
-                if EVEN_N:  # noqa: SIM108 (one load per constexpr branch)
+                if W_DESC:
+                    w = w_ptr.load([pid_n * BLOCK_N, k_lo + k])
+                elif EVEN_N:
                     w = tl.load(w_ptrs)
                 else:
                     w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
                 xt = tl.load(x_ptrs, mask=m_mask[None, :], other=0.0)
             else:
                 k_mask = (k_lo + k + offs_k) < K
-                w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+                if W_DESC:  # noqa: SIM108 (one load per constexpr branch)
+                    w = w_ptr.load([pid_n * BLOCK_N, k_lo + k])
+                else:
+                    w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
                 xt = tl.load(x_ptrs, mask=m_mask[None, :] & k_mask[:, None], other=0.0)
             if QUANT_X:  # noqa: SIM108 (constexpr branches, as the loads above)
                 xq = _quantize(xt, in_scale, in_scale_rcp)
@@ -308,7 +323,8 @@ if triton is not None:
             # Promote the tensor cores' reduced-precision fp8 accumulation to fp32 every
             # IMPRECISE_ACC elements of K (cuBLASLt's default, non fast-accum, does likewise).
             acc = tl.dot(w, xq, acc, max_num_imprecise_acc=IMPRECISE_ACC)
-            w_ptrs += BLOCK_K
+            if not W_DESC:
+                w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
 
         _finish(acc, out_ptr, bias_ptr, ws_ptr, cnt_ptr, in_scale * tl.load(w_scale_ptr), pid_k, tile, split_k,
@@ -464,6 +480,7 @@ def launch(
 
     if cfg.cuda_core and m > cfg.block_m:
         raise Fp8InputError(f"fp8_gemv: {cfg} takes at most {cfg.block_m} tokens, got M={m}")
+    w_arg = _weight_descriptor(weight, cfg) if cfg.tma else weight
     k_iters = triton.cdiv(k, cfg.block_k)
     split = max(1, min(cfg.split_k, k_iters))
     k_per_split = triton.cdiv(k_iters, split) * cfg.block_k
@@ -474,7 +491,7 @@ def launch(
     cnt = _counters(x.device, tiles) if use_ws else out
 
     args = (
-        x, weight, out, bias if bias is not None else out, ws, cnt, weight_scale, input_scale,
+        x, w_arg, out, bias if bias is not None else out, ws, cnt, weight_scale, input_scale,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0), split, k_per_split,
     )  # fmt: skip
     flags = dict(
@@ -487,9 +504,26 @@ def launch(
         _fp8_gemv_cuda_core_kernel[(tiles * split,)](*args, **flags, NUM_STAGES=cfg.num_stages)
     else:
         _fp8_gemv_kernel[(tiles * split,)](
-            *args, **flags, IMPRECISE_ACC=min(128, cfg.block_k), num_stages=cfg.num_stages
+            *args, **flags, IMPRECISE_ACC=min(128, cfg.block_k), W_DESC=cfg.tma, num_stages=cfg.num_stages
         )
     return out
+
+
+def _weight_descriptor(weight: torch.Tensor, cfg: GemvConfig) -> object:
+    """A host-side TMA descriptor of the weight for the wgmma kernel (passed by value, so a CUDA graph
+    keeps the one it captured, like any pointer argument)."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError as exc:
+        raise Fp8InputError(f"fp8_gemv: {cfg} needs triton.tools.tensor_descriptor (Triton >= 3.4): {exc}") from exc
+    if cfg.cuda_core or max(cfg.block_n, cfg.block_k) > TMA_BOX_MAX:
+        raise Fp8InputError(f"fp8_gemv: {cfg}: TMA is for the wgmma kernel with blocks of at most {TMA_BOX_MAX}")
+    if weight.data_ptr() % 16 or weight.stride(0) % 16:
+        raise Fp8InputError(
+            f"fp8_gemv: TMA needs a 16-byte aligned weight and row stride, got address "
+            f"{weight.data_ptr():#x} and stride {weight.stride(0)}"
+        )
+    return TensorDescriptor(weight, list(weight.shape), [weight.stride(0), 1], [cfg.block_n, cfg.block_k])
 
 
 if triton is not None:
