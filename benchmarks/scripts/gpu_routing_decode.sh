@@ -9,7 +9,8 @@
 #            tuned by "routing" in the same call, else the shipped one
 #   xqtune   routes for x quantized upstream, tuned into a copy of the shipped table and benched, TP1 and TP4
 #   drift    long GEMMs timed arm after arm vs interleaved (benchmarks/drift_check.py)
-#   fitactics  FlashInfer's autotuned cuBLASLt algorithms at prefill sizes (benchmarks/exp_flashinfer_tactics.py)
+#   (section "fitactics" of commit 6dbe4e3, since removed with benchmarks/exp_flashinfer_tactics.py:
+#   FlashInfer's autotuned cuBLASLt tactics at prefill sizes added nothing, results/h200/routing/fitactics/)
 # (default: the first five). run.log has the output, results.tgz the JSON/PNG files (the device
 # returns few files; it is written after every section, so a call cut short keeps what it did) and
 # smi.csv the SM clock, power and throttle reasons every 200 ms.
@@ -44,12 +45,6 @@ SMI=$!
   fi
   if has drift; then
     echo "## drift"; python3 benchmarks/drift_check.py --out "$R"
-    save
-  fi
-  if has fitactics; then
-    echo "## fitactics"
-    PYTHONPATH=$PYTHONPATH:/tmp/site timeout "${FI_S:-300}" python3 benchmarks/exp_flashinfer_tactics.py --out "$R" \
-      --ms "${FI_MS:-2048,4096,8192}"
     save
   fi
   if has prefill; then
