@@ -11,7 +11,7 @@ With --graph, every arm is also timed inside one CUDA graph per arm (the rotatin
 back, as a decode step replays them): launch gaps shrink to a graph's, which is what a served model
 pays. With --sweep, every candidate configuration of ours is timed too (one rep) and the best kept as
 `ours_best`, which is how the table in fp8_gemv.choose_config was made (--sweep-kinds: the wgmma
-kernel's configurations, the CUDA-core kernel's at M <= 8, or both).
+kernel's configurations, the CUDA-core kernel's at M <= 8, each also with the weight staged by TMA).
 
     PYTHONUNBUFFERED=1 python benchmarks/decode_bench.py --out results/   [--sweep]
 """
@@ -19,6 +19,7 @@ kernel's configurations, the CUDA-core kernel's at M <= 8, or both).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -99,19 +100,22 @@ def sweep_configs(
     m: int, n: int, k: int, num_sms: int, kinds: str = "wgmma",
     cuda_core_blocks: tuple[tuple[int, ...], ...] = CUDA_CORE_BLOCKS, block_ms: tuple[int, ...] = (),
 ) -> list[fg.GemvConfig]:  # fmt: skip
-    """The configs to time at one (M, N, K). kinds: comma-separated cuda_core, wgmma, wgmma_tma.
+    """The configs to time at one (M, N, K). kinds: comma-separated cuda_core, cuda_core_tma, wgmma,
+    wgmma_tma (the _tma kinds stage the weight in shared memory by TMA copies, num_stages deep).
     block_ms: wgmma token tiles to try besides the one covering M (a smaller one runs M in several
     token tiles that share each weight tile via L2)."""
     kinds_wanted = set(kinds.split(","))
     out = []
-    if "cuda_core" in kinds_wanted and m <= fg.CUDA_CORE_M_MAX:
-        block_m = 1 << (m - 1).bit_length()
+    block_m = 1 << (m - 1).bit_length()
+    for kind in ("cuda_core", "cuda_core_tma"):
+        if kind not in kinds_wanted or m > fg.CUDA_CORE_M_MAX:
+            continue
         for block_n, block_k, warps, stages, *maxnreg in cuda_core_blocks:
             k_iters, tiles = k // block_k, -(-n // block_n)
             for split in (1, 2, 3, 4, 6, 7, 8, 12, 14, 16):
                 if k_iters % split == 0 and (split == 1 or num_sms // 2 <= tiles * split <= 16 * num_sms):
                     cfg = fg.GemvConfig(block_n, block_k, block_m, split, warps, stages, True, *maxnreg)
-                    out.append(cfg)
+                    out.append(dataclasses.replace(cfg, tma=kind == "cuda_core_tma"))
     own = fg.block_m_for(m)
     for kind, blocks in (("wgmma", SWEEP_BLOCKS), ("wgmma_tma", SWEEP_TMA_BLOCKS)):
         if kind not in kinds_wanted:
@@ -371,7 +375,8 @@ def main() -> None:
     ap.add_argument("--sweep-repeats", type=int, default=20)
     ap.add_argument("--graph", action="store_true", help="also time every arm inside a CUDA graph")
     ap.add_argument("--graph-replays", type=int, default=10, help="graph replays per rep (one sample each)")
-    ap.add_argument("--sweep-kinds", default="wgmma", help="kernels to sweep (comma): wgmma, wgmma_tma, cuda_core")
+    kinds = "wgmma, wgmma_tma, cuda_core, cuda_core_tma"
+    ap.add_argument("--sweep-kinds", default="wgmma", help=f"kernels to sweep (comma): {kinds}")
     ap.add_argument(
         "--cuda-core-blocks",
         default="",

@@ -15,9 +15,9 @@ Two kernels behind one op, picked per (N, K, M bucket):
   quantized x; rows are reduced across the warp. No token padding, no shared-memory staging.
 - wgmma (M 2..128): swap AB, the weight rows on the MMA's M side (64 to 256 per tile) and the tokens
   on its N side (16..64), so the weight goes straight from shared memory into the tensor cores.
-  The weight tiles arrive by cp.async, or by TMA copies (GemvConfig.tma, for sweeps: not yet
-  measured).
 Both:
+- The weight is loaded by the threads (cp.async for wgmma), or staged in shared memory by TMA
+  copies num_stages tiles ahead (GemvConfig.tma: for sweeps, not yet measured).
 - Split-K to put several CTAs' worth of loads in flight on every SM; each split writes its fp32
   partial to a workspace and the last CTA of a tile (an integer counter tells which) sums the
   partials in split order. The counter is reset by that CTA, so the kernel is graph-safe, and the
@@ -63,10 +63,10 @@ class GemvConfig:
     num_stages: int = 4
     cuda_core: bool = False  # the CUDA-core kernel (block_m <= CUDA_CORE_M_MAX) instead of wgmma
     maxnreg: int = 0  # registers per thread at most (0: the compiler's choice); fewer fit more CTAs per SM
-    tma: bool = False  # wgmma kernel: the weight streamed by the TMA engine (Hopper) instead of cp.async
+    tma: bool = False  # the weight staged in shared memory by TMA copies (Hopper), num_stages deep
 
 
-TMA_BOX_MAX = 256  # elements per dimension of one TMA copy
+TMA_BOX_MAX = 256  # rows of one TMA copy (the hardware's limit per box dimension)
 
 
 def why_not(m_max: int, n: int, k: int) -> str | None:
@@ -337,6 +337,7 @@ if triton is not None:
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, REDUCE_UNROLL: tl.constexpr, NUM_STAGES: tl.constexpr,
+        W_DESC: tl.constexpr,
     ):  # fmt: skip
         """The same product for a few tokens (BLOCK_M <= 8) on the CUDA cores: no shared-memory staging
         of the weight and no MMA padding of the token side to 16. Each weight element is converted once
@@ -352,7 +353,8 @@ if triton is not None:
         m_mask = offs_m < M
         k_lo = pid_k * k_per_split
 
-        w_ptrs = w_ptr + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]
+        if not W_DESC:
+            w_ptrs = w_ptr + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]
         x_ptrs = x_ptr + k_lo + offs_k
         in_scale = tl.load(in_scale_ptr)
         in_scale_rcp = tl.math.div_rn(1.0, in_scale)
@@ -361,12 +363,15 @@ if triton is not None:
         for k in tl.range(0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
             if EVEN_K:
                 k_mask = offs_k < BLOCK_K
-                if EVEN_N:  # noqa: SIM108 (one load per constexpr branch)
-                    w = tl.load(w_ptrs)
-                else:
-                    w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
             else:
                 k_mask = (k_lo + k + offs_k) < K
+            if W_DESC:  # staged in shared memory by TMA copies, zero past N and K
+                w = w_ptr.load([pid_n * BLOCK_N, k_lo + k])
+            elif EVEN_K and EVEN_N:
+                w = tl.load(w_ptrs)
+            elif EVEN_K:
+                w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
+            else:
                 w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
             w = w.to(tl.float32)
             # Token by token: a [BLOCK_N, BLOCK_M, BLOCK_K] product would spread K over the threads
@@ -377,7 +382,8 @@ if triton is not None:
                     xt = _quantize(xt, in_scale, in_scale_rcp)
                 part = tl.sum(w * xt.to(tl.float32)[None, :], axis=1)
                 acc += tl.where(offs_m[None, :] == i, part[:, None], 0.0)
-            w_ptrs += BLOCK_K
+            if not W_DESC:
+                w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
 
         _finish(acc, out_ptr, bias_ptr, ws_ptr, cnt_ptr, in_scale * tl.load(w_scale_ptr), pid_k, pid_n, split_k,
@@ -501,7 +507,7 @@ def launch(
         num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )  # fmt: skip
     if cfg.cuda_core:
-        _fp8_gemv_cuda_core_kernel[(tiles * split,)](*args, **flags, NUM_STAGES=cfg.num_stages)
+        _fp8_gemv_cuda_core_kernel[(tiles * split,)](*args, **flags, NUM_STAGES=cfg.num_stages, W_DESC=cfg.tma)
     else:
         _fp8_gemv_kernel[(tiles * split,)](
             *args, **flags, IMPRECISE_ACC=min(128, cfg.block_k), W_DESC=cfg.tma, num_stages=cfg.num_stages
@@ -510,14 +516,14 @@ def launch(
 
 
 def _weight_descriptor(weight: torch.Tensor, cfg: GemvConfig) -> object:
-    """A host-side TMA descriptor of the weight for the wgmma kernel (passed by value, so a CUDA graph
-    keeps the one it captured, like any pointer argument)."""
+    """A host-side TMA descriptor of the weight (passed by value, so a CUDA graph keeps the one it
+    captured, like any pointer argument). Triton copies a tile in boxes of 128 bytes of K."""
     try:
         from triton.tools.tensor_descriptor import TensorDescriptor
     except ImportError as exc:
         raise Fp8InputError(f"fp8_gemv: {cfg} needs triton.tools.tensor_descriptor (Triton >= 3.4): {exc}") from exc
-    if cfg.cuda_core or max(cfg.block_n, cfg.block_k) > TMA_BOX_MAX:
-        raise Fp8InputError(f"fp8_gemv: {cfg}: TMA is for the wgmma kernel with blocks of at most {TMA_BOX_MAX}")
+    if cfg.block_n > TMA_BOX_MAX:
+        raise Fp8InputError(f"fp8_gemv: {cfg}: a TMA copy spans at most {TMA_BOX_MAX} weight rows")
     if weight.data_ptr() % 16 or weight.stride(0) % 16:
         raise Fp8InputError(
             f"fp8_gemv: TMA needs a 16-byte aligned weight and row stride, got address "
