@@ -339,8 +339,9 @@ if triton is not None:
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, REDUCE_UNROLL: tl.constexpr, NUM_STAGES: tl.constexpr,
         W_DESC: tl.constexpr,
     ):  # fmt: skip
-        """The same product for a few tokens (BLOCK_M <= 8) on the CUDA cores: no shared-memory staging
-        of the weight and no MMA padding of the token side to 16. Each weight element is converted once
+        """The same product for a few tokens (BLOCK_M <= 8) on the CUDA cores: the weight goes straight
+        from memory to registers (or, with W_DESC, through shared memory by TMA copies) and the token
+        side is not padded to the MMA's 16. Each weight element is converted once
         (e4m3 -> fp32, exact) and multiplied by every token's x in fp32; the products are exact, so only
         the fp32 sums round."""
         pid = tl.program_id(0)
@@ -361,7 +362,7 @@ if triton is not None:
 
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k in tl.range(0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
-            if EVEN_K:
+            if EVEN_K:  # noqa: SIM108 (constexpr branches)
                 k_mask = offs_k < BLOCK_K
             else:
                 k_mask = (k_lo + k + offs_k) < K
