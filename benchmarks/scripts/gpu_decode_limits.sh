@@ -10,7 +10,10 @@
 #            staged by TMA (num_stages deep: the blocks' fourth field)
 #   ncu      benchmarks/ncu_decode.py under Nsight Compute at M=$NCU_M (default 32) on $NCU_SHAPES
 #            (default tp4_gate_up,tp4_down,tp1_qkv,tp1_down): ours, ours on pre-quantized x, cuBLASLt
-#            + its quantization kernel; with the sections' details (stall reasons) where ncu has them
+#            + its quantization kernel, and the CUDA-core kernel with NCU_CC=block_n,block_k,warps,stages
+#            if given; with the sections' details (stall reasons) where ncu has them
+#   (benchmarks/scripts/gpu_cuda_core.sh, the CUDA-core kernel's first tests, sweeps and ncu, was folded
+#   into this one after commit 9fac6a7: tests, cc_sweep, ncu with NCU_M=1 NCU_CC=...)
 #   (sections since removed with the experiments they ran, which did not pay: "tokens_a" of commit
 #   71f9a10, benchmarks/exp_tokens_a.py, tokens as the wgmma's register A operand at M 32..64;
 #   "streamk" of commit 5a8aba5, benchmarks/exp_stream_k.py, a stream-K CUDA-core kernel)
@@ -53,7 +56,8 @@ has() { [[ " $SECTIONS " == *" $1 "* ]]; }
     NCU_ARGS=(--clock-control none --profile-from-start off --nvtx --section SpeedOfLight
       --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats
       --section SchedulerStats)
-    PROG=(python3 benchmarks/ncu_decode.py --m "${NCU_M:-32}" --shapes "${NCU_SHAPES:-tp4_gate_up,tp4_down,tp1_qkv,tp1_down}")
+    PROG=(python3 benchmarks/ncu_decode.py --m "${NCU_M:-32}" --shapes "${NCU_SHAPES:-tp4_gate_up,tp4_down,tp1_qkv,tp1_down}"
+      ${NCU_CC:+--cuda-core "$NCU_CC"})
     timeout "${NCU_S:-150}" ncu "${NCU_ARGS[@]}" --print-details all "${PROG[@]}" > "$R/ncu.txt" 2>&1
     rc=$?
     if [ $rc -ne 0 ] && grep -q "print-details" "$R/ncu.txt"; then  # an ncu without the option
