@@ -35,7 +35,8 @@ def compile_config(kernel: str, cfg: str, tma: bool, fused: bool, maxnreg: int) 
     block_n, block_k, block_m, warps, stages = (int(v) for v in cfg.split("x"))
     fn = fg._fp8_gemv_kernel if kernel == "wgmma" else fg._fp8_gemv_cuda_core_kernel
     types = dict.fromkeys(POINTERS, "*fp32") | {
-        "x_ptr": "*bf16" if fused else "*fp8e4nv",
+        "x_ptr": (f"tensordesc<{'bf16' if fused else 'fp8e4nv'}[{block_m}, {block_k}]>" if tma and kernel == "wgmma"
+                  else "*bf16" if fused else "*fp8e4nv"),
         "w_ptr": f"tensordesc<fp8e4nv[{block_n}, {block_k}]>" if tma else "*fp8e4nv",
         "out_ptr": "*bf16",
         "bias_ptr": "*bf16",
@@ -53,7 +54,7 @@ def compile_config(kernel: str, cfg: str, tma: bool, fused: bool, maxnreg: int) 
         constants["NUM_STAGES"] = stages
     names = fn.arg_names
     signature = {n: types.get(n, "constexpr" if n in constants else "i32") for n in names}
-    aligned = [n for n in (*POINTERS, *ALIGNED_INTS) if not (tma and n == "w_ptr")]
+    aligned = [n for n in (*POINTERS, *ALIGNED_INTS) if not (tma and n in ("w_ptr", "x_ptr"))]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     compiled = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
                               options=options)  # fmt: skip

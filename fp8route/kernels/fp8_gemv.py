@@ -294,28 +294,32 @@ if triton is not None:
         if not W_DESC:
             w_ptrs = w_ptr + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]
         # x^T tile [BLOCK_K, BLOCK_M]: K-contiguous, which is what fp8 wgmma wants for its B operand.
-        x_ptrs = x_ptr + offs_m[None, :] * stride_xm + (k_lo + offs_k)[:, None]
+        if not W_DESC:
+            x_ptrs = x_ptr + offs_m[None, :] * stride_xm + (k_lo + offs_k)[:, None]
         in_scale = tl.load(in_scale_ptr)
         in_scale_rcp = tl.math.div_rn(1.0, in_scale)
 
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         # EVEN_K: every split covers exactly k_per_split (a multiple of BLOCK_K) inside K.
-        for k in range(0, k_per_split, BLOCK_K):
+        for k in tl.range(0, k_per_split, BLOCK_K, warp_specialize=W_DESC):
             if EVEN_K:
                 if W_DESC:
                     w = w_ptr.load([pid_n * BLOCK_N, k_lo + k])
+                    xt = tl.trans(x_ptr.load([pid_m * BLOCK_M, k_lo + k]))
                 elif EVEN_N:
                     w = tl.load(w_ptrs)
+                    xt = tl.load(x_ptrs, mask=m_mask[None, :], other=0.0)
                 else:
                     w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
-                xt = tl.load(x_ptrs, mask=m_mask[None, :], other=0.0)
+                    xt = tl.load(x_ptrs, mask=m_mask[None, :], other=0.0)
             else:
                 k_mask = (k_lo + k + offs_k) < K
-                if W_DESC:  # noqa: SIM108 (one load per constexpr branch)
+                if W_DESC:
                     w = w_ptr.load([pid_n * BLOCK_N, k_lo + k])
+                    xt = tl.trans(x_ptr.load([pid_m * BLOCK_M, k_lo + k]))
                 else:
                     w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-                xt = tl.load(x_ptrs, mask=m_mask[None, :] & k_mask[:, None], other=0.0)
+                    xt = tl.load(x_ptrs, mask=m_mask[None, :] & k_mask[:, None], other=0.0)
             if QUANT_X:  # noqa: SIM108 (constexpr branches, as the loads above)
                 xq = _quantize(xt, in_scale, in_scale_rcp)
             else:
@@ -325,7 +329,7 @@ if triton is not None:
             acc = tl.dot(w, xq, acc, max_num_imprecise_acc=IMPRECISE_ACC)
             if not W_DESC:
                 w_ptrs += BLOCK_K
-            x_ptrs += BLOCK_K
+                x_ptrs += BLOCK_K
 
         _finish(acc, out_ptr, bias_ptr, ws_ptr, cnt_ptr, in_scale * tl.load(w_scale_ptr), pid_k, tile, split_k,
                 M, N, stride_om, offs_n, offs_m, n_mask, m_mask, HAS_BIAS, USE_WS, REDUCE_UNROLL)  # fmt: skip
@@ -385,7 +389,7 @@ if triton is not None:
                 acc += tl.where(offs_m[None, :] == i, part[:, None], 0.0)
             if not W_DESC:
                 w_ptrs += BLOCK_K
-            x_ptrs += BLOCK_K
+                x_ptrs += BLOCK_K
 
         _finish(acc, out_ptr, bias_ptr, ws_ptr, cnt_ptr, in_scale * tl.load(w_scale_ptr), pid_k, pid_n, split_k,
                 M, N, stride_om, offs_n, offs_m, n_mask, m_mask, HAS_BIAS, USE_WS, REDUCE_UNROLL)  # fmt: skip
@@ -488,6 +492,7 @@ def launch(
     if cfg.cuda_core and m > cfg.block_m:
         raise Fp8InputError(f"fp8_gemv: {cfg} takes at most {cfg.block_m} tokens, got M={m}")
     w_arg = _weight_descriptor(weight, cfg) if cfg.tma else weight
+    x_arg = _token_descriptor(x, cfg) if cfg.tma and not cfg.cuda_core else x
     k_iters = triton.cdiv(k, cfg.block_k)
     split = max(1, min(cfg.split_k, k_iters))
     k_per_split = triton.cdiv(k_iters, split) * cfg.block_k
@@ -498,7 +503,7 @@ def launch(
     cnt = _counters(x.device, tiles) if use_ws else out
 
     args = (
-        x, w_arg, out, bias if bias is not None else out, ws, cnt, weight_scale, input_scale,
+        x_arg, w_arg, out, bias if bias is not None else out, ws, cnt, weight_scale, input_scale,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0), split, k_per_split,
     )  # fmt: skip
     flags = dict(
@@ -514,6 +519,14 @@ def launch(
             *args, **flags, IMPRECISE_ACC=min(128, cfg.block_k), W_DESC=cfg.tma, num_stages=cfg.num_stages
         )
     return out
+
+
+def _token_descriptor(x: torch.Tensor, cfg: GemvConfig) -> object:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if x.data_ptr() % 16 or (x.stride(0) * x.element_size()) % 16:
+        raise Fp8InputError(f"fp8_gemv: TMA needs 16-byte aligned tokens, got {x.data_ptr():#x}, stride {x.stride(0)}")
+    return TensorDescriptor(x, list(x.shape), [x.stride(0), 1], [cfg.block_m, cfg.block_k])
 
 
 def _weight_descriptor(weight: torch.Tensor, cfg: GemvConfig) -> object:
