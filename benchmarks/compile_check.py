@@ -1,11 +1,11 @@
 """Compile fp8_gemv's kernels for sm_90 on any machine (no GPU) and print what each config costs.
 
 Registers and spills (cuobjdump on the cubin, from Triton's bundled CUDA tools), shared memory, and
-how the weight arrives (TMA copies, cp.async, plain loads) in the PTX: enough to see whether a
-config fits before spending device time on it.
+how many cp.async copies the PTX issues: enough to see whether a config fits before spending device
+time on it.
 
-    python3 benchmarks/compile_check.py wgmma 256x128x32x8x3 64x128x16x4x8 --tma
-    python3 benchmarks/compile_check.py cuda_core 16x2048x1x8x4 --tma --maxnreg 80
+    python3 benchmarks/compile_check.py wgmma 256x128x32x8x3 128x128x16x8x5
+    python3 benchmarks/compile_check.py cuda_core 16x2048x1x8x1 --maxnreg 80
 
 A config is block_n x block_k x block_m x num_warps x num_stages.
 """
@@ -31,20 +31,19 @@ POINTERS = ("x_ptr", "w_ptr", "out_ptr", "bias_ptr", "ws_ptr", "cnt_ptr", "w_sca
 ALIGNED_INTS = ("N", "K", "stride_xm", "stride_wn", "stride_om", "k_per_split")
 
 
-def compile_config(kernel: str, cfg: str, tma: bool, fused: bool, maxnreg: int) -> str:
+def compile_config(kernel: str, cfg: str, fused: bool, maxnreg: int) -> str:
     block_n, block_k, block_m, warps, stages = (int(v) for v in cfg.split("x"))
     fn = fg._fp8_gemv_kernel if kernel == "wgmma" else fg._fp8_gemv_cuda_core_kernel
     types = dict.fromkeys(POINTERS, "*fp32") | {
-        "x_ptr": (f"tensordesc<{'bf16' if fused else 'fp8e4nv'}[{block_m}, {block_k}]>" if tma and kernel == "wgmma"
-                  else "*bf16" if fused else "*fp8e4nv"),
-        "w_ptr": f"tensordesc<fp8e4nv[{block_n}, {block_k}]>" if tma else "*fp8e4nv",
+        "x_ptr": "*bf16" if fused else "*fp8e4nv",
+        "w_ptr": "*fp8e4nv",
         "out_ptr": "*bf16",
         "bias_ptr": "*bf16",
         "cnt_ptr": "*i32",
     }
     constants = dict(
         BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_M=block_m, QUANT_X=fused, HAS_BIAS=False, USE_WS=True,
-        EVEN_K=True, EVEN_N=True, REDUCE_UNROLL=8, W_DESC=tma,
+        EVEN_K=True, EVEN_N=True, REDUCE_UNROLL=8,
     )  # fmt: skip
     options = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {})}
     if kernel == "wgmma":
@@ -54,8 +53,7 @@ def compile_config(kernel: str, cfg: str, tma: bool, fused: bool, maxnreg: int) 
         constants["NUM_STAGES"] = stages
     names = fn.arg_names
     signature = {n: types.get(n, "constexpr" if n in constants else "i32") for n in names}
-    aligned = [n for n in (*POINTERS, *ALIGNED_INTS) if not (tma and n in ("w_ptr", "x_ptr"))]
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in (*POINTERS, *ALIGNED_INTS)}
     compiled = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
                               options=options)  # fmt: skip
     ptx = compiled.asm["ptx"]
@@ -66,12 +64,11 @@ def compile_config(kernel: str, cfg: str, tma: bool, fused: bool, maxnreg: int) 
         usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", cubin.name], capture_output=True, text=True)
     regs = re.search(r"REG:(\d+)", usage.stdout)
     spill = re.search(r"LOCAL:(\d+)", usage.stdout)
-    tma_copies = len(re.findall(r"cp\.async\.bulk\.tensor", ptx))
     cp_async = len(re.findall(r"cp\.async\.c[ag]", ptx))
     return (
-        f"{kernel:9s} {cfg:18s} tma={int(tma)} fused={int(fused)} maxnreg={maxnreg or '-':>3}  "
+        f"{kernel:9s} {cfg:18s} fused={int(fused)} maxnreg={maxnreg or '-':>3}  "
         f"registers {regs.group(1) if regs else '?':>3}  local {spill.group(1) if spill else '?':>3} B  "
-        f"shared {compiled.metadata.shared / 1024:6.1f} KB  TMA copies {tma_copies}  cp.async {cp_async}"
+        f"shared {compiled.metadata.shared / 1024:6.1f} KB  cp.async {cp_async}"
         "  (static counts in the PTX)"
     )
 
@@ -80,12 +77,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("kernel", choices=("wgmma", "cuda_core"))
     ap.add_argument("configs", nargs="+", help="block_n x block_k x block_m x num_warps x num_stages")
-    ap.add_argument("--tma", action="store_true", help="the weight staged by TMA copies")
     ap.add_argument("--prequant", action="store_true", help="x handed over in fp8 (default: bf16, quantized inside)")
     ap.add_argument("--maxnreg", type=int, default=0)
     args = ap.parse_args()
     for cfg in args.configs:
-        print(compile_config(args.kernel, cfg, args.tma, not args.prequant, args.maxnreg), flush=True)
+        print(compile_config(args.kernel, cfg, not args.prequant, args.maxnreg), flush=True)
 
 
 if __name__ == "__main__":

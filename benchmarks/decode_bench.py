@@ -11,7 +11,7 @@ With --graph, every arm is also timed inside one CUDA graph per arm (the rotatin
 back, as a decode step replays them): launch gaps shrink to a graph's, which is what a served model
 pays. With --sweep, every candidate configuration of ours is timed too (one rep) and the best kept as
 `ours_best`, which is how the table in fp8_gemv.choose_config was made (--sweep-kinds: the wgmma
-kernel's configurations, the CUDA-core kernel's at M <= 8, each also with the weight staged by TMA).
+kernel's configurations, the CUDA-core kernel's at M <= 8, or both).
 
     PYTHONUNBUFFERED=1 python benchmarks/decode_bench.py --out results/   [--sweep]
 """
@@ -19,7 +19,6 @@ kernel's configurations, the CUDA-core kernel's at M <= 8, each also with the we
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -54,15 +53,6 @@ SWEEP_BLOCKS = {
          (256, 256, 2, 8), (128, 128, 3, 4), (64, 256, 3, 4), (128, 512, 2, 8)),
     32: ((128, 128, 4, 8), (64, 256, 4, 8), (256, 128, 3, 8)),
     64: ((128, 64, 6, 8), (128, 128, 4, 8), (256, 64, 4, 8)),
-}  # fmt: skip
-# The same kernel with the weight streamed by TMA (--sweep-kinds wgmma_tma): fewer registers and no
-# CTA-wide barrier per weight tile, so smaller tiles in deeper pipelines; each compiles for sm_90
-# with Triton 3.6 without spills in 80-160 KB of shared memory (x in bf16).
-SWEEP_TMA_BLOCKS = {
-    16: ((64, 128, 8, 4), (64, 128, 12, 4), (128, 128, 4, 4), (128, 128, 6, 4), (64, 256, 6, 4), (128, 256, 3, 4),
-         (256, 128, 3, 4), (128, 128, 6, 8), (256, 128, 4, 8)),
-    32: ((64, 128, 8, 4), (128, 128, 4, 4), (128, 128, 6, 4), (256, 128, 3, 4), (128, 128, 6, 8), (256, 128, 4, 8)),
-    64: ((64, 128, 6, 4), (128, 128, 4, 4), (128, 64, 8, 4), (128, 64, 8, 8), (128, 128, 4, 8)),
 }  # fmt: skip
 SWEEP_MS = (1, 2, 4, 8, 16)
 # The CUDA-core kernel, M <= 8: (block_n, block_k, num_warps, num_stages). block_k 512 puts a warp's
@@ -100,38 +90,31 @@ def sweep_configs(
     m: int, n: int, k: int, num_sms: int, kinds: str = "wgmma",
     cuda_core_blocks: tuple[tuple[int, ...], ...] = CUDA_CORE_BLOCKS, block_ms: tuple[int, ...] = (),
 ) -> list[fg.GemvConfig]:  # fmt: skip
-    """The configs to time at one (M, N, K). kinds: comma-separated cuda_core, cuda_core_tma, wgmma,
-    wgmma_tma (the _tma kinds stage the weight in shared memory by TMA copies, num_stages deep).
-    block_ms: wgmma token tiles to try besides the one covering M (a smaller one runs M in several
-    token tiles that share each weight tile via L2)."""
-    kinds_wanted = set(kinds.split(","))
+    """The configs to time at one (M, N, K). block_ms: wgmma token tiles to try besides the one
+    covering M (a smaller one runs M in several token tiles that share each weight tile via L2)."""
     out = []
-    block_m = 1 << (m - 1).bit_length()
-    for kind in ("cuda_core", "cuda_core_tma"):
-        if kind not in kinds_wanted or m > fg.CUDA_CORE_M_MAX:
-            continue
+    if "cuda_core" in kinds and m <= fg.CUDA_CORE_M_MAX:
+        block_m = 1 << (m - 1).bit_length()
         for block_n, block_k, warps, stages, *maxnreg in cuda_core_blocks:
             k_iters, tiles = k // block_k, -(-n // block_n)
             for split in (1, 2, 3, 4, 6, 7, 8, 12, 14, 16):
                 if k_iters % split == 0 and (split == 1 or num_sms // 2 <= tiles * split <= 16 * num_sms):
                     cfg = fg.GemvConfig(block_n, block_k, block_m, split, warps, stages, True, *maxnreg)
-                    out.append(dataclasses.replace(cfg, tma=kind == "cuda_core_tma"))
+                    out.append(cfg)
+    if "wgmma" not in kinds:
+        return out
     own = fg.block_m_for(m)
-    for kind, blocks in (("wgmma", SWEEP_BLOCKS), ("wgmma_tma", SWEEP_TMA_BLOCKS)):
-        if kind not in kinds_wanted:
-            continue
-        for block_m in sorted({own, *(b for b in block_ms if b < own)}):
-            for block_n, block_k, stages, warps in blocks[block_m]:
-                k_iters = k // block_k
-                slots = num_sms * fg.ctas_per_sm(block_n, block_k, block_m, stages)
-                tiles = -(-n // block_n) * -(-m // block_m)
-                for split in range(1, min(32, k_iters) + 1):
-                    uneven = k_iters % split != 0
-                    if uneven and (block_m > 16 or -(-k_iters // split) * (split - 1) >= k_iters):
-                        continue  # uneven splits only at decode sizes, and none that leave a split empty
-                    if split == 1 or slots // 2 <= tiles * split <= 3 * slots:
-                        cfg = fg.GemvConfig(block_n, block_k, block_m, split, warps, stages, tma=kind == "wgmma_tma")
-                        out.append(cfg)
+    for block_m in sorted({own, *(b for b in block_ms if b < own)}):
+        for block_n, block_k, stages, warps in SWEEP_BLOCKS[block_m]:
+            k_iters = k // block_k
+            slots = num_sms * fg.ctas_per_sm(block_n, block_k, block_m, stages)
+            tiles = -(-n // block_n) * -(-m // block_m)
+            for split in range(1, min(32, k_iters) + 1):
+                uneven = k_iters % split != 0
+                if uneven and (block_m > 16 or -(-k_iters // split) * (split - 1) >= k_iters):
+                    continue  # uneven splits only at decode sizes, and none that leave a split empty
+                if split == 1 or slots // 2 <= tiles * split <= 3 * slots:
+                    out.append(fg.GemvConfig(block_n, block_k, block_m, split, warps, stages))
     return out
 
 
@@ -375,8 +358,7 @@ def main() -> None:
     ap.add_argument("--sweep-repeats", type=int, default=20)
     ap.add_argument("--graph", action="store_true", help="also time every arm inside a CUDA graph")
     ap.add_argument("--graph-replays", type=int, default=10, help="graph replays per rep (one sample each)")
-    kinds = "wgmma, wgmma_tma, cuda_core, cuda_core_tma"
-    ap.add_argument("--sweep-kinds", default="wgmma", help=f"kernels to sweep (comma): {kinds}")
+    ap.add_argument("--sweep-kinds", default="wgmma", help="kernels to sweep: wgmma, cuda_core or both (comma)")
     ap.add_argument(
         "--cuda-core-blocks",
         default="",

@@ -3,11 +3,9 @@
 #   tests    tests/gpu/test_fp8_gemv.py
 #   ceiling  benchmarks/read_ceiling.py: the fastest pure read of each TP1 weight (the GEMV's ceiling)
 #   sweep    decode_bench.py --sweep of the wgmma kernel at M in $SWEEP_MS (default 32,64) on $SHAPES
-#            (default the TP4 ones), token tiles $BLOCK_MS (default 16,32) besides M's own; --graph;
-#            SWEEP_KINDS=wgmma,wgmma_tma adds the weight streamed by TMA
+#            (default the TP4 ones), token tiles $BLOCK_MS (default 16,32) besides M's own; --graph
 #   cc_sweep decode_bench.py --sweep of the CUDA-core kernel at M in $CC_MS (default 1) over $CC_BLOCKS
-#            on $CC_SHAPES (default the TP1 ones); CC_KINDS=cuda_core,cuda_core_tma adds the weight
-#            staged by TMA (num_stages deep: the blocks' fourth field)
+#            on $CC_SHAPES (default the TP1 ones)
 #   ncu      benchmarks/ncu_decode.py under Nsight Compute at M=$NCU_M (default 32) on $NCU_SHAPES
 #            (default tp4_gate_up,tp4_down,tp1_qkv,tp1_down): ours, ours on pre-quantized x, cuBLASLt
 #            + its quantization kernel, and the CUDA-core kernel with NCU_CC=block_n,block_k,warps,stages
@@ -30,7 +28,7 @@ CC_BLOCKS=${CC_BLOCKS:-16x512x4x1,16x512x8x1,32x512x8x1,8x512x4x1,8x512x8x1,16x1
 R=$OUT/r; mkdir -p "$R"
 has() { [[ " $SECTIONS " == *" $1 "* ]]; }
 {
-  echo "# command: SECTIONS='$SECTIONS' SWEEP_MS=$SWEEP_MS SWEEP_KINDS=${SWEEP_KINDS:-wgmma} SHAPES=$SHAPES BLOCK_MS=$BLOCK_MS CC_MS=$CC_MS CC_KINDS=${CC_KINDS:-cuda_core} CC_SHAPES=$CC_SHAPES CC_BLOCKS=$CC_BLOCKS bash benchmarks/scripts/gpu_decode_limits.sh   ($(date -u +%FT%TZ), commit ${COMMIT:-unknown})"
+  echo "# command: SECTIONS='$SECTIONS' SWEEP_MS=$SWEEP_MS SHAPES=$SHAPES BLOCK_MS=$BLOCK_MS CC_MS=$CC_MS CC_SHAPES=$CC_SHAPES CC_BLOCKS=$CC_BLOCKS bash benchmarks/scripts/gpu_decode_limits.sh   ($(date -u +%FT%TZ), commit ${COMMIT:-unknown})"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
   if has tests; then
     echo "## tests"; python3 -m pytest -q -m gpu tests/gpu/test_fp8_gemv.py -n 4 ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tail -8
@@ -41,13 +39,12 @@ has() { [[ " $SECTIONS " == *" $1 "* ]]; }
   if has sweep; then
     echo "## sweep"
     timeout "${SWEEP_S:-330}" python3 benchmarks/decode_bench.py --sweep --sweep-ms "$SWEEP_MS" --sweep-block-ms "$BLOCK_MS" \
-      --ms "16,$SWEEP_MS" --shapes "$SHAPES" --sweep-kinds "${SWEEP_KINDS:-wgmma}" --sweep-repeats 10 --graph \
-      --out "$R" 2>&1 | grep -v "^  GemvConfig"
+      --ms "16,$SWEEP_MS" --shapes "$SHAPES" --sweep-repeats 10 --graph --out "$R" 2>&1 | grep -v "^  GemvConfig"
     ls "$R"
   fi
   if has cc_sweep; then
     echo "## cc_sweep"; mkdir -p "$R/cc_sweep"
-    timeout "${CC_S:-200}" python3 benchmarks/decode_bench.py --sweep --sweep-kinds "${CC_KINDS:-cuda_core}" --sweep-ms "$CC_MS" --ms "$CC_MS" \
+    timeout "${CC_S:-200}" python3 benchmarks/decode_bench.py --sweep --sweep-kinds cuda_core --sweep-ms "$CC_MS" --ms "$CC_MS" \
       --shapes "$CC_SHAPES" --cuda-core-blocks "$CC_BLOCKS" --sweep-repeats 10 --graph \
       --out "$R/cc_sweep" 2>&1 | grep -v "^  GemvConfig" | tail -45
   fi

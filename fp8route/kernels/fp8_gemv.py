@@ -4,9 +4,9 @@
 
 Why kernels of our own: the separate quantization kernel costs every linear one more launch, and
 at decode sizes the library FP8 GEMMs sit well above the memory floor. What they reach on the H200
-(benchmarks/DECODE.md): Llama-3.1-8B TP1 sum at M=1 77.0 µs per call vs 86.6 for cuBLASLt +
-quantization (66.8 vs 74.1 in a CUDA graph; a kernel that only reads those weights needs 65.9 and
-58.7), 1.15-1.6x on the TP4 shapes; at M=16 a tie, from M=32 on mostly a loss. The router decides
+(benchmarks/DECODE.md): Llama-3.1-8B TP1 sum at M=1 79.5 µs per call vs 86.2 for cuBLASLt +
+quantization (70.8 vs 74.4 in a CUDA graph; a kernel that only reads those weights needs 65.9 and
+58.7), 1.2-1.5x on the TP4 shapes; at M=16 a tie, from M=32 on mostly a loss. The router decides
 by measurement.
 
 Two kernels behind one op, picked per (N, K, M bucket):
@@ -16,8 +16,6 @@ Two kernels behind one op, picked per (N, K, M bucket):
 - wgmma (M 2..128): swap AB, the weight rows on the MMA's M side (64 to 256 per tile) and the tokens
   on its N side (16..64), so the weight goes straight from shared memory into the tensor cores.
 Both:
-- The weight is loaded by the threads (cp.async for wgmma), or staged in shared memory by TMA
-  copies num_stages tiles ahead (GemvConfig.tma: for sweeps, not yet measured).
 - Split-K to put several CTAs' worth of loads in flight on every SM; each split writes its fp32
   partial to a workspace and the last CTA of a tile (an integer counter tells which) sums the
   partials in split order. The counter is reset by that CTA, so the kernel is graph-safe, and the
@@ -63,10 +61,6 @@ class GemvConfig:
     num_stages: int = 4
     cuda_core: bool = False  # the CUDA-core kernel (block_m <= CUDA_CORE_M_MAX) instead of wgmma
     maxnreg: int = 0  # registers per thread at most (0: the compiler's choice); fewer fit more CTAs per SM
-    tma: bool = False  # the weight staged in shared memory by TMA copies (Hopper), num_stages deep
-
-
-TMA_BOX_MAX = 256  # rows of one TMA copy (the hardware's limit per box dimension)
 
 
 def why_not(m_max: int, n: int, k: int) -> str | None:
@@ -268,11 +262,8 @@ if triton is not None:
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
-        REDUCE_UNROLL: tl.constexpr, W_DESC: tl.constexpr,
+        REDUCE_UNROLL: tl.constexpr,
     ):  # fmt: skip
-        """W_DESC: w_ptr is a TMA descriptor of the weight (block [BLOCK_N, BLOCK_K], zero fill past N
-        and K); Triton then pipelines the weight tiles with TMA copies and mbarriers instead of
-        cp.async and CTA-wide barriers."""
         pid = tl.program_id(0)
         # The splits of one tile are adjacent pids: launched together, so the last one (which
         # reduces) does not wait on a split scheduled a wave later.
@@ -291,35 +282,25 @@ if triton is not None:
         m_mask = offs_m < M
         k_lo = pid_k * k_per_split
 
-        if not W_DESC:
-            w_ptrs = w_ptr + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]
+        w_ptrs = w_ptr + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]
         # x^T tile [BLOCK_K, BLOCK_M]: K-contiguous, which is what fp8 wgmma wants for its B operand.
-        if not W_DESC:
-            x_ptrs = x_ptr + offs_m[None, :] * stride_xm + (k_lo + offs_k)[:, None]
+        x_ptrs = x_ptr + offs_m[None, :] * stride_xm + (k_lo + offs_k)[:, None]
         in_scale = tl.load(in_scale_ptr)
         in_scale_rcp = tl.math.div_rn(1.0, in_scale)
 
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         # EVEN_K: every split covers exactly k_per_split (a multiple of BLOCK_K) inside K.
-        for k in tl.range(0, k_per_split, BLOCK_K, warp_specialize=W_DESC):
+        for k in range(0, k_per_split, BLOCK_K):
             if EVEN_K:
-                if W_DESC:
-                    w = w_ptr.load([pid_n * BLOCK_N, k_lo + k])
-                    xt = tl.trans(x_ptr.load([pid_m * BLOCK_M, k_lo + k]))
-                elif EVEN_N:
+                if EVEN_N:  # noqa: SIM108 (one load per constexpr branch)
                     w = tl.load(w_ptrs)
-                    xt = tl.load(x_ptrs, mask=m_mask[None, :], other=0.0)
                 else:
                     w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
-                    xt = tl.load(x_ptrs, mask=m_mask[None, :], other=0.0)
+                xt = tl.load(x_ptrs, mask=m_mask[None, :], other=0.0)
             else:
                 k_mask = (k_lo + k + offs_k) < K
-                if W_DESC:
-                    w = w_ptr.load([pid_n * BLOCK_N, k_lo + k])
-                    xt = tl.trans(x_ptr.load([pid_m * BLOCK_M, k_lo + k]))
-                else:
-                    w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-                    xt = tl.load(x_ptrs, mask=m_mask[None, :] & k_mask[:, None], other=0.0)
+                w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+                xt = tl.load(x_ptrs, mask=m_mask[None, :] & k_mask[:, None], other=0.0)
             if QUANT_X:  # noqa: SIM108 (constexpr branches, as the loads above)
                 xq = _quantize(xt, in_scale, in_scale_rcp)
             else:
@@ -327,9 +308,8 @@ if triton is not None:
             # Promote the tensor cores' reduced-precision fp8 accumulation to fp32 every
             # IMPRECISE_ACC elements of K (cuBLASLt's default, non fast-accum, does likewise).
             acc = tl.dot(w, xq, acc, max_num_imprecise_acc=IMPRECISE_ACC)
-            if not W_DESC:
-                w_ptrs += BLOCK_K
-                x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K
 
         _finish(acc, out_ptr, bias_ptr, ws_ptr, cnt_ptr, in_scale * tl.load(w_scale_ptr), pid_k, tile, split_k,
                 M, N, stride_om, offs_n, offs_m, n_mask, m_mask, HAS_BIAS, USE_WS, REDUCE_UNROLL)  # fmt: skip
@@ -341,11 +321,9 @@ if triton is not None:
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, REDUCE_UNROLL: tl.constexpr, NUM_STAGES: tl.constexpr,
-        W_DESC: tl.constexpr,
     ):  # fmt: skip
-        """The same product for a few tokens (BLOCK_M <= 8) on the CUDA cores: the weight goes straight
-        from memory to registers (or, with W_DESC, through shared memory by TMA copies) and the token
-        side is not padded to the MMA's 16. Each weight element is converted once
+        """The same product for a few tokens (BLOCK_M <= 8) on the CUDA cores: no shared-memory staging
+        of the weight and no MMA padding of the token side to 16. Each weight element is converted once
         (e4m3 -> fp32, exact) and multiplied by every token's x in fp32; the products are exact, so only
         the fp32 sums round."""
         pid = tl.program_id(0)
@@ -358,25 +336,21 @@ if triton is not None:
         m_mask = offs_m < M
         k_lo = pid_k * k_per_split
 
-        if not W_DESC:
-            w_ptrs = w_ptr + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]
+        w_ptrs = w_ptr + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]
         x_ptrs = x_ptr + k_lo + offs_k
         in_scale = tl.load(in_scale_ptr)
         in_scale_rcp = tl.math.div_rn(1.0, in_scale)
 
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k in tl.range(0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
-            if EVEN_K:  # noqa: SIM108 (constexpr branches)
+            if EVEN_K:
                 k_mask = offs_k < BLOCK_K
+                if EVEN_N:  # noqa: SIM108 (one load per constexpr branch)
+                    w = tl.load(w_ptrs)
+                else:
+                    w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
             else:
                 k_mask = (k_lo + k + offs_k) < K
-            if W_DESC:  # staged in shared memory by TMA copies, zero past N and K
-                w = w_ptr.load([pid_n * BLOCK_N, k_lo + k])
-            elif EVEN_K and EVEN_N:
-                w = tl.load(w_ptrs)
-            elif EVEN_K:
-                w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
-            else:
                 w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
             w = w.to(tl.float32)
             # Token by token: a [BLOCK_N, BLOCK_M, BLOCK_K] product would spread K over the threads
@@ -387,9 +361,8 @@ if triton is not None:
                     xt = _quantize(xt, in_scale, in_scale_rcp)
                 part = tl.sum(w * xt.to(tl.float32)[None, :], axis=1)
                 acc += tl.where(offs_m[None, :] == i, part[:, None], 0.0)
-            if not W_DESC:
-                w_ptrs += BLOCK_K
-                x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K
 
         _finish(acc, out_ptr, bias_ptr, ws_ptr, cnt_ptr, in_scale * tl.load(w_scale_ptr), pid_k, pid_n, split_k,
                 M, N, stride_om, offs_n, offs_m, n_mask, m_mask, HAS_BIAS, USE_WS, REDUCE_UNROLL)  # fmt: skip
@@ -491,8 +464,6 @@ def launch(
 
     if cfg.cuda_core and m > cfg.block_m:
         raise Fp8InputError(f"fp8_gemv: {cfg} takes at most {cfg.block_m} tokens, got M={m}")
-    w_arg = _weight_descriptor(weight, cfg) if cfg.tma else weight
-    x_arg = _token_descriptor(x, cfg) if cfg.tma and not cfg.cuda_core else x
     k_iters = triton.cdiv(k, cfg.block_k)
     split = max(1, min(cfg.split_k, k_iters))
     k_per_split = triton.cdiv(k_iters, split) * cfg.block_k
@@ -503,7 +474,7 @@ def launch(
     cnt = _counters(x.device, tiles) if use_ws else out
 
     args = (
-        x_arg, w_arg, out, bias if bias is not None else out, ws, cnt, weight_scale, input_scale,
+        x, weight, out, bias if bias is not None else out, ws, cnt, weight_scale, input_scale,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0), split, k_per_split,
     )  # fmt: skip
     flags = dict(
@@ -513,37 +484,12 @@ def launch(
         num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )  # fmt: skip
     if cfg.cuda_core:
-        _fp8_gemv_cuda_core_kernel[(tiles * split,)](*args, **flags, NUM_STAGES=cfg.num_stages, W_DESC=cfg.tma)
+        _fp8_gemv_cuda_core_kernel[(tiles * split,)](*args, **flags, NUM_STAGES=cfg.num_stages)
     else:
         _fp8_gemv_kernel[(tiles * split,)](
-            *args, **flags, IMPRECISE_ACC=min(128, cfg.block_k), W_DESC=cfg.tma, num_stages=cfg.num_stages
+            *args, **flags, IMPRECISE_ACC=min(128, cfg.block_k), num_stages=cfg.num_stages
         )
     return out
-
-
-def _token_descriptor(x: torch.Tensor, cfg: GemvConfig) -> object:
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    if x.data_ptr() % 16 or (x.stride(0) * x.element_size()) % 16:
-        raise Fp8InputError(f"fp8_gemv: TMA needs 16-byte aligned tokens, got {x.data_ptr():#x}, stride {x.stride(0)}")
-    return TensorDescriptor(x, list(x.shape), [x.stride(0), 1], [cfg.block_m, cfg.block_k])
-
-
-def _weight_descriptor(weight: torch.Tensor, cfg: GemvConfig) -> object:
-    """A host-side TMA descriptor of the weight (passed by value, so a CUDA graph keeps the one it
-    captured, like any pointer argument). Triton copies a tile in boxes of 128 bytes of K."""
-    try:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-    except ImportError as exc:
-        raise Fp8InputError(f"fp8_gemv: {cfg} needs triton.tools.tensor_descriptor (Triton >= 3.4): {exc}") from exc
-    if cfg.block_n > TMA_BOX_MAX:
-        raise Fp8InputError(f"fp8_gemv: {cfg}: a TMA copy spans at most {TMA_BOX_MAX} weight rows")
-    if weight.data_ptr() % 16 or weight.stride(0) % 16:
-        raise Fp8InputError(
-            f"fp8_gemv: TMA needs a 16-byte aligned weight and row stride, got address "
-            f"{weight.data_ptr():#x} and stride {weight.stride(0)}"
-        )
-    return TensorDescriptor(weight, list(weight.shape), [weight.stride(0), 1], [cfg.block_n, cfg.block_k])
 
 
 if triton is not None:
