@@ -47,14 +47,12 @@ SHAPES = {  # name: (N, K)
 }
 MS = (1, 2, 4, 8, 16, 32, 64, 128)
 # (block_n, block_k, num_stages, num_warps) per block_m; each compiles for sm_90 without register
-# spills, in shared memory for one to three CTAs per SM (benchmarks/compile_check.py). The 4-warp
-# ones at block_m 32-64 are for occupancy: the 8-warp kernels ran at 12% there, stalled on the
-# per-tile barrier (decode_limits/run7).
+# spills, in shared memory for one or two CTAs per SM (cuobjdump --dump-resource-usage).
 SWEEP_BLOCKS = {
     16: ((256, 128, 4, 8), (128, 256, 3, 8), (128, 128, 5, 8), (64, 128, 6, 4), (128, 256, 2, 8), (256, 128, 2, 8),
          (256, 256, 2, 8), (128, 128, 3, 4), (64, 256, 3, 4), (128, 512, 2, 8)),
-    32: ((128, 128, 4, 8), (64, 256, 4, 8), (256, 128, 3, 8), (64, 128, 4, 4), (64, 128, 6, 4), (128, 128, 3, 4)),
-    64: ((128, 64, 6, 8), (128, 128, 4, 8), (256, 64, 4, 8), (64, 64, 6, 4), (64, 128, 4, 4), (128, 64, 4, 4)),
+    32: ((128, 128, 4, 8), (64, 256, 4, 8), (256, 128, 3, 8)),
+    64: ((128, 64, 6, 8), (128, 128, 4, 8), (256, 64, 4, 8)),
 }  # fmt: skip
 SWEEP_MS = (1, 2, 4, 8, 16)
 # The CUDA-core kernel, M <= 8: (block_n, block_k, num_warps, num_stages). block_k 512 puts a warp's
