@@ -4,9 +4,9 @@
 
 Why kernels of our own: the separate quantization kernel costs every linear one more launch, and
 at decode sizes the library FP8 GEMMs sit well above the memory floor. What they reach on the H200
-(benchmarks/DECODE.md): Llama-3.1-8B TP1 sum at M=1 79.5 µs per call vs 86.2 for cuBLASLt +
-quantization (70.8 vs 74.4 in a CUDA graph; a kernel that only reads those weights needs 65.9 and
-58.7), 1.2-1.5x on the TP4 shapes; at M=16 a tie, from M=32 on mostly a loss. The router decides
+(benchmarks/DECODE.md): Llama-3.1-8B TP1 sum at M=1 77.0 µs per call vs 86.6 for cuBLASLt +
+quantization (66.8 vs 74.1 in a CUDA graph; a kernel that only reads those weights needs 65.9 and
+58.7), 1.15-1.6x on the TP4 shapes; at M=16 a tie, from M=32 on mostly a loss. The router decides
 by measurement.
 
 Two kernels behind one op, picked per (N, K, M bucket):
