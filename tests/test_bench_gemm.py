@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -17,6 +18,8 @@ from fp8route.bench.report import ROUTED, SUM, Cell, GemmReport, gemm_bytes
 from fp8route.bench.timing import ArmTiming
 from fp8route.bench.workload import CudaMeasure, Workload, routed_run
 from fp8route.cli import main
+from fp8route.commands.sweep_args import timer_from_args
+from fp8route.errors import Fp8RouteError
 from fp8route.routing import LayerShape, Tuner
 
 
@@ -271,7 +274,12 @@ def test_cli_tune_end_to_end_with_a_fake_clock(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tune, "cuda_device", lambda args: torch.device("cpu"))
     monkeypatch.setattr(tune, "DeviceInfo", _Stub(H200))
     monkeypatch.setattr(tune, "Fingerprint", _Stub(FP))
-    monkeypatch.setattr(tune, "CudaMeasure", lambda device, repeats: CudaMeasure("cpu", copies=2, timer=FakeTimer()))
+
+    def measure(device, repeats, timer):
+        assert timer is None  # --clock events, the default: time_arms as it is
+        return CudaMeasure("cpu", copies=2, timer=FakeTimer())
+
+    monkeypatch.setattr(tune, "CudaMeasure", measure)
     argv = [
         "tune",
         "--shapes",
@@ -285,7 +293,10 @@ def test_cli_tune_end_to_end_with_a_fake_clock(tmp_path, monkeypatch, capsys):
     ]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "tuning 2 shapes x 2 M values, x quantized by each layer, on NVIDIA H200" in out and "M 1+ -> cublas" in out
+    assert (
+        "tuning 2 shapes x 2 M values, x quantized by each layer, clock: events, on NVIDIA H200" in out
+        and "M 1+ -> cublas" in out
+    )
     table = json.loads((tmp_path / "out" / "routing-h200.json").read_text())
     assert table["m_bounds"] == [1, 8] and len(table["shapes"]) == 2 and table["command"].startswith("fp8route ")
 
@@ -297,7 +308,7 @@ def test_cli_tune_for_pre_quantized_input_keeps_both_kinds_of_routes(tmp_path, m
     monkeypatch.setattr(tune, "cuda_device", lambda args: torch.device("cpu"))
     monkeypatch.setattr(tune, "DeviceInfo", _Stub(H200))
     monkeypatch.setattr(tune, "Fingerprint", _Stub(FP))
-    monkeypatch.setattr(tune, "CudaMeasure", lambda device, repeats: CudaMeasure("cpu", copies=2, timer=watch))
+    monkeypatch.setattr(tune, "CudaMeasure", lambda device, repeats, timer: CudaMeasure("cpu", copies=2, timer=watch))
     argv = ["tune", "--shapes", "64x32", "--m", "1,8", "--table", str(tmp_path / "t.json")]
     assert main([*argv, "--x-quantized"]) == 0
     assert "x handed over quantized (GEMMs alone)" in capsys.readouterr().out
@@ -363,7 +374,7 @@ def test_a_host_too_busy_to_time_on_stops_tune_instead_of_failing_a_backend(tmp_
     monkeypatch.setattr(tune, "cuda_device", lambda args: torch.device("cpu"))
     monkeypatch.setattr(tune, "DeviceInfo", _Stub(H200))
     monkeypatch.setattr(tune, "Fingerprint", _Stub(FP))
-    monkeypatch.setattr(tune, "CudaMeasure", lambda device, repeats: CudaMeasure("cpu", copies=2, timer=busy))
+    monkeypatch.setattr(tune, "CudaMeasure", lambda device, repeats, timer: CudaMeasure("cpu", copies=2, timer=busy))
     assert main(["tune", "--shapes", "64x32", "--m", "1", "--table", str(tmp_path / "t.json")]) == 2
     assert "could not queue 30 calls" in capsys.readouterr().err and not (tmp_path / "t.json").exists()
 
@@ -405,7 +416,7 @@ def test_interleaved_arms_take_turns_of_a_whole_rotation(copies, repeats):
 def test_long_schedules_are_timed_in_batches_the_launch_queue_can_hold(monkeypatch):
     batches: list[int] = []
 
-    def behind_sleep(batch, lead_us):
+    def behind_sleep(batch, lead_us, clock):
         batches.append(len(batch))
         return [float(call()) for call in batch]
 
@@ -415,3 +426,40 @@ def test_long_schedules_are_timed_in_batches_the_launch_queue_can_hold(monkeypat
     times = timing.time_cold(calls, repeats=400, warmup=1)
     assert batches == [150, 150, 100]
     assert times == [float(i % 8) for i in range(400)]  # every call timed once, in order
+
+
+class _Event:
+    def __init__(self, name: str, device_time_total: float, device_type=torch.autograd.DeviceType.CPU):
+        self.name, self.device_time_total, self.device_type = name, device_time_total, device_type
+
+
+def test_cupti_clock_reads_each_calls_kernel_time_from_its_range():
+    label = timing._CALL_LABEL
+    events = [
+        _Event(f"{label}1", 7.5),
+        _Event("aten::_scaled_mm", 6.0),  # a child op: already inside its range's total
+        _Event(f"{label}0", 12.25),
+        _Event(f"{label}0", 99.0, torch.autograd.DeviceType.CUDA),  # the range's GPU mirror: not a call
+    ]
+    assert timing.kernel_us_per_call(events, 2) == [12.25, 7.5]
+    # A call whose kernels the profiler did not see is an error, never a zero time.
+    with pytest.raises(Fp8RouteError, match="no kernel time for 1 of 3 calls"):
+        timing.kernel_us_per_call(events, 3)
+    with pytest.raises(Fp8RouteError, match="first: call 0"):
+        timing.kernel_us_per_call([_Event(f"{label}0", 0.0), _Event(f"{label}1", 3.0)], 2)
+
+
+def test_an_unknown_clock_is_refused_before_anything_runs():
+    ran = []
+    with pytest.raises(ValueError, match="clock must be one of events, cupti, got 'wall'"):
+        timing.time_cold([lambda: ran.append(1)], repeats=2, clock="wall")
+    assert ran == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUPTI cannot see a GPU")
+def test_the_cupti_clock_without_a_gpu_is_refused_with_the_way_out():
+    with pytest.raises(Fp8RouteError, match="use 'events'"):
+        timing.time_cold([lambda: None], repeats=2, clock="cupti")
+    with pytest.raises(Fp8RouteError, match="--clock cupti: torch.profiler cannot record CUDA kernels"):
+        timer_from_args(argparse.Namespace(clock="cupti"))
+    assert timer_from_args(argparse.Namespace(clock="events")) is None

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from fp8route.bench.timing import cupti_available
+
 log = logging.getLogger("fp8route")
 
 _LABEL = "fp8route.arm:"  # prefix of the profiler range around each arm's call
@@ -24,7 +26,7 @@ def kernels_by_arm(calls: Mapping[str, Callable[[], object]]) -> dict[str, tuple
     Empty tuples where the profiler cannot see the GPU (no CUDA, no CUPTI); a profiler that fails
     is logged once and gives empty tuples too, since the timings do not depend on it."""
     empty: dict[str, tuple[str, ...]] = {name: () for name in calls}
-    if not _can_profile_cuda():
+    if not cupti_available():
         return empty
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -62,15 +64,6 @@ def split_by_window(
     ran one at a time with a synchronize inside each window, so every kernel lies in exactly one."""
     ordered = sorted(kernels)
     return {arm: tuple(n for t, n in ordered if start <= t <= end) for arm, (start, end) in windows.items()}
-
-
-@functools.lru_cache(maxsize=1)
-def _can_profile_cuda() -> bool:
-    if not torch.cuda.is_available():
-        return False
-    from torch.profiler import ProfilerActivity, supported_activities
-
-    return ProfilerActivity.CUDA in supported_activities()
 
 
 @functools.lru_cache(maxsize=1)

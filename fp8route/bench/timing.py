@@ -1,5 +1,9 @@
 """Kernel timing the way a model sees it: CUDA events, cold L2 by operand rotation, two reps.
 
+Two clocks read the same schedule: "events" (default), a pair of CUDA events around each call, and
+"cupti", the duration of the kernels each call launched as CUPTI records them (through
+torch.profiler): kernels only, without the gaps between a call's kernels that the events include.
+
 - Cold L2 by rotation: timed call i runs on operand copy i % n, and the n copies together are
   more than 3x the L2, so each call's weight comes from HBM while L2 holds clean lines of other
   weights (as in a forward pass). A large buffer *written* before each call (the usual flush)
@@ -26,6 +30,7 @@ Nothing here touches CUDA at import time.
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 import statistics
@@ -49,6 +54,8 @@ MAX_WARM_S = 2.0  # warm-up runs as long as the batch will, up to this
 # and a host blocked on it falls behind (700 calls of one GEMM never got ahead; 150 of up to four
 # kernels each did).
 MAX_BATCH_CALLS = 150
+CLOCKS = ("events", "cupti")
+_CALL_LABEL = "fp8route.call:"  # prefix of the profiler range around each call (clock "cupti")
 
 _cycles_per_us: dict[int, float] = {}
 # Batches timed, and how many had to be timed again because the host fell behind: bench and tune
@@ -108,6 +115,7 @@ def time_cold(
     *,
     repeats: int = 30,
     warmup: int = 3,
+    clock: str = "events",
 ) -> list[float]:
     """Time `repeats` calls in µs; call i runs calls[i % len(calls)], each bound to its own operand copy.
 
@@ -117,7 +125,7 @@ def time_cold(
     """
     if not calls:
         raise ValueError("time_cold: no calls to time")
-    return _time_queued([calls[i % len(calls)] for i in range(repeats)], calls, warmup)
+    return _time_queued([calls[i % len(calls)] for i in range(repeats)], calls, warmup, clock)
 
 
 def interleaved_schedule(copies_per_arm: Sequence[int], repeats: int) -> list[tuple[int, int]]:
@@ -139,7 +147,7 @@ def interleaved_schedule(copies_per_arm: Sequence[int], repeats: int) -> list[tu
 
 
 def time_interleaved(
-    arms: Sequence[Sequence[Callable[[], object]]], *, repeats: int = 30, warmup: int = 3
+    arms: Sequence[Sequence[Callable[[], object]]], *, repeats: int = 30, warmup: int = 3, clock: str = "events"
 ) -> list[list[float]]:
     """`repeats` calls of each arm in µs, the arms taking turns inside one batch behind one sleep
     (interleaved_schedule). Whatever drifts while the batch runs lands on every arm alike: on the
@@ -150,7 +158,8 @@ def time_interleaved(
     if not arms or not all(arms):
         raise ValueError("time_interleaved: every arm needs calls to time")
     schedule = interleaved_schedule([len(calls) for calls in arms], repeats)
-    times = _time_queued([arms[a][c] for a, c in schedule], [call for calls in arms for call in calls], warmup)
+    distinct = [call for calls in arms for call in calls]
+    times = _time_queued([arms[a][c] for a, c in schedule], distinct, warmup, clock)
     per_arm: list[list[float]] = [[] for _ in arms]
     for (arm, _), t in zip(schedule, times, strict=True):
         per_arm[arm].append(t)
@@ -158,11 +167,15 @@ def time_interleaved(
 
 
 def _time_queued(
-    schedule: Sequence[Callable[[], object]], distinct: Sequence[Callable[[], object]], warmup: int
+    schedule: Sequence[Callable[[], object]], distinct: Sequence[Callable[[], object]], warmup: int, clock: str
 ) -> list[float]:
-    """Each call of the schedule timed by its own events, queued behind a sleep MAX_BATCH_CALLS at
-    a time (a batch is retried with a longer sleep while the host falls behind). `distinct`: every
+    """Each call of the schedule timed by the clock, queued behind a sleep MAX_BATCH_CALLS at a
+    time (a batch is retried with a longer sleep while the host falls behind). `distinct`: every
     call of the schedule once."""
+    if clock not in CLOCKS:
+        raise ValueError(f"timing: clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    if clock == "cupti" and not cupti_available():
+        raise Fp8RouteError("timing: clock 'cupti' needs torch.profiler with CUDA activity (CUPTI); use 'events'")
     for _ in range(max(warmup, 1)):
         for call in distinct:
             call()
@@ -188,15 +201,15 @@ def _time_queued(
         warmed_s += time.perf_counter() - began
     times: list[float] = []
     for start in range(0, len(schedule), MAX_BATCH_CALLS):
-        times += _time_batch(schedule[start : start + MAX_BATCH_CALLS], host_us_per_call)
+        times += _time_batch(schedule[start : start + MAX_BATCH_CALLS], host_us_per_call, clock)
     return times
 
 
-def _time_batch(batch: Sequence[Callable[[], object]], host_us_per_call: float) -> list[float]:
+def _time_batch(batch: Sequence[Callable[[], object]], host_us_per_call: float, clock: str) -> list[float]:
     lead_us = max(MIN_LEAD_US, LEAD_PER_CALL * host_us_per_call * len(batch))
     for _ in range(LEAD_ATTEMPTS):
         batch_counts["timed"] += 1
-        times = _time_behind_sleep(batch, lead_us)
+        times = _time_behind_sleep(batch, lead_us, clock)
         if times is not None:
             return times
         batch_counts["host_behind"] += 1
@@ -207,9 +220,26 @@ def _time_batch(batch: Sequence[Callable[[], object]], host_us_per_call: float) 
     )
 
 
-def _time_behind_sleep(schedule: Sequence[Callable[[], object]], lead_us: float) -> list[float] | None:
+def _time_behind_sleep(
+    schedule: Sequence[Callable[[], object]], lead_us: float, clock: str = "events"
+) -> list[float] | None:
     """The batch's times, or None when the GPU finished the sleep before the host queued the last call."""
+    if clock == "cupti":
+        with _profiling() as profiler:
+            labelled = [_labelled(i, call) for i, call in enumerate(schedule)]
+            host_ahead = _queue_behind_sleep(labelled, lead_us)
+            torch.cuda.synchronize()
+        return kernel_us_per_call(profiler.events(), len(schedule)) if host_ahead else None
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in schedule]
+    host_ahead = _queue_behind_sleep(
+        [_between(call, *pair) for call, pair in zip(schedule, events, strict=True)], lead_us
+    )
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) * 1e3 for start, end in events] if host_ahead else None
+
+
+def _queue_behind_sleep(schedule: Sequence[Callable[[], object]], lead_us: float) -> bool:
+    """Queue the calls behind one sleep kernel; True when the host got them all in before it ended."""
     sleep_done = torch.cuda.Event()
     # A collection pausing the host mid-batch would only cost a retry, but timeit turns the
     # collector off for the same reason and so do we.
@@ -218,18 +248,62 @@ def _time_behind_sleep(schedule: Sequence[Callable[[], object]], lead_us: float)
     try:
         torch.cuda._sleep(_sleep_cycles(lead_us))
         sleep_done.record()
-        for call, (start, end) in zip(schedule, events, strict=True):
-            start.record()
+        for call in schedule:
             call()
-            end.record()
-        host_ahead = not sleep_done.query()
+        return not sleep_done.query()
     finally:
         if collecting:
             gc.enable()
-    torch.cuda.synchronize()
-    if not host_ahead:
-        return None
-    return [start.elapsed_time(end) * 1e3 for start, end in events]
+
+
+def _between(call: Callable[[], object], start: torch.cuda.Event, end: torch.cuda.Event) -> Callable[[], None]:
+    def timed() -> None:
+        start.record()
+        call()
+        end.record()
+
+    return timed
+
+
+def _labelled(index: int, call: Callable[[], object]) -> Callable[[], None]:
+    def labelled() -> None:
+        with torch.profiler.record_function(f"{_CALL_LABEL}{index}"):
+            call()
+
+    return labelled
+
+
+def _profiling() -> torch.profiler.profile:
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+
+
+def kernel_us_per_call(events: Sequence[object], calls: int) -> list[float]:
+    """Per call of a batch timed with clock "cupti": the GPU time of the kernels launched inside
+    its profiler range (torch's device_time_total: the range's own kernels and its children's)."""
+    per_call: dict[int, float] = {}
+    for event in events:
+        name = getattr(event, "name", "")
+        if name.startswith(_CALL_LABEL) and getattr(event, "device_type", None) == torch.autograd.DeviceType.CPU:
+            per_call[int(name[len(_CALL_LABEL) :])] = float(event.device_time_total)  # type: ignore[attr-defined]
+    missing = [i for i in range(calls) if per_call.get(i, 0.0) <= 0.0]
+    if missing:
+        raise Fp8RouteError(
+            f"timing: CUPTI recorded no kernel time for {len(missing)} of {calls} calls (first: call {missing[0]}); "
+            "the profiler did not see this GPU's kernels, use clock 'events'"
+        )
+    return [per_call[i] for i in range(calls)]
+
+
+@functools.lru_cache(maxsize=1)
+def cupti_available() -> bool:
+    """Whether torch.profiler can record CUDA kernels here (CUPTI loaded)."""
+    if not torch.cuda.is_available():
+        return False
+    from torch.profiler import ProfilerActivity, supported_activities
+
+    return ProfilerActivity.CUDA in supported_activities()
 
 
 def time_graph(calls: Sequence[Callable[[], object]], *, repeats: int = 5, warmup: int = 3) -> list[float]:
@@ -285,19 +359,21 @@ def time_arms(
     warmup: int = 3,
     reps: int = 2,
     timer: Callable[..., list[float]] | None = None,
+    clock: str = "events",
 ) -> dict[str, ArmTiming]:
     """Time every arm `reps` times; per arm its rep medians, overall median and spread.
 
     By default each rep is one interleaved batch (time_interleaved) with the arms' order mirrored
     from one rep to the next (A B C, then C B A). Given a timer (time_graph, say), each arm is
     timed on its own, in order A B C and then mirrored, so drift and order land on every arm alike.
+    clock: how the interleaved batches are read (CLOCKS).
     """
     names = list(arms)
     samples: dict[str, list[list[float]]] = {name: [] for name in names}
     for rep in range(reps):
         order = names if rep % 2 == 0 else names[::-1]
         if timer is None:
-            batch = time_interleaved([arms[n] for n in order], repeats=repeats, warmup=warmup)
+            batch = time_interleaved([arms[n] for n in order], repeats=repeats, warmup=warmup, clock=clock)
             for name, times in zip(order, batch, strict=True):
                 samples[name].append(times)
         else:

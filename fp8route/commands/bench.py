@@ -20,6 +20,7 @@ from fp8route.commands.sweep_args import (
     cuda_device,
     m_values_from_args,
     shapes_from_args,
+    timer_from_args,
 )
 from fp8route.errors import Fp8InputError, Fp8RouteError
 from fp8route.problem import DeviceInfo
@@ -34,13 +35,14 @@ def run_gemm(args: argparse.Namespace) -> int:
         m_values = m_values_from_args(args)
         info = DeviceInfo.of(device)
         policies = _policies(args.policy, info)
+        timer = timer_from_args(args)
     except Fp8RouteError as exc:
         print(f"fp8route bench gemm: {exc}", file=sys.stderr)
         return 2
     fingerprint = Fingerprint.of(device)
     dtype = DTYPES[args.dtype]
     table = load_table(device, path=args.table)
-    print(f"bench gemm on {fingerprint.summary()}")
+    print(f"bench gemm on {fingerprint.summary()}; clock: {args.clock}")
     print(f"routing table: {table.origin if table else 'none (routed = default priority; run `fp8route tune` first)'}")
     if args.x_quantized:
         print("x arrives quantized (fused upstream): every arm times its GEMM alone")
@@ -58,6 +60,7 @@ def run_gemm(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             progress=TextProgress("bench"),
             x_quantized=args.x_quantized,
+            timer=timer,
         )
     except HostBehindError as exc:
         print(f"fp8route bench gemm: {exc}; nothing was written", file=sys.stderr)
@@ -73,6 +76,7 @@ def run_gemm(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "repeats": args.repeats,
         "x_quantized": args.x_quantized,
+        "clock": args.clock,
         "seconds": round(time.perf_counter() - start, 1),
     }
     stem = f"gemm-{label}" + ("-xq" if args.x_quantized else "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import shlex
 import sys
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from fp8route.bench.timing import CLOCKS, cupti_available, time_arms
+from fp8route.bench.workload import TimeArms
 from fp8route.errors import Fp8InputError
 from fp8route.plan import M_BOUNDS
 from fp8route.routing.shapes import MODELS, LayerShape, model_shapes, parse_shapes, unique_shapes
@@ -27,6 +30,22 @@ def add_sweep_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="activation and output dtype")
     parser.add_argument("--device", default="cuda", help="CUDA device (default: the current one)")
     parser.add_argument("--repeats", type=int, default=30, help="timed calls per arm and rep (default 30)")
+    parser.add_argument(
+        "--clock",
+        choices=CLOCKS,
+        default="events",
+        help="how a call is timed: events (CUDA events around it, the default) or cupti (its kernels' own "
+        "durations as CUPTI records them, through torch.profiler)",
+    )
+
+
+def timer_from_args(args: argparse.Namespace) -> TimeArms | None:
+    """The arms' timer for --clock (None: the default, CUDA events)."""
+    if args.clock == "events":
+        return None
+    if not cupti_available():
+        raise Fp8InputError("--clock cupti: torch.profiler cannot record CUDA kernels here (no CUPTI)")
+    return functools.partial(time_arms, clock=args.clock)
 
 
 def int_list(text: str, what: str) -> list[int]:

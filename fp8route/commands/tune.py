@@ -21,6 +21,7 @@ from fp8route.commands.sweep_args import (
     cuda_device,
     m_values_from_args,
     shapes_from_args,
+    timer_from_args,
 )
 from fp8route.errors import Fp8RouteError
 from fp8route.plan import make_plan
@@ -43,7 +44,7 @@ def run_tune(args: argparse.Namespace) -> int:
         rank = _init_distributed()
         info, fingerprint = DeviceInfo.of(device), Fingerprint.of(device)
         dtype = DTYPES[args.dtype]
-        measure = CudaMeasure(device, repeats=args.repeats)
+        measure = CudaMeasure(device, repeats=args.repeats, timer=timer_from_args(args))
         tuner = Tuner(
             measure,
             info,
@@ -61,7 +62,10 @@ def run_tune(args: argparse.Namespace) -> int:
         return 2
     if rank == 0:
         what = "x handed over quantized (GEMMs alone)" if args.x_quantized else "x quantized by each layer"
-        print(f"tuning {len(shapes)} shapes x {len(m_values)} M values, {what}, on {fingerprint.summary()}")
+        print(
+            f"tuning {len(shapes)} shapes x {len(m_values)} M values, {what}, clock: {args.clock}, "
+            f"on {fingerprint.summary()}"
+        )
     # First calls build JIT kernels and library handles: done before the clock, reported apart.
     start = time.perf_counter()
     first = GemmProblem(shapes[0].n, shapes[0].k, info, out_dtype=dtype, x_quantized=args.x_quantized)

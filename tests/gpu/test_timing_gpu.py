@@ -58,3 +58,30 @@ def test_interleaved_arms_keep_their_own_times():
     timed = timing.time_arms({"short": short, "long": long}, repeats=12)
     assert timed["short"].median_us * 2.5 < timed["long"].median_us, timed
     assert all(len(s) == 12 for s in timing.time_interleaved([short, long], repeats=12))
+
+
+def test_the_cupti_clock_times_the_kernels_alone():
+    def two_kernels_and_a_slow_host() -> None:
+        _kernel()
+        time.sleep(0.001)  # a gap between the call's kernels: inside its events, outside its kernels
+        _kernel()
+
+    cupti = timing.time_cold([two_kernels_and_a_slow_host], repeats=10, warmup=1, clock="cupti")
+    assert all(1.5 * KERNEL_US < t < 2 * KERNEL_US + 10 for t in cupti), cupti
+
+
+def test_both_clocks_agree_on_a_gemm():
+    # One FP8 GEMM kernel per call, each on its own weight copy (cold L2): the events add only the
+    # edges of one launch to what CUPTI records of the kernel (an empty kernel times 3.4 µs by events
+    # on the H200, benchmarks/DECODE.md).
+    weights = [
+        torch.randn(4096, 4096, device="cuda").to(torch.float8_e4m3fn) for _ in range(timing.copies_for(4096 * 4096))
+    ]
+    x = torch.randn(16, 4096, device="cuda").to(torch.float8_e4m3fn)
+    one = torch.ones((), device="cuda")
+    calls = [
+        lambda w=w: torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16) for w in weights
+    ]
+    timed = {clock: timing.time_arms({"gemm": calls}, repeats=30, clock=clock)["gemm"] for clock in timing.CLOCKS}
+    events, cupti = timed["events"].median_us, timed["cupti"].median_us
+    assert events - 4.0 < cupti <= 1.02 * events, timed
