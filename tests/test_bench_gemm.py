@@ -323,7 +323,7 @@ def test_cli_bench_end_to_end_with_a_fake_clock(tmp_path, monkeypatch, capsys):
     import fp8route.commands.bench as bench
 
     monkeypatch.setattr(bench, "cuda_device", lambda args: torch.device("cpu"))
-    monkeypatch.setattr(bench, "measure_ceilings", lambda device: CEIL)
+    monkeypatch.setattr(bench, "measure_ceilings", lambda device, clock: CEIL)
     real_sweep = bench.sweep
     monkeypatch.setattr(bench, "sweep", lambda *a, **kw: real_sweep(*a, **{**kw, "copies": 2, "timer": FakeTimer()}))
     assert main(["bench", "gemm", "--shapes", "64x32", "--m", "1,4", "--out", str(tmp_path)]) == 0
@@ -347,7 +347,7 @@ def test_bench_with_x_quantized_upstream_times_gemms_alone(tmp_path, monkeypatch
         lambda *a: calls.append("gemm") or real_run_quantized(*a),
     )
     monkeypatch.setattr(bench, "cuda_device", lambda args: torch.device("cpu"))
-    monkeypatch.setattr(bench, "measure_ceilings", lambda device: CEIL)
+    monkeypatch.setattr(bench, "measure_ceilings", lambda device, clock: CEIL)
     watch = QuantizationWatch(monkeypatch)
     real_sweep = bench.sweep
     monkeypatch.setattr(bench, "sweep", lambda *a, **kw: real_sweep(*a, **{**kw, "copies": 2, "timer": watch}))

@@ -35,6 +35,7 @@ import gc
 import math
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -225,10 +226,13 @@ def _time_behind_sleep(
 ) -> list[float] | None:
     """The batch's times, or None when the GPU finished the sleep before the host queued the last call."""
     if clock == "cupti":
-        with _profiling() as profiler:
-            labelled = [_labelled(i, call) for i, call in enumerate(schedule)]
-            host_ahead = _queue_behind_sleep(labelled, lead_us)
-            torch.cuda.synchronize()
+        with warnings.catch_warnings():
+            # torch's note that each profiling cycle starts afresh: one cycle per batch, nothing to keep
+            warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+            with _profiling() as profiler:
+                labelled = [_labelled(i, call) for i, call in enumerate(schedule)]
+                host_ahead = _queue_behind_sleep(labelled, lead_us)
+                torch.cuda.synchronize()
         return kernel_us_per_call(profiler.events(), len(schedule)) if host_ahead else None
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in schedule]
     host_ahead = _queue_behind_sleep(
@@ -388,14 +392,14 @@ def time_arms(
     return result
 
 
-def copy_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = 20) -> float:
+def copy_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = 20, clock: str = "events") -> float:
     """Device-to-device copy bandwidth in GB/s (bytes read + bytes written), the memory ceiling.
 
     One copy of `nbytes` (default 1 GiB, far beyond the L2) per timed call; median of `repeats`.
     """
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
     dst = torch.empty_like(src)
-    times = time_cold([lambda: dst.copy_(src)], repeats=repeats, warmup=2)
+    times = time_cold([lambda: dst.copy_(src)], repeats=repeats, warmup=2, clock=clock)
     return 2 * nbytes / (statistics.median(times) * 1e-6) / 1e9
 
 

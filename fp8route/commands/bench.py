@@ -48,7 +48,7 @@ def run_gemm(args: argparse.Namespace) -> int:
         print("x arrives quantized (fused upstream): every arm times its GEMM alone")
     start = time.perf_counter()
     try:
-        ceilings = measure_ceilings(device)
+        ceilings = measure_ceilings(device, clock=args.clock)
         print(f"ceilings (this run): copy {ceilings.copy_gbs:.0f} GB/s, FP8 GEMM {ceilings.fp8_tflops:.0f} TFLOP/s\n")
         cells = sweep(
             shapes,
