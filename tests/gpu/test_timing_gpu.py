@@ -60,7 +60,7 @@ def test_interleaved_arms_keep_their_own_times():
     assert all(len(s) == 12 for s in timing.time_interleaved([short, long], repeats=12))
 
 
-def test_the_cupti_clock_times_the_kernels_alone():
+def test_the_cupti_clock_adds_up_a_calls_kernels():
     # aten kernels: CUPTI's records of them reach the profiler range they were launched in (those
     # of torch.cuda._sleep do not, so it cannot stand in for a kernel here).
     a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
@@ -70,14 +70,12 @@ def test_the_cupti_clock_times_the_kernels_alone():
 
     def two_with_a_slow_host_between() -> None:
         a @ a
-        time.sleep(0.001)  # inside the call's events, outside its kernels
+        time.sleep(0.001)  # queued behind the sleep kernel like the rest: no gap on the GPU
         a @ a
 
     single = statistics.median(timing.time_cold([one], repeats=10, warmup=1, clock="cupti"))
-    gapped = timing.time_cold([two_with_a_slow_host_between], repeats=10, warmup=1, clock="cupti")
-    assert all(1.6 * single < t < 2.5 * single for t in gapped), (single, gapped)
-    events = timing.time_cold([two_with_a_slow_host_between], repeats=10, warmup=1)
-    assert statistics.median(events) > 900.0, events
+    double = timing.time_cold([two_with_a_slow_host_between], repeats=10, warmup=1, clock="cupti")
+    assert all(1.6 * single < t < 2.5 * single for t in double), (single, double)
 
 
 def test_both_clocks_agree_on_a_gemm():
