@@ -2,7 +2,9 @@
 
 Two clocks read the same schedule: "events" (default), a pair of CUDA events around each call, and
 "cupti", the duration of the kernels each call launched as CUPTI records them (through
-torch.profiler): kernels only, without the gaps between a call's kernels that the events include.
+torch.profiler): kernels only, without the launch edges and the gaps between a call's kernels that
+the events include. A model pays those, so the separate quantization kernel a fused one saves shows
+only by events (H200: 3 µs per launch, benchmarks/results/h200/clock/).
 
 - Cold L2 by rotation: timed call i runs on operand copy i % n, and the n copies together are
   more than 3x the L2, so each call's weight comes from HBM while L2 holds clean lines of other
