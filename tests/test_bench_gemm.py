@@ -449,6 +449,11 @@ def test_cupti_clock_reads_each_calls_kernel_time_from_its_range():
         timing.kernel_us_per_call([_Event(f"{label}0", 0.0), _Event(f"{label}1", 3.0)], 2)
 
 
+def test_a_clock_beside_a_timer_of_ones_own_is_refused():
+    with pytest.raises(ValueError, match="a timer given times by itself"):
+        timing.time_arms({"a": [lambda: None]}, timer=timing.time_graph, clock="cupti")
+
+
 def test_an_unknown_clock_is_refused_before_anything_runs():
     ran = []
     with pytest.raises(ValueError, match="clock must be one of events, cupti, got 'wall'"):

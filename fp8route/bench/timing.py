@@ -223,9 +223,7 @@ def _time_batch(batch: Sequence[Callable[[], object]], host_us_per_call: float, 
     )
 
 
-def _time_behind_sleep(
-    schedule: Sequence[Callable[[], object]], lead_us: float, clock: str = "events"
-) -> list[float] | None:
+def _time_behind_sleep(schedule: Sequence[Callable[[], object]], lead_us: float, clock: str) -> list[float] | None:
     """The batch's times, or None when the GPU finished the sleep before the host queued the last call."""
     if clock == "cupti":
         with warnings.catch_warnings():
@@ -372,8 +370,10 @@ def time_arms(
     By default each rep is one interleaved batch (time_interleaved) with the arms' order mirrored
     from one rep to the next (A B C, then C B A). Given a timer (time_graph, say), each arm is
     timed on its own, in order A B C and then mirrored, so drift and order land on every arm alike.
-    clock: how the interleaved batches are read (CLOCKS).
+    clock: how the interleaved batches are read (CLOCKS); a timer of one's own brings its own clock.
     """
+    if timer is not None and clock != "events":
+        raise ValueError(f"time_arms: clock {clock!r} reads the interleaved batches; a timer given times by itself")
     names = list(arms)
     samples: dict[str, list[list[float]]] = {name: [] for name in names}
     for rep in range(reps):
