@@ -1,0 +1,185 @@
+"""Decode-size static per-tensor FP8 linear on mma.sync, compiled at run time by NVRTC (fp8_mma.cu).
+
+    out = (q(x) @ w.T) * input_scale * weight_scale + bias,   q(x) = e4m3(clamp(x / input_scale, +-448))
+
+The Triton kernels in fp8_gemv.py stage every weight tile through shared memory and wait for it at
+a CTA-wide barrier; at M 16-64 that left them at 32-37% of DRAM peak where cuBLASLt pulls 50-57%
+(benchmarks/DECODE.md). This kernel loads the weight straight into the MMA's A registers (fp8_mma.cu
+says how a 128-bit load can feed two k32 MMAs), so nothing in its main loop waits on other warps.
+CUDA because Triton decides the register layout of a load itself; NVRTC because it ships with
+PyTorch's CUDA builds, so no compiler is needed on the user's machine.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from importlib import resources
+
+import torch
+
+from fp8route.errors import Fp8InputError, Fp8TypeError
+
+FP8 = torch.float8_e4m3fn
+OUT_DTYPES = (torch.bfloat16, torch.float16)
+M_MAX = 64  # 8 token tiles of 8: the accumulators fill the registers beyond
+CHUNK = 64  # bytes of K per step of a row's 4 lanes (fp8_mma.cu)
+ROW_ALIGN = 16  # 16-byte loads of x and weight rows
+_SMEM_MAX = 226 * 1024  # of the 227 KB a Hopper CTA may opt into, leaving room for static shared memory
+_X_MODES = {torch.bfloat16: 0, torch.float16: 1, FP8: 2}
+
+
+@dataclass(frozen=True)
+class MmaConfig:
+    row_groups: int  # 16-row groups per warp: one x fragment serves this many weight rows' MMAs
+    warps: int  # per CTA, each on its own rows; all share the CTA's quantized x slice
+    unroll: int  # 64-byte K chunks per load batch; two batches are in flight
+    split_k: int  # CTAs along K
+    promote: bool = True  # sum each batch's MMAs separately into fp32 (as cuBLASLt's default does per 128 of K)
+
+    @property
+    def rows_per_cta(self) -> int:
+        return 16 * self.row_groups * self.warps
+
+
+def why_not(m_max: int, n: int, k: int, capability: tuple[int, int] | None = None) -> str | None:
+    """None if fp8_mma runs every M in 1..m_max for an [N, K] weight, else the reason."""
+    if not hasattr(torch.cuda, "_compile_kernel"):
+        return f"needs torch.cuda._compile_kernel (NVRTC, torch >= 2.8); this is torch {torch.__version__}"
+    if capability is not None and capability < (8, 9):
+        return f"needs FP8 mma.sync (SM89 or later), this GPU is SM{capability[0]}{capability[1]}"
+    if m_max < 1 or m_max > M_MAX:
+        return f"M={m_max} is outside 1..{M_MAX}"
+    if k % CHUNK:
+        return f"K={k} is not a multiple of {CHUNK}"
+    if n < 1:
+        return f"N={n}: empty"
+    if n * k >= 2**31 or m_max * max(n, k) >= 2**31:
+        return f"N*K={n * k} needs 64-bit offsets"
+    return None
+
+
+def x_row_bytes(chunks_per_split: int) -> int:
+    """Shared-memory bytes per token row: the slice, padded so rows sit 64 bytes apart modulo 128 and
+    two tokens' 64-byte reads hit different banks."""
+    return -(-chunks_per_split * CHUNK // 128) * 128 + 64
+
+
+def smem_bytes(m: int, chunks_per_split: int) -> int:
+    return -(-m // 8) * 8 * x_row_bytes(chunks_per_split)
+
+
+def default_config(m: int, n: int, k: int, num_sms: int) -> MmaConfig:
+    """Before a sweep: two 16-row groups per warp up to 16 tokens, one beyond (registers), and
+    split-K until the CTAs fill every SM about four times over, within the shared memory."""
+    row_groups = 2 if m <= 16 else 1
+    cfg = MmaConfig(row_groups=row_groups, warps=4, unroll=2 if row_groups == 2 else 4, split_k=1)
+    tiles, chunks = -(-n // cfg.rows_per_cta), k // CHUNK
+    split = 1
+    while tiles * split * 2 <= 4 * num_sms and chunks // (split * 2) >= 2 * cfg.unroll:
+        split *= 2
+    while smem_bytes(m, -(-chunks // split)) > _SMEM_MAX // 2 and split < chunks:
+        split *= 2
+    return MmaConfig(row_groups, cfg.warps, cfg.unroll, split)
+
+
+@functools.cache
+def _source() -> str:
+    return resources.files("fp8route.kernels").joinpath("fp8_mma.cu").read_text()
+
+
+@functools.cache
+def _kernel(nt: int, cfg: MmaConfig, x_mode: int, out_bf16: bool, has_bias: bool, device_index: int):  # noqa: ANN202
+    params = (nt, cfg.row_groups, cfg.warps, cfg.unroll, x_mode, int(out_bf16), int(has_bias), int(cfg.promote))
+    name = f"fp8_mma_gemv<{', '.join(map(str, params))}>"
+    with torch.cuda.device(device_index):
+        kernel = torch.cuda._compile_kernel(_source(), name)
+        kernel.set_shared_memory_config(_SMEM_MAX)
+    return kernel
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def check(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor,
+          bias: torch.Tensor | None, out_dtype: torch.dtype) -> None:  # fmt: skip
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise Fp8InputError(f"fp8_mma: x must be [M, K] and weight [N, K], got {tuple(x.shape)}, {tuple(weight.shape)}")
+    if weight.dtype != FP8:
+        raise Fp8TypeError(f"fp8_mma: weight must be float8_e4m3fn, got {weight.dtype}")
+    if x.dtype not in _X_MODES:
+        raise Fp8TypeError(f"fp8_mma: x must be bfloat16, float16 or float8_e4m3fn, got {x.dtype}")
+    if out_dtype not in OUT_DTYPES:
+        raise Fp8TypeError(f"fp8_mma: out_dtype must be bfloat16 or float16, got {out_dtype}")
+    for name, s in (("weight_scale", weight_scale), ("input_scale", input_scale)):
+        if s.numel() != 1 or s.dtype != torch.float32 or s.device != weight.device:
+            got = f"{s.dtype} {tuple(s.shape)} on {s.device}"
+            raise Fp8InputError(f"fp8_mma: {name} must be one fp32 value on {weight.device}, got {got}")
+    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != out_dtype or not bias.is_contiguous()):
+        raise Fp8InputError(f"fp8_mma: bias must be a contiguous [{weight.shape[0]}] {out_dtype} tensor")
+    if not weight.is_contiguous():
+        raise Fp8InputError("fp8_mma: weight must be contiguous")
+    reason = why_not(x.shape[0], weight.shape[0], weight.shape[1])
+    if reason is not None:
+        raise Fp8InputError(f"fp8_mma: {reason}")
+
+
+def fp8_mma(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    input_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    *,
+    out: torch.Tensor | None = None,
+    config: MmaConfig | None = None,
+) -> torch.Tensor:
+    """(q(x) @ weight.T) * input_scale * weight_scale + bias for x [M, K] (bf16/fp16, or e4m3 quantized
+    with input_scale) and a contiguous e4m3 weight [N, K]. No host sync; graph-safe once the shape and
+    config ran eagerly (compilation and the split-K counters happen on first use). Deterministic."""
+    check(x, weight, weight_scale, input_scale, bias, out_dtype)
+    return launch(x, weight, weight_scale, input_scale, bias, out_dtype, out=out, config=config)
+
+
+def launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    input_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    *,
+    out: torch.Tensor | None = None,
+    config: MmaConfig | None = None,
+) -> torch.Tensor:
+    """fp8_mma without the argument checks (the plan vetted the layer, forward checked x)."""
+    from fp8route.kernels.fp8_gemv import _counters
+
+    m, k = x.shape
+    n = weight.shape[0]
+    device_index = weight.device.index or 0
+    cfg = config or default_config(m, n, k, _num_sms(device_index))
+    if x.stride(1) != 1 or (x.stride(0) * x.element_size()) % ROW_ALIGN or x.data_ptr() % ROW_ALIGN:
+        x = x.contiguous() if x.data_ptr() % ROW_ALIGN == 0 else x.clone()
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    elif out.shape != (m, n) or out.dtype != out_dtype or out.stride(1) != 1:
+        raise Fp8InputError(f"fp8_mma: out must be [{m}, {n}] {out_dtype} with contiguous rows")
+
+    chunks = k // CHUNK
+    per_split = -(-chunks // max(1, min(cfg.split_k, chunks)))
+    split = -(-chunks // per_split)  # no empty splits
+    tiles = -(-n // cfg.rows_per_cta)
+    smem = smem_bytes(m, per_split)
+    if smem > _SMEM_MAX:
+        raise Fp8InputError(f"fp8_mma: {cfg} needs {smem} bytes of shared memory at M={m}; split K further")
+    ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
+    cnt = _counters(x.device, tiles) if split > 1 else out
+    kernel = _kernel(-(-m // 8), cfg, _X_MODES[x.dtype], out_dtype == torch.bfloat16, bias is not None, device_index)
+    args = [x, weight, out, bias if bias is not None else out, ws, cnt, weight_scale, input_scale,
+            m, n, k, x.stride(0), out.stride(0), per_split, x_row_bytes(per_split)]  # fmt: skip
+    kernel(grid=(split, tiles, 1), block=(cfg.warps * 32, 1, 1), args=args, shared_mem=smem)
+    return out
