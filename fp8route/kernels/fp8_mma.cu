@@ -1,18 +1,20 @@
-// Decode-size static per-tensor FP8 linear on mma.sync (m16n8k32, e4m3; SM89 and later):
+// Decode-size static per-tensor FP8 linear on Hopper's wgmma (sm_90a), the weight as the A operand
+// straight from registers:
 //
 //     out[M, N] = (q(x) @ w^T) * in_scale * w_scale + bias,   q(x) = e4m3(clamp(x / in_scale, +-448))
 //
-// Compiled at run time by NVRTC (fp8_mma.py). Each warp streams 16 weight rows per row group from
-// global memory straight into registers, the A fragments of its MMAs; no shared-memory staging of
-// the weight and no barrier in the main loop, so every warp keeps its next loads in flight while it
-// multiplies. That is what the Triton kernels could not do: their weight tiles pass through shared
-// memory with a CTA-wide wait per tile (benchmarks/DECODE.md).
+// Compiled at run time by NVRTC (fp8_mma.py, which also writes the wgmma call for the token count).
+// Each warpgroup streams 64 weight rows per row group from global memory into registers, the A
+// fragments of its wgmmas; no shared-memory staging of the weight and no barrier in the main loop, so
+// every warp keeps its next loads in flight while the tensor cores work. That is what the Triton
+// kernels could not do: their weight tiles pass through shared memory with a CTA-wide wait per tile
+// (benchmarks/DECODE.md). (mma.sync is no way around wgmma here: on SM90 ptxas turns its fp8 form
+// into fp16 HMMAs plus conversions, 2-4x slower than our Triton kernel at M 16-64.)
 //
 // The trick that makes 128-bit weight loads possible: a dot product does not care in which order
 // it walks K, as long as both operands walk it alike. The 4 lanes of a row each load 16 contiguous
-// bytes of every 64-byte chunk of K and use them as their A registers for two k32 MMAs; x is read
-// from shared memory with the same permutation (16 contiguous bytes per lane and token), so lane
-// (g, t) holds k = 16t..16t+15 of the chunk on both sides.
+// bytes of every 64-byte chunk of K and use them as their A registers for two k32 wgmmas; x is
+// written to shared memory with the same permutation of K.
 //
 // x is quantized once per CTA for its K slice (bit-identical to the standalone quantizer) into
 // shared memory. Split-K over CTAs writes fp32 partials; the last CTA of a row tile (a counter says
@@ -77,13 +79,21 @@ __device__ __forceinline__ uint4 load_weight(const u8* p) {
     return v;
 }
 
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+typedef unsigned long long u64;
+
+// A shared-memory matrix descriptor for a K-major tile without swizzle, laid out in 8-row x 16-byte
+// core matrices: the next core matrix along K 128 bytes on, the next 8 rows (tokens) 256 bytes on.
+__device__ __forceinline__ u64 smem_desc(const u8* p) {
+    u32 addr;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(addr) : "l"(p));
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(128 >> 4) << 16) | ((u64)(256 >> 4) << 32);
 }
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Keeps the compiler from touching accumulators while a wgmma may still write them.
+__device__ __forceinline__ void fence_operand(float& v) { asm volatile("" : "+f"(v)::"memory"); }
 
 __device__ __forceinline__ void store_out(void* out, int i, float v, bool bf16) {
     if (bf16) {
@@ -97,33 +107,43 @@ __device__ __forceinline__ void store_out(void* out, int i, float v, bool bf16) 
     }
 }
 
-constexpr int CHUNK = 64;  // bytes of K per lane group step: 4 lanes x 16 bytes, two k32 MMAs
+// d (+)= A * B for one k32 step: A the warpgroup's 64 weight rows from registers (a0..a3 as in
+// mma.m16n8k32), B the x tile at desc; written per NT by fp8_mma.py (the asm operand list grows with N).
+template <int NT>
+__device__ void wgmma_k32(float (&d)[NT * 4], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc);
+WGMMA_SPECIALIZATIONS
 
-// NT: token tiles of 8 (M <= 8 NT); RG: 16-row groups per warp; WARPS per CTA, all along N;
-// U: 64-byte K chunks loaded per batch (two batches in flight); PROMOTE: add each batch's MMA sums
-// into the fp32 accumulator separately (the tensor cores' fp8 sums keep fewer bits than fp32).
-template <int NT, int RG, int WARPS, int U, int XMODE, int OUT_BF16, int HAS_BIAS, int PROMOTE>
-__global__ void __launch_bounds__(WARPS * 32) fp8_mma_gemv(
+constexpr int CHUNK = 64;  // bytes of K per step of a row's 4 lanes: 4 x 16 bytes, two k32 wgmmas
+
+// NT: token groups of 8 (the wgmma's N is 8 * NT; wgmma_k32<NT> is written by fp8_mma.py);
+// RG: 64-row groups per warpgroup; WG: warpgroups per CTA, each on its own rows, all sharing the
+// CTA's quantized x; U: 64-byte K chunks per load batch (two batches in flight). Each batch's
+// wgmmas sum into fresh registers, added to the fp32 accumulators after it (the tensor cores' fp8
+// sums keep fewer bits than fp32; cuBLASLt's default promotes likewise).
+template <int NT, int RG, int WG, int U, int XMODE, int OUT_BF16, int HAS_BIAS>
+__global__ void __launch_bounds__(WG * 128) fp8_wgmma_gemv(
     const void* __restrict__ x, const u8* __restrict__ w, void* __restrict__ out, const void* __restrict__ bias,
     float* __restrict__ ws, int* __restrict__ counters, const float* __restrict__ w_scale,
-    const float* __restrict__ in_scale, int M, int N, int K, int stride_xm, int stride_om, int chunks_per_split,
-    int x_row_bytes) {
-    extern __shared__ __align__(16) u8 xs[];  // [NT * 8][x_row_bytes]: quantized x of this K slice
+    const float* __restrict__ in_scale, int M, int N, int K, int stride_xm, int stride_om, int chunks_per_split) {
+    // Per (chunk, half): [NT token groups][2 core matrices along K][8 tokens][16 bytes].
+    extern __shared__ __align__(128) u8 xs[];
     __shared__ int arrived_last;
+    constexpr int HALF_BYTES = NT * 8 * 32;
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t4 = lane & 3;
     const int split = blockIdx.x, splits = gridDim.x, tile = blockIdx.y;
     const int c_beg = split * chunks_per_split;
     const int c_end = min(c_beg + chunks_per_split, K / CHUNK);
-    const int row0 = tile * (16 * RG * WARPS) + warp * (16 * RG);
+    // Warp w of warpgroup q holds rows 16w..16w+15 of each of its warpgroup's 64-row groups.
+    const int row0 = tile * (64 * RG * WG) + (warp >> 2) * (64 * RG) + (warp & 3) * 16;
 
     const u8* wrow[RG][2];
 #pragma unroll
     for (int rg = 0; rg < RG; ++rg)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            int row = min(row0 + rg * 16 + h * 8 + g, N - 1);  // rows past N load row N-1, never stored
+            int row = min(row0 + rg * 64 + h * 8 + g, N - 1);  // rows past N load row N-1, never stored
             wrow[rg][h] = w + (size_t)row * K + t4 * 16;
         }
 
@@ -144,59 +164,60 @@ __global__ void __launch_bounds__(WARPS * 32) fp8_mma_gemv(
     const float s = *in_scale;
     const float r = __frcp_rn(s);
     {
-        const int segs = (c_end - c_beg) * (CHUNK / 16);  // 16-element segments per token row
+        // Lane t's 16 bytes of a chunk are words 4t..4t+3; word i feeds wgmma i >> 1 as its A register
+        // a0 (k 4t..4t+3 of that wgmma, i even) or a2 (k 16+4t.., i odd). x goes where those k are.
+        const int segs = (c_end - c_beg) * (CHUNK / 16);  // 16-byte segments per token
         const int elem = XMODE == 2 ? 1 : 2;
-        for (int i = threadIdx.x; i < NT * 8 * segs; i += WARPS * 32) {
+        for (int i = threadIdx.x; i < NT * 8 * segs; i += WG * 128) {
             const int m = i / segs, seg = i - m * segs;
             uint4 q = make_uint4(0, 0, 0, 0);
             if (m < M) {
                 const u8* p = (const u8*)x + ((size_t)m * stride_xm + (size_t)c_beg * CHUNK + seg * 16) * elem;
                 q = load_quantized<XMODE>(p, s, r);
             }
-            *(uint4*)(xs + m * x_row_bytes + seg * 16) = q;
+            u8* base = xs + (seg >> 2) * 2 * HALF_BYTES + (m >> 3) * 256 + (m & 7) * 16 + (seg & 3) * 4;
+            const u32 words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int wi = 0; wi < 4; ++wi) *(u32*)(base + (wi >> 1) * HALF_BYTES + (wi & 1) * 128) = words[wi];
         }
     }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // x, written by plain stores, read by wgmma
     __syncthreads();
 
-    float acc[RG][NT][4];
+    float acc[RG][NT * 4];
 #pragma unroll
     for (int rg = 0; rg < RG; ++rg)
 #pragma unroll
-        for (int t = 0; t < NT; ++t)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) acc[rg][t][j] = 0.0f;
+        for (int j = 0; j < NT * 4; ++j) acc[rg][j] = 0.0f;
 
     auto compute = [&](const uint4(&buf)[U][RG][2], int c) {
-        float part[RG][NT][4];
+        float part[RG][NT * 4];
 #pragma unroll
         for (int rg = 0; rg < RG; ++rg)
 #pragma unroll
-            for (int t = 0; t < NT; ++t)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) part[rg][t][j] = 0.0f;
+            for (int j = 0; j < NT * 4; ++j) part[rg][j] = 0.0f;
+        wgmma_fence();
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             if (c + u >= c_end) break;
-            const u8* xp = xs + g * x_row_bytes + (c + u - c_beg) * CHUNK + t4 * 16;
+            const u8* half0 = xs + (c + u - c_beg) * 2 * HALF_BYTES;
+            const u64 d0 = smem_desc(half0), d1 = smem_desc(half0 + HALF_BYTES);
 #pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                const uint4 b = *(const uint4*)(xp + t * 8 * x_row_bytes);
-#pragma unroll
-                for (int rg = 0; rg < RG; ++rg) {
-                    const uint4 lo = buf[u][rg][0], hi = buf[u][rg][1];
-                    float(&d)[4] = PROMOTE ? part[rg][t] : acc[rg][t];
-                    mma_e4m3(d, lo.x, hi.x, lo.y, hi.y, b.x, b.y);
-                    mma_e4m3(d, lo.z, hi.z, lo.w, hi.w, b.z, b.w);
-                }
+            for (int rg = 0; rg < RG; ++rg) {
+                const uint4 lo = buf[u][rg][0], hi = buf[u][rg][1];
+                wgmma_k32<NT>(part[rg], lo.x, hi.x, lo.y, hi.y, d0);
+                wgmma_k32<NT>(part[rg], lo.z, hi.z, lo.w, hi.w, d1);
             }
         }
-        if (PROMOTE)
+        wgmma_commit();
+        wgmma_wait_all();
 #pragma unroll
-            for (int rg = 0; rg < RG; ++rg)
+        for (int rg = 0; rg < RG; ++rg)
 #pragma unroll
-                for (int t = 0; t < NT; ++t)
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) acc[rg][t][j] += part[rg][t][j];
+            for (int j = 0; j < NT * 4; ++j) {
+                fence_operand(part[rg][j]);
+                acc[rg][j] += part[rg][j];
+            }
     };
 
     for (int c = c_beg;;) {
@@ -210,52 +231,33 @@ __global__ void __launch_bounds__(WARPS * 32) fp8_mma_gemv(
         if (c >= c_end) break;
     }
 
-    // Fragment (rg, t, j) holds row row0 + rg*16 + g + 8*(j >> 1), token t*8 + 2*t4 + (j & 1).
+    // Accumulator j of row group rg: row row0 + rg*64 + g + 8*((j >> 1) & 1), token 8*(j >> 2) + 2*t4 + (j & 1).
+#define EACH_OUTPUT                                                                                        \
+    _Pragma("unroll") for (int rg = 0; rg < RG; ++rg) _Pragma("unroll") for (int j = 0; j < NT * 4; ++j) \
+        if (const int row = row0 + rg * 64 + g + 8 * ((j >> 1) & 1), m = 8 * (j >> 2) + 2 * t4 + (j & 1); \
+            row < N && m < M)
     if (splits > 1) {
         float* part = ws + (size_t)split * M * N;
-#pragma unroll
-        for (int rg = 0; rg < RG; ++rg)
-#pragma unroll
-            for (int t = 0; t < NT; ++t)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const int row = row0 + rg * 16 + g + 8 * (j >> 1), m = t * 8 + 2 * t4 + (j & 1);
-                    if (row < N && m < M) part[(size_t)m * N + row] = acc[rg][t][j];
-                }
+        EACH_OUTPUT part[(size_t)m * N + row] = acc[rg][j];
         __threadfence();  // every partial written and visible before the counter says so
         __syncthreads();
         if (threadIdx.x == 0) arrived_last = atomicAdd(counters + tile, 1) == splits - 1;
         __syncthreads();
         if (!arrived_last) return;
         __threadfence();
-#pragma unroll
-        for (int rg = 0; rg < RG; ++rg)
-#pragma unroll
-            for (int t = 0; t < NT; ++t)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const int row = row0 + rg * 16 + g + 8 * (j >> 1), m = t * 8 + 2 * t4 + (j & 1);
-                    float sum = 0.0f;
-                    if (row < N && m < M)
-                        for (int sp = 0; sp < splits; ++sp)  // split order: the bits never depend on timing
-                            sum += __ldcg(ws + ((size_t)sp * M + m) * N + row);
-                    acc[rg][t][j] = sum;
-                }
+        EACH_OUTPUT {
+            float sum = 0.0f;
+            for (int sp = 0; sp < splits; ++sp) sum += __ldcg(ws + ((size_t)sp * M + m) * N + row);  // split order
+            acc[rg][j] = sum;
+        }
         if (threadIdx.x == 0) counters[tile] = 0;  // ready for the next call or graph replay
     }
 
     const float scale = s * *w_scale;
-#pragma unroll
-    for (int rg = 0; rg < RG; ++rg)
-#pragma unroll
-        for (int t = 0; t < NT; ++t)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int row = row0 + rg * 16 + g + 8 * (j >> 1), m = t * 8 + 2 * t4 + (j & 1);
-                if (row >= N || m >= M) continue;
-                float y = acc[rg][t][j] * scale;
-                if (HAS_BIAS)
-                    y += OUT_BF16 ? bf16_to_f32(((const u16*)bias)[row]) : f16_to_f32(((const u16*)bias)[row]);
-                store_out(out, m * stride_om + row, y, OUT_BF16);
-            }
+    EACH_OUTPUT {
+        float y = acc[rg][j] * scale;
+        if (HAS_BIAS) y += OUT_BF16 ? bf16_to_f32(((const u16*)bias)[row]) : f16_to_f32(((const u16*)bias)[row]);
+        store_out(out, m * stride_om + row, y, OUT_BF16);
+    }
+#undef EACH_OUTPUT
 }

@@ -31,23 +31,22 @@ _X_MODES = {torch.bfloat16: 0, torch.float16: 1, FP8: 2}
 
 @dataclass(frozen=True)
 class MmaConfig:
-    row_groups: int  # 16-row groups per warp: one x fragment serves this many weight rows' MMAs
-    warps: int  # per CTA, each on its own rows; all share the CTA's quantized x slice
+    row_groups: int  # 64-row groups per warpgroup: one x tile in shared memory serves them all
+    warpgroups: int  # per CTA, each on its own rows; all share the CTA's quantized x slice
     unroll: int  # 64-byte K chunks per load batch; two batches are in flight
     split_k: int  # CTAs along K
-    promote: bool = True  # sum each batch's MMAs separately into fp32 (as cuBLASLt's default does per 128 of K)
 
     @property
     def rows_per_cta(self) -> int:
-        return 16 * self.row_groups * self.warps
+        return 64 * self.row_groups * self.warpgroups
 
 
 def why_not(m_max: int, n: int, k: int, capability: tuple[int, int] | None = None) -> str | None:
     """None if fp8_mma runs every M in 1..m_max for an [N, K] weight, else the reason."""
     if not hasattr(torch.cuda, "_compile_kernel"):
         return f"needs torch.cuda._compile_kernel (NVRTC, torch >= 2.8); this is torch {torch.__version__}"
-    if capability is not None and capability < (8, 9):
-        return f"needs FP8 mma.sync (SM89 or later), this GPU is SM{capability[0]}{capability[1]}"
+    if capability is not None and capability != (9, 0):
+        return f"built for Hopper's wgmma (SM90), this GPU is SM{capability[0]}{capability[1]}"
     if m_max < 1 or m_max > M_MAX:
         return f"M={m_max} is outside 1..{M_MAX}"
     if k % CHUNK:
@@ -59,41 +58,54 @@ def why_not(m_max: int, n: int, k: int, capability: tuple[int, int] | None = Non
     return None
 
 
-def x_row_bytes(chunks_per_split: int) -> int:
-    """Shared-memory bytes per token row: the slice, padded so rows sit 64 bytes apart modulo 128 and
-    two tokens' 64-byte reads hit different banks."""
-    return -(-chunks_per_split * CHUNK // 128) * 128 + 64
-
-
 def smem_bytes(m: int, chunks_per_split: int) -> int:
-    return -(-m // 8) * 8 * x_row_bytes(chunks_per_split)
+    """The quantized x slice of one CTA: M padded to 8 tokens, times its K."""
+    return -(-m // 8) * 8 * chunks_per_split * CHUNK
 
 
 def default_config(m: int, n: int, k: int, num_sms: int) -> MmaConfig:
-    """Before a sweep: two 16-row groups per warp up to 16 tokens, one beyond (registers), and
-    split-K until the CTAs fill every SM about four times over, within the shared memory."""
-    row_groups = 2 if m <= 16 else 1
-    cfg = MmaConfig(row_groups=row_groups, warps=4, unroll=2 if row_groups == 2 else 4, split_k=1)
+    """Before a sweep: one 64-row group per warpgroup, one warpgroup per CTA, and split-K until the
+    CTAs fill every SM about four times over, within the shared memory."""
+    cfg = MmaConfig(row_groups=1, warpgroups=1, unroll=4, split_k=1)
     tiles, chunks = -(-n // cfg.rows_per_cta), k // CHUNK
     split = 1
     while tiles * split * 2 <= 4 * num_sms and chunks // (split * 2) >= 2 * cfg.unroll:
         split *= 2
     while smem_bytes(m, -(-chunks // split)) > _SMEM_MAX // 2 and split < chunks:
         split *= 2
-    return MmaConfig(row_groups, cfg.warps, cfg.unroll, split)
+    return MmaConfig(cfg.row_groups, cfg.warpgroups, cfg.unroll, split)
+
+
+def wgmma_k32(nt: int) -> str:
+    """The specialization of fp8_mma.cu's wgmma_k32 for 8 * nt tokens: one asm statement whose operand
+    list holds the 4 * nt accumulators."""
+    n_acc = 4 * nt
+    d = ", ".join(f"%{i}" for i in range(n_acc))
+    a = ", ".join(f"%{n_acc + i}" for i in range(4))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(n_acc))
+    return (
+        f"template <> __device__ __forceinline__ void wgmma_k32<{nt}>(float (&d)[{n_acc}], "
+        "u32 a0, u32 a1, u32 a2, u32 a3, u64 desc) {\n"
+        f'    asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{n_acc + 5}, 0; '
+        f'wgmma.mma_async.sync.aligned.m64n{8 * nt}k32.f32.e4m3.e4m3 {{{d}}}, {{{a}}}, %{n_acc + 4}, p, 1, 1; }}"\n'
+        f"        : {outs}\n"
+        '        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));\n'
+        "}\n"
+    )
 
 
 @functools.cache
 def _source() -> str:
-    return resources.files("fp8route.kernels").joinpath("fp8_mma.cu").read_text()
+    text = resources.files("fp8route.kernels").joinpath("fp8_mma.cu").read_text()
+    return text.replace("WGMMA_SPECIALIZATIONS", "".join(wgmma_k32(nt) for nt in range(1, M_MAX // 8 + 1)))
 
 
 @functools.cache
 def _kernel(nt: int, cfg: MmaConfig, x_mode: int, out_bf16: bool, has_bias: bool, device_index: int):  # noqa: ANN202
-    params = (nt, cfg.row_groups, cfg.warps, cfg.unroll, x_mode, int(out_bf16), int(has_bias), int(cfg.promote))
-    name = f"fp8_mma_gemv<{', '.join(map(str, params))}>"
+    params = (nt, cfg.row_groups, cfg.warpgroups, cfg.unroll, x_mode, int(out_bf16), int(has_bias))
+    name = f"fp8_wgmma_gemv<{', '.join(map(str, params))}>"
     with torch.cuda.device(device_index):
-        kernel = torch.cuda._compile_kernel(_source(), name)
+        kernel = torch.cuda._compile_kernel(_source(), name, compute_capability="90a")
         kernel.set_shared_memory_config(_SMEM_MAX)
     return kernel
 
@@ -180,6 +192,6 @@ def launch(
     cnt = _counters(x.device, tiles) if split > 1 else out
     kernel = _kernel(-(-m // 8), cfg, _X_MODES[x.dtype], out_dtype == torch.bfloat16, bias is not None, device_index)
     args = [x, weight, out, bias if bias is not None else out, ws, cnt, weight_scale, input_scale,
-            m, n, k, x.stride(0), out.stride(0), per_split, x_row_bytes(per_split)]  # fmt: skip
-    kernel(grid=(split, tiles, 1), block=(cfg.warps * 32, 1, 1), args=args, shared_mem=smem)
+            m, n, k, x.stride(0), out.stride(0), per_split]  # fmt: skip
+    kernel(grid=(split, tiles, 1), block=(cfg.warpgroups * 128, 1, 1), args=args, shared_mem=smem)
     return out
