@@ -29,13 +29,13 @@ from fp8route.kernels import fp8_mma as fm  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 MS = (1, 2, 4, 8, 16, 32, 64)
-MAX_REGS_EST = 200  # weight buffers + accumulators per thread, in 32-bit registers; above it ptxas spills
+MAX_REGS_EST = 176  # weight buffers + accumulators per thread, in 32-bit registers; above it ptxas spills
 
 
 def candidate_configs(m: int, n: int, k: int, num_sms: int) -> list[fm.MmaConfig]:
     nt = -(-m // 8)
     out = []
-    for rg, wgs, unroll in itertools.product((1, 2), (1, 2), (2, 4)):
+    for rg, wgs, unroll in itertools.product((1, 2), (1, 2), (2, 4, 8)):
         if 16 * unroll * rg + 8 * rg * nt > MAX_REGS_EST:
             continue
         chunks, tiles = k // fm.CHUNK, -(-n // (64 * rg * wgs))

@@ -50,12 +50,25 @@ __device__ __forceinline__ u32 to_e4m3x2(float lo, float hi) {
     return d;
 }
 
-// 16 x values starting at p, quantized, as 16 bytes.
+// 16 x values as they sit in memory: 16 fp8 bytes, or 32 bytes of bf16/fp16.
 template <int XMODE>
-__device__ __forceinline__ uint4 load_quantized(const void* p, float s, float r) {
-    if (XMODE == 2) return __ldg((const uint4*)p);
-    uint4 raw[2] = {__ldg((const uint4*)p), __ldg((const uint4*)p + 1)};
-    const u16* h = (const u16*)raw;
+struct XRaw {
+    uint4 v[XMODE == 2 ? 1 : 2];
+};
+
+template <int XMODE>
+__device__ __forceinline__ XRaw<XMODE> load_x(const void* p) {
+    XRaw<XMODE> raw;
+#pragma unroll
+    for (int i = 0; i < (XMODE == 2 ? 1 : 2); ++i) raw.v[i] = __ldg((const uint4*)p + i);
+    return raw;
+}
+
+// The 16 values quantized, as 16 bytes.
+template <int XMODE>
+__device__ __forceinline__ uint4 quantize(const XRaw<XMODE>& raw, float s, float r) {
+    if (XMODE == 2) return raw.v[0];
+    const u16* h = (const u16*)raw.v;
     u32 out[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -158,27 +171,39 @@ __global__ void __launch_bounds__(WG * 128) fp8_wgmma_gemv(
                     for (int h = 0; h < 2; ++h) buf[u][rg][h] = load_weight(wrow[rg][h] + (size_t)(c + u) * CHUNK);
     };
 
-    // The first weight loads go out before x is staged, so their latency hides the staging.
+    // The first two batches of weight loads go out before x is staged, so their latency hides the staging.
     load(buf_a, c_beg);
+    load(buf_b, c_beg + U);
 
     const float s = *in_scale;
     const float r = __frcp_rn(s);
     {
         // Lane t's 16 bytes of a chunk are words 4t..4t+3; word i feeds wgmma i >> 1 as its A register
         // a0 (k 4t..4t+3 of that wgmma, i even) or a2 (k 16+4t.., i odd). x goes where those k are.
+        // STAGE_BATCH segments per thread have their loads in flight together: one at a time, each
+        // waited on before the next, the staging took longer than the weight stream at M=32.
+        constexpr int STAGE_BATCH = 4;
         const int segs = (c_end - c_beg) * (CHUNK / 16);  // 16-byte segments per token
+        const int total = NT * 8 * segs, step = WG * 128;
         const int elem = XMODE == 2 ? 1 : 2;
-        for (int i = threadIdx.x; i < NT * 8 * segs; i += WG * 128) {
-            const int m = i / segs, seg = i - m * segs;
-            uint4 q = make_uint4(0, 0, 0, 0);
-            if (m < M) {
-                const u8* p = (const u8*)x + ((size_t)m * stride_xm + (size_t)c_beg * CHUNK + seg * 16) * elem;
-                q = load_quantized<XMODE>(p, s, r);
-            }
-            u8* base = xs + (seg >> 2) * 2 * HALF_BYTES + (m >> 3) * 256 + (m & 7) * 16 + (seg & 3) * 4;
-            const u32 words[4] = {q.x, q.y, q.z, q.w};
+        for (int first = threadIdx.x; first < total; first += STAGE_BATCH * step) {
+            XRaw<XMODE> raw[STAGE_BATCH];
 #pragma unroll
-            for (int wi = 0; wi < 4; ++wi) *(u32*)(base + (wi >> 1) * HALF_BYTES + (wi & 1) * 128) = words[wi];
+            for (int b = 0; b < STAGE_BATCH; ++b) {
+                const int i = first + b * step, m = i / segs, seg = i - m * segs;
+                if (i < total && m < M)
+                    raw[b] = load_x<XMODE>((const u8*)x + ((size_t)m * stride_xm + (size_t)c_beg * CHUNK + seg * 16) * elem);
+            }
+#pragma unroll
+            for (int b = 0; b < STAGE_BATCH; ++b) {
+                const int i = first + b * step, m = i / segs, seg = i - m * segs;
+                if (i >= total) break;
+                const uint4 q = m < M ? quantize<XMODE>(raw[b], s, r) : make_uint4(0, 0, 0, 0);
+                u8* base = xs + (seg >> 2) * 2 * HALF_BYTES + (m >> 3) * 256 + (m & 7) * 16 + (seg & 3) * 4;
+                const u32 words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+                for (int wi = 0; wi < 4; ++wi) *(u32*)(base + (wi >> 1) * HALF_BYTES + (wi & 1) * 128) = words[wi];
+            }
         }
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // x, written by plain stores, read by wgmma
@@ -220,8 +245,8 @@ __global__ void __launch_bounds__(WG * 128) fp8_wgmma_gemv(
             }
     };
 
+    // Two batches in flight while one is multiplied: each buffer is refilled as soon as its wgmmas end.
     for (int c = c_beg;;) {
-        load(buf_b, c + U);
         compute(buf_a, c);
         c += U;
         if (c >= c_end) break;
@@ -229,6 +254,7 @@ __global__ void __launch_bounds__(WG * 128) fp8_wgmma_gemv(
         compute(buf_b, c);
         c += U;
         if (c >= c_end) break;
+        load(buf_b, c + U);
     }
 
     // Accumulator j of row group rg: row row0 + rg*64 + g + 8*((j >> 1) & 1), token 8*(j >> 2) + 2*t4 + (j & 1).
