@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from fp8route.bench.timing import cupti_available
+from fp8route.bench.timing import cupti_available, profiling
 
 log = logging.getLogger("fp8route")
 
@@ -29,18 +28,15 @@ def kernels_by_arm(calls: Mapping[str, Callable[[], object]]) -> dict[str, tuple
     if not cupti_available():
         return empty
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import record_function
 
     try:
-        with warnings.catch_warnings():
-            # torch's note that each profiling cycle starts afresh: one cycle here, nothing to keep
-            warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                for name, call in calls.items():
-                    with record_function(_LABEL + name):
-                        call()
-                        torch.cuda.synchronize()
-            events = prof.events()
+        with profiling() as prof:
+            for name, call in calls.items():
+                with record_function(_LABEL + name):
+                    call()
+                    torch.cuda.synchronize()
+        events = prof.events()
     except Exception as exc:  # a diagnostic: never the reason a bench fails
         _warn_once(f"kernel names not recorded: the profiler failed ({type(exc).__name__}: {exc})")
         return empty

@@ -32,13 +32,14 @@ Nothing here touches CUDA at import time.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import math
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -226,13 +227,10 @@ def _time_batch(batch: Sequence[Callable[[], object]], host_us_per_call: float, 
 def _time_behind_sleep(schedule: Sequence[Callable[[], object]], lead_us: float, clock: str) -> list[float] | None:
     """The batch's times, or None when the GPU finished the sleep before the host queued the last call."""
     if clock == "cupti":
-        with warnings.catch_warnings():
-            # torch's note that each profiling cycle starts afresh: one cycle per batch, nothing to keep
-            warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
-            with _profiling() as profiler:
-                labelled = [_labelled(i, call) for i, call in enumerate(schedule)]
-                host_ahead = _queue_behind_sleep(labelled, lead_us)
-                torch.cuda.synchronize()
+        with profiling() as profiler:
+            labelled = [_labelled(i, call) for i, call in enumerate(schedule)]
+            host_ahead = _queue_behind_sleep(labelled, lead_us)
+            torch.cuda.synchronize()
         return kernel_us_per_call(profiler.events(), len(schedule)) if host_ahead else None
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in schedule]
     host_ahead = _queue_behind_sleep(
@@ -277,10 +275,16 @@ def _labelled(index: int, call: Callable[[], object]) -> Callable[[], None]:
     return labelled
 
 
-def _profiling() -> torch.profiler.profile:
+@contextlib.contextmanager
+def profiling() -> Iterator[torch.profiler.profile]:
+    """torch.profiler recording CPU ranges and CUDA kernels, for one profiling cycle."""
     from torch.profiler import ProfilerActivity, profile
 
-    return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    with warnings.catch_warnings():
+        # torch's note that each profiling cycle starts afresh: one cycle per use, nothing to keep
+        warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+            yield profiler
 
 
 def kernel_us_per_call(events: Sequence[object], calls: int) -> list[float]:
