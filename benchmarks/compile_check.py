@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -23,9 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fp8route.kernels import fp8_gemv as fg  # noqa: E402
+from fp8route.backends.kernels.decode.kernels import cuda_core_kernel, mma_kernel
 
 POINTERS = ("x_ptr", "w_ptr", "out_ptr", "bias_ptr", "ws_ptr", "cnt_ptr", "w_scale_ptr", "in_scale_ptr")
 ALIGNED_INTS = ("N", "K", "stride_xm", "stride_wn", "stride_om", "k_per_split")
@@ -33,7 +30,7 @@ ALIGNED_INTS = ("N", "K", "stride_xm", "stride_wn", "stride_om", "k_per_split")
 
 def compile_config(kernel: str, cfg: str, fused: bool, maxnreg: int) -> str:
     block_n, block_k, block_m, warps, stages = (int(v) for v in cfg.split("x"))
-    fn = fg._fp8_gemv_kernel if kernel == "wgmma" else fg._fp8_gemv_cuda_core_kernel
+    fn = mma_kernel if kernel == "wgmma" else cuda_core_kernel
     types = dict.fromkeys(POINTERS, "*fp32") | {
         "x_ptr": "*bf16" if fused else "*fp8e4nv",
         "w_ptr": "*fp8e4nv",

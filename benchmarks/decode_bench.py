@@ -1,6 +1,6 @@
 """Decode-size FP8 linears on one GPU: our fused-quant split-K kernel against cuBLASLt and CUTLASS.
 
-Arms per (N, K, M), all timed with fp8route.bench.timing (CUDA events, cold L2 by rotating operand
+Arms per (N, K, M), all timed with fp8route.tuning.timing (CUDA events, cold L2 by rotating operand
 copies, two reps in mirrored order):
   ours          fp8_gemv on bf16 x (quantization fused)
   ours_prequant fp8_gemv on an already-quantized x (GEMM only)
@@ -29,10 +29,17 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fp8route.backends.kernels.decode import configs
+from fp8route.backends.kernels.decode.launch import decode_gemm
+from fp8route.backends.kernels.quantize import quantize_fp8
+from fp8route.backends.problem import DeviceInfo
+from fp8route.tuning.timing import copies_for, copy_bandwidth_gbs, time_arms, time_cold, time_graph
 
-from fp8route.bench.timing import copies_for, copy_bandwidth_gbs, time_arms, time_cold, time_graph  # noqa: E402
-from fp8route.kernels import fp8_gemv as fg  # noqa: E402
+
+def choose_config(m: int, n: int, k: int) -> configs.DecodeConfig:
+    """The configuration the kernel picks on this GPU."""
+    return configs.choose_config(m, n, k, DeviceInfo.of("cuda"))
+
 
 FP8 = torch.float8_e4m3fn
 SHAPES = {  # name: (N, K)
@@ -89,32 +96,32 @@ def fingerprint() -> dict:
 def sweep_configs(
     m: int, n: int, k: int, num_sms: int, kinds: str = "wgmma",
     cuda_core_blocks: tuple[tuple[int, ...], ...] = CUDA_CORE_BLOCKS, block_ms: tuple[int, ...] = (),
-) -> list[fg.GemvConfig]:  # fmt: skip
+) -> list[configs.DecodeConfig]:  # fmt: skip
     """The configs to time at one (M, N, K). block_ms: wgmma token tiles to try besides the one
     covering M (a smaller one runs M in several token tiles that share each weight tile via L2)."""
     out = []
-    if "cuda_core" in kinds and m <= fg.CUDA_CORE_M_MAX:
+    if "cuda_core" in kinds and m <= configs.CUDA_CORE_M_MAX:
         block_m = 1 << (m - 1).bit_length()
         for block_n, block_k, warps, stages, *maxnreg in cuda_core_blocks:
             k_iters, tiles = k // block_k, -(-n // block_n)
             for split in (1, 2, 3, 4, 6, 7, 8, 12, 14, 16):
                 if k_iters % split == 0 and (split == 1 or num_sms // 2 <= tiles * split <= 16 * num_sms):
-                    cfg = fg.GemvConfig(block_n, block_k, block_m, split, warps, stages, True, *maxnreg)
+                    cfg = configs.DecodeConfig(block_n, block_k, block_m, split, warps, stages, True, *maxnreg)
                     out.append(cfg)
     if "wgmma" not in kinds:
         return out
-    own = fg.block_m_for(m)
+    own = configs.block_m_for(m)
     for block_m in sorted({own, *(b for b in block_ms if b < own)}):
         for block_n, block_k, stages, warps in SWEEP_BLOCKS[block_m]:
             k_iters = k // block_k
-            slots = num_sms * fg.ctas_per_sm(block_n, block_k, block_m, stages)
+            slots = num_sms * configs.ctas_per_sm(block_n, block_k, block_m, stages)
             tiles = -(-n // block_n) * -(-m // block_m)
             for split in range(1, min(32, k_iters) + 1):
                 uneven = k_iters % split != 0
                 if uneven and (block_m > 16 or -(-k_iters // split) * (split - 1) >= k_iters):
                     continue  # uneven splits only at decode sizes, and none that leave a split empty
                 if split == 1 or slots // 2 <= tiles * split <= 3 * slots:
-                    out.append(fg.GemvConfig(block_n, block_k, block_m, split, warps, stages))
+                    out.append(configs.DecodeConfig(block_n, block_k, block_m, split, warps, stages))
     return out
 
 
@@ -136,7 +143,7 @@ class Operands:
             x = torch.randn(m_max, k, device="cuda", generator=gen).to(torch.bfloat16)
             self.w.append(w)
             self.x.append(x)
-            self.xq.append(fg.quantize_fp8(x, self.s_in))
+            self.xq.append(quantize_fp8(x, self.s_in))
         self.rows_in = self.s_in.expand(m_max, 1).contiguous()
         self.cols_w = self.s_w.expand(1, n).contiguous()
 
@@ -144,7 +151,7 @@ class Operands:
         q = (self.x[0][:m].float() / self.s_in).clamp(-448, 448).to(FP8)
         return (q.float().double() @ self.w[0].float().double().T) * self.s_in.double() * self.s_w.double()
 
-    def arms(self, m: int, cfg: fg.GemvConfig | None) -> dict[str, list]:
+    def arms(self, m: int, cfg: configs.DecodeConfig | None) -> dict[str, list]:
         bf16 = torch.bfloat16
         c = range(self.copies)
         s_in, s_w = self.s_in, self.s_w
@@ -152,19 +159,17 @@ class Operands:
         w, x, xq = self.w, [t[:m] for t in self.x], [t[:m] for t in self.xq]
 
         def ours(i, cfg=cfg):
-            return lambda: fg.fp8_gemv(x[i], w[i], s_w, s_in, None, bf16, config=cfg)
+            return lambda: decode_gemm(x[i], w[i], s_w, s_in, None, bf16, config=cfg)
 
         return {
             "ours": [ours(i) for i in c],
-            "ours_prequant": [lambda i=i: fg.fp8_gemv(xq[i], w[i], s_w, s_in, None, bf16, config=cfg) for i in c],
+            "ours_prequant": [lambda i=i: decode_gemm(xq[i], w[i], s_w, s_in, None, bf16, config=cfg) for i in c],
             "cublas+quant": [
-                lambda i=i: torch._scaled_mm(fg.quantize_fp8(x[i], s_in), w[i].t(), s_in, s_w, out_dtype=bf16)
-                for i in c
+                lambda i=i: torch._scaled_mm(quantize_fp8(x[i], s_in), w[i].t(), s_in, s_w, out_dtype=bf16) for i in c
             ],
             "cublas": [lambda i=i: torch._scaled_mm(xq[i], w[i].t(), s_in, s_w, out_dtype=bf16) for i in c],
             "rowwise+quant": [
-                lambda i=i: torch._scaled_mm(fg.quantize_fp8(x[i], s_in), w[i].t(), rows, cols, out_dtype=bf16)
-                for i in c
+                lambda i=i: torch._scaled_mm(quantize_fp8(x[i], s_in), w[i].t(), rows, cols, out_dtype=bf16) for i in c
             ],
         }
 
@@ -193,7 +198,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
         for m in ms:
             t0 = time.time()
             ref = ops.reference(m)
-            heur = fg.choose_config(m, n, k)
+            heur = choose_config(m, n, k)
             best_cfg, best_us = None, float("inf")
             if args.sweep and m in {int(v) for v in args.sweep_ms.split(",")}:
                 blocks = CUDA_CORE_BLOCKS
@@ -202,7 +207,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
                 block_ms = tuple(int(v) for v in args.sweep_block_ms.split(",") if v)
                 for cfg in sweep_configs(m, n, k, fp["sm_count"], args.sweep_kinds, blocks, block_ms):
                     try:
-                        y = fg.fp8_gemv(ops.x[0][:m], ops.w[0], ops.s_w, ops.s_in, None, torch.bfloat16, config=cfg)
+                        y = decode_gemm(ops.x[0][:m], ops.w[0], ops.s_w, ops.s_in, None, torch.bfloat16, config=cfg)
                         err = rel_err(y, ref)
                         calls = ops.arms(m, cfg)["ours"]
                         us = statistics.median(time_cold(calls, repeats=args.sweep_repeats, warmup=1))

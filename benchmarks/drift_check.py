@@ -21,11 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fp8route.backends import BACKENDS  # noqa: E402
-from fp8route.bench.timing import ArmTiming, time_arms, time_cold  # noqa: E402
-from fp8route.bench.workload import Workload  # noqa: E402
+from fp8route.backends import BACKENDS
+from fp8route.tuning.timing import ArmTiming, time_arms, time_cold
+from fp8route.tuning.workload import Workload
 
 MODES = {"arm after arm": functools.partial(time_arms, timer=time_cold), "interleaved": time_arms}
 

@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from pathlib import Path
 
 import torch
+from decode_bench import SHAPES
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from decode_bench import SHAPES  # noqa: E402
-
-from fp8route.kernels import fp8_gemv as fg  # noqa: E402
+from fp8route.backends.kernels.decode import configs
+from fp8route.backends.kernels.decode.launch import decode_gemm
+from fp8route.backends.kernels.quantize import quantize_fp8
+from fp8route.quant import FP8_DTYPE
 
 
 def main() -> None:
@@ -48,23 +47,23 @@ def main() -> None:
     runs = []
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
-        w = (torch.randn(n, k, device="cuda", generator=gen) * 150).clamp(-448, 448).to(fg.FP8)
+        w = (torch.randn(n, k, device="cuda", generator=gen) * 150).clamp(-448, 448).to(FP8_DTYPE)
         x = torch.randn(args.m, k, device="cuda", generator=gen).to(torch.bfloat16)
-        xq = fg.quantize_fp8(x, s_in)
+        xq = quantize_fp8(x, s_in)
         arms = {
-            "ours": lambda x=x, w=w: fg.fp8_gemv(x, w, s_w, s_in, None, torch.bfloat16),
-            "ours_prequant": lambda xq=xq, w=w: fg.fp8_gemv(xq, w, s_w, s_in, None, torch.bfloat16),
+            "ours": lambda x=x, w=w: decode_gemm(x, w, s_w, s_in, None, torch.bfloat16),
+            "ours_prequant": lambda xq=xq, w=w: decode_gemm(xq, w, s_w, s_in, None, torch.bfloat16),
         }
         if args.cuda_core:
             bn, bk, warps, stages, *split = (int(v) for v in args.cuda_core.split(","))
             tiles = -(-n // bn)
             split_k = split[0] if split else max(1, min(k // bk, 4 * 132 // tiles))  # about 4 CTAs per SM
-            cfg = fg.GemvConfig(bn, bk, 1 << (args.m - 1).bit_length(), split_k, warps, stages, True)
-            arms["ours_cuda_core"] = lambda x=x, w=w, cfg=cfg: fg.fp8_gemv(
+            cfg = configs.DecodeConfig(bn, bk, 1 << (args.m - 1).bit_length(), split_k, warps, stages, True)
+            arms["ours_cuda_core"] = lambda x=x, w=w, cfg=cfg: decode_gemm(
                 x, w, s_w, s_in, None, torch.bfloat16, config=cfg
             )
         arms["cublas"] = lambda x=x, w=w: torch._scaled_mm(
-            fg.quantize_fp8(x, s_in), w.t(), s_in, s_w, out_dtype=torch.bfloat16
+            quantize_fp8(x, s_in), w.t(), s_in, s_w, out_dtype=torch.bfloat16
         )
         for arm, call in arms.items():
             for _ in range(3):

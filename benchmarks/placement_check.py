@@ -25,10 +25,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fp8route.bench.timing import copies_for, time_arms  # noqa: E402
-from fp8route.kernels import fp8_gemv as fg  # noqa: E402
+from fp8route.backends.kernels.decode.launch import decode_gemm
+from fp8route.backends.kernels.quantize import quantize_fp8
+from fp8route.tuning.timing import copies_for, time_arms
 
 FP8 = torch.float8_e4m3fn
 
@@ -63,9 +62,9 @@ def main() -> None:
         x = x0.clone()
         keep.append(x)
         arms = {
-            "fp8_gemv": [lambda w=w, x=x: fg.fp8_gemv(x, w, s_w, s_in, None, torch.bfloat16) for w in ws],
+            "fp8_gemv": [lambda w=w, x=x: decode_gemm(x, w, s_w, s_in, None, torch.bfloat16) for w in ws],
             "cublas+quant": [
-                lambda w=w, x=x: torch._scaled_mm(fg.quantize_fp8(x, s_in), w.t(), s_in, s_w, out_dtype=torch.bfloat16)
+                lambda w=w, x=x: torch._scaled_mm(quantize_fp8(x, s_in), w.t(), s_in, s_w, out_dtype=torch.bfloat16)
                 for w in ws
             ],
         }

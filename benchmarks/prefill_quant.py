@@ -2,7 +2,7 @@
 GEMMs alone sit against the floor (the figure the 1.05x target was set on).
 
 Per Llama-3.1-8B TP1 shape and M >= 2048, timed together (cold L2 by rotating weight copies, two
-reps in mirrored order, fp8route.bench.timing): the quantization pass alone, cuBLASLt per-tensor
+reps in mirrored order, fp8route.tuning.timing): the quantization pass alone, cuBLASLt per-tensor
 on an already-quantized x (default and fast accumulation), and the same with the pass included.
 
     PYTHONPATH=. python3 benchmarks/prefill_quant.py --out $OUT
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from fp8route.bench import timing
-from fp8route.bench.ceilings import measure_ceilings
-from fp8route.bench.report import gemm_bytes, gemm_flops
-from fp8route.kernels.fp8_gemv import quantize_fp8
-from fp8route.routing.shapes import model_shapes
+from fp8route.backends.kernels.quantize import quantize_fp8
+from fp8route.models.shapes import model_shapes
+from fp8route.tuning import timing
+from fp8route.tuning.ceilings import measure_ceilings
+from fp8route.tuning.report import gemm_bytes, gemm_flops
 
 FP8 = torch.float8_e4m3fn
 MS = (2048, 4096, 8192)

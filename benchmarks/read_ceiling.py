@@ -21,9 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fp8route.bench.timing import copies_for, copy_bandwidth_gbs, time_arms, time_cold, time_graph  # noqa: E402
+from fp8route.tuning.timing import copies_for, copy_bandwidth_gbs, time_arms, time_cold, time_graph
 
 SHAPES = {"tp1_qkv": (6144, 4096), "tp1_o": (4096, 4096), "tp1_gate_up": (28672, 4096), "tp1_down": (4096, 14336)}
 CTAS_PER_SM = (1, 2, 4, 8, 16)

@@ -3,7 +3,7 @@
 Times the same arms many times with two methods and reports, per arm, how far rep medians stray
 from the arm's best:
   per_call_sleep  the old method: a 200 µs sleep kernel ahead of each timed call
-  queued          fp8route.bench.timing.time_cold: one sleep long enough for the whole batch,
+  queued          fp8route.tuning.timing.time_cold: one sleep long enough for the whole batch,
                   checked afterwards (the batch is timed again if the host fell behind)
 For the old method it also records how long the host took to queue each call: a call queued
 later than its sleep lasted has host time inside its events.
@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from fp8route.backends import BACKENDS
-from fp8route.bench import timing
-from fp8route.bench.workload import Workload
+from fp8route.tuning import timing
+from fp8route.tuning.workload import Workload
 
 CASES = [((6144, 4096), 64), ((6144, 4096), 256), ((6144, 4096), 1024), ((28672, 4096), 2), ((4096, 14336), 512)]
 ARMS = ("cublas", "cublas_fast", "rowwise", "fp8_gemv")

@@ -1,7 +1,15 @@
-"""fp8route: static per-tensor FP8 linear layers, each routed to the GEMM kernel that wins."""
+"""fp8route: static per-tensor FP8 linear layers, each routed to the GEMM kernel that measures fastest.
+
+The data flows checkpoint -> linear -> plan -> backend -> kernel: `checkpoint` reads and writes FP8
+checkpoints, `linear` holds the layer and its plan, `backends` the GEMMs a plan can choose (and
+`backends.kernels` our own), `routing` the measured tables plans follow, `tuning` the measurements
+that make them, `models` the model runner, `cli` the command.
+"""
 
 from fp8route.backends import BACKENDS, Backend, get_backend
-from fp8route.checkpoint import Checkpoint, load_checkpoint
+from fp8route.backends.problem import DeviceInfo, GemmProblem
+from fp8route.checkpoint.load import Checkpoint, load_checkpoint
+from fp8route.checkpoint.quantize import quantize_checkpoint
 from fp8route.errors import (
     BackendUnavailableError,
     CheckpointError,
@@ -10,16 +18,13 @@ from fp8route.errors import (
     Fp8TypeError,
     StrictModeError,
 )
-from fp8route.explain import explain
-from fp8route.layer import Fp8Linear
-from fp8route.plan import M_BOUNDS, Plan, make_plan
-from fp8route.policy import Policy
-from fp8route.problem import DeviceInfo, GemmProblem
+from fp8route.linear.explain import explain
+from fp8route.linear.layer import Fp8Linear
+from fp8route.linear.plan import M_BOUNDS, Plan, make_plan
+from fp8route.linear.policy import Policy
 from fp8route.quant import dequantize, quantize_per_tensor, requantize_shards, sqnr_db
-from fp8route.quantize_checkpoint import quantize_checkpoint
-from fp8route.routing import RoutingTable, Tuner, load_table, route
-
-__version__ = "0.1.0"
+from fp8route.routing import RoutingTable, load_table, route
+from fp8route.version import __version__
 
 __all__ = [
     "BACKENDS",
@@ -38,7 +43,7 @@ __all__ = [
     "Policy",
     "RoutingTable",
     "StrictModeError",
-    "Tuner",
+    "__version__",
     "dequantize",
     "explain",
     "get_backend",

@@ -16,6 +16,14 @@ FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _MIN_SCALE = 1e-12
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.bfloat16 -> "bfloat16": how tables, reports and the command line spell dtypes."""
+    return str(dtype).removeprefix("torch.")
+
+
+FLOAT_DTYPE_NAMES = {dtype_name(d): d for d in FLOAT_DTYPES}
+
+
 def check_float(name: str, t: torch.Tensor) -> None:
     if not isinstance(t, torch.Tensor):
         raise Fp8TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")

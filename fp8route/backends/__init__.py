@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from fp8route.backends.base import CHANNEL, TENSOR, Backend
+from fp8route.backends.base import CHANNEL, LAYOUTS, TENSOR, Backend, LinearOperands
 from fp8route.backends.cublas import CublasBackend
 from fp8route.backends.flashinfer import FlashinferBackend
 from fp8route.backends.fp8_gemv import Fp8GemvBackend
+from fp8route.backends.problem import DeviceInfo
 from fp8route.backends.reference import ReferenceBackend
 from fp8route.backends.rowwise import RowwiseBackend
 from fp8route.backends.weight_only import WeightOnlyBackend
-from fp8route.problem import DeviceInfo
 
 BACKENDS: dict[str, Backend] = {
     b.name: b
@@ -48,10 +48,20 @@ def default_priority(device: DeviceInfo) -> tuple[str, ...]:
     if device.capability < (8, 9):
         return ("weight_only", "reference")
     if device.capability == (8, 9):
-        # The seed measured cuBLAS per-tensor 5.4% slower end to end than rowwise CUTLASS on L40.
+        # SGLang measured per-tensor cuBLASLt 5.4% slower end to end than rowwise CUTLASS on an L40.
         return ("rowwise", "cublas", "flashinfer", "weight_only", "reference")
     # SM90+: per-tensor cuBLASLt beat rowwise CUTLASS at every M on 8B shapes (DESIGN.md).
     return ("cublas", "flashinfer", "rowwise", "weight_only", "reference")
 
 
-__all__ = ["BACKENDS", "CHANNEL", "TENSOR", "Backend", "default_priority", "get_backend", "last_resorts"]
+__all__ = [
+    "BACKENDS",
+    "CHANNEL",
+    "LAYOUTS",
+    "TENSOR",
+    "Backend",
+    "LinearOperands",
+    "default_priority",
+    "get_backend",
+    "last_resorts",
+]

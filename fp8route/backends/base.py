@@ -1,23 +1,45 @@
-"""What every backend is: a name, the scale layouts it reads, one predicate and one call."""
+"""What every backend is: a name, the scale layouts it reads, one predicate and one call; and the
+frozen bundle of tensors a call reads."""
 
 from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 
-from fp8route.problem import GemmProblem
+from fp8route.backends.problem import GemmProblem
 from fp8route.quant import dynamic_scale, quantize
-
-if TYPE_CHECKING:
-    from fp8route.layer import Fp8Linear
 
 # Scale layouts a layer can hold; the plan prepares exactly those its backends read.
 TENSOR = "tensor"  # one fp32 scalar: what the checkpoint gives
 CHANNEL = "channel"  # the scalar broadcast to (1, N): what rowwise kernels read
+LAYOUTS = frozenset({TENSOR, CHANNEL})
+
+
+@dataclass(frozen=True)
+class LinearOperands:
+    """The tensors a backend reads for one layer, prepared at load time for the layer's plan."""
+
+    weight: torch.Tensor  # e4m3 [N, K]
+    weight_scale: torch.Tensor  # fp32 scalar
+    input_scale: torch.Tensor | None  # fp32 scalar; None: dynamic per-tensor from each x
+    bias: torch.Tensor | None  # [N]
+    weight_scale_channel: torch.Tensor | None = None  # (1, N) fp32, where the plan's layouts name CHANNEL
+
+    @classmethod
+    def prepare(
+        cls,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
+        input_scale: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        layouts: frozenset[str],
+    ) -> LinearOperands:
+        channel = weight_scale.reshape(1, 1).repeat(1, weight.shape[0]) if CHANNEL in layouts else None
+        return cls(weight, weight_scale, input_scale, bias, channel)
 
 
 class Backend(ABC):
@@ -29,14 +51,14 @@ class Backend(ABC):
     def why_not(self, problem: GemmProblem) -> str | None:
         """None when this backend can run the problem, else a reason a user can act on."""
 
-    def run(self, x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
+    def run(self, x: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
         """x is 2-D [M, K] in bf16/fp16/fp32; the result is [M, N] in x's dtype."""
-        x_q, x_scale = quantize_input(x, layer)
-        return self.run_quantized(x_q, x_scale, layer, x.dtype)
+        x_q, x_scale = quantize_input(x, operands.input_scale)
+        return self.run_quantized(x_q, x_scale, operands, x.dtype)
 
     @abstractmethod
     def run_quantized(
-        self, x_q: torch.Tensor, x_scale: torch.Tensor, layer: Fp8Linear, out_dtype: torch.dtype
+        self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype
     ) -> torch.Tensor:
         """x_q is 2-D [M, K] e4m3, quantized with the fp32 scalar x_scale (by run, or upstream of the
         layer); the result is [M, N] in out_dtype."""
@@ -45,12 +67,12 @@ class Backend(ABC):
         return f"<backend {self.name}>"
 
 
-def quantize_input(x: torch.Tensor, layer: Fp8Linear) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_input(x: torch.Tensor, input_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The layer's static input scale when it has one, else amax/448 computed on the device."""
-    scale = layer.input_scale if layer.input_scale is not None else dynamic_scale(x)
-    # Eager torch runs the quantizer as four kernels over fp32 temporaries (about 1.8 ms for the
-    # four Llama-3.1-8B projections at M=8192 on the H200); one Triton pass reads x once. Under
-    # torch.compile the torch ops stay, so inductor can fuse them into the op that made x.
+    scale = input_scale if input_scale is not None else dynamic_scale(x)
+    # Eager torch runs the quantizer as four kernels over fp32 temporaries; one Triton pass reads x
+    # once (benchmarks/results/h200/prefill/). Under torch.compile the torch ops stay, so inductor
+    # can fuse them into the op that made x.
     if x.is_cuda and x.dtype != torch.float32 and x.is_contiguous() and not torch.compiler.is_compiling():
         fused = _triton_quantizer()
         if fused is not None:
@@ -60,14 +82,15 @@ def quantize_input(x: torch.Tensor, layer: Fp8Linear) -> tuple[torch.Tensor, tor
 
 @functools.cache
 def _triton_quantizer() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
-    from fp8route.kernels import fp8_gemv
+    from fp8route.backends.kernels.quantize import quantize_fp8
+    from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR
 
-    return fp8_gemv.quantize_fp8 if fp8_gemv.TRITON_IMPORT_ERROR is None else None
+    return quantize_fp8 if TRITON_IMPORT_ERROR is None else None
 
 
-def bias_as(layer: Fp8Linear, dtype: torch.dtype) -> torch.Tensor | None:
+def bias_as(operands: LinearOperands, dtype: torch.dtype) -> torch.Tensor | None:
     """The bias in the output dtype, as the fused epilogues want it (no copy when it already is)."""
-    return None if layer.bias is None else layer.bias.to(dtype)
+    return None if operands.bias is None else operands.bias.to(dtype)
 
 
 def needs_fp8_gpu(problem: GemmProblem) -> str | None:

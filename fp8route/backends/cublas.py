@@ -1,17 +1,12 @@
-"""Per-tensor torch._scaled_mm: cuBLASLt with scalar scales (the seed's new path)."""
+"""Per-tensor torch._scaled_mm: cuBLASLt with scalar scales."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-from fp8route import ops
-from fp8route.backends.base import Backend, bias_as, first_reason, needs_aligned, needs_fp8_gpu
-from fp8route.problem import GemmProblem
-
-if TYPE_CHECKING:
-    from fp8route.layer import Fp8Linear
+from fp8route.backends import custom_ops
+from fp8route.backends.base import Backend, LinearOperands, bias_as, first_reason, needs_aligned, needs_fp8_gpu
+from fp8route.backends.problem import GemmProblem
 
 
 class CublasBackend(Backend):
@@ -26,8 +21,14 @@ class CublasBackend(Backend):
         return first_reason(needs_fp8_gpu(problem), needs_aligned(problem))
 
     def run_quantized(
-        self, x_q: torch.Tensor, x_scale: torch.Tensor, layer: Fp8Linear, out_dtype: torch.dtype
+        self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype
     ) -> torch.Tensor:
-        return ops.scaled_mm(
-            x_q, layer.weight, x_scale, layer.weight_scale, bias_as(layer, out_dtype), out_dtype, self.fast_accum
+        return custom_ops.scaled_mm(
+            x_q,
+            operands.weight,
+            x_scale,
+            operands.weight_scale,
+            bias_as(operands, out_dtype),
+            out_dtype,
+            self.fast_accum,
         )

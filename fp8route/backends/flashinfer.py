@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
-from typing import TYPE_CHECKING
 
 import torch
 
-from fp8route import ops
-from fp8route.backends.base import Backend, bias_as, first_reason, needs_aligned, needs_fp8_gpu
-from fp8route.problem import GemmProblem
-
-if TYPE_CHECKING:
-    from fp8route.layer import Fp8Linear
+from fp8route.backends import custom_ops
+from fp8route.backends.base import Backend, LinearOperands, bias_as, first_reason, needs_aligned, needs_fp8_gpu
+from fp8route.backends.problem import GemmProblem
 
 
 def flashinfer_installed() -> bool:
@@ -32,7 +28,7 @@ class FlashinferBackend(Backend):
         return reason
 
     def run_quantized(
-        self, x_q: torch.Tensor, x_scale: torch.Tensor, layer: Fp8Linear, out_dtype: torch.dtype
+        self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype
     ) -> torch.Tensor:
-        out = ops.flashinfer_bmm(x_q, layer.weight, x_scale, layer.weight_scale, out_dtype)
-        return out if layer.bias is None else out + bias_as(layer, out_dtype)
+        out = custom_ops.flashinfer_bmm(x_q, operands.weight, x_scale, operands.weight_scale, out_dtype)
+        return out if operands.bias is None else out + bias_as(operands, out_dtype)

@@ -1,25 +1,16 @@
-"""Our Triton decode kernel: activation quantization fused into a deterministic split-K GEMM."""
+"""The backend named fp8_gemv: fp8route's decode GEMM (backends/kernels/decode), activation
+quantization fused into a deterministic split-K GEMM for small M."""
 
 from __future__ import annotations
 
-from types import ModuleType
-from typing import TYPE_CHECKING
-
 import torch
 
-from fp8route import ops
-from fp8route.backends.base import Backend, bias_as, first_reason, needs_fp8_gpu
-from fp8route.problem import GemmProblem
+from fp8route.backends import custom_ops
+from fp8route.backends.base import Backend, LinearOperands, bias_as, needs_fp8_gpu
+from fp8route.backends.kernels.decode import configs
+from fp8route.backends.problem import GemmProblem
 
-if TYPE_CHECKING:
-    from fp8route.layer import Fp8Linear
-
-
-def _kernel() -> ModuleType:
-    # Imported on first use: importing triton costs most of a second and CPU installs lack it.
-    from fp8route.kernels import fp8_gemv
-
-    return fp8_gemv
+OUT_DTYPES = (torch.bfloat16, torch.float16)
 
 
 class Fp8GemvBackend(Backend):
@@ -30,20 +21,21 @@ class Fp8GemvBackend(Backend):
         reason = needs_fp8_gpu(problem)
         if reason is not None:
             return reason
-        kernel = _kernel()
         if not problem.static_input_scale:
             return "needs a static input_scale (it quantizes x inside the kernel)"
-        if problem.out_dtype not in kernel.OUT_DTYPES:
+        if problem.out_dtype not in OUT_DTYPES:
             return "writes bfloat16 or float16 output only"
-        if problem.m_max is None or problem.m_max > kernel.M_MAX:
-            return f"built for M <= {kernel.M_MAX}"
-        return first_reason(kernel.why_not(problem.m_max, problem.n, problem.k))
+        if problem.m_max is None or problem.m_max > configs.M_MAX:
+            return f"built for M <= {configs.M_MAX}"
+        return configs.why_not(problem.m_max, problem.n, problem.k)
 
-    def run(self, x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
-        assert layer.input_scale is not None, "the plan only picks fp8_gemv for a static input scale"
-        return ops.fp8_gemv(x, layer.weight, layer.weight_scale, layer.input_scale, bias_as(layer, x.dtype), x.dtype)
+    def run(self, x: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
+        assert operands.input_scale is not None, "the plan only picks fp8_gemv for a static input scale"
+        return self.run_quantized(x, operands.input_scale, operands, x.dtype)
 
     def run_quantized(
-        self, x_q: torch.Tensor, x_scale: torch.Tensor, layer: Fp8Linear, out_dtype: torch.dtype
+        self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype
     ) -> torch.Tensor:
-        return ops.fp8_gemv(x_q, layer.weight, layer.weight_scale, x_scale, bias_as(layer, out_dtype), out_dtype)
+        # x_q may still be bf16/fp16 (from run): the kernel quantizes it with x_scale inside.
+        w = operands
+        return custom_ops.decode_gemm(x_q, w.weight, w.weight_scale, x_scale, bias_as(w, out_dtype), out_dtype)

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-from fp8route import ops
-from fp8route.backends.base import Backend
-from fp8route.problem import GemmProblem
-
-if TYPE_CHECKING:
-    from fp8route.layer import Fp8Linear
+from fp8route.backends import custom_ops
+from fp8route.backends.base import Backend, LinearOperands
+from fp8route.backends.problem import GemmProblem
 
 
 class ReferenceBackend(Backend):
@@ -22,6 +17,6 @@ class ReferenceBackend(Backend):
         return None
 
     def run_quantized(
-        self, x_q: torch.Tensor, x_scale: torch.Tensor, layer: Fp8Linear, out_dtype: torch.dtype
+        self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype
     ) -> torch.Tensor:
-        return ops.reference_mm(x_q, layer.weight, x_scale, layer.weight_scale, layer.bias, out_dtype)
+        return custom_ops.reference_mm(x_q, operands.weight, x_scale, operands.weight_scale, operands.bias, out_dtype)

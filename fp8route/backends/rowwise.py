@@ -1,17 +1,13 @@
-"""torch._scaled_mm with (M,1)/(1,N) fp32 scales: the rowwise CUTLASS kernel (the seed's old path)."""
+"""torch._scaled_mm with (M,1)/(1,N) fp32 scales: the rowwise CUTLASS kernel, which needs the per-tensor
+weight scale broadcast to a per-channel vector."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-from fp8route import ops
-from fp8route.backends.base import CHANNEL, Backend, bias_as, first_reason, needs_aligned, needs_fp8_gpu
-from fp8route.problem import GemmProblem
-
-if TYPE_CHECKING:
-    from fp8route.layer import Fp8Linear
+from fp8route.backends import custom_ops
+from fp8route.backends.base import CHANNEL, Backend, LinearOperands, bias_as, first_reason, needs_aligned, needs_fp8_gpu
+from fp8route.backends.problem import GemmProblem
 
 # torch builds its rowwise FP8 CUTLASS kernel for SM89, SM90 and SM100 only.
 _BUILT_FOR = ((8, 9), (9, 0), (10, 0))
@@ -35,11 +31,17 @@ class RowwiseBackend(Backend):
         return None
 
     def run_quantized(
-        self, x_q: torch.Tensor, x_scale: torch.Tensor, layer: Fp8Linear, out_dtype: torch.dtype
+        self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype
     ) -> torch.Tensor:
         # A fresh (M, 1) tensor: the kernel wants stride 1, even at M=1.
         x_scales = x_scale.reshape(1, 1).repeat(x_q.shape[0], 1)
-        assert layer.weight_scale_channel is not None, "plan prepares the channel layout"
-        return ops.scaled_mm(
-            x_q, layer.weight, x_scales, layer.weight_scale_channel, bias_as(layer, out_dtype), out_dtype, False
+        assert operands.weight_scale_channel is not None, "plan prepares the channel layout"
+        return custom_ops.scaled_mm(
+            x_q,
+            operands.weight,
+            x_scales,
+            operands.weight_scale_channel,
+            bias_as(operands, out_dtype),
+            out_dtype,
+            False,
         )

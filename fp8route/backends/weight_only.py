@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-from fp8route import ops
-from fp8route.backends.base import Backend
-from fp8route.problem import GemmProblem
-
-if TYPE_CHECKING:
-    from fp8route.layer import Fp8Linear
+from fp8route.backends import custom_ops
+from fp8route.backends.base import Backend, LinearOperands
+from fp8route.backends.problem import GemmProblem
 
 
 class WeightOnlyBackend(Backend):
@@ -28,11 +23,11 @@ class WeightOnlyBackend(Backend):
             return f"bfloat16 matmul needs compute capability >= 8.0, device has {major}.{minor}"
         return None
 
-    def run(self, x: torch.Tensor, layer: Fp8Linear) -> torch.Tensor:
-        return ops.weight_only_mm(x, layer.weight, layer.weight_scale, layer.bias)
+    def run(self, x: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
+        return custom_ops.weight_only_mm(x, operands.weight, operands.weight_scale, operands.bias)
 
     def run_quantized(
-        self, x_q: torch.Tensor, x_scale: torch.Tensor, layer: Fp8Linear, out_dtype: torch.dtype
+        self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype
     ) -> torch.Tensor:
         x = (x_q.float() * x_scale).to(out_dtype)  # e4m3 times a scalar: what the FP8 path multiplies too
-        return ops.weight_only_mm(x, layer.weight, layer.weight_scale, layer.bias)
+        return custom_ops.weight_only_mm(x, operands.weight, operands.weight_scale, operands.bias)

@@ -19,7 +19,7 @@ from torch import nn
 from fp8route.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from fp8route.checkpoint import Checkpoint
+    from fp8route.checkpoint.load import Checkpoint
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fp8route.layer import Fp8Linear
+from fp8route.linear.layer import Fp8Linear
 from fp8route.routing.store import load_table
 from fp8route.routing.table import RoutingTable
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from fp8route.version import __version__
+
 UNKNOWN = "unknown"
 ABSENT = "absent"
 
@@ -51,7 +53,7 @@ class Fingerprint:
             torch=torch.__version__,
             triton=_version("triton"),
             flashinfer=_version("flashinfer-python", "flashinfer"),
-            fp8route=_fp8route_version(),
+            fp8route=__version__,
         )
         if device.type != "cuda":
             return cls(device.type, "", 0, 0, ABSENT, ABSENT, ABSENT, **libraries)
@@ -116,12 +118,6 @@ def _version(*distributions: str) -> str:
         except metadata.PackageNotFoundError:
             continue
     return ABSENT
-
-
-def _fp8route_version() -> str:
-    import fp8route  # at call time: this module is imported while the package initialises
-
-    return str(fp8route.__version__)
 
 
 def _driver_version() -> str:

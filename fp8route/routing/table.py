@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import torch
 
 from fp8route.backends import BACKENDS
+from fp8route.backends.problem import DeviceInfo, GemmProblem
 from fp8route.errors import Fp8InputError
-from fp8route.problem import DeviceInfo, GemmProblem
-from fp8route.quant import FLOAT_DTYPES
+from fp8route.quant import FLOAT_DTYPE_NAMES, dtype_name
 from fp8route.routing.choose import MIN_TIE, Timing, choose, priority_order
 from fp8route.routing.fingerprint import Fingerprint
 
@@ -36,8 +36,6 @@ READABLE_VERSIONS = (1, 2)
 # A shape further than this from every tuned one (|log2 N ratio| + |log2 K ratio|) gets the
 # default priority: past a factor of 2 the winners we measured change (DESIGN.md).
 MAX_NEAREST_DISTANCE = 1.0
-
-_DTYPES = {str(d).removeprefix("torch."): d for d in FLOAT_DTYPES}
 
 
 class RoutingTableError(Fp8InputError):
@@ -179,7 +177,7 @@ class RoutingTable:
             return f"{default} ({self.origin} is for {self.fingerprint.gpu}, not this device)"
         kinds: dict[str, list[str]] = {}
         own_fp8: dict[str, list[str]] = {}
-        for name, dtype in _DTYPES.items():
+        for name, dtype in FLOAT_DTYPE_NAMES.items():
             kinds.setdefault(self._kind(self._lookup((problem.n, problem.k, dtype, False)), default), []).append(name)
             found = self._lookup((problem.n, problem.k, dtype, True))
             if found is not None:
@@ -280,7 +278,7 @@ def _shape_to_json(s: ShapeRoutes) -> dict[str, object]:
     return {
         "n": s.n,
         "k": s.k,
-        "dtype": str(s.dtype).removeprefix("torch."),
+        "dtype": dtype_name(s.dtype),
         "x": "fp8" if s.x_quantized else "float",
         "routes": list(s.routes),
         # Failed runs are null: JSON has no infinity.
@@ -301,8 +299,8 @@ def _shape_from_json(obj: object, n_bounds: int) -> ShapeRoutes:
     if n <= 0 or k <= 0:
         raise ValueError(f"shape {n}x{k}: N and K must be positive")
     dtype_name = obj["dtype"]
-    if dtype_name not in _DTYPES:
-        raise ValueError(f"shape {n}x{k}: unknown dtype {dtype_name!r}; known: {', '.join(_DTYPES)}")
+    if dtype_name not in FLOAT_DTYPE_NAMES:
+        raise ValueError(f"shape {n}x{k}: unknown dtype {dtype_name!r}; known: {', '.join(FLOAT_DTYPE_NAMES)}")
     x_kind = obj.get("x", "float")
     if x_kind not in ("float", "fp8"):
         raise ValueError(f'shape {n}x{k}: x must be "float" or "fp8", got {x_kind!r}')
@@ -324,7 +322,7 @@ def _shape_from_json(obj: object, n_bounds: int) -> ShapeRoutes:
             None if v is None else Timing(float(v), float(sp or 0.0)) for v, sp in zip(values, spread)
         )
     failed = {str(a): str(b) for a, b in failures.items()}
-    return ShapeRoutes(n, k, _DTYPES[dtype_name], routes, timings, failed, x_quantized=x_kind == "fp8")
+    return ShapeRoutes(n, k, FLOAT_DTYPE_NAMES[dtype_name], routes, timings, failed, x_quantized=x_kind == "fp8")
 
 
 def _route(value: object, n: int, k: int) -> str | None:

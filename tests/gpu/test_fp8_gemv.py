@@ -7,7 +7,17 @@ import dataclasses
 import pytest
 import torch
 
-from fp8route.kernels import fp8_gemv as fg
+from fp8route.backends.kernels.decode import configs
+from fp8route.backends.kernels.decode.launch import decode_gemm
+from fp8route.backends.kernels.quantize import quantize_fp8
+from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR
+from fp8route.backends.problem import DeviceInfo
+
+
+def choose_config(m: int, n: int, k: int) -> configs.DecodeConfig:
+    """The configuration the kernel picks on this GPU."""
+    return configs.choose_config(m, n, k, DeviceInfo.of("cuda"))
+
 
 FP8 = torch.float8_e4m3fn
 SHAPES = [  # (N, K): Llama-3.1-8B TP1 and TP4 projections, and one that needs every mask
@@ -19,7 +29,7 @@ MS = (1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64)
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 
 gpu = pytest.mark.skipif(
-    not torch.cuda.is_available() or fg.TRITON_IMPORT_ERROR is not None, reason="needs CUDA and triton"
+    not torch.cuda.is_available() or TRITON_IMPORT_ERROR is not None, reason="needs CUDA and triton"
 )
 
 
@@ -69,7 +79,7 @@ def test_matches_reference(n: int, k: int, out_dtype: torch.dtype) -> None:
             err_cublas = rel_err(cublas(q, w, s_w, s_in, b, out_dtype), ref)
             for name, xin in (("fused", x), ("prequant", q)):
                 out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
-                fg.fp8_gemv(xin, w, s_w, s_in, b, out_dtype, out=out)
+                decode_gemm(xin, w, s_w, s_in, b, out_dtype, out=out)
                 err = rel_err(out, ref)
                 ok = not out.isnan().any().item() and err <= max(2 * err_cublas, 1e-4) and err < 1e-2
                 if not ok:
@@ -95,12 +105,12 @@ def test_fused_quantization_is_bit_identical(out_dtype: torch.dtype, block_m: in
     one = torch.tensor(1.0, device="cuda")
     q = quantize_ref(x, s_in)
     expected = (q.float() * s_in).to(out_dtype)
-    cfg = fg.GemvConfig(128, 128, block_m, split_k, num_warps=8, num_stages=4)
-    out = fg.fp8_gemv(x, w, one, s_in, None, out_dtype, config=cfg)
+    cfg = configs.DecodeConfig(128, 128, block_m, split_k, num_warps=8, num_stages=4)
+    out = decode_gemm(x, w, one, s_in, None, out_dtype, config=cfg)
     # Compared by value: a matmul cannot return -0 (the accumulator starts at +0), so e4m3 -0 comes back as +0.
     bad = (out.float() != expected.float()).nonzero()
     assert bad.numel() == 0, f"{len(bad)} mismatches, first at {bad[:4].tolist()}: x={x[tuple(bad[0])].item()}"
-    assert torch.equal(fg.quantize_fp8(x, s_in).view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(quantize_fp8(x, s_in).view(torch.uint8), q.view(torch.uint8))
 
 
 @pytest.mark.gpu
@@ -114,8 +124,15 @@ def test_token_tiles_below_m_match_reference(n: int, k: int, split_k: int) -> No
         ref = reference(quantize_ref(x, s_in), w, s_w, s_in, bias)
         for block_m in (16, 32):
             out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-            fg.fp8_gemv(
-                x, w, s_w, s_in, bias, torch.bfloat16, out=out, config=fg.GemvConfig(128, 128, block_m, split_k, 8, 4)
+            decode_gemm(
+                x,
+                w,
+                s_w,
+                s_in,
+                bias,
+                torch.bfloat16,
+                out=out,
+                config=configs.DecodeConfig(128, 128, block_m, split_k, 8, 4),
             )
             err = rel_err(out, ref)
             if out.isnan().any().item() or err > 5e-3:
@@ -140,21 +157,21 @@ def test_cuda_core_kernel_matches_reference(blocks: tuple) -> None:
     block_n, block_k, warps, stages, split_k, *maxnreg = blocks
     failures = []
     for n, k in [(4096, 14336), (1536, 4096), (208, 400)]:
-        for m in range(1, fg.CUDA_CORE_M_MAX + 1):
+        for m in range(1, configs.CUDA_CORE_M_MAX + 1):
             out_dtype = OUT_DTYPES[m % 2]
             x, w, s_w, s_in, bias = make(n, k, m, out_dtype, seed=m * 5 + n)
             q = quantize_ref(x, s_in)
             ref = reference(q, w, s_w, s_in, bias)
             err_cublas = rel_err(cublas(q, w, s_w, s_in, bias, out_dtype), ref)
             block_m = 1 << (m - 1).bit_length()
-            cfg = fg.GemvConfig(block_n, block_k, block_m, split_k, warps, stages, True, *maxnreg)
+            cfg = configs.DecodeConfig(block_n, block_k, block_m, split_k, warps, stages, True, *maxnreg)
             for name, xin in (("fused", x), ("prequant", q)):
                 out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
-                fg.fp8_gemv(xin, w, s_w, s_in, bias, out_dtype, out=out, config=cfg)
+                decode_gemm(xin, w, s_w, s_in, bias, out_dtype, out=out, config=cfg)
                 err = rel_err(out, ref)
                 if out.isnan().any().item() or err > max(2 * err_cublas, 1e-4) or err >= 1e-2:
                     failures.append(f"{n}x{k} M={m} {name}: err {err:.2e} cublas {err_cublas:.2e}")
-                again = fg.fp8_gemv(xin, w, s_w, s_in, bias, out_dtype, config=cfg)
+                again = decode_gemm(xin, w, s_w, s_in, bias, out_dtype, config=cfg)
                 if not torch.equal(again, out):
                     failures.append(f"{n}x{k} M={m} {name}: a repeat run gave other bits")
     assert not failures, "\n".join(failures)
@@ -173,8 +190,8 @@ def test_cuda_core_fused_quantization_is_bit_identical(split_k: int) -> None:
     w = torch.eye(k, device="cuda").to(FP8)
     one = torch.tensor(1.0, device="cuda")
     expected = (quantize_ref(x, s_in).float() * s_in).to(torch.bfloat16)
-    cfg = fg.GemvConfig(16, 512, 8, split_k, 1, 3, cuda_core=True)
-    out = fg.fp8_gemv(x, w, one, s_in, None, torch.bfloat16, config=cfg)
+    cfg = configs.DecodeConfig(16, 512, 8, split_k, 1, 3, cuda_core=True)
+    out = decode_gemm(x, w, one, s_in, None, torch.bfloat16, config=cfg)
     bad = (out.float() != expected.float()).nonzero()
     assert bad.numel() == 0, f"{len(bad)} mismatches, first at {bad[:4].tolist()}: x={x[tuple(bad[0])].item()}"
 
@@ -189,7 +206,7 @@ def test_standalone_quantizer_is_bit_identical_at_many_scales(dtype: torch.dtype
     )
     for scale in (0.0371, 1 / 448, 4 / 448, 0.0123, 3.3e-3, 0.7, 1e-5):
         s = torch.tensor(scale, device="cuda")
-        assert torch.equal(fg.quantize_fp8(x, s).view(torch.uint8), quantize_ref(x, s).view(torch.uint8)), scale
+        assert torch.equal(quantize_fp8(x, s).view(torch.uint8), quantize_ref(x, s).view(torch.uint8)), scale
 
 
 @pytest.mark.gpu
@@ -198,11 +215,11 @@ def test_standalone_quantizer_is_bit_identical_at_many_scales(dtype: torch.dtype
 def test_repeat_runs_are_bit_identical(m: int) -> None:
     x, w, s_w, s_in, bias = make(4096, 14336, m, torch.bfloat16, seed=3)
     # The table's pick, and the same with split-K whatever the table says: the reduction is what could vary.
-    split = dataclasses.replace(fg.choose_config(m, 4096, 14336), split_k=4)
+    split = dataclasses.replace(choose_config(m, 4096, 14336), split_k=4)
     for config in (None, split):
-        first = fg.fp8_gemv(x, w, s_w, s_in, bias, torch.bfloat16, config=config)
+        first = decode_gemm(x, w, s_w, s_in, bias, torch.bfloat16, config=config)
         for _ in range(20):
-            assert torch.equal(fg.fp8_gemv(x, w, s_w, s_in, bias, torch.bfloat16, config=config), first)
+            assert torch.equal(decode_gemm(x, w, s_w, s_in, bias, torch.bfloat16, config=config), first)
 
 
 @pytest.mark.gpu
@@ -211,22 +228,24 @@ def test_repeat_runs_are_bit_identical(m: int) -> None:
 @pytest.mark.parametrize("m", [1, 8])
 def test_cuda_graph_replay_equals_eager(fused: bool, m: int) -> None:
     # Both kernels with split-K (its counters must reset inside the graph), whatever the table picks.
-    cuda_core = fg.GemvConfig(block_n=32, block_k=512, block_m=1, split_k=4, num_warps=8, num_stages=1, cuda_core=True)
-    wgmma = fg.GemvConfig(block_n=256, block_k=128, block_m=16, split_k=8, num_warps=8, num_stages=4)
+    cuda_core = configs.DecodeConfig(
+        block_n=32, block_k=512, block_m=1, split_k=4, num_warps=8, num_stages=1, cuda_core=True
+    )
+    wgmma = configs.DecodeConfig(block_n=256, block_k=128, block_m=16, split_k=8, num_warps=8, num_stages=4)
     config = cuda_core if m == 1 else wgmma
     n, k = 4096, 4096
     x, w, s_w, s_in, bias = make(n, k, m, torch.bfloat16, seed=5)
     static_x = (x if fused else quantize_ref(x, s_in)).clone()
-    fg.fp8_gemv(static_x, w, s_w, s_in, bias, torch.bfloat16, config=config)  # compile, allocate counters
+    decode_gemm(static_x, w, s_w, s_in, bias, torch.bfloat16, config=config)  # compile, allocate counters
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_out = fg.fp8_gemv(static_x, w, s_w, s_in, bias, torch.bfloat16, config=config)
+        static_out = decode_gemm(static_x, w, s_w, s_in, bias, torch.bfloat16, config=config)
     for seed in range(3):
         x2 = make(n, k, m, torch.bfloat16, seed=100 + seed)[0]
         static_x.copy_(x2 if fused else quantize_ref(x2, s_in))
         graph.replay()
-        eager = fg.fp8_gemv(static_x, w, s_w, s_in, bias, torch.bfloat16, config=config)
+        eager = decode_gemm(static_x, w, s_w, s_in, bias, torch.bfloat16, config=config)
         assert torch.equal(static_out, eager)
 
 
@@ -235,20 +254,22 @@ def test_cuda_graph_replay_equals_eager(fused: bool, m: int) -> None:
 def test_rejects_bad_input() -> None:
     x, w, s_w, s_in, bias = make(256, 512, 4, torch.bfloat16, seed=9)
     with pytest.raises(ValueError, match="bias"):
-        fg.fp8_gemv(x, w, s_w, s_in, bias.float(), torch.bfloat16)
+        decode_gemm(x, w, s_w, s_in, bias.float(), torch.bfloat16)
     with pytest.raises(ValueError, match="M=129"):
-        fg.fp8_gemv(torch.zeros(129, 512, dtype=torch.bfloat16, device="cuda"), w, s_w, s_in, None, torch.bfloat16)
+        decode_gemm(torch.zeros(129, 512, dtype=torch.bfloat16, device="cuda"), w, s_w, s_in, None, torch.bfloat16)
     with pytest.raises(TypeError, match="out_dtype"):
-        fg.fp8_gemv(x, w, s_w, s_in, None, torch.float32)
+        decode_gemm(x, w, s_w, s_in, None, torch.float32)
     with pytest.raises(ValueError, match="at most 2 tokens"):
-        fg.fp8_gemv(x, w, s_w, s_in, None, torch.bfloat16, config=fg.GemvConfig(64, 128, 2, 1, 4, 1, cuda_core=True))
+        decode_gemm(
+            x, w, s_w, s_in, None, torch.bfloat16, config=configs.DecodeConfig(64, 128, 2, 1, 4, 1, cuda_core=True)
+        )
 
 
 def test_why_not_reasons() -> None:
-    if fg.TRITON_IMPORT_ERROR is not None:
-        assert fg.why_not(1, 4096, 4096) == fg.TRITON_IMPORT_ERROR
+    if TRITON_IMPORT_ERROR is not None:
+        assert configs.why_not(1, 4096, 4096) == TRITON_IMPORT_ERROR
         return
-    assert fg.why_not(1, 4096, 4096) is None
-    assert fg.why_not(128, 28672, 4096) is None
-    assert fg.why_not(1, 4096, 4100) == "K=4100 is not a multiple of 16 (16-byte fp8 weight rows)"
-    assert "M=129" in fg.why_not(129, 4096, 4096)
+    assert configs.why_not(1, 4096, 4096) is None
+    assert configs.why_not(128, 28672, 4096) is None
+    assert configs.why_not(1, 4096, 4100) == "K=4100 is not a multiple of 16 (16-byte fp8 weight rows)"
+    assert "M=129" in configs.why_not(129, 4096, 4096)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp8route.bench.kernels import kernels_by_arm
-from fp8route.kernels import fp8_gemv as fg
+from fp8route.backends.kernels.decode.launch import decode_gemm
+from fp8route.backends.kernels.quantize import quantize_fp8
+from fp8route.tuning.kernel_names import kernels_by_arm
 
 pytestmark = pytest.mark.gpu
 
@@ -15,11 +16,11 @@ def test_each_arm_gets_its_own_kernels():
     x = torch.randn(2, 4096, device="cuda").to(torch.bfloat16)
     w = (torch.randn(4096, 4096, device="cuda") * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
     s = torch.tensor(0.01, device="cuda")
-    q = fg.quantize_fp8(x, s)
+    q = quantize_fp8(x, s)
     calls = {
         "cublas": lambda: torch._scaled_mm(q, w.t(), s, s, out_dtype=torch.bfloat16),
-        "fp8_gemv": lambda: fg.fp8_gemv(x, w, s, s, None, torch.bfloat16),
-        "quant_then_cublas": lambda: torch._scaled_mm(fg.quantize_fp8(x, s), w.t(), s, s, out_dtype=torch.bfloat16),
+        "fp8_gemv": lambda: decode_gemm(x, w, s, s, None, torch.bfloat16),
+        "quant_then_cublas": lambda: torch._scaled_mm(quantize_fp8(x, s), w.t(), s, s, out_dtype=torch.bfloat16),
     }
     for call in calls.values():
         call()  # compile and warm up outside the profiler

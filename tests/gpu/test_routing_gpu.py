@@ -9,11 +9,13 @@ import torch
 from torch import nn
 
 from fp8route import DeviceInfo, Fp8Linear, Policy
-from fp8route.bench.ceilings import measure_ceilings
-from fp8route.bench.gemm import default_policies, make_report, sweep, write_results
-from fp8route.bench.report import ROUTED
-from fp8route.bench.workload import CudaMeasure
-from fp8route.routing import Fingerprint, LayerShape, Tuner, load_table, route, save_table
+from fp8route.models.shapes import LayerShape
+from fp8route.routing import Fingerprint, load_table, route, save_table
+from fp8route.tuning.ceilings import measure_ceilings
+from fp8route.tuning.gemm_bench import default_policies, make_report, sweep, write_results
+from fp8route.tuning.report import ROUTED
+from fp8route.tuning.tuner import Tuner
+from fp8route.tuning.workload import CudaMeasure
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from fp8route.bench import timing
+from fp8route.tuning import timing
 
 pytestmark = pytest.mark.gpu
 

@@ -1,0 +1,137 @@
+"""torch.library custom ops around every GEMM we route to.
+
+Opaque ops keep torch.compile from tracing into a kernel or swapping it for one of its own
+templates: the kernel the plan chose is the kernel that runs. Each has a fake implementation
+so compiled graphs and CUDA-graph capture see shapes without running anything.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _empty_out(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    return x.new_empty((x.shape[0], weight.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("fp8route::scaled_mm", mutates_args=())
+def scaled_mm(
+    x_q: torch.Tensor,
+    weight: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    fast_accum: bool,
+) -> torch.Tensor:
+    """torch._scaled_mm: scalar scales run cuBLASLt, (M,1)/(1,N) scales the rowwise CUTLASS kernel."""
+    # cuBLASLt takes no bias with an fp32 output, so it is added afterwards there.
+    fused_bias = bias if out_dtype != torch.float32 else None
+    out = torch._scaled_mm(
+        x_q,
+        weight.t(),
+        scale_a=x_scale,
+        scale_b=w_scale,
+        bias=fused_bias,
+        out_dtype=out_dtype,
+        use_fast_accum=fast_accum,
+    )
+    if bias is not None and fused_bias is None:
+        out = out + bias
+    return out
+
+
+@scaled_mm.register_fake
+def _(x_q, weight, x_scale, w_scale, bias, out_dtype, fast_accum):  # type: ignore[no-untyped-def]
+    return _empty_out(x_q, weight, out_dtype)
+
+
+@torch.library.custom_op("fp8route::reference_mm", mutates_args=())
+def reference_mm(
+    x_q: torch.Tensor,
+    weight: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """The numeric oracle: both operands dequantized, one fp32 matmul, one rounding at the end."""
+    out = (x_q.float() @ weight.float().t()) * (x_scale.float() * w_scale.float())
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
+
+
+@reference_mm.register_fake
+def _(x_q, weight, x_scale, w_scale, bias, out_dtype):  # type: ignore[no-untyped-def]
+    return _empty_out(x_q, weight, out_dtype)
+
+
+@torch.library.custom_op("fp8route::weight_only_mm", mutates_args=())
+def weight_only_mm(
+    x: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """For GPUs without FP8 tensor cores: the weight dequantized per call, x as it is.
+
+    Dequantizing per call keeps one byte per weight in memory instead of two; x is not
+    quantized, so results are closer to full precision than the FP8 path, not equal to it.
+    """
+    # Scaling x rather than the weight keeps the scale in fp32 (a bf16 scale would bias every
+    # output by up to 0.4%) and keeps fp16 sums in range. e4m3 values are exact in bf16/fp16.
+    x_scaled = (x.float() * w_scale).to(x.dtype)
+    return torch.nn.functional.linear(x_scaled, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+
+
+@weight_only_mm.register_fake
+def _(x, weight, w_scale, bias):  # type: ignore[no-untyped-def]
+    return _empty_out(x, weight, x.dtype)
+
+
+@torch.library.custom_op("fp8route::flashinfer_bmm", mutates_args=())
+def flashinfer_bmm(
+    x_q: torch.Tensor,
+    weight: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """FlashInfer's bmm_fp8 on its cuBLAS backend, as a batch of one."""
+    from flashinfer import bmm_fp8
+
+    m, n = x_q.shape[0], weight.shape[0]
+    # weight [N, K] row-major is the column-major [K, N] operand bmm_fp8 expects.
+    out = bmm_fp8(
+        x_q.unsqueeze(0),
+        weight.t().unsqueeze(0),
+        x_scale.reshape(1),
+        w_scale.reshape(1),
+        out_dtype,
+        backend="cublas",
+    )
+    return out.view(m, n)
+
+
+@flashinfer_bmm.register_fake
+def _(x_q, weight, x_scale, w_scale, out_dtype):  # type: ignore[no-untyped-def]
+    return _empty_out(x_q, weight, out_dtype)
+
+
+@torch.library.custom_op("fp8route::decode_gemm", mutates_args=())
+def decode_gemm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    w_scale: torch.Tensor,
+    x_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """fp8route's decode GEMM; x in bf16/fp16 is quantized with x_scale inside it, e4m3 x was
+    quantized with it already."""
+    from fp8route.backends.kernels.decode.launch import launch
+
+    return launch(x.contiguous(), weight, w_scale, x_scale, bias, out_dtype)
+
+
+@decode_gemm.register_fake
+def _(x, weight, w_scale, x_scale, bias, out_dtype):  # type: ignore[no-untyped-def]
+    return _empty_out(x, weight, out_dtype)

@@ -1,0 +1,163 @@
+"""Load a per-tensor FP8 checkpoint folder: every tensor checked, every quantized linear an Fp8Linear."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fp8route.backends.problem import default_device
+from fp8route.checkpoint.formats import CONFIG, QuantScheme, detect_scheme, read_json
+from fp8route.checkpoint.layout import Layout, LinearRecord, layout, natural_key
+from fp8route.checkpoint.shards import ShardSet, TensorInfo
+from fp8route.errors import CheckpointError, Fp8InputError, Fp8TypeError
+from fp8route.linear.layer import Fp8Linear
+from fp8route.linear.plan import Preference
+from fp8route.linear.policy import Policy
+from fp8route.quant import as_scale
+
+# e4m3fn has no infinities; S.1111.111 is its only NaN encoding.
+_E4M3_NAN_BITS = 0x7F
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    scheme: QuantScheme
+    config: dict[str, Any]  # the parsed config.json
+    linears: dict[str, Fp8Linear]  # module name (fused: `...self_attn.qkv_proj`) -> layer
+    tensors: dict[str, torch.Tensor]  # every tensor that is not part of a quantized linear
+    kv_scales: dict[str, torch.Tensor]  # `<attn>.k_scale` / `<attn>.v_scale`, fp32 scalars
+    excluded: tuple[str, ...]  # modules the config leaves unquantized
+    fused: dict[str, tuple[str, ...]]  # fused layer -> the checkpoint modules it replaces
+
+    @property
+    def format(self) -> str:
+        return self.scheme.format
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str],
+    device: str | torch.device | None = None,
+    fuse: bool = True,
+    *,
+    policy: Policy | None = None,
+    preference: Preference | None = None,
+) -> Checkpoint:
+    """Read a ModelOpt or compressed-tensors FP8 checkpoint (config.json + *.safetensors).
+
+    device defaults to CUDA when available. Shards are read one at a time and each tensor goes
+    to the device as it is read, so host memory peaks near one shard, not the model. With fuse,
+    q/k/v and gate/up projections become one Fp8Linear each (their shards requantized to the
+    largest weight scale; layer.requant_error says what that cost). On a GPU every layer is
+    planned by this device's routing table (fp8route.load_table) unless a preference is given.
+    """
+    folder = Path(path)
+    config = read_json(folder / CONFIG)
+    scheme = detect_scheme(folder, config)
+    shards = ShardSet.open(folder)
+    lay = layout(shards, scheme, fuse)
+    target = default_device(device)
+    policy = policy or Policy.from_env()
+    if preference is None and target.type == "cuda":
+        from fp8route.routing.store import load_table
+
+        preference = load_table(target)
+    loader = _Loader(shards, lay, target, policy, preference)
+    for file, names in shards.by_file().items():
+        for name, tensor in shards.read(file, names):
+            loader.take(shards.tensors[name], tensor)
+    unfinished = sorted(set(loader.waiting) - set(loader.linears))
+    assert not unfinished, f"layers never completed: {unfinished}"
+    linears = {name: loader.linears[name] for name in sorted(loader.linears, key=natural_key)}
+    return Checkpoint(folder, scheme, config, linears, loader.tensors, loader.kv_scales, lay.excluded, dict(lay.fused))
+
+
+class _Loader:
+    """Collects each linear's tensors as the shards go by and builds the layer once all are in."""
+
+    def __init__(
+        self, shards: ShardSet, lay: Layout, device: torch.device, policy: Policy | None, preference: Preference | None
+    ) -> None:
+        self.lay, self.device = lay, device
+        self.kwargs: dict[str, Any] = {"policy": policy, "preference": preference}
+        self.owner = lay.owner()
+        self.kv_names = {info.name: canonical for canonical, info in lay.kv_scales.items()}
+        self.waiting: dict[str, set[str]] = {}
+        for tensor, group in self.owner.items():
+            self.waiting.setdefault(group, set()).add(tensor)
+        self.values: dict[str, torch.Tensor] = {}
+        self.linears: dict[str, Fp8Linear] = {}
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.kv_scales: dict[str, torch.Tensor] = {}
+
+    def take(self, info: TensorInfo, tensor: torch.Tensor) -> None:
+        if info.name in self.kv_names:
+            self.kv_scales[self.kv_names[info.name]] = _scale(info, tensor, self.device)
+            return
+        group = self.owner.get(info.name)
+        if group is None:
+            self.tensors[info.name] = tensor.to(self.device)
+            return
+        self.values[info.name] = _checked(info, tensor.to(self.device))
+        waiting = self.waiting[group]
+        waiting.discard(info.name)
+        if not waiting:
+            self.linears[group] = self._build(group)
+
+    def _build(self, group: str) -> Fp8Linear:
+        members = self.lay.fused.get(group, (group,))
+        records = [self.lay.linears[m] for m in members]
+        values = [{leaf: self.values.pop(info.name) for leaf, info in rec.parts.items()} for rec in records]
+        if len(records) == 1:
+            v = values[0]
+            return Fp8Linear(v["weight"], v["weight_scale"], v["input_scale"], v.get("bias"), name=group, **self.kwargs)
+        return Fp8Linear.from_quantized(
+            torch.cat([v["weight"] for v in values]),
+            [v["weight_scale"] for v in values],
+            [v["input_scale"] for v in values],
+            _fused_bias(records, values),
+            logical_widths=[rec.n for rec in records],
+            name=group,
+            **self.kwargs,
+        )
+
+
+def _scale(info: TensorInfo, tensor: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    try:
+        return as_scale(info.where, tensor, device)
+    except (Fp8InputError, Fp8TypeError) as e:
+        raise CheckpointError(str(e)) from None
+
+
+def _checked(info: TensorInfo, tensor: torch.Tensor) -> torch.Tensor:
+    """Value checks a header cannot make; the tensor is already on its device."""
+    leaf = info.name.rpartition(".")[2]
+    if leaf in ("weight_scale", "input_scale"):
+        return _scale(info, tensor)
+    if leaf.endswith("zero_point"):
+        if tensor.float().abs().max().item() != 0:
+            raise CheckpointError(
+                f"unsupported: {info.where} is {tensor.float().flatten()[0].item()}; symmetric FP8 has zero points of 0"
+            )
+        return tensor
+    if leaf == "weight":
+        nan = (tensor.view(torch.uint8) & _E4M3_NAN_BITS) == _E4M3_NAN_BITS
+        if bool(nan.any()):
+            raise CheckpointError(f"{info.where}: {int(nan.sum())} NaN value(s) in the FP8 weight (corrupt shard?)")
+    elif leaf == "bias" and not bool(torch.isfinite(tensor).all()):
+        raise CheckpointError(f"{info.where}: bias has NaN or Inf values")
+    return tensor
+
+
+def _fused_bias(records: list[LinearRecord], values: list[dict[str, torch.Tensor]]) -> torch.Tensor | None:
+    biases = [v.get("bias") for v in values]
+    present = [b for b in biases if b is not None]
+    if not present:
+        return None
+    return torch.cat(
+        [b if b is not None else present[0].new_zeros(rec.n) for b, rec in zip(biases, records, strict=True)]
+    )

@@ -1,0 +1,42 @@
+"""The `fp8route` command: one module per subcommand, each registering itself.
+
+A user's mistake (a bad argument, a missing file, an environment variable naming no backend) ends
+in one line on stderr naming what was wrong and what to do, and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from fp8route.cli import bench, demo, inspect, quantize, tune
+from fp8route.errors import Fp8RouteError
+from fp8route.version import __version__
+
+COMMANDS = (demo, inspect, quantize, tune, bench)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(
+        prog="fp8route", description="Static per-tensor FP8 linears, routed by measurement."
+    )
+    parser.add_argument("--version", action="version", version=f"fp8route {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.register(commands)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args))
+    except Fp8RouteError as exc:
+        # Every error fp8route raises on purpose names the problem and the fix: one line is enough.
+        print(f"fp8route {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"fp8route {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Print what every Fp8Linear in a model (or a loaded checkpoint) will run, and why the rest will not."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from fp8route.backends.base import Backend
+from fp8route.linear.layer import Fp8Linear
+from fp8route.linear.plan import Plan
+
+
+class HasLinears(Protocol):
+    """A loaded checkpoint (fp8route.Checkpoint): its layers by module name."""
+
+    linears: dict[str, Fp8Linear]
+
+
+def explain(model: nn.Module | HasLinears) -> str:
+    """One block per distinct plan; layers that share a plan are listed together."""
+    if isinstance(model, nn.Module):
+        layers: Iterable[tuple[str, Fp8Linear]] = (
+            (name or m.name, m) for name, m in model.named_modules() if isinstance(m, Fp8Linear)
+        )
+    else:
+        layers = getattr(model, "linears", {}).items()
+    return plan_groups(layers) or "no Fp8Linear layers in this model"
+
+
+def plan_groups(layers: Iterable[tuple[str, Fp8Linear]]) -> str:
+    """Layers grouped by what their plans say (everything but the layer's name), one block each."""
+    groups: dict[tuple[object, ...], tuple[Plan, list[str]]] = {}
+    for name, layer in layers:
+        plan = layer.plan
+        groups.setdefault(plan_key(plan), (plan, []))[1].append(name)
+    blocks = []
+    for plan, names in groups.values():
+        shown = names[0] if len(names) == 1 else f"{names[0]} (+{len(names) - 1} more with the same plan)"
+        blocks.append(plan.explain(layer=shown))
+    return "\n\n".join(blocks)
+
+
+def plan_key(plan: Plan) -> tuple[object, ...]:
+    """Everything a plan says except the name of its layer."""
+    return (plan.problem, plan.bounds, _names(plan.routes), _names(plan.quantized_routes), plan.excluded,
+            plan.fallbacks, plan.source)  # fmt: skip
+
+
+def _names(routes: dict[torch.dtype, tuple[Backend, ...]]) -> tuple[object, ...]:
+    return tuple((dtype, tuple(b.name for b in route)) for dtype, route in routes.items())

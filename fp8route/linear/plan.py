@@ -1,0 +1,260 @@
+"""A layer's plan: which backend runs each M bucket, decided once, with every reason kept.
+
+The plan also names the scale layouts its backends read, and the layer prepares exactly those
+at load time, so the layout and the kernel that runs can never disagree.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from fp8route.backends import BACKENDS, Backend, default_priority, last_resorts
+from fp8route.backends.problem import GemmProblem
+from fp8route.errors import BackendUnavailableError, StrictModeError
+from fp8route.linear.policy import Policy
+from fp8route.quant import FLOAT_DTYPES, dtype_name
+
+log = logging.getLogger("fp8route")
+
+# Bucket i holds M in (M_BOUNDS[i-1], M_BOUNDS[i]]; one more bucket holds M > 16384.
+M_BOUNDS: tuple[int, ...] = tuple(2**i for i in range(15))
+
+# A routing table answers "which backend is fastest here", or None where it has no measurement.
+# One that also has describe(problem) -> str names where its answers come from (tuned, nearest
+# tuned shape, default priority): that becomes the plan's source, which explain() shows.
+Preference = Callable[[GemmProblem], str | None]
+
+# A cache of the fallbacks already logged in this process: each is logged once, not once per layer.
+_logged: set[str] = set()
+
+
+@dataclass(frozen=True)
+class Fallback:
+    dtype: torch.dtype
+    m_lo: int
+    m_hi: int | None
+    wanted: str
+    used: str
+    reason: str
+    x_quantized: bool = False  # on the route for x handed over quantized (forward_quantized)
+
+
+def fallback_lines(fallbacks: Sequence[Fallback]) -> list[str]:
+    """One line per distinct fallback, with the activation dtypes it applies to."""
+    dtypes: dict[tuple[int, int | None, str, str, str], list[str]] = {}
+    for f in fallbacks:
+        name = ("x pre-quantized " if f.x_quantized else "") + dtype_name(f.dtype)
+        dtypes.setdefault((f.m_lo, f.m_hi, f.wanted, f.used, f.reason), []).append(name)
+    return [f"{', '.join(d)} {_m_range(lo, hi)}: {w} -> {u} ({r})" for (lo, hi, w, u, r), d in dtypes.items()]
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    backend: str
+    reason: str
+    dtypes: tuple[torch.dtype, ...]  # the activation dtypes the reason holds for
+
+    def __str__(self) -> str:
+        scope = "" if self.dtypes == FLOAT_DTYPES else ", ".join(map(dtype_name, self.dtypes)) + ": "
+        return scope + self.reason
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    layer: str
+    problem: GemmProblem
+    bounds: tuple[int, ...]
+    routes: dict[torch.dtype, tuple[Backend, ...]]  # x in that dtype: the layer quantizes it
+    excluded: tuple[Exclusion, ...]
+    fallbacks: tuple[Fallback, ...]
+    source: str
+    # x handed over already quantized, the output in that dtype (Fp8Linear.forward_quantized)
+    quantized_routes: dict[torch.dtype, tuple[Backend, ...]]
+
+    def backend_for(self, m: int, dtype: torch.dtype, x_quantized: bool = False) -> Backend:
+        routes = self.quantized_routes if x_quantized else self.routes
+        return routes[dtype][bucket_index(self.bounds, m)]
+
+    @property
+    def backends(self) -> frozenset[Backend]:
+        every = (*self.routes.values(), *self.quantized_routes.values())
+        return frozenset(b for route in every for b in route)
+
+    @property
+    def layouts(self) -> frozenset[str]:
+        return frozenset(layout for b in self.backends for layout in b.layouts)
+
+    def route_text(self, dtype: torch.dtype, x_quantized: bool = False) -> str:
+        route = (self.quantized_routes if x_quantized else self.routes)[dtype]
+        return "; ".join(f"{m_range} -> {name}" for m_range, name in _runs(self.bounds, route))
+
+    def explain(self, layer: str | None = None) -> str:
+        """What runs for each input dtype and M range, what was excluded and why, every fallback;
+        headed by `layer` (default: this plan's layer)."""
+        p = self.problem
+        device = p.device.label + (f" ({p.device.name})" if p.device.name and p.device.type == "cuda" else "")
+        lines = [
+            f"{layer or self.layer}  N={p.n} K={p.k}  {device}, "
+            f"{'static' if p.static_input_scale else 'dynamic'} input scale, {'bias' if p.has_bias else 'no bias'}",
+            f"  routes ({self.source}):",
+        ]
+        by_text: dict[str, list[str]] = {}
+        for dtype in self.routes:
+            by_text.setdefault(self.route_text(dtype), []).append(dtype_name(dtype))
+        lines += [f"    {', '.join(dtypes)}: {text}" for text, dtypes in by_text.items()]
+        if self.quantized_routes == self.routes:
+            lines.append("    x pre-quantized (forward_quantized): the same")
+        else:
+            by_text = {}
+            for dtype in self.quantized_routes:
+                by_text.setdefault(self.route_text(dtype, True), []).append(dtype_name(dtype))
+            lines += [f"    x pre-quantized -> {', '.join(dtypes)}: {text}" for text, dtypes in by_text.items()]
+        if self.excluded:
+            width = max(len(e.backend) for e in self.excluded)
+            lines.append("  excluded:")
+            lines += [f"    {e.backend:<{width}}  {e}" for e in self.excluded]
+        lines.append("  fallbacks:" + ("" if self.fallbacks else " none"))
+        lines += [f"    {line}" for line in fallback_lines(self.fallbacks)]
+        return "\n".join(lines)
+
+
+def make_plan(
+    layer: str,
+    problem: GemmProblem,
+    policy: Policy | None = None,
+    preference: Preference | None = None,
+    source: str | None = None,
+) -> Plan:
+    """Choose a backend for every (activation dtype, M bucket) of one layer.
+
+    The forced backend, else the routing table's choice, else the first runnable backend in
+    the device's default priority. A fallback is recorded (logged once, or raised under strict
+    mode) when a forced or tuned choice cannot run, or when only a last resort can.
+    """
+    policy = policy or Policy()
+    priority = [name for name in default_priority(problem.device) if name not in policy.disable]
+    resorts = last_resorts(problem.device)
+    if source is None:
+        describe = getattr(preference, "describe", None)
+        if policy.force:
+            source = f"forced by FP8ROUTE_FORCE={policy.force}"
+        elif callable(describe):
+            source = str(describe(problem))
+        else:
+            source = f"default priority for {problem.device.label}"
+    reasons: dict[tuple[str, str], dict[torch.dtype, None]] = {
+        (name, "disabled by FP8ROUTE_DISABLE"): dict.fromkeys(FLOAT_DTYPES) for name in sorted(policy.disable)
+    }
+    routes: dict[bool, dict[torch.dtype, tuple[Backend, ...]]] = {False: {}, True: {}}
+    fallbacks: list[Fallback] = []
+    for x_quantized in (False, True):
+        for dtype in FLOAT_DTYPES:
+            route: list[Backend] = []
+            for lo, hi in _bucket_ranges(M_BOUNDS):
+                bucket = problem.with_bucket(dtype, hi).with_input(x_quantized)
+                why = {name: BACKENDS[name].why_not(bucket) for name in BACKENDS if name not in policy.disable}
+                for name, reason in why.items():
+                    if reason is not None:
+                        reasons.setdefault((name, reason), {})[dtype] = None
+                preferred = preference(bucket) if preference else None
+                wanted = policy.force or (preferred if preferred in why else None)
+                if wanted is not None and why[wanted] is None:
+                    used = wanted
+                else:
+                    used = next((name for name in priority if why[name] is None), "reference")
+                    wanted = wanted or next((name for name in priority if why[name] is not None), None)
+                if wanted is not None and used != wanted and (policy.force or preferred or used in resorts):
+                    fallback = Fallback(dtype, lo, hi, wanted, used, why[wanted] or "", x_quantized)
+                    # The same fallback on both inputs is one fallback: reported once.
+                    if not (x_quantized and replace(fallback, x_quantized=False) in fallbacks):
+                        fallbacks.append(fallback)
+                route.append(BACKENDS[used])
+            routes[x_quantized][dtype] = tuple(route)
+    order = list(BACKENDS)
+    ranked = sorted(reasons.items(), key=lambda item: order.index(item[0][0]))
+    excluded = tuple(Exclusion(name, reason, tuple(dtypes)) for (name, reason), dtypes in ranked)
+    merged = tuple(_merge(fallbacks))
+    plan = Plan(layer, problem, M_BOUNDS, routes[False], excluded, merged, source, routes[True])
+    _check_forced(plan, policy)
+    _report(plan, policy)
+    return plan
+
+
+def _check_forced(plan: Plan, policy: Policy) -> None:
+    if policy.force and all(b.name != policy.force for b in plan.backends):
+        reasons = "; ".join(sorted({f.reason for f in plan.fallbacks}))
+        raise BackendUnavailableError(
+            f"layer {plan.layer} (N={plan.problem.n}, K={plan.problem.k}): FP8ROUTE_FORCE={policy.force} "
+            f"cannot run it: {reasons}. Unset FP8ROUTE_FORCE or force a backend that explain() lists as runnable."
+        )
+
+
+def _report(plan: Plan, policy: Policy) -> None:
+    if not plan.fallbacks:
+        return
+    summary = "; ".join(fallback_lines(plan.fallbacks))
+    if policy.strict:
+        raise StrictModeError(
+            f"layer {plan.layer} (N={plan.problem.n}, K={plan.problem.k}) would fall back: {summary}. "
+            "strict mode (strict=True or FP8ROUTE_STRICT=1) forbids fallbacks."
+        )
+    key = f"N={plan.problem.n} K={plan.problem.k}: {summary}"
+    if key not in _logged:
+        _logged.add(key)
+        log.warning("fp8route fallback on %s (first seen on layer %s; explain() lists every layer)", key, plan.layer)
+
+
+def bucket_index(bounds: Sequence[int], m: int) -> int:
+    """bisect_left, written out because torch.compile cannot trace the C bisect module."""
+    lo, hi = 0, len(bounds)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if bounds[mid] < m:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _bucket_ranges(bounds: Sequence[int]) -> list[tuple[int, int | None]]:
+    lows = [1, *(b + 1 for b in bounds)]
+    return list(zip(lows, [*bounds, None]))
+
+
+def _m_range(lo: int, hi: int | None) -> str:
+    if hi is None:
+        return f"M {lo}+"
+    return f"M {lo}" if lo == hi else f"M {lo}-{hi}"
+
+
+def _runs(bounds: Sequence[int], route: Sequence[Backend]) -> list[tuple[str, str]]:
+    """Adjacent buckets with the same backend, merged into one M range."""
+    runs: list[tuple[int, int | None, str]] = []
+    for (lo, hi), backend in zip(_bucket_ranges(bounds), route):
+        if runs and runs[-1][2] == backend.name:
+            runs[-1] = (runs[-1][0], hi, backend.name)
+        else:
+            runs.append((lo, hi, backend.name))
+    return [(_m_range(lo, hi), name) for lo, hi, name in runs]
+
+
+def _merge(fallbacks: list[Fallback]) -> list[Fallback]:
+    """Adjacent buckets that fell back the same way, as one M range."""
+    merged: list[Fallback] = []
+    for f in fallbacks:
+        last = merged[-1] if merged else None
+        if (
+            last
+            and last.m_hi is not None
+            and last.m_hi + 1 == f.m_lo
+            and (last.dtype, last.x_quantized, last.wanted, last.used, last.reason)
+            == (f.dtype, f.x_quantized, f.wanted, f.used, f.reason)
+        ):
+            merged[-1] = replace(last, m_hi=f.m_hi)
+        else:
+            merged.append(f)
+    return merged
