@@ -14,7 +14,8 @@ import torch
 from fp8route.errors import Fp8InputError
 from fp8route.linear.plan import M_BOUNDS
 from fp8route.models.shapes import MODELS, LayerShape, model_shapes, parse_shapes, unique_shapes
-from fp8route.tuning.timing import CLOCKS, cupti_available, time_arms
+from fp8route.tuning.cupti import cupti_available
+from fp8route.tuning.timing import CLOCKS, time_arms
 from fp8route.tuning.workload import TimeArms
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}

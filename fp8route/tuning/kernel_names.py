@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from fp8route.tuning.timing import cupti_available, profiling
+from fp8route.tuning.cupti import cupti_available, profiling
 
 log = logging.getLogger("fp8route")
 

@@ -32,20 +32,18 @@ Nothing here touches CUDA at import time.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import gc
 import math
 import statistics
 import time
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
 
 from fp8route.errors import Fp8RouteError
+from fp8route.tuning.cupti import cupti_available, kernel_us_per_call, labelled, profiling
 
 L2_ROTATION_FACTOR = 3.0  # operand copies together exceed this many L2 sizes
 MIN_COPIES = 8  # at least this many copies, to average over where each one landed in memory
@@ -59,7 +57,6 @@ MAX_WARM_S = 2.0  # warm-up runs as long as the batch will, up to this
 # kernels each did).
 MAX_BATCH_CALLS = 150
 CLOCKS = ("events", "cupti")
-_CALL_LABEL = "fp8route.call:"  # prefix of the profiler range around each call (clock "cupti")
 
 # A cache of torch.cuda._sleep's cycles per µs, per device (calibrated once).
 _cycles_per_us: dict[int, float] = {}
@@ -229,7 +226,7 @@ def _time_behind_sleep(schedule: Sequence[Callable[[], object]], lead_us: float,
     """The batch's times, or None when the GPU finished the sleep before the host queued the last call."""
     if clock == "cupti":
         with profiling() as profiler:
-            labelled = [_labelled(i, call) for i, call in enumerate(schedule)]
+            labelled = [labelled(i, call) for i, call in enumerate(schedule)]
             host_ahead = _queue_behind_sleep(labelled, lead_us)
             torch.cuda.synchronize()
         return kernel_us_per_call(profiler.events(), len(schedule)) if host_ahead else None
@@ -266,53 +263,6 @@ def _between(call: Callable[[], object], start: torch.cuda.Event, end: torch.cud
         end.record()
 
     return timed
-
-
-def _labelled(index: int, call: Callable[[], object]) -> Callable[[], None]:
-    def labelled() -> None:
-        with torch.profiler.record_function(f"{_CALL_LABEL}{index}"):
-            call()
-
-    return labelled
-
-
-@contextlib.contextmanager
-def profiling() -> Iterator[torch.profiler.profile]:
-    """torch.profiler recording CPU ranges and CUDA kernels, for one profiling cycle."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with warnings.catch_warnings():
-        # torch's note that each profiling cycle starts afresh: one cycle per use, nothing to keep
-        warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
-            yield profiler
-
-
-def kernel_us_per_call(events: Sequence[object], calls: int) -> list[float]:
-    """Per call of a batch timed with clock "cupti": the GPU time of the kernels launched inside
-    its profiler range (torch's device_time_total: the range's own kernels and its children's)."""
-    per_call: dict[int, float] = {}
-    for event in events:
-        name = getattr(event, "name", "")
-        if name.startswith(_CALL_LABEL) and getattr(event, "device_type", None) == torch.autograd.DeviceType.CPU:
-            per_call[int(name[len(_CALL_LABEL) :])] = float(event.device_time_total)  # type: ignore[attr-defined]
-    missing = [i for i in range(calls) if per_call.get(i, 0.0) <= 0.0]
-    if missing:
-        raise Fp8RouteError(
-            f"timing: CUPTI recorded no kernel time for {len(missing)} of {calls} calls (first: call {missing[0]}); "
-            "the profiler did not see this GPU's kernels, use clock 'events'"
-        )
-    return [per_call[i] for i in range(calls)]
-
-
-@functools.lru_cache(maxsize=1)
-def cupti_available() -> bool:
-    """Whether torch.profiler can record CUDA kernels here (CUPTI loaded)."""
-    if not torch.cuda.is_available():
-        return False
-    from torch.profiler import ProfilerActivity, supported_activities
-
-    return ProfilerActivity.CUDA in supported_activities()
 
 
 def time_graph(calls: Sequence[Callable[[], object]], *, repeats: int = 5, warmup: int = 3) -> list[float]:

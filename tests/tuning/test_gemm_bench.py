@@ -14,7 +14,7 @@ from fp8route.cli import main
 from fp8route.cli.sweep_args import timer_from_args
 from fp8route.errors import Fp8RouteError
 from fp8route.models.shapes import LayerShape
-from fp8route.tuning import timing
+from fp8route.tuning import cupti, timing
 from fp8route.tuning.ceilings import Ceilings
 from fp8route.tuning.gemm_bench import sweep, write_results
 from fp8route.tuning.kernel_names import split_by_window
@@ -435,7 +435,7 @@ class _Event:
 
 
 def test_cupti_clock_reads_each_calls_kernel_time_from_its_range():
-    label = timing._CALL_LABEL
+    label = cupti._CALL_LABEL
     events = [
         _Event(f"{label}1", 7.5),
         _Event("aten::_scaled_mm", 6.0),  # a child op: already inside its range's total

@@ -1,0 +1,60 @@
+"""The package's shape: no import cycles between its modules, none over the size we keep to."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import fp8route
+
+ROOT = Path(fp8route.__file__).parent
+MAX_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """Every fp8route module this file imports anywhere (functions and TYPE_CHECKING blocks too):
+    `from a.b import c` counts as an import of a.b.c when that is a module, else of a.b."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in known else node.module)
+    return {name for name in found if name in known}
+
+
+def test_the_import_graph_has_no_cycle():
+    known = modules()
+    graph = {name: imports(path, known) - {name} for name, path in known.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[list[str]] = []
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for dep in sorted(graph[name]):
+            if state.get(dep) == 1:
+                cycles.append([*path[path.index(dep) :], dep])
+            elif dep not in state:
+                visit(dep, [*path, dep])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_module_is_over_the_size_we_keep_to():
+    sizes = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
+    assert {name: n for name, n in sizes.items() if n > MAX_LINES} == {}
