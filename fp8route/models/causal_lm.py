@@ -58,6 +58,7 @@ class CausalLM(LlamaForCausalLM):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.use_cuda_graphs = use_cuda_graphs
+        self.use_triton: bool | None = None  # decode attention: None = Triton on CUDA when it imports
         self._graphs: DecodeGraphs | None = None
 
     @property
@@ -105,7 +106,7 @@ class CausalLM(LlamaForCausalLM):
         h = self.model.embed_tokens(tokens)[:, None].to(self.dtype)
         cos = self.rope_cos[positions][:, None, None]
         sin = self.rope_sin[positions][:, None, None]
-        context = DecodeAttention(self.cache, positions, limit)
+        context = DecodeAttention(self.cache, positions, limit, self.use_triton)
         for layer in self.model.layers:
             h = layer(h, cos, sin, context)
         logits = self.lm_head(self.model.norm(h[:, 0]))

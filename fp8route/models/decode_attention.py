@@ -55,7 +55,7 @@ if TRITON_IMPORT_ERROR is None:
         stride_lb, stride_lh,
         sm_scale,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-        SPLIT: tl.constexpr, BLOCK: tl.constexpr,
+        SPLIT: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -86,13 +86,13 @@ if TRITON_IMPORT_ERROR is None:
             n_mask = n < end
             kv_mask = n_mask[:, None] & d_mask[None, :]
             k = tl.load(k_base + n[:, None] * stride_ks + d[None, :], mask=kv_mask, other=0.0)
-            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
             s = tl.where(n_mask[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
             p = tl.exp2(s - m_new[:, None])
             alpha = tl.exp2(m - m_new)
             v = tl.load(v_base + n[:, None] * stride_vs + d[None, :], mask=kv_mask, other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             s_sum = s_sum * alpha + tl.sum(p, 1)
             m = m_new
         # A split past the row's length ran no tile; it stores nothing and the combine skips it.
@@ -166,6 +166,8 @@ def decode_attention(
         scale if scale is not None else d**-0.5,
         G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, D_PAD=d_pad,
         SPLIT=split, BLOCK=BLOCK_N,
+        # An fp32 cache asks for fp32 products (tl.dot would round them to TF32); 16-bit ones are exact.
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4,
     )  # fmt: skip
     out = torch.empty_like(q)
