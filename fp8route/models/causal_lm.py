@@ -27,6 +27,9 @@ class CausalLM(LlamaForCausalLM):
     """A Llama-family model ready to generate: `model(ids)` is the full forward (for evaluation),
     `model.generate(ids, n)` runs prefill + cached decode."""
 
+    rope_cos: torch.Tensor  # [max_seq_len, head_dim] fp32
+    rope_sin: torch.Tensor
+
     def __init__(
         self,
         cfg: LlamaConfig,
@@ -42,7 +45,7 @@ class CausalLM(LlamaForCausalLM):
         super().__init__(cfg, linears, tensors)
         self.dtype = dtype
         first = next(iter(tensors.values()))
-        self.device = torch.device(device) if device is not None else first.device
+        target = torch.device(device) if device is not None else first.device
         self.cache = KVCache(
             cfg.num_hidden_layers,
             max_batch_size,
@@ -50,16 +53,20 @@ class CausalLM(LlamaForCausalLM):
             max_seq_len,
             cfg.head_size,
             dtype,
-            self.device,
+            target,
         )
         # Computed once for every position the cache can hold, then indexed: the same values
         # rope_tables gives for any slice of positions, without per-step host work.
-        cos, sin = rope_tables(cfg, torch.arange(max_seq_len, device=self.device))
+        cos, sin = rope_tables(cfg, torch.arange(max_seq_len, device=target))
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.use_cuda_graphs = use_cuda_graphs
         self.use_triton: bool | None = None  # decode attention: None = Triton on CUDA when it imports
         self._graphs: DecodeGraphs | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.rope_cos.device
 
     @property
     def max_batch_size(self) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -43,7 +44,7 @@ class DecodeGraphs:
         self.step, self.device = step, device
         self.sizes = buckets(max_batch_size)
         self.graphs: dict[int, _Captured] = {}
-        self.pool: tuple[int, int] | None = None  # one memory pool shared by every bucket's graph
+        self.pool: Any = None  # one memory pool shared by every bucket's graph
 
     def bucket(self, batch: int) -> int:
         return next(size for size in self.sizes if size >= batch)

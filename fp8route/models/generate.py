@@ -107,7 +107,7 @@ def generate(
     eos = _eos_ids(eos_token_id)
     pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
 
-    device = model.rope_cos.device
+    device = model.device
     ids = input_ids.to(device=device, dtype=torch.int64)
     lengths = torch.tensor(lengths_list, device=device)
     longest = max(lengths_list)

@@ -3,16 +3,11 @@ and as the attention of the engine's captured decode step."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from fp8route.models import decode_attention as da
 from fp8route.models.attention import decode_attention_torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 gpu = pytest.mark.skipif(
     not torch.cuda.is_available() or da.TRITON_IMPORT_ERROR is not None, reason="needs CUDA and triton"
