@@ -165,3 +165,23 @@ def test_load_model_bf16_checkpoint_and_max_position_embeddings(tmp_path):
     assert fp32.max_seq_len == 16 and fp32.cache.k.dtype == torch.float32
     with pytest.raises(Fp8InputError, match="dtype must be bfloat16, float16 or float32"):
         load_model(folder, "cpu", dtype=torch.int8)
+
+
+def test_qwen_style_biases_and_head_norms_decode_like_the_full_forward():
+    """Qwen2's q/k/v biases and Qwen3's per-head q/k norms sit before RoPE and the cache write."""
+    tensors = {k: v.float() for k, v in llama_tensors().items()}
+    g = torch.Generator().manual_seed(9)
+    head = TINY["hidden_size"] // TINY["num_attention_heads"]
+    for i in range(TINY["num_hidden_layers"]):
+        p = f"model.layers.{i}.self_attn"
+        for m in ("q", "k", "v"):
+            tensors[f"{p}.{m}_proj.bias"] = 0.1 * torch.randn(tensors[f"{p}.{m}_proj.weight"].shape[0], generator=g)
+        for m in ("q", "k"):
+            tensors[f"{p}.{m}_norm.weight"] = 1 + 0.1 * torch.randn(head, generator=g)
+    model = tiny(tensors=tensors)
+    assert model.model.layers[0].self_attn.q_norm is not None
+    ids = prompts(2, 6, seed=10)
+    result = model.generate(ids, 4, return_logits=True)
+    with torch.no_grad():
+        full = model(result.tokens[:, :-1])[:, 5:]
+    torch.testing.assert_close(result.logits, full, rtol=1e-4, atol=1e-4)
