@@ -25,7 +25,11 @@ if TYPE_CHECKING:
 
 class CausalLM(LlamaForCausalLM):
     """A Llama-family model ready to generate: `model(ids)` is the full forward (for evaluation),
-    `model.generate(ids, n)` runs prefill + cached decode."""
+    `model.generate(ids, n)` runs prefill + cached decode.
+
+    The KV cache (2 x layers x max_batch_size x kv_heads x max_seq_len x head_dim in dtype: 17 GB
+    for Llama-3.1-8B at 16 x 8192 in bf16) and the RoPE tables are allocated on the load device
+    once; the model is not meant to be moved afterwards."""
 
     rope_cos: torch.Tensor  # [max_seq_len, head_dim] fp32
     rope_sin: torch.Tensor
