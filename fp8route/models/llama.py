@@ -2,7 +2,9 @@
 
 Module names follow Hugging Face's (`model.layers.0.self_attn.q_proj`), so checkpoint tensors
 and Fp8Linear layers drop in by name; fused `qkv_proj` / `gate_up_proj` layers replace their
-members. Prefill only: no KV cache yet.
+members. This module is the model definition and its full (no-cache) forward; attention over a
+KV cache comes in through an AttentionContext (fp8route.models.attention), and the engine that
+owns the cache is fp8route.models.causal_lm.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +22,15 @@ from fp8route.errors import CheckpointError
 
 if TYPE_CHECKING:
     from fp8route.checkpoint.load import Checkpoint
+
+
+class AttentionContext(Protocol):
+    """Where a layer's new K/V go and what its queries attend to (a KV cache, in prefill or decode)."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [B, H, T, D], the new k and v [B, Hkv, T, D] (after RoPE) -> attention output [B, H, T, D]."""
+        ...
+
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -155,9 +166,10 @@ class Parts:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: LlamaConfig, parts: Parts, prefix: str) -> None:
+    def __init__(self, cfg: LlamaConfig, parts: Parts, prefix: str, index: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
+        self.index = index  # the layer's number: which KV cache slot an AttentionContext uses
         self.widths = [cfg.num_attention_heads * cfg.head_size] + [cfg.num_key_value_heads * cfg.head_size] * 2
         if parts.has(f"{prefix}.qkv_proj"):
             self.qkv_proj = parts.linear(f"{prefix}.qkv_proj")
@@ -178,7 +190,11 @@ class Attention(nn.Module):
             else None
         )
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: AttentionContext | None = None
+    ) -> torch.Tensor:
+        """x [B, T, hidden]; cos/sin [T, D] (positions shared by every row) or [B, 1, T, D]. Without
+        a context: causal attention over x alone."""
         b, t, _ = x.shape
         if hasattr(self, "qkv_proj"):
             q, k, v = self.qkv_proj(x).split(self.widths, dim=-1)
@@ -192,7 +208,10 @@ class Attention(nn.Module):
         q = apply_rope(q.transpose(1, 2), cos, sin)
         k = apply_rope(k.transpose(1, 2), cos, sin)
         v = v.reshape(b, t, -1, hd).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        if context is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            out = context.attend(self.index, q, k, v)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -215,17 +234,19 @@ class Mlp(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaConfig, parts: Parts, prefix: str) -> None:
+    def __init__(self, cfg: LlamaConfig, parts: Parts, prefix: str, index: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(parts.tensor(f"{prefix}.input_layernorm.weight"), cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, parts, f"{prefix}.self_attn")
+        self.self_attn = Attention(cfg, parts, f"{prefix}.self_attn", index)
         self.post_attention_layernorm = RMSNorm(
             parts.tensor(f"{prefix}.post_attention_layernorm.weight"), cfg.rms_norm_eps
         )
         self.mlp = Mlp(cfg, parts, f"{prefix}.mlp")
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: AttentionContext | None = None
+    ) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, context)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -233,7 +254,9 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: LlamaConfig, parts: Parts) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding.from_pretrained(parts.tensor("model.embed_tokens.weight"), freeze=True)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, parts, f"model.layers.{i}") for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, parts, f"model.layers.{i}", i) for i in range(cfg.num_hidden_layers)
+        )
         self.norm = RMSNorm(parts.tensor("model.norm.weight"), cfg.rms_norm_eps)
 
 

@@ -1,0 +1,74 @@
+"""Attention over the static KV cache: prefill (SDPA, causal) and decode (the Triton split-KV kernel
+on CUDA, SDPA under a length mask elsewhere and as its reference).
+
+Prompts are right-padded, so every row's real tokens sit at positions 0..len-1 and causal
+attention alone is correct for each of them: a real token never sees the padding after it. The
+padding's own K/V land in the cache past the row's length, where decode overwrites them before
+any query can reach them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from fp8route.models import decode_attention as kernel
+from fp8route.models.kv_cache import KVCache
+
+
+@functools.cache
+def triton_decode_available() -> bool:
+    return kernel.TRITON_IMPORT_ERROR is None and torch.cuda.is_available()
+
+
+def decode_attention_torch(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, limit: int | None = None
+) -> torch.Tensor:
+    """The reference: q [B, H, D] over the first lengths[b] positions of k/v_cache [B, Hkv, S, D].
+
+    limit (a host int >= every length) trims the read to the cache's filled part; without it the
+    whole cache is read under the mask, which has no data-dependent shape (graph-safe)."""
+    b = q.shape[0]
+    k, v = k_cache[:b], v_cache[:b]
+    if limit is not None:
+        k, v = k[:, :, :limit], v[:, :, :limit]
+    visible = torch.arange(k.shape[2], device=q.device)[None, :] < lengths[:, None]
+    out = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=visible[:, None, None, :], enable_gqa=True)
+    return out[:, :, 0]
+
+
+class PrefillAttention:
+    """Writes each layer's K/V for positions 0..T-1 of rows 0..B-1 and attends causally."""
+
+    def __init__(self, cache: KVCache) -> None:
+        self.cache = cache
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.cache.write_prefill(layer, k, v)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+class DecodeAttention:
+    """One new token per row: row b writes its K/V at positions[b] and attends to 0..positions[b].
+
+    positions is a device tensor; limit, when given, is a host bound on positions + 1 that lets
+    the torch path read less of the cache (the Triton path reads only each row's filled part
+    anyway, and a captured step passes no limit)."""
+
+    def __init__(
+        self, cache: KVCache, positions: torch.Tensor, limit: int | None = None, use_triton: bool | None = None
+    ) -> None:
+        self.cache, self.positions, self.limit = cache, positions, limit
+        self.lengths = positions + 1
+        self.use_triton = triton_decode_available() if use_triton is None else use_triton
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.cache.write_decode(layer, k, v, self.positions)
+        k_cache, v_cache = self.cache.views(layer, q.shape[0])
+        if self.use_triton and q.is_cuda:
+            out = kernel.decode_attention(q[:, :, 0].contiguous(), k_cache, v_cache, self.lengths)
+        else:
+            out = decode_attention_torch(q[:, :, 0], k_cache, v_cache, self.lengths, self.limit)
+        return out[:, :, None]

@@ -1,0 +1,182 @@
+"""Split-KV decode attention in Triton (flash-decoding): one query token per row over a static KV cache.
+
+    out[b, h] = softmax(q[b, h] . K[b, h // G, :len[b]] * scale) @ V[b, h // G, :len[b]]
+
+Why a kernel of our own: the cache is preallocated for max_seq_len (say 8192) while a row may
+have 1100 positions filled; attention that reads all of it would, at batch 1, read more bytes
+than the weights. Why split-KV: one program per (row, KV head) leaves most SMs idle at small
+batch; splitting the sequence puts cdiv(len, SPLIT) programs on each.
+
+CUDA-graph safe: the lengths are a device tensor read inside the kernel, the grid is fixed by
+max_seq_len (not by the lengths), and splits past a row's length store nothing; the combine
+kernel counts each row's valid splits from its length, so stale partials are never read.
+
+Kernel 1, grid (B, Hkv, num_splits): the program loads the G = H / Hkv query heads that share
+its KV head (GQA, padded to 16 rows for tl.dot), streams its split in BLOCK_N-position tiles with
+an fp32 online softmax, and writes the split's normalized output and log-sum-exp.
+Kernel 2, grid (B, H): combines a row's valid splits weighted by exp(lse - max lse).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fp8route.errors import Fp8InputError
+
+try:
+    import triton
+    import triton.language as tl
+
+    TRITON_IMPORT_ERROR: str | None = None
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    TRITON_IMPORT_ERROR = f"triton is not importable: {exc}"
+
+BLOCK_N = 64  # positions per tile of the inner loop
+_MAX_SPLITS = 64  # the combine kernel reads one row of this many partials
+
+
+def split_len(max_seq_len: int) -> int:
+    """Positions per split: 128, or more for caches longer than 64 x 128, so at most 64 splits."""
+    length = 2 * BLOCK_N
+    while length * _MAX_SPLITS < max_seq_len:
+        length *= 2
+    return length
+
+
+if TRITON_IMPORT_ERROR is None:
+
+    @triton.jit
+    def _split_kernel(
+        q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, lse_ptr,
+        stride_qb, stride_qh,
+        stride_kb, stride_kh, stride_ks,
+        stride_vb, stride_vh, stride_vs,
+        stride_ob, stride_oh, stride_os,
+        stride_lb, stride_lh,
+        sm_scale,
+        G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+        SPLIT: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr,
+    ):  # fmt: skip
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
+        length = tl.load(len_ptr + b).to(tl.int32)
+        start = split * SPLIT
+        end = tl.minimum(start + SPLIT, length)
+
+        g = tl.arange(0, G_PAD)
+        d = tl.arange(0, D_PAD)
+        g_mask = g < G
+        d_mask = d < D
+        heads = kvh * G + g
+        q = tl.load(
+            q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+            mask=g_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        # exp2 with log2(e) folded into the scale: one multiply fewer per score.
+        qk_scale = sm_scale * 1.4426950408889634
+        m = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
+        s_sum = tl.zeros([G_PAD], dtype=tl.float32)
+        acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+        k_base = k_ptr + b * stride_kb + kvh * stride_kh
+        v_base = v_ptr + b * stride_vb + kvh * stride_vh
+        for n0 in range(start, end, BLOCK):
+            n = n0 + tl.arange(0, BLOCK)
+            n_mask = n < end
+            kv_mask = n_mask[:, None] & d_mask[None, :]
+            k = tl.load(k_base + n[:, None] * stride_ks + d[None, :], mask=kv_mask, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+            s = tl.where(n_mask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            p = tl.exp2(s - m_new[:, None])
+            alpha = tl.exp2(m - m_new)
+            v = tl.load(v_base + n[:, None] * stride_vs + d[None, :], mask=kv_mask, other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            s_sum = s_sum * alpha + tl.sum(p, 1)
+            m = m_new
+        # A split past the row's length ran no tile; it stores nothing and the combine skips it.
+        live = g_mask & ((g * 0 + start) < length)  # a vector: a scalar i1 mask broadcasts unreliably
+        out = acc / s_sum[:, None]
+        lse = m + tl.log2(s_sum)  # base 2, like m
+        tl.store(
+            o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :],
+            out,
+            mask=live[:, None] & d_mask[None, :],
+        )
+        tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=live)
+
+    @triton.jit
+    def _combine_kernel(
+        o_ptr, lse_ptr, len_ptr, out_ptr,
+        stride_ob, stride_oh, stride_os,
+        stride_lb, stride_lh,
+        stride_rb, stride_rh,
+        SPLIT: tl.constexpr, S_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+    ):  # fmt: skip
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        length = tl.load(len_ptr + b).to(tl.int32)
+        splits = (length + SPLIT - 1) // SPLIT
+        s = tl.arange(0, S_PAD)
+        d = tl.arange(0, D_PAD)
+        s_mask = s < splits
+        lse = tl.load(lse_ptr + b * stride_lb + h * stride_lh + s, mask=s_mask, other=float("-inf"))
+        w = tl.exp2(lse - tl.max(lse, 0))
+        w = tl.where(s_mask, w, 0.0)
+        o = tl.load(
+            o_ptr + b * stride_ob + h * stride_oh + s[:, None] * stride_os + d[None, :],
+            mask=s_mask[:, None] & (d < D)[None, :],
+            other=0.0,
+        )
+        out = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
+        tl.store(out_ptr + b * stride_rb + h * stride_rh + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
+
+
+def decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
+    """q [B, H, D] (one token per row), k_cache/v_cache [B, Hkv, S, D] with unit stride on D,
+    lengths [B] int (device; each 1..S) -> [B, H, D] in q's dtype. Reads only the first
+    lengths[b] positions of row b."""
+    if TRITON_IMPORT_ERROR is not None:
+        raise RuntimeError(TRITON_IMPORT_ERROR)
+    b, h, d = q.shape
+    _, hkv, s, _ = k_cache.shape
+    if h % hkv != 0 or k_cache.shape[0] < b or k_cache.shape[-1] != d or v_cache.shape != k_cache.shape:
+        raise Fp8InputError(
+            f"decode_attention: q {tuple(q.shape)} does not fit k/v caches {tuple(k_cache.shape)} / "
+            f"{tuple(v_cache.shape)} (need H a multiple of Hkv, the same D, at least B rows)"
+        )
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise Fp8InputError("decode_attention: q, k_cache and v_cache need unit stride on the head dim")
+    group = h // hkv
+    split = split_len(s)
+    num_splits = triton.cdiv(s, split)
+    partial = torch.empty((b, h, num_splits, d), dtype=torch.float32, device=q.device)
+    lse = torch.empty((b, h, num_splits), dtype=torch.float32, device=q.device)
+    d_pad = max(16, triton.next_power_of_2(d))
+    _split_kernel[(b, hkv, num_splits)](
+        q, k_cache, v_cache, lengths, partial, lse,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        partial.stride(0), partial.stride(1), partial.stride(2),
+        lse.stride(0), lse.stride(1),
+        scale if scale is not None else d**-0.5,
+        G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, D_PAD=d_pad,
+        SPLIT=split, BLOCK=BLOCK_N,
+        # An fp32 cache asks for fp32 products (tl.dot would round them to TF32); 16-bit ones are exact.
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4,
+    )  # fmt: skip
+    out = torch.empty_like(q)
+    _combine_kernel[(b, h)](
+        partial, lse, lengths, out,
+        partial.stride(0), partial.stride(1), partial.stride(2),
+        lse.stride(0), lse.stride(1),
+        out.stride(0), out.stride(1),
+        SPLIT=split, S_PAD=max(16, triton.next_power_of_2(num_splits)), D=d, D_PAD=d_pad,
+        num_warps=4,
+    )  # fmt: skip
+    return out

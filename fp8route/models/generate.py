@@ -1,0 +1,147 @@
+"""generate: right-padded prompts -> prefill -> one decode step per new token, greedy or sampled.
+
+The loop keeps everything per step on the device: next tokens, finished rows and the output are
+updated with tensor ops, and the host learns nothing it has to wait for except, when an EOS id is
+given, whether every row has finished (one sync every eos_check_every steps). Each row's new
+tokens follow its own prompt; what comes after a row's last token is pad (the EOS id if none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from fp8route.errors import Fp8InputError
+
+if TYPE_CHECKING:
+    from fp8route.models.causal_lm import CausalLM
+
+
+@dataclass
+class Generation:
+    tokens: torch.Tensor  # [B, T + max_new_tokens] int64
+    logits: torch.Tensor  # [B, steps run, vocab] fp32: the logits each new token was chosen from
+
+
+def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row from softmax(logits / temperature), limited to the top_p nucleus.
+
+    Drawn as argmax(p / E) with E ~ Exp(1) (the exponential race, equivalent to sampling from p)
+    rather than torch.multinomial, so no op here waits on the host."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p; the most likely token always stays.
+        sorted_p = sorted_p.masked_fill(sorted_p.cumsum(-1) - sorted_p > top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / noise).argmax(dim=-1)
+
+
+def _prompt_lengths(lengths: Sequence[int] | torch.Tensor | None, batch: int, width: int) -> list[int]:
+    if lengths is None:
+        return [width] * batch
+    values = [int(n) for n in (lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths)]
+    if len(values) != batch or any(not 1 <= n <= width for n in values):
+        raise Fp8InputError(
+            f"generate: prompt_lengths must give each of the {batch} rows a length in 1..{width} "
+            f"(the width of input_ids), got {values}"
+        )
+    return values
+
+
+def _eos_ids(eos_token_id: int | Sequence[int] | None) -> list[int]:
+    if eos_token_id is None:
+        return []
+    return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id]
+
+
+def generate(
+    model: CausalLM,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    prompt_lengths: Sequence[int] | torch.Tensor | None = None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+    on_token: Callable[[int, torch.Tensor], None] | None = None,
+    eos_check_every: int = 1,
+    return_logits: bool = False,
+) -> torch.Tensor | Generation:
+    """Continue each row of input_ids [B, T] by up to max_new_tokens tokens -> [B, T + max_new_tokens].
+
+    Rows of different lengths: right-pad them to T and pass prompt_lengths (row b's prompt is
+    input_ids[b, :prompt_lengths[b]]); its new tokens start at prompt_lengths[b]. temperature 0
+    is greedy (deterministic); otherwise tokens are sampled from the top_p nucleus, reproducibly
+    when a seed is given. A row stops after emitting an id in eos_token_id; the call stops when
+    every row has. on_token(step, tokens [B]) sees each step's tokens as a device tensor (pad for
+    finished rows); reading it on the host is a sync the caller chooses to pay. return_logits
+    gives a Generation with the logits of every step as well.
+    """
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
+        got = f"{input_ids.dtype} {tuple(input_ids.shape)}" if isinstance(input_ids, torch.Tensor) else input_ids
+        raise Fp8InputError(f"generate: input_ids must be an integer tensor [B, T], got {got}")
+    batch, width = input_ids.shape
+    if batch == 0 or width == 0:
+        raise Fp8InputError(f"generate: input_ids {tuple(input_ids.shape)} has no prompt to continue")
+    if max_new_tokens < 0:
+        raise Fp8InputError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+    if temperature < 0 or not 0.0 < top_p <= 1.0:
+        raise Fp8InputError(
+            f"generate: need temperature >= 0 and 0 < top_p <= 1, got temperature={temperature}, top_p={top_p}"
+        )
+    if eos_check_every < 1:
+        raise Fp8InputError(f"generate: eos_check_every must be >= 1, got {eos_check_every}")
+    lengths_list = _prompt_lengths(prompt_lengths, batch, width)
+    model.cache.check_request(batch, lengths_list, max_new_tokens)
+    vocab = model.cfg.vocab_size
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab:
+        raise Fp8InputError(f"generate: token ids must be in 0..{vocab - 1} (the vocabulary), got {low}..{high}")
+    eos = _eos_ids(eos_token_id)
+    pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
+
+    device = model.device
+    ids = input_ids.to(device=device, dtype=torch.int64)
+    lengths = torch.tensor(lengths_list, device=device)
+    longest = max(lengths_list)
+    real = torch.arange(width, device=device)[None, :] < lengths[:, None]
+    out = torch.full((batch, width + max_new_tokens), pad, dtype=torch.int64, device=device)
+    out[:, :width] = torch.where(real, ids, pad)
+    if max_new_tokens == 0:
+        return Generation(out, torch.empty(batch, 0, vocab)) if return_logits else out
+
+    generator = None
+    if temperature > 0 and seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+    eos_ids = torch.tensor(eos, device=device) if eos else None
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    kept: list[torch.Tensor] = []
+
+    logits = model.prefill(ids[:, :longest], lengths)
+    greedy = tokens = logits.argmax(-1)
+    positions = lengths.clone()  # where the token fed to the next step goes
+    for step in range(max_new_tokens):
+        if step > 0:
+            logits, greedy = model.step(tokens, positions, limit=longest + step)
+            positions += 1
+        chosen = greedy if temperature == 0 else sample(logits, temperature, top_p, generator)
+        tokens = torch.where(done, pad, chosen)
+        out.scatter_(1, (lengths + step)[:, None], tokens[:, None])
+        if return_logits:
+            kept.append(logits.float().clone())
+        if on_token is not None:
+            on_token(step, tokens)
+        if eos_ids is not None:
+            done |= torch.isin(tokens, eos_ids)
+            if (step + 1) % eos_check_every == 0 and bool(done.all()):
+                break
+    if return_logits:
+        return Generation(out, torch.stack(kept, dim=1))
+    return out

@@ -1,0 +1,86 @@
+"""load_model: a checkpoint folder -> a CausalLM ready to generate, FP8 or not.
+
+Per-tensor FP8 checkpoints (ModelOpt, compressed-tensors) load through load_checkpoint, their
+linears routed for this GPU; plain bf16/fp16/fp32 Hugging Face checkpoints run unquantized, as
+the baseline the FP8 model is compared against. Either way the float tensors end up in dtype.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from fp8route.checkpoint import load_checkpoint
+from fp8route.errors import CheckpointError, Fp8InputError
+from fp8route.formats import CONFIG, modelopt, read_json
+from fp8route.models.causal_lm import CausalLM
+from fp8route.models.llama import LlamaConfig
+from fp8route.policy import Policy
+from fp8route.quant import FLOAT_DTYPES
+from fp8route.shards import ShardSet
+
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def is_quantized(folder: Path, config: dict[str, object]) -> bool:
+    """Whether the folder says it is a quantized checkpoint (load_checkpoint then checks how)."""
+    return "quantization_config" in config or (folder / modelopt.HF_QUANT_CONFIG).is_file()
+
+
+def read_plain(folder: Path, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Every tensor of an unquantized checkpoint on device, floats in dtype, one shard at a time."""
+    shards = ShardSet.open(folder)
+    tensors: dict[str, torch.Tensor] = {}
+    for file, names in shards.by_file().items():
+        for name, tensor in shards.read(file, names):
+            if tensor.dtype in _FP8:
+                raise CheckpointError(
+                    f"{name} in {file} is {tensor.dtype} but {folder} has no quantization config "
+                    f"(quantization_config in {CONFIG} or {modelopt.HF_QUANT_CONFIG}); its scales cannot be found"
+                )
+            tensors[name] = tensor.to(device, dtype) if tensor.is_floating_point() else tensor.to(device)
+    return tensors
+
+
+def load_model(
+    path: str | os.PathLike[str],
+    device: str | torch.device | None = None,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    max_batch_size: int = 16,
+    max_seq_len: int = 8192,
+    policy: Policy | None = None,
+    use_cuda_graphs: bool = True,
+) -> CausalLM:
+    """A Llama-family model (Llama, Mistral, Qwen2, Qwen3) from a checkpoint folder, with a KV cache
+    for max_batch_size rows of max_seq_len positions (capped at the config's max_position_embeddings).
+
+    device defaults to CUDA when available. FP8 linears stay FP8 (planned by policy); every
+    float tensor (embeddings, norms, unquantized linears, the KV cache) is kept in dtype."""
+    if dtype not in FLOAT_DTYPES:
+        raise Fp8InputError(f"load_model: dtype must be bfloat16, float16 or float32, got {dtype}")
+    folder = Path(path)
+    config = read_json(folder / CONFIG)
+    cfg = LlamaConfig.from_hf(config, CONFIG)
+    limit = config.get("max_position_embeddings")
+    if isinstance(limit, int) and limit > 0:
+        max_seq_len = min(max_seq_len, limit)
+    target = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if is_quantized(folder, config):
+        checkpoint = load_checkpoint(folder, target, policy=policy)
+        linears = dict(checkpoint.linears)
+        tensors = {n: t.to(dtype) if t.is_floating_point() else t for n, t in checkpoint.tensors.items()}
+    else:
+        linears, tensors = {}, read_plain(folder, target, dtype)
+    return CausalLM(
+        cfg,
+        linears,
+        tensors,
+        max_batch_size=max_batch_size,
+        max_seq_len=max_seq_len,
+        dtype=dtype,
+        device=target,
+        use_cuda_graphs=use_cuda_graphs,
+    )

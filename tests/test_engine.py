@@ -1,0 +1,187 @@
+"""The generation engine on CPU: cached decode equals the full forward, batches equal single rows,
+EOS, overflow, determinism, and load_model on FP8 and bf16 checkpoints."""
+
+import pytest
+import torch
+from checkpoint_helpers import TINY, llama_tensors, write_checkpoint
+from test_checkpoint import modelopt_folder
+
+from fp8route import Fp8InputError, load_checkpoint
+from fp8route.models import CausalLM, Generation, LlamaConfig, LlamaForCausalLM, load_model
+from fp8route.models.attention import decode_attention_torch
+from fp8route.models.decode_graphs import buckets
+
+CFG = LlamaConfig.from_hf(TINY)
+VOCAB = TINY["vocab_size"]
+
+
+def tiny(max_batch_size=4, max_seq_len=64, dtype=torch.float32, tensors=None):
+    tensors = {k: v.to(dtype) for k, v in (tensors or llama_tensors()).items()}
+    return CausalLM(CFG, {}, tensors, max_batch_size=max_batch_size, max_seq_len=max_seq_len, dtype=dtype)
+
+
+def prompts(batch, length, seed=1):
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny()
+
+
+def test_generate_equals_stepwise_argmax_of_the_full_forward(model):
+    ids = prompts(2, 7)
+    result = model.generate(ids, 6, return_logits=True)
+    assert isinstance(result, Generation) and result.tokens.shape == (2, 13) and result.tokens.dtype == torch.int64
+    assert torch.equal(result.tokens[:, :7], ids)
+    seq = ids
+    with torch.no_grad():
+        for step in range(6):
+            full = model(seq)[:, -1].float()
+            torch.testing.assert_close(result.logits[:, step], full, rtol=1e-4, atol=1e-4)
+            seq = torch.cat([seq, full.argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(result.tokens, seq)
+
+
+def test_full_forward_keeps_the_reference_numerics(model):
+    ids = prompts(2, 12)
+    with torch.no_grad():
+        reference = LlamaForCausalLM(CFG, {}, {k: v.float() for k, v in llama_tensors().items()})(ids)
+        assert torch.equal(model(ids), reference)
+
+
+def test_rows_of_different_lengths_match_running_each_alone(model):
+    lengths = [3, 9, 5]
+    ids = prompts(3, 9, seed=2)
+    batched = model.generate(ids, 5, prompt_lengths=lengths, pad_token_id=0)
+    for row, n in enumerate(lengths):
+        alone = model.generate(ids[row : row + 1, :n], 5)
+        assert torch.equal(batched[row, : n + 5], alone[0]), row
+        assert torch.all(batched[row, n + 5 :] == 0)
+
+
+def test_decode_reads_only_each_rows_filled_positions():
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 4, 16, generator=g)
+    k, v = torch.randn(2, 3, 2, 40, 16, generator=g)
+    lengths = torch.tensor([1, 17, 40])
+    out = decode_attention_torch(q, k, v, lengths)
+    poisoned_k, poisoned_v = k.clone(), v.clone()
+    for b, n in enumerate(lengths.tolist()):
+        poisoned_k[b, :, n:], poisoned_v[b, :, n:] = 1e4, -1e4
+    torch.testing.assert_close(decode_attention_torch(q, poisoned_k, poisoned_v, lengths, limit=40), out)
+    for b, n in enumerate(lengths.tolist()):
+        for h in range(4):
+            kk, vv = k[b, h // 2, :n], v[b, h // 2, :n]
+            ref = torch.softmax(q[b, h] @ kk.T / 4, -1) @ vv
+            torch.testing.assert_close(out[b, h], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_eos_stops_a_row_and_then_the_call(model):
+    ids = prompts(2, 5, seed=4)
+    free = model.generate(ids, 8)
+    eos = int(free[0, 5 + 2])  # row 0's third new token
+    steps = []
+    out = model.generate(ids, 8, eos_token_id=[eos], on_token=lambda step, tokens: steps.append(tokens.clone()))
+    first = next(i for i in range(8) if int(free[0, 5 + i]) == eos)
+    assert torch.equal(out[0, : 5 + first + 1], free[0, : 5 + first + 1])
+    assert torch.all(out[0, 5 + first + 1 :] == eos)  # pad defaults to the EOS id
+    row1 = [i for i in range(8) if int(free[1, 5 + i]) == eos]
+    assert len(steps) == (max(first, row1[0]) + 1 if row1 else 8)
+    # Both rows stopping ends the call early: feed each row's own first token as its EOS.
+    both = [int(free[0, 5]), int(free[1, 5])]
+    steps.clear()
+    out = model.generate(ids, 8, eos_token_id=both, on_token=lambda step, tokens: steps.append(step))
+    assert steps == [0] and torch.all(out[:, 6:] == both[0])
+
+
+def test_overflow_raises_before_any_work(model, monkeypatch):
+    def no_prefill(*args, **kwargs):
+        raise AssertionError("prefill ran")
+
+    monkeypatch.setattr(model, "prefill", no_prefill)
+    with pytest.raises(Fp8InputError, match="5 rows exceed the KV cache's max_batch_size=4"):
+        model.generate(prompts(5, 3), 2)
+    with pytest.raises(
+        Fp8InputError, match=r"60 tokens \+ max_new_tokens=5 = 65 exceeds the KV cache's max_seq_len=64"
+    ):
+        model.generate(prompts(1, 60), 5)
+    with pytest.raises(Fp8InputError, match="prompt_lengths must give each of the 2 rows a length in 1..4"):
+        model.generate(prompts(2, 4), 2, prompt_lengths=[4, 5])
+    with pytest.raises(Fp8InputError, match=f"token ids must be in 0..{VOCAB - 1}"):
+        model.generate(torch.tensor([[1, VOCAB]]), 2)
+
+
+def test_greedy_and_seeded_sampling_are_deterministic(model):
+    ids = prompts(3, 6, seed=5)
+    assert torch.equal(model.generate(ids, 6), model.generate(ids, 6))
+    a = model.generate(ids, 6, temperature=1.0, top_p=0.9, seed=11)
+    b = model.generate(ids, 6, temperature=1.0, top_p=0.9, seed=11)
+    assert torch.equal(a, b)
+    hot = model.generate(ids, 6, temperature=50.0, seed=12)
+    assert not torch.equal(hot, model.generate(ids, 6))  # a flat distribution leaves greedy's path
+    # top_p this small keeps only the most likely token: greedy again.
+    assert torch.equal(model.generate(ids, 6, temperature=1.0, top_p=1e-6, seed=13), model.generate(ids, 6))
+
+
+def test_bf16_engine_tracks_its_full_forward():
+    model = tiny(dtype=torch.bfloat16)
+    ids = prompts(2, 8, seed=6)
+    result = model.generate(ids, 4, return_logits=True)
+    assert model.cache.k.dtype == torch.bfloat16
+    with torch.no_grad():
+        full = model(result.tokens[:, :-1]).float()[:, 7:]
+    rel = ((result.logits - full).norm() / full.norm()).item()
+    assert rel < 0.02
+
+
+def test_buckets():
+    assert buckets(16) == [1, 2, 4, 8, 16] and buckets(12) == [1, 2, 4, 8, 12] and buckets(1) == [1]
+
+
+def test_load_model_fp8_checkpoint_equals_the_llama_forward(tmp_path):
+    folder = modelopt_folder(tmp_path)
+    model = load_model(folder, "cpu", dtype=torch.float32, max_batch_size=2, max_seq_len=32)
+    assert model.max_seq_len == 32
+    reference = LlamaForCausalLM.from_checkpoint(load_checkpoint(folder, device="cpu"))
+    ids = prompts(2, 10, seed=7)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), reference(ids, dtype=torch.float32), rtol=1e-5, atol=1e-5)
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    assert type(qkv).__name__ == "Fp8Linear" and qkv.weight.dtype == torch.float8_e4m3fn
+    out = model.generate(ids, 3)
+    assert out.shape == (2, 13)
+
+
+def test_load_model_bf16_checkpoint_and_max_position_embeddings(tmp_path):
+    tensors = llama_tensors()
+    folder = write_checkpoint(tmp_path / "bf16", tensors, {**TINY, "max_position_embeddings": 48})
+    model = load_model(folder, "cpu", max_batch_size=2)
+    assert model.max_seq_len == 48 and model.model.embed_tokens.weight.dtype == torch.bfloat16
+    ids = prompts(2, 10, seed=8)
+    with torch.no_grad():
+        assert torch.equal(model(ids), LlamaForCausalLM(CFG, {}, tensors)(ids))
+    fp32 = load_model(folder, "cpu", dtype=torch.float32, max_seq_len=16)
+    assert fp32.max_seq_len == 16 and fp32.cache.k.dtype == torch.float32
+    with pytest.raises(Fp8InputError, match="dtype must be bfloat16, float16 or float32"):
+        load_model(folder, "cpu", dtype=torch.int8)
+
+
+def test_qwen_style_biases_and_head_norms_decode_like_the_full_forward():
+    """Qwen2's q/k/v biases and Qwen3's per-head q/k norms sit before RoPE and the cache write."""
+    tensors = {k: v.float() for k, v in llama_tensors().items()}
+    g = torch.Generator().manual_seed(9)
+    head = TINY["hidden_size"] // TINY["num_attention_heads"]
+    for i in range(TINY["num_hidden_layers"]):
+        p = f"model.layers.{i}.self_attn"
+        for m in ("q", "k", "v"):
+            tensors[f"{p}.{m}_proj.bias"] = 0.1 * torch.randn(tensors[f"{p}.{m}_proj.weight"].shape[0], generator=g)
+        for m in ("q", "k"):
+            tensors[f"{p}.{m}_norm.weight"] = 1 + 0.1 * torch.randn(head, generator=g)
+    model = tiny(tensors=tensors)
+    assert model.model.layers[0].self_attn.q_norm is not None
+    ids = prompts(2, 6, seed=10)
+    result = model.generate(ids, 4, return_logits=True)
+    with torch.no_grad():
+        full = model(result.tokens[:, :-1])[:, 5:]
+    torch.testing.assert_close(result.logits, full, rtol=1e-4, atol=1e-4)
