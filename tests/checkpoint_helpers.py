@@ -117,3 +117,48 @@ def ct_config(ignore: list[str] | None = None) -> dict[str, Any]:
         "config_groups": {"group_0": {"targets": ["Linear"], "weights": dict(args), "input_activations": dict(args)}},
         "ignore": ["lm_head"] if ignore is None else ignore,
     }
+
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_INPUT_AMAX = {
+    "q_proj": 3.0,
+    "k_proj": 3.0,
+    "v_proj": 3.0,
+    "o_proj": 1.5,
+    "gate_proj": 4.0,
+    "up_proj": 4.0,
+    "down_proj": 6.0,
+}
+
+
+def fp8_llama(scale_shape=(), scale_dtype=torch.float32, bias=False):
+    """The tiny Llama with every projection quantized per tensor, lm_head left in bf16."""
+    out = {}
+    for name, t in llama_tensors().items():
+        module = name.removesuffix(".weight")
+        if module.rpartition(".")[2] in LINEARS:
+            q, s = quantize_per_tensor(t.float())
+            out[name] = q
+            out[f"{module}.weight_scale"] = s.reshape(scale_shape).to(scale_dtype)
+            out[f"{module}.input_scale"] = (
+                torch.tensor(_INPUT_AMAX[module.rpartition(".")[2]] / 448).reshape(scale_shape).to(scale_dtype)
+            )
+            if bias and module.rpartition(".")[2] in ("q_proj", "k_proj", "v_proj"):
+                out[f"{module}.bias"] = 0.1 * torch.randn(t.shape[0]).to(torch.bfloat16)
+        else:
+            out[name] = t
+    return out
+
+
+def modelopt_folder(tmp_path, tensors=None, shards=1, config=None):
+    return write_checkpoint(
+        tmp_path / "ckpt",
+        fp8_llama() if tensors is None else tensors,
+        TINY if config is None else config,
+        shards=shards,
+        **{"hf_quant_config.json": MODELOPT_HF_QUANT},
+    )
+
+
+def ct_folder(tmp_path, tensors, ignore=None):
+    return write_checkpoint(tmp_path / "ckpt", tensors, {**TINY, "quantization_config": ct_config(ignore)})

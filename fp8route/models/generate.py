@@ -10,14 +10,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from fp8route.errors import Fp8InputError
+from fp8route.models.kv_cache import KVCache
+from fp8route.models.llama import LlamaConfig
 
-if TYPE_CHECKING:
-    from fp8route.models.causal_lm import CausalLM
+
+class Engine(Protocol):
+    """What the loop needs of a model (fp8route.models.CausalLM is one)."""
+
+    cfg: LlamaConfig
+    cache: KVCache
+    device: torch.device
+
+    def prefill(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor: ...
+
+    def step(
+        self, tokens: torch.Tensor, positions: torch.Tensor, limit: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass
@@ -60,7 +73,7 @@ def _eos_ids(eos_token_id: int | Sequence[int] | None) -> list[int]:
 
 
 def generate(
-    model: CausalLM,
+    model: Engine,
     input_ids: torch.Tensor,
     max_new_tokens: int,
     *,

@@ -6,57 +6,24 @@ import os
 
 import pytest
 import torch
-from checkpoint_helpers import MODELOPT_HF_QUANT, TINY, ct_config, fp8_linear_tensors, llama_tensors, write_checkpoint
+from checkpoint_helpers import (
+    LINEARS,
+    TINY,
+    ct_config,
+    ct_folder,
+    fp8_linear_tensors,
+    fp8_llama,
+    llama_tensors,
+    modelopt_folder,
+    write_checkpoint,
+)
 from safetensors.torch import save_file
 
 from fp8route import CheckpointError, Fp8Linear, load_checkpoint
-from fp8route.quant import FP8_DTYPE, dequantize, quantize_per_tensor
+from fp8route.quant import FP8_DTYPE, dequantize
 
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 L0 = "model.layers.0"
 # Projections that read the same input were calibrated on it: they share an input scale.
-_INPUT_AMAX = {
-    "q_proj": 3.0,
-    "k_proj": 3.0,
-    "v_proj": 3.0,
-    "o_proj": 1.5,
-    "gate_proj": 4.0,
-    "up_proj": 4.0,
-    "down_proj": 6.0,
-}
-
-
-def fp8_llama(scale_shape=(), scale_dtype=torch.float32, bias=False):
-    """The tiny Llama with every projection quantized per tensor, lm_head left in bf16."""
-    out = {}
-    for name, t in llama_tensors().items():
-        module = name.removesuffix(".weight")
-        if module.rpartition(".")[2] in LINEARS:
-            q, s = quantize_per_tensor(t.float())
-            out[name] = q
-            out[f"{module}.weight_scale"] = s.reshape(scale_shape).to(scale_dtype)
-            out[f"{module}.input_scale"] = (
-                torch.tensor(_INPUT_AMAX[module.rpartition(".")[2]] / 448).reshape(scale_shape).to(scale_dtype)
-            )
-            if bias and module.rpartition(".")[2] in ("q_proj", "k_proj", "v_proj"):
-                out[f"{module}.bias"] = 0.1 * torch.randn(t.shape[0]).to(torch.bfloat16)
-        else:
-            out[name] = t
-    return out
-
-
-def modelopt_folder(tmp_path, tensors=None, shards=1, config=None):
-    return write_checkpoint(
-        tmp_path / "ckpt",
-        fp8_llama() if tensors is None else tensors,
-        TINY if config is None else config,
-        shards=shards,
-        **{"hf_quant_config.json": MODELOPT_HF_QUANT},
-    )
-
-
-def ct_folder(tmp_path, tensors, ignore=None):
-    return write_checkpoint(tmp_path / "ckpt", tensors, {**TINY, "quantization_config": ct_config(ignore)})
 
 
 def test_modelopt_loads_and_fuses_qkv_and_gate_up(tmp_path):

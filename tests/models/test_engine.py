@@ -3,8 +3,7 @@ EOS, overflow, determinism, and load_model on FP8 and bf16 checkpoints."""
 
 import pytest
 import torch
-from checkpoint_helpers import TINY, llama_tensors, write_checkpoint
-from test_checkpoint import modelopt_folder
+from checkpoint_helpers import TINY, llama_tensors, modelopt_folder, write_checkpoint
 
 from fp8route import Fp8InputError, load_checkpoint
 from fp8route.models import CausalLM, Generation, LlamaConfig, LlamaForCausalLM, load_model
