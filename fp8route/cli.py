@@ -14,6 +14,7 @@ COMMAND_MODULES = (
     "fp8route.commands.quantize",
     "fp8route.commands.tune",
     "fp8route.commands.bench",
+    "fp8route.commands.eval",
 )
 
 

@@ -106,7 +106,11 @@ class _Batch:
     def column(self, field: _Field, where: str) -> list[Any]:
         length, nulls = next(self.nodes)
         validity = self._buffer()
-        valid = [True] * length if not nulls or not validity else [bool(validity[k >> 3] >> (k & 7) & 1) for k in range(length)]
+        valid = (
+            [True] * length
+            if not nulls or not validity
+            else [bool(validity[k >> 3] >> (k & 7) & 1) for k in range(length)]
+        )
         if field.type == _INT:
             fmt = {8: "b", 16: "h", 32: "i", 64: "q"}[field.bits]
             values = list(struct.unpack_from(f"<{length}{fmt if field.signed else fmt.upper()}", self._buffer()))
