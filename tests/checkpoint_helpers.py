@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
+from tokenizers.pre_tokenizers import ByteLevel
 
 from fp8route.quant import quantize_per_tensor
 
@@ -162,3 +163,28 @@ def modelopt_folder(tmp_path, tensors=None, shards=1, config=None):
 
 def ct_folder(tmp_path, tensors, ignore=None):
     return write_checkpoint(tmp_path / "ckpt", tensors, {**TINY, "quantization_config": ct_config(ignore)})
+
+
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' "
+    "+ '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def synthetic_gguf_metadata(pre: str = "smollm") -> dict:
+    """Two control tokens, the 256 byte symbols, and merges that make ' the' and 'he' whole."""
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    alphabet = sorted(ByteLevel.alphabet())
+    merges = ["Ġ t", "h e", "Ġt he"]
+    tokens = specials + alphabet + ["Ġt", "he", "Ġthe"]
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [3] * len(specials) + [1] * (len(tokens) - len(specials)),
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+        "tokenizer.chat_template": SMOLLM2_TEMPLATE,
+    }

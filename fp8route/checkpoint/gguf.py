@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 import torch
 from safetensors.torch import save_file
 
+from fp8route.checkpoint.gguf_tokenizer import write_tokenizer
 from fp8route.errors import CheckpointError
 
 _MAGIC = b"GGUF"
@@ -180,7 +181,8 @@ def hf_name(name: str) -> str:
 
 
 def gguf_to_hf(path: str | os.PathLike[str], out: str | os.PathLike[str], dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write config.json and model.safetensors (dtype) for a GGUF Llama model; returns the folder."""
+    """Write config.json and model.safetensors (dtype) for a GGUF Llama model, and tokenizer.json +
+    tokenizer_config.json when the file carries a byte-level BPE tokenizer; returns the folder."""
     gguf = GgufFile.open(path)
     config = hf_config(gguf)
     tensors = {}
@@ -194,4 +196,6 @@ def gguf_to_hf(path: str | os.PathLike[str], out: str | os.PathLike[str], dtype:
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if gguf.metadata.get("tokenizer.ggml.model") == "gpt2":
+        write_tokenizer(gguf.metadata, folder, source=str(gguf.path))
     return folder

