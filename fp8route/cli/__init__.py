@@ -10,11 +10,11 @@ import argparse
 import logging
 import sys
 
-from fp8route.cli import bench, demo, evaluate, inspect, quantize, tune
+from fp8route.cli import bench, demo, evaluate, generate, inspect, quantize, tune
 from fp8route.errors import Fp8RouteError
 from fp8route.version import __version__
 
-COMMANDS = (demo, inspect, quantize, tune, bench, evaluate)
+COMMANDS = (generate, demo, inspect, quantize, tune, bench, evaluate)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from fp8route.backends import BACKENDS
 from fp8route.backends.problem import DeviceInfo
+from fp8route.cli import bench_e2e
 from fp8route.cli.sweep_args import (
     DTYPES,
     add_sweep_args,
@@ -97,7 +98,9 @@ def _policies(text: str | None, device: DeviceInfo) -> list[str]:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("bench", help="benchmarks (bench gemm: routed vs every single GEMM backend)")
+    parser = commands.add_parser(
+        "bench", help="benchmarks: gemm (routed vs every single GEMM backend), e2e (a whole model per arm)"
+    )
     kinds = parser.add_subparsers(dest="bench", required=True)
     gemm = kinds.add_parser(
         "gemm", help="time routed and each single-backend policy per shape and M, with floors; JSON + PNG"
@@ -116,3 +119,4 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     gemm.add_argument("--out", help="directory for the JSON and PNGs (default: ./bench-results/<device>/)")
     gemm.set_defaults(run=run_gemm)
+    bench_e2e.register(kinds)

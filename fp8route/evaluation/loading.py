@@ -13,31 +13,10 @@ from typing import Any
 
 import torch
 
-from fp8route.checkpoint.formats import CONFIG, modelopt, read_json
+from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.errors import CheckpointError, Fp8InputError
-
-TOKENIZER = "tokenizer.json"
-
-
-def is_fp8_folder(folder: Path, config: dict[str, Any]) -> bool:
-    """Whether the folder declares a quantization scheme (config.json or hf_quant_config.json)."""
-    return "quantization_config" in config or (folder / modelopt.HF_QUANT_CONFIG).is_file()
-
-
-def load_tokenizer(folder: str | os.PathLike[str]) -> Any:
-    """The folder's tokenizer.json as a `tokenizers.Tokenizer`."""
-    from tokenizers import Tokenizer
-
-    path = Path(folder) / TOKENIZER
-    if not path.is_file():
-        raise Fp8InputError(
-            f"{path.parent}: no {TOKENIZER}; evaluation needs the model's tokenizer "
-            "(folders made by gguf_to_hf or copied from the Hugging Face Hub have one)"
-        )
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises its own Exception type on malformed files
-        raise Fp8InputError(f"{path}: not a tokenizers file: {e}") from None
+from fp8route.models.load import is_quantized
+from fp8route.models.tokenizer import load_tokenizer
 
 
 def load_for_eval(path: str | os.PathLike[str], device: str | torch.device = "cpu") -> tuple[torch.nn.Module, Any]:
@@ -52,7 +31,7 @@ def load_for_eval(path: str | os.PathLike[str], device: str | torch.device = "cp
     config = read_json(folder / CONFIG)
     tokenizer = load_tokenizer(folder)
     device = torch.device(device)
-    if is_fp8_folder(folder, config):
+    if is_quantized(folder, config):
         model = LlamaForCausalLM.from_checkpoint(load_checkpoint(folder, device))
     else:
         shards = ShardSet.open(folder)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from fp8route.backends.problem import default_device
 from fp8route.checkpoint.formats import CONFIG, modelopt, read_json
 from fp8route.checkpoint.load import load_checkpoint
 from fp8route.checkpoint.shards import ShardSet
@@ -67,7 +68,7 @@ def load_model(
     limit = config.get("max_position_embeddings")
     if isinstance(limit, int) and limit > 0:
         max_seq_len = min(max_seq_len, limit)
-    target = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    target = default_device(device)
     if is_quantized(folder, config):
         checkpoint = load_checkpoint(folder, target, policy=policy)
         linears = dict(checkpoint.linears)

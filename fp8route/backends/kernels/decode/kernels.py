@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from fp8route.backends.kernels.quantize import quantize_e4m3
 from fp8route.backends.kernels.triton_support import tl, triton
 
-if triton is not None:
+if triton is None:  # CPU-only installs: the module imports, launch.py is never reached
+    mma_kernel = cuda_core_kernel = None
+else:
+    from fp8route.backends.kernels.quantize import quantize_e4m3
 
     @triton.jit
     def _store_out(acc, out_ptr, bias_ptr, scale, offs_n, offs_m, n_mask, m_mask, stride_om, HAS_BIAS: tl.constexpr):

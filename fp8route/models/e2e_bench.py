@@ -1,0 +1,142 @@
+"""End-to-end timing of a model as a user runs it: TTFT (prefill to the first token) and decode step
+time per policy arm, in one process, with the memory ceiling measured in the same run.
+
+An arm is `routed` (the routing table), a backend forced for every layer through FP8ROUTE_FORCE (the
+mechanism a user has), or `bf16` (the same weights unquantized). Times are medians of repeats after
+a warm-up; decode runs from the CUDA graphs generate uses.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from fp8route.linear.layer import Fp8Linear
+from fp8route.linear.policy import Policy
+from fp8route.models.load import load_model
+
+FORCE_ENV = "FP8ROUTE_FORCE"
+
+
+@dataclass(frozen=True)
+class E2ERow:
+    arm: str
+    batch: int
+    input_tokens: int
+    ttft_ms: float  # prefill of the batch, to the first token's logits
+    prefill_tok_s: float
+    decode_step_ms: float  # one new token for every row, from the CUDA graph
+    decode_tok_s: float  # batch / step time
+    weight_gb: float  # bytes read per decode step: the linears, lm_head and the embedding rows
+    achieved_gbs: float
+    floor_fraction: float  # (weight bytes / copy bandwidth) / step time
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """What a decode step must read at least: every linear's weight (FP8 or float), norms and lm_head."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, Fp8Linear):
+            total += module.weight.numel() * module.weight.element_size()
+    for name, p in model.named_parameters():
+        if "embed_tokens" not in name:
+            total += p.numel() * p.element_size()
+    return total
+
+
+def _timed(fn: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_arm(
+    arm: str,
+    folder: Path,
+    batches: Sequence[int],
+    inputs: Sequence[int],
+    output: int,
+    copy_gbs: float,
+    *,
+    repeats: int = 3,
+) -> list[E2ERow]:
+    """One arm's rows; the FP8ROUTE_FORCE it needs is set for its load only."""
+    forced = arm not in ("routed", "bf16")
+    saved = os.environ.get(FORCE_ENV)
+    if forced:
+        os.environ[FORCE_ENV] = arm
+    else:
+        os.environ.pop(FORCE_ENV, None)
+    try:
+        model = load_model(
+            folder, "cuda", max_batch_size=max(batches), max_seq_len=max(inputs) + output, policy=Policy.from_env()
+        )
+    finally:
+        if saved is None:
+            os.environ.pop(FORCE_ENV, None)
+        else:
+            os.environ[FORCE_ENV] = saved
+    nbytes = weight_bytes(model)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    vocab = model.cfg.vocab_size
+    rows = []
+    for batch in batches:
+        # Warm-up: the kernels' first calls and this batch size's decode graph.
+        warm = torch.randint(0, vocab, (batch, 16), device="cuda", generator=gen)
+        model.generate(warm, 4)
+        for tokens in inputs:
+            ids = torch.randint(0, vocab, (batch, tokens), device="cuda", generator=gen)
+            lengths = torch.full((batch,), tokens, device="cuda", dtype=torch.int64)
+            ttft = _timed(lambda ids=ids, lengths=lengths, m=model: m.prefill(ids, lengths), repeats)
+            full = _timed(lambda ids=ids, m=model: m.generate(ids, output), repeats)
+            one = _timed(lambda ids=ids, m=model: m.generate(ids, 1), repeats)
+            step = (full - one) / (output - 1)
+            floor = nbytes / (copy_gbs * 1e9)
+            rows.append(
+                E2ERow(
+                    arm,
+                    batch,
+                    tokens,
+                    ttft * 1e3,
+                    batch * tokens / ttft,
+                    step * 1e3,
+                    batch / step,
+                    nbytes / 1e9,
+                    nbytes / step / 1e9,
+                    floor / step,
+                )  # fmt: skip
+            )
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def as_json(rows: Sequence[E2ERow]) -> list[dict[str, object]]:
+    return [{k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(r).items()} for r in rows]
+
+
+def table(rows: Sequence[E2ERow]) -> str:
+    head = (
+        f"{'arm':<10}{'batch':>6}{'input':>7}{'TTFT ms':>10}{'prefill tok/s':>15}{'step ms':>9}{'tok/s':>9}"
+        f"{'% floor':>9}"
+    )
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"{r.arm:<10}{r.batch:>6}{r.input_tokens:>7}{r.ttft_ms:>10.1f}{r.prefill_tok_s:>15.0f}"
+            f"{r.decode_step_ms:>9.3f}{r.decode_tok_s:>9.1f}{100 * r.floor_fraction:>8.0f}%"
+        )
+    return "\n".join(lines)
