@@ -22,7 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from fp8route.backends.kernels.decode.kernels import cuda_core_kernel, mma_kernel
+from fp8route.backends.kernels.decode.kernels import decode_cuda_core_kernel, decode_mma_kernel
 
 POINTERS = ("x_ptr", "w_ptr", "out_ptr", "bias_ptr", "ws_ptr", "cnt_ptr", "w_scale_ptr", "in_scale_ptr")
 ALIGNED_INTS = ("N", "K", "stride_xm", "stride_wn", "stride_om", "k_per_split")
@@ -30,7 +30,7 @@ ALIGNED_INTS = ("N", "K", "stride_xm", "stride_wn", "stride_om", "k_per_split")
 
 def compile_config(kernel: str, cfg: str, fused: bool, maxnreg: int) -> str:
     block_n, block_k, block_m, warps, stages = (int(v) for v in cfg.split("x"))
-    fn = mma_kernel if kernel == "wgmma" else cuda_core_kernel
+    fn = decode_mma_kernel if kernel == "wgmma" else decode_cuda_core_kernel
     types = dict.fromkeys(POINTERS, "*fp32") | {
         "x_ptr": "*bf16" if fused else "*fp8e4nv",
         "w_ptr": "*fp8e4nv",

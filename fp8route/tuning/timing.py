@@ -226,8 +226,8 @@ def _time_behind_sleep(schedule: Sequence[Callable[[], object]], lead_us: float,
     """The batch's times, or None when the GPU finished the sleep before the host queued the last call."""
     if clock == "cupti":
         with profiling() as profiler:
-            labelled = [labelled(i, call) for i, call in enumerate(schedule)]
-            host_ahead = _queue_behind_sleep(labelled, lead_us)
+            calls = [labelled(i, call) for i, call in enumerate(schedule)]
+            host_ahead = _queue_behind_sleep(calls, lead_us)
             torch.cuda.synchronize()
         return kernel_us_per_call(profiler.events(), len(schedule)) if host_ahead else None
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in schedule]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fp8route.backends.kernels.triton_support import tl, triton
 
 if triton is None:  # CPU-only installs: the module imports, launch.py is never reached
-    mma_kernel = cuda_core_kernel = None
+    decode_mma_kernel = decode_cuda_core_kernel = None
 else:
     from fp8route.backends.kernels.quantize import quantize_e4m3
 
@@ -50,7 +50,7 @@ else:
 
     # M and split_k vary per call; specializing on them (==1, %16) would only multiply compiles.
     @triton.jit(do_not_specialize=["M", "split_k"])
-    def mma_kernel(
+    def decode_mma_kernel(
         x_ptr, w_ptr, out_ptr, bias_ptr, ws_ptr, cnt_ptr, w_scale_ptr, in_scale_ptr,
         M, N, K, stride_xm, stride_wn, stride_om, split_k, k_per_split,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -109,7 +109,7 @@ else:
                 M, N, stride_om, offs_n, offs_m, n_mask, m_mask, HAS_BIAS, USE_WS, REDUCE_UNROLL)  # fmt: skip
 
     @triton.jit(do_not_specialize=["M", "split_k"])
-    def cuda_core_kernel(
+    def decode_cuda_core_kernel(
         x_ptr, w_ptr, out_ptr, bias_ptr, ws_ptr, cnt_ptr, w_scale_ptr, in_scale_ptr,
         M, N, K, stride_xm, stride_wn, stride_om, split_k, k_per_split,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,

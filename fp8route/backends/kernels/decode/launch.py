@@ -7,7 +7,7 @@ import functools
 import torch
 
 from fp8route.backends.kernels.decode.configs import DecodeConfig, cdiv, choose_config, why_not
-from fp8route.backends.kernels.decode.kernels import cuda_core_kernel, mma_kernel
+from fp8route.backends.kernels.decode.kernels import decode_cuda_core_kernel, decode_mma_kernel
 from fp8route.backends.problem import DeviceInfo
 from fp8route.errors import Fp8InputError, Fp8TypeError
 from fp8route.quant import FP8_DTYPE
@@ -131,7 +131,8 @@ def launch(
         num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )  # fmt: skip
     if cfg.cuda_core:
-        cuda_core_kernel[(tiles * split,)](*args, **flags, NUM_STAGES=cfg.num_stages)
+        decode_cuda_core_kernel[(tiles * split,)](*args, **flags, NUM_STAGES=cfg.num_stages)
     else:
-        mma_kernel[(tiles * split,)](*args, **flags, IMPRECISE_ACC=min(128, cfg.block_k), num_stages=cfg.num_stages)
+        imprecise = min(128, cfg.block_k)
+        decode_mma_kernel[(tiles * split,)](*args, **flags, IMPRECISE_ACC=imprecise, num_stages=cfg.num_stages)
     return out
