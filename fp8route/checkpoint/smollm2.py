@@ -8,6 +8,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -67,11 +68,12 @@ def smollm2_folder(fp8: bool = True, progress: Progress | None = None) -> Path:
     return quantized
 
 
-def _atomically(folder: Path, write: object) -> None:
+def _atomically(folder: Path, write: Callable[[Path], object]) -> None:
+    """write(tmp) into a hidden folder beside `folder`, renamed to it once complete."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
     try:
-        write(tmp)  # type: ignore[operator]
+        write(tmp)
         shutil.rmtree(folder, ignore_errors=True)
         tmp.rename(folder)
     except BaseException:

@@ -14,15 +14,14 @@ from typing import Any
 import torch
 
 from fp8route.checkpoint.formats import CONFIG, read_json
-from fp8route.errors import CheckpointError, Fp8InputError
-from fp8route.models.load import is_quantized
+from fp8route.errors import Fp8InputError
+from fp8route.models.load import is_quantized, read_plain
 from fp8route.models.tokenizer import load_tokenizer
 
 
 def load_for_eval(path: str | os.PathLike[str], device: str | torch.device = "cpu") -> tuple[torch.nn.Module, Any]:
     """(model, tokenizer) for a checkpoint folder: `model(input_ids[B, T]) -> logits[B, T, V]`."""
     from fp8route.checkpoint.load import load_checkpoint
-    from fp8route.checkpoint.shards import ShardSet
     from fp8route.models.llama import LlamaConfig, LlamaForCausalLM
 
     folder = Path(path)
@@ -34,9 +33,5 @@ def load_for_eval(path: str | os.PathLike[str], device: str | torch.device = "cp
     if is_quantized(folder, config):
         model = LlamaForCausalLM.from_checkpoint(load_checkpoint(folder, device))
     else:
-        shards = ShardSet.open(folder)
-        tensors = {name: t.to(device) for file in shards.files for name, t in shards.read(file)}
-        if not tensors:
-            raise CheckpointError(f"{folder}: no tensors in its safetensors files")
-        model = LlamaForCausalLM(LlamaConfig.from_hf(config), {}, tensors)
+        model = LlamaForCausalLM(LlamaConfig.from_hf(config), {}, read_plain(folder, device, None))
     return model.eval(), tokenizer

@@ -30,8 +30,9 @@ def is_quantized(folder: Path, config: dict[str, object]) -> bool:
     return "quantization_config" in config or (folder / modelopt.HF_QUANT_CONFIG).is_file()
 
 
-def read_plain(folder: Path, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Every tensor of an unquantized checkpoint on device, floats in dtype, one shard at a time."""
+def read_plain(folder: Path, device: torch.device, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """Every tensor of an unquantized checkpoint on device, floats in dtype (None: as stored), one
+    shard at a time."""
     shards = ShardSet.open(folder)
     tensors: dict[str, torch.Tensor] = {}
     for file, names in shards.by_file().items():
@@ -41,7 +42,8 @@ def read_plain(folder: Path, device: torch.device, dtype: torch.dtype) -> dict[s
                     f"{name} in {file} is {tensor.dtype} but {folder} has no quantization config "
                     f"(quantization_config in {CONFIG} or {modelopt.HF_QUANT_CONFIG}); its scales cannot be found"
                 )
-            tensors[name] = tensor.to(device, dtype) if tensor.is_floating_point() else tensor.to(device)
+            cast = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+            tensors[name] = tensor.to(device, cast)
     return tensors
 
 

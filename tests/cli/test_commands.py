@@ -1,0 +1,89 @@
+"""The command as a newcomer meets it: generate on a tiny checkpoint, and mistakes as one line, exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from checkpoint_helpers import TINY, llama_tensors, synthetic_gguf_metadata, write_checkpoint
+
+import fp8route
+from fp8route import quantize_checkpoint
+from fp8route.checkpoint.gguf_tokenizer import write_tokenizer
+from fp8route.checkpoint.random import write_random
+from fp8route.cli import main
+from fp8route.models.load import load_model
+
+
+@pytest.fixture(scope="module")
+def tiny_fp8(tmp_path_factory):
+    """A tiny random Llama with a byte-level tokenizer, quantized to ModelOpt FP8."""
+    metadata = synthetic_gguf_metadata()
+    config = dict(TINY, vocab_size=len(metadata["tokenizer.ggml.tokens"]), eos_token_id=2)
+    root = tmp_path_factory.mktemp("cli")
+    bf16 = write_checkpoint(root / "bf16", llama_tensors(config), config)
+    write_tokenizer(metadata, bf16)
+    return quantize_checkpoint(bf16, root / "fp8", format="modelopt", device="cpu").dst
+
+
+def one_line_error(capsys, command: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"fp8route {command}: "), err
+    return err
+
+
+def test_generate_streams_and_times_a_checkpoint(tiny_fp8, capsys):
+    assert main(["generate", str(tiny_fp8), "--prompt", "the theme", "--max-new-tokens", "5", "--device", "cpu"]) == 0
+    err = capsys.readouterr().err
+    assert "plan: " in err and "FP8 linears on cpu" in err and "TTFT" in err and "prompt tokens" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["generate", "{tmp}/nowhere", "--prompt", "x"], "not a checkpoint folder"),
+        (["generate", "{fp8}", "--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+        (
+            ["generate", "{fp8}", "--prompt", "x", "--device", "cuda"]
+            if not torch.cuda.is_available()
+            else ["generate", "{fp8}", "--prompt", "x", "--device", "tpu"],
+            "device",
+        ),  # fmt: skip
+        (["demo", "--layers", "0"], "--layers must be at least 1"),
+        (["inspect", "{fp8}/config.json"], "expected a checkpoint folder"),
+        (["bench", "e2e", "--random", "llama-3.1-8b"], "CUDA GPU"),
+    ],
+)
+def test_mistakes_are_one_line_and_exit_2(tiny_fp8, tmp_path, capsys, argv, message):
+    if argv[0] == "bench" and torch.cuda.is_available():
+        pytest.skip("a GPU is here: bench would run")
+    argv = [a.format(tmp=tmp_path, fp8=tiny_fp8) for a in argv]
+    assert main(argv) == 2
+    assert message in one_line_error(capsys, argv[0])
+
+
+def test_an_unknown_forced_backend_is_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("FP8ROUTE_FORCE", "nope")
+    assert main(["demo", "--device", "cpu", "--layers", "1", "--tokens", "2"]) == 2
+    assert "unknown backend 'nope'" in one_line_error(capsys, "demo")
+
+
+def test_python_dash_m_and_version():
+    done = subprocess.run([sys.executable, "-m", "fp8route", "--version"], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == f"fp8route {fp8route.__version__}"
+
+
+def test_explain_takes_a_checkpoint(tiny_fp8):
+    text = fp8route.explain(fp8route.load_checkpoint(tiny_fp8, device="cpu"))
+    assert "model.layers.0.self_attn.qkv_proj" in text and "reference" in text
+
+
+def test_a_random_checkpoint_of_real_form_loads_and_generates(tmp_path):
+    config = {**TINY, "vocab_size": 64, "architectures": ["LlamaForCausalLM"]}
+    folder = write_random(tmp_path / "random", config, fp8=True, device="cpu")
+    model = load_model(folder, "cpu", max_batch_size=2, max_seq_len=16)
+    assert len(model.model.layers) == TINY["num_hidden_layers"]
+    out = model.generate(torch.tensor([[1, 2, 3], [4, 5, 6]]), 4)
+    assert out.shape == (2, 7) and bool((out[:, :3] == torch.tensor([[1, 2, 3], [4, 5, 6]])).all())
