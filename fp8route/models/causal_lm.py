@@ -115,8 +115,8 @@ class CausalLM(LlamaForCausalLM):
         limit (a host bound on positions + 1) only narrows the eager torch attention's read; a
         captured step passes None."""
         h = self.model.embed_tokens(tokens)[:, None].to(self.dtype)
-        cos = self.rope_cos[positions][:, None, None]
-        sin = self.rope_sin[positions][:, None, None]
+        cos = self.rope_cos[positions][:, None]  # [B, 1, D]: each row at its own position
+        sin = self.rope_sin[positions][:, None]
         context = DecodeAttention(self.cache, positions, limit, self.use_triton)
         for layer in self.model.layers:
             h = layer(h, cos, sin, context)

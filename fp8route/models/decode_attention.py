@@ -21,15 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
 from fp8route.errors import Fp8InputError
-
-try:
-    import triton
-    import triton.language as tl
-
-    TRITON_IMPORT_ERROR: str | None = None
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    TRITON_IMPORT_ERROR = f"triton is not importable: {exc}"
 
 BLOCK_N = 64  # positions per tile of the inner loop
 _MAX_SPLITS = 64  # the combine kernel reads one row of this many partials

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fp8route.errors import CheckpointError
+from fp8route.models.fused import rms_norm, rope, silu_mul
 
 if TYPE_CHECKING:
     from fp8route.checkpoint.load import Checkpoint
@@ -112,13 +113,6 @@ def rope_tables(cfg: LlamaConfig, positions: torch.Tensor) -> tuple[torch.Tensor
     return emb.cos().float(), emb.sin().float()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Hugging Face's convention: the head's two halves form the (real, imaginary) pairs."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return (x.float() * cos + rotated * sin).to(x.dtype)
-
-
 class RMSNorm(nn.Module):
     def __init__(self, weight: torch.Tensor, eps: float) -> None:
         super().__init__()
@@ -126,9 +120,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight.to(x.dtype) * h.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class FloatLinear(nn.Module):
@@ -193,8 +185,8 @@ class Attention(nn.Module):
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: AttentionContext | None = None
     ) -> torch.Tensor:
-        """x [B, T, hidden]; cos/sin [T, D] (positions shared by every row) or [B, 1, T, D]. Without
-        a context: causal attention over x alone."""
+        """x [B, T, hidden]; cos/sin [T, D] (positions shared by every row) or [B, T, D] (each row
+        at its own positions). Without a context: causal attention over x alone."""
         b, t, _ = x.shape
         if hasattr(self, "qkv_proj"):
             q, k, v = self.qkv_proj(x).split(self.widths, dim=-1)
@@ -205,8 +197,7 @@ class Attention(nn.Module):
         k = k.reshape(b, t, -1, hd)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), cos, sin)
-        k = apply_rope(k.transpose(1, 2), cos, sin)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
         v = v.reshape(b, t, -1, hd).transpose(1, 2)
         if context is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -227,10 +218,8 @@ class Mlp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if hasattr(self, "gate_up_proj"):
-            gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+            return self.down_proj(silu_mul(self.gate_up_proj(x), self.intermediate))
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):

@@ -1,0 +1,131 @@
+"""The decoder's elementwise steps as single Triton kernels on CUDA: RMSNorm, rotary embedding and
+SiLU-times-up, each one launch where eager torch takes six to ten.
+
+At decode a layer's four GEMMs take a few µs each, and every other step costs a launch of about as
+much: eager torch ran ~40 kernels per Llama layer, of which these fuse ~24 into 4. Each function
+keeps the eager torch expression as its CPU path and as the reference the GPU tests hold the
+kernel to (same fp32 arithmetic, same roundings to the activation dtype; sums may round apart).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _use_kernel(x: torch.Tensor) -> bool:
+    return x.is_cuda and x.dtype in _HALF and TRITON_IMPORT_ERROR is None and not torch.compiler.is_compiling()
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight.to(x.dtype) * h.to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * x / rms(x) over the last dim, normalized in fp32, rounded to x's dtype before the
+    weight multiplies it (as Hugging Face's Llama does)."""
+    if not _use_kernel(x) or x.stride(-1) != 1:
+        return rms_norm_reference(x, weight, eps)
+    width = x.shape[-1]
+    rows = x.reshape(-1, width)
+    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    _rms_norm_kernel[(rows.shape[0],)](
+        rows, weight, out, rows.stride(0), width, eps, BLOCK=triton.next_power_of_2(width), num_warps=4
+    )
+    return out.reshape(x.shape)
+
+
+def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x.float() * cos + rotated * sin).to(x.dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding in Hugging Face's convention (the head's halves are the pairs) of x
+    [B, T, H, D] (any strides, last dim contiguous) with cos/sin [T, D] or [B, T, D]; returns
+    [B, H, T, D], the layout attention reads."""
+    b, t, heads, dim = x.shape
+    half = dim // 2
+    if not _use_kernel(x) or x.stride(-1) != 1 or half & (half - 1) or cos.stride(-1) != 1:
+        if cos.dim() == 3:  # per row: [B, T, D] -> [B, 1, T, D], broadcast over the heads
+            cos, sin = cos[:, None], sin[:, None]
+        return rope_reference(x.transpose(1, 2), cos, sin)
+    out = torch.empty((b, heads, t, dim), dtype=x.dtype, device=x.device)
+    per_row = cos.dim() == 3
+    _rope_kernel[(b * t, heads)](
+        x, cos, sin, out, t,
+        x.stride(0), x.stride(1), x.stride(2),
+        cos.stride(0) if per_row else 0, cos.stride(-2),
+        out.stride(0), out.stride(1), out.stride(2),
+        HALF=half, num_warps=1,
+    )  # fmt: skip
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor, width: int) -> torch.Tensor:
+    """silu(gate) * up for gate_up [..., 2 * width] holding gate then up, each rounded to the
+    activation dtype as eager torch rounds them."""
+    if not _use_kernel(gate_up) or gate_up.stride(-1) != 1:
+        gate, up = gate_up.split(width, dim=-1)
+        return F.silu(gate) * up
+    rows = gate_up.reshape(-1, 2 * width)
+    out = torch.empty((rows.shape[0], width), dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    _silu_mul_kernel[(rows.shape[0], triton.cdiv(width, block))](
+        rows, out, rows.stride(0), width, BLOCK=block, num_warps=4
+    )
+    return out.reshape(*gate_up.shape[:-1], width)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_row, width, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < width
+        x = tl.load(x_ptr + row * stride_row + offs, mask=mask, other=0.0).to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / width + eps)
+        normed = (x * inv).to(out_ptr.dtype.element_ty).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(out_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(out_ptr + row * width + offs, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _rope_kernel(
+        x_ptr, cos_ptr, sin_ptr, out_ptr, T,
+        sxb, sxt, sxh, scb, sct, sob, soh, sot,
+        HALF: tl.constexpr,
+    ):  # fmt: skip
+        bt = tl.program_id(0)
+        h = tl.program_id(1)
+        b = bt // T
+        t = bt % T
+        offs = tl.arange(0, HALF)
+        x_row = x_ptr + b * sxb + t * sxt + h * sxh
+        x1 = tl.load(x_row + offs).to(tl.float32)
+        x2 = tl.load(x_row + HALF + offs).to(tl.float32)
+        table = b * scb + t * sct
+        c1 = tl.load(cos_ptr + table + offs)
+        c2 = tl.load(cos_ptr + table + HALF + offs)
+        s1 = tl.load(sin_ptr + table + offs)
+        s2 = tl.load(sin_ptr + table + HALF + offs)
+        out_row = out_ptr + b * sob + h * soh + t * sot
+        tl.store(out_row + offs, (x1 * c1 - x2 * s1).to(out_ptr.dtype.element_ty))
+        tl.store(out_row + HALF + offs, (x2 * c2 + x1 * s2).to(out_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _silu_mul_kernel(x_ptr, out_ptr, stride_row, width, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < width
+        gate = tl.load(x_ptr + row * stride_row + offs, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + row * stride_row + width + offs, mask=mask, other=0.0).to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(out_ptr + row * width + offs, (silu * up).to(out_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,36 @@
+"""The fused decoder kernels against the eager torch expressions they replace."""
+
+import pytest
+import torch
+
+from fp8route.models.fused import rms_norm, rms_norm_reference, rope, rope_reference, silu_mul
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 1, 4096), (3, 17, 4096), (2, 5, 8, 128), (7, 576)])
+def test_rms_norm(dtype, shape):
+    x = torch.randn(shape, device="cuda", dtype=dtype) * 3
+    w = torch.randn(shape[-1], device="cuda", dtype=dtype)
+    torch.testing.assert_close(rms_norm(x, w, 1e-5), rms_norm_reference(x, w, 1e-5), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("b", "t", "heads", "dim"), [(1, 1, 32, 128), (4, 1, 8, 128), (2, 37, 8, 64)])
+def test_rope_shared_and_per_row_positions(dtype, b, t, heads, dim):
+    qkv = torch.randn(b, t, heads * dim * 2, device="cuda", dtype=dtype)
+    x = qkv[..., : heads * dim].reshape(b, t, heads, dim)  # a strided view, as the split gives it
+    angles = torch.rand(b, t, dim // 2, device="cuda") * 100
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    expected = rope_reference(x.transpose(1, 2), cos[:, None], sin[:, None])
+    torch.testing.assert_close(rope(x, cos, sin), expected, rtol=1e-2, atol=1e-2)
+    shared = rope_reference(x.transpose(1, 2), cos[0], sin[0])
+    torch.testing.assert_close(rope(x, cos[0], sin[0]), shared, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_silu_mul(dtype):
+    gate_up = torch.randn(3, 5, 2 * 1500, device="cuda", dtype=dtype) * 4
+    gate, up = gate_up.split(1500, dim=-1)
+    torch.testing.assert_close(silu_mul(gate_up, 1500), torch.nn.functional.silu(gate) * up, rtol=1e-2, atol=1e-2)
