@@ -3,19 +3,34 @@
 Opaque ops keep torch.compile from tracing into a kernel or swapping it for one of its own
 templates: the kernel the plan chose is the kernel that runs. Each has a fake implementation
 so compiled graphs and CUDA-graph capture see shapes without running anything.
+
+Backends call `scaled_mm`, `decode_gemm`, ...: the op (`*_op`) while torch.compile traces, the
+function itself in eager mode, where going through the op's dispatcher cost ~20 µs of host time
+per call (benchmarks/host_cost.py), more than the GEMM at decode sizes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
+
+
+def eager_or_op(op: Callable[..., Any], impl: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any) -> Any:
+        return op(*args) if torch.compiler.is_compiling() else impl(*args)
+
+    call.__name__ = call.__qualname__ = impl.__name__.lstrip("_")
+    call.__doc__ = impl.__doc__
+    return call
 
 
 def _empty_out(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     return x.new_empty((x.shape[0], weight.shape[0]), dtype=out_dtype)
 
 
-@torch.library.custom_op("fp8route::scaled_mm", mutates_args=())
-def scaled_mm(
+def _scaled_mm(
     x_q: torch.Tensor,
     weight: torch.Tensor,
     x_scale: torch.Tensor,
@@ -41,13 +56,16 @@ def scaled_mm(
     return out
 
 
-@scaled_mm.register_fake
+scaled_mm_op = torch.library.custom_op("fp8route::scaled_mm", _scaled_mm, mutates_args=())
+scaled_mm = eager_or_op(scaled_mm_op, _scaled_mm)
+
+
+@scaled_mm_op.register_fake
 def _(x_q, weight, x_scale, w_scale, bias, out_dtype, fast_accum):  # type: ignore[no-untyped-def]
     return _empty_out(x_q, weight, out_dtype)
 
 
-@torch.library.custom_op("fp8route::reference_mm", mutates_args=())
-def reference_mm(
+def _reference_mm(
     x_q: torch.Tensor,
     weight: torch.Tensor,
     x_scale: torch.Tensor,
@@ -62,13 +80,16 @@ def reference_mm(
     return out.to(out_dtype)
 
 
-@reference_mm.register_fake
+reference_mm_op = torch.library.custom_op("fp8route::reference_mm", _reference_mm, mutates_args=())
+reference_mm = eager_or_op(reference_mm_op, _reference_mm)
+
+
+@reference_mm_op.register_fake
 def _(x_q, weight, x_scale, w_scale, bias, out_dtype):  # type: ignore[no-untyped-def]
     return _empty_out(x_q, weight, out_dtype)
 
 
-@torch.library.custom_op("fp8route::weight_only_mm", mutates_args=())
-def weight_only_mm(
+def _weight_only_mm(
     x: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """For GPUs without FP8 tensor cores: the weight dequantized per call, x as it is.
@@ -82,13 +103,16 @@ def weight_only_mm(
     return torch.nn.functional.linear(x_scaled, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
 
 
-@weight_only_mm.register_fake
+weight_only_mm_op = torch.library.custom_op("fp8route::weight_only_mm", _weight_only_mm, mutates_args=())
+weight_only_mm = eager_or_op(weight_only_mm_op, _weight_only_mm)
+
+
+@weight_only_mm_op.register_fake
 def _(x, weight, w_scale, bias):  # type: ignore[no-untyped-def]
     return _empty_out(x, weight, x.dtype)
 
 
-@torch.library.custom_op("fp8route::flashinfer_bmm", mutates_args=())
-def flashinfer_bmm(
+def _flashinfer_bmm(
     x_q: torch.Tensor,
     weight: torch.Tensor,
     x_scale: torch.Tensor,
@@ -111,13 +135,16 @@ def flashinfer_bmm(
     return out.view(m, n)
 
 
-@flashinfer_bmm.register_fake
+flashinfer_bmm_op = torch.library.custom_op("fp8route::flashinfer_bmm", _flashinfer_bmm, mutates_args=())
+flashinfer_bmm = eager_or_op(flashinfer_bmm_op, _flashinfer_bmm)
+
+
+@flashinfer_bmm_op.register_fake
 def _(x_q, weight, x_scale, w_scale, out_dtype):  # type: ignore[no-untyped-def]
     return _empty_out(x_q, weight, out_dtype)
 
 
-@torch.library.custom_op("fp8route::decode_gemm", mutates_args=())
-def decode_gemm(
+def _decode_gemm(
     x: torch.Tensor,
     weight: torch.Tensor,
     w_scale: torch.Tensor,
@@ -132,6 +159,10 @@ def decode_gemm(
     return launch(x.contiguous(), weight, w_scale, x_scale, bias, out_dtype)
 
 
-@decode_gemm.register_fake
+decode_gemm_op = torch.library.custom_op("fp8route::decode_gemm", _decode_gemm, mutates_args=())
+decode_gemm = eager_or_op(decode_gemm_op, _decode_gemm)
+
+
+@decode_gemm_op.register_fake
 def _(x, weight, w_scale, x_scale, bias, out_dtype):  # type: ignore[no-untyped-def]
     return _empty_out(x, weight, out_dtype)

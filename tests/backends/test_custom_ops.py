@@ -42,6 +42,8 @@ def test_compiled_mlp_equals_eager_without_graph_breaks(dynamic_scale, dtype, em
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
     explanation = torch._dynamo.explain(model)(x)
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    # Traced, each layer is one opaque op (eager calls skip the dispatcher, compiled ones must not).
+    assert str(explanation.graphs[0].code).count("torch.ops.fp8route.reference_mm") == 2
 
 
 def test_quantization_fused_upstream_compiles_without_graph_breaks(emulate_precision_casts):
@@ -90,16 +92,16 @@ def _operands(m: int = 17, n: int = 32, k: int = 64):
 def test_opcheck_scaled_mm_and_reference(bias, out_dtype):
     o, x_q = _operands()
     b = o["bias"].to(out_dtype) if bias else None
-    opcheck(ops.scaled_mm, (x_q, o["weight"], o["input_scale"], o["weight_scale"], b, out_dtype, False))
+    opcheck(ops.scaled_mm_op, (x_q, o["weight"], o["input_scale"], o["weight_scale"], b, out_dtype, False))
     rowwise_scales = (o["input_scale"].reshape(1, 1).repeat(17, 1), o["weight_scale"].reshape(1, 1).repeat(1, 32))
-    opcheck(ops.scaled_mm, (x_q, o["weight"], *rowwise_scales, b, out_dtype, False))
-    opcheck(ops.reference_mm, (x_q, o["weight"], o["input_scale"], o["weight_scale"], b, out_dtype))
+    opcheck(ops.scaled_mm_op, (x_q, o["weight"], *rowwise_scales, b, out_dtype, False))
+    opcheck(ops.reference_mm_op, (x_q, o["weight"], o["input_scale"], o["weight_scale"], b, out_dtype))
 
 
 def test_opcheck_weight_only():
     o, _ = _operands()
-    opcheck(ops.weight_only_mm, (o["x"].bfloat16(), o["weight"], o["weight_scale"], o["bias"].bfloat16()))
-    opcheck(ops.weight_only_mm, (o["x"], o["weight"], o["weight_scale"], None))
+    opcheck(ops.weight_only_mm_op, (o["x"].bfloat16(), o["weight"], o["weight_scale"], o["bias"].bfloat16()))
+    opcheck(ops.weight_only_mm_op, (o["x"], o["weight"], o["weight_scale"], None))
 
 
 def test_gpu_only_ops_have_fakes_for_tracing():
@@ -110,9 +112,9 @@ def test_gpu_only_ops_have_fakes_for_tracing():
     with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
         fx, fw = mode.from_tensor(x_q), mode.from_tensor(o["weight"])
         fs, gs = mode.from_tensor(o["input_scale"]), mode.from_tensor(o["weight_scale"])
-        out = ops.flashinfer_bmm(fx, fw, fs, gs, torch.bfloat16)
-        fused = ops.decode_gemm(mode.from_tensor(x_half), fw, gs, fs, None, torch.float16)
-        prequantized = ops.decode_gemm(fx, fw, gs, fs, None, torch.bfloat16)
+        out = ops.flashinfer_bmm_op(fx, fw, fs, gs, torch.bfloat16)
+        fused = ops.decode_gemm_op(mode.from_tensor(x_half), fw, gs, fs, None, torch.float16)
+        prequantized = ops.decode_gemm_op(fx, fw, gs, fs, None, torch.bfloat16)
     assert out.shape == (17, 32) and out.dtype == torch.bfloat16
     assert fused.shape == (17, 32) and fused.dtype == torch.float16
     assert prequantized.shape == (17, 32) and prequantized.dtype == torch.bfloat16
