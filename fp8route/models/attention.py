@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from fp8route.models import decode_attention as kernel
+from fp8route.models.fused import rope, rope_into_cache
 from fp8route.models.kv_cache import KVCache
 
 
@@ -45,7 +46,10 @@ class PrefillAttention:
     def __init__(self, cache: KVCache) -> None:
         self.cache = cache
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        q, k, v = rope(q, cos, sin), rope(k, cos, sin), v.transpose(1, 2)
         self.cache.write_prefill(layer, k, v)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
@@ -64,9 +68,12 @@ class DecodeAttention:
         self.lengths = positions + 1
         self.use_triton = triton_decode_available() if use_triton is None else use_triton
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        self.cache.write_decode(layer, k, v, self.positions)
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
         k_cache, v_cache = self.cache.views(layer, q.shape[0])
+        rope_into_cache(k, v, cos, sin, k_cache, v_cache, self.positions)
+        q = rope(q, cos, sin)
         if self.use_triton and q.is_cuda:
             out = kernel.decode_attention(q[:, :, 0].contiguous(), k_cache, v_cache, self.lengths)
         else:

@@ -69,6 +69,35 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def rope_into_cache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    positions: torch.Tensor,
+) -> None:
+    """Decode's new keys and values into the cache in one launch: row b's k [B, 1, Hkv, D] rotated
+    with its cos/sin [B, 1, D] and its v, written at positions[b] of k_cache/v_cache [B', Hkv, S, D].
+    (Eager torch: the rotation's kernels, then an index for each write.)"""
+    b, _, heads, dim = k.shape
+    half = dim // 2
+    usable = _use_kernel(k) and k.stride(-1) == v.stride(-1) == 1 and k_cache.stride(-1) == v_cache.stride(-1) == 1
+    if not usable or half & (half - 1) or cos.stride(-1) != 1:
+        rows = torch.arange(b, device=k.device)
+        k_cache[rows, :, positions] = rope(k, cos, sin)[:, :, 0]
+        v_cache[rows, :, positions] = v[:, 0]
+        return
+    _rope_store_kernel[(b, heads)](
+        k, v, cos, sin, k_cache, v_cache, positions,
+        k.stride(0), k.stride(2), v.stride(0), v.stride(2), cos.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        HALF=half, num_warps=1,
+    )  # fmt: skip
+
+
 def silu_mul(gate_up: torch.Tensor, width: int) -> torch.Tensor:
     """silu(gate) * up for gate_up [..., 2 * width] holding gate then up, each rounded to the
     activation dtype as eager torch rounds them."""
@@ -119,6 +148,31 @@ if triton is not None:
         out_row = out_ptr + b * sob + h * soh + t * sot
         tl.store(out_row + offs, (x1 * c1 - x2 * s1).to(out_ptr.dtype.element_ty))
         tl.store(out_row + HALF + offs, (x2 * c2 + x1 * s2).to(out_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _rope_store_kernel(
+        k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr,
+        skb, skh, svb, svh, scb, skcb, skch, skcs, svcb, svch, svcs,
+        HALF: tl.constexpr,
+    ):  # fmt: skip
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        offs = tl.arange(0, HALF)
+        pos = tl.load(pos_ptr + b)
+        k_row = k_ptr + b * skb + h * skh
+        k1 = tl.load(k_row + offs).to(tl.float32)
+        k2 = tl.load(k_row + HALF + offs).to(tl.float32)
+        c1 = tl.load(cos_ptr + b * scb + offs)
+        c2 = tl.load(cos_ptr + b * scb + HALF + offs)
+        s1 = tl.load(sin_ptr + b * scb + offs)
+        s2 = tl.load(sin_ptr + b * scb + HALF + offs)
+        kc_row = kc_ptr + b * skcb + h * skch + pos * skcs
+        tl.store(kc_row + offs, (k1 * c1 - k2 * s1).to(kc_ptr.dtype.element_ty))
+        tl.store(kc_row + HALF + offs, (k2 * c2 + k1 * s2).to(kc_ptr.dtype.element_ty))
+        v_row = v_ptr + b * svb + h * svh
+        vc_row = vc_ptr + b * svcb + h * svch + pos * svcs
+        tl.store(vc_row + offs, tl.load(v_row + offs))
+        tl.store(vc_row + HALF + offs, tl.load(v_row + HALF + offs))
 
     @triton.jit
     def _silu_mul_kernel(x_ptr, out_ptr, stride_row, width, BLOCK: tl.constexpr):

@@ -62,13 +62,6 @@ class KVCache:
         self.k[layer, :b, :, :t] = k
         self.v[layer, :b, :, :t] = v
 
-    def write_decode(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
-        """k, v [B, Hkv, 1, D]: row b's new entry goes to its own position positions[b] (a device
-        tensor, so the write is graph-safe: no host sync, no data-dependent shape)."""
-        rows = torch.arange(k.shape[0], device=k.device)
-        self.k[layer, rows, :, positions] = k[:, :, 0]
-        self.v[layer, rows, :, positions] = v[:, :, 0]
-
     def views(self, layer: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This layer's K and V for rows 0..batch-1: [batch, Hkv, max_seq_len, D] (contiguous)."""
         return self.k[layer, :batch], self.v[layer, :batch]

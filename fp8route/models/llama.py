@@ -28,8 +28,11 @@ if TYPE_CHECKING:
 class AttentionContext(Protocol):
     """Where a layer's new K/V go and what its queries attend to (a KV cache, in prefill or decode)."""
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [B, H, T, D], the new k and v [B, Hkv, T, D] (after RoPE) -> attention output [B, H, T, D]."""
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        """q [B, T, H, D] and the new k, v [B, T, Hkv, D], before RoPE (cos/sin as Attention.forward
+        takes them: the context applies it, fused with its cache write where it can) -> [B, H, T, D]."""
         ...
 
 
@@ -197,12 +200,12 @@ class Attention(nn.Module):
         k = k.reshape(b, t, -1, hd)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
-        v = v.reshape(b, t, -1, hd).transpose(1, 2)
+        v = v.reshape(b, t, -1, hd)
         if context is None:
+            q, k, v = rope(q, cos, sin), rope(k, cos, sin), v.transpose(1, 2)
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
-            out = context.attend(self.index, q, k, v)
+            out = context.attend(self.index, q, k, v, cos, sin)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 

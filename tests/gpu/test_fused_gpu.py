@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fp8route.models.fused import rms_norm, rms_norm_reference, rope, rope_reference, silu_mul
+from fp8route.models.fused import rms_norm, rms_norm_reference, rope, rope_into_cache, rope_reference, silu_mul
 
 pytestmark = pytest.mark.gpu
 
@@ -34,3 +34,22 @@ def test_silu_mul(dtype):
     gate_up = torch.randn(3, 5, 2 * 1500, device="cuda", dtype=dtype) * 4
     gate, up = gate_up.split(1500, dim=-1)
     torch.testing.assert_close(silu_mul(gate_up, 1500), torch.nn.functional.silu(gate) * up, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rope_into_cache_writes_each_row_at_its_position(dtype):
+    b, heads, dim, seq = 3, 8, 128, 50
+    kv = torch.randn(b, 1, 2 * heads * dim, device="cuda", dtype=dtype)
+    k = kv[..., : heads * dim].reshape(b, 1, heads, dim)
+    v = kv[..., heads * dim :].reshape(b, 1, heads, dim)
+    angles = torch.rand(b, 1, dim // 2, device="cuda") * 100
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    positions = torch.tensor([0, 17, 49], device="cuda")
+    k_cache = torch.full((b + 1, heads, seq, dim), float("nan"), device="cuda", dtype=dtype)
+    v_cache = k_cache.clone()
+    rope_into_cache(k, v, cos, sin, k_cache, v_cache, positions)
+    rows = torch.arange(b, device="cuda")
+    expected_k = rope_reference(k.transpose(1, 2), cos[:, None], sin[:, None])[:, :, 0]
+    torch.testing.assert_close(k_cache[rows, :, positions], expected_k, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(v_cache[rows, :, positions], v[:, 0], rtol=0, atol=0)
+    assert int((~k_cache.isnan()).sum()) == b * heads * dim  # nothing else written
