@@ -7,7 +7,9 @@ two can be scored side by side on the same token ids.
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +42,12 @@ def load_tokenizer(folder: str | os.PathLike[str]) -> Any:
         raise Fp8InputError(f"{path}: not a tokenizers file: {e}") from None
 
 
-def load_for_eval(path: str | os.PathLike[str], device: str | torch.device = "cpu") -> tuple[torch.nn.Module, Any]:
-    """(model, tokenizer) for a checkpoint folder: `model(input_ids[B, T]) -> logits[B, T, V]`."""
+def load_for_eval(
+    path: str | os.PathLike[str], device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> tuple[Callable[[torch.Tensor], torch.Tensor], Any]:
+    """(model, tokenizer) for a checkpoint folder: `model(input_ids[B, T]) -> logits[B, T, V]`,
+    computed in dtype (None: the embedding's, bf16 for these folders). FP8 layers quantize their
+    inputs to FP8 whatever dtype the activations are carried in."""
     from fp8route.checkpoint import load_checkpoint
     from fp8route.models.llama import LlamaConfig, LlamaForCausalLM
     from fp8route.shards import ShardSet
@@ -60,4 +66,5 @@ def load_for_eval(path: str | os.PathLike[str], device: str | torch.device = "cp
         if not tensors:
             raise CheckpointError(f"{folder}: no tensors in its safetensors files")
         model = LlamaForCausalLM(LlamaConfig.from_hf(config), {}, tensors)
-    return model.eval(), tokenizer
+    model.eval()
+    return (model if dtype is None else functools.partial(model, dtype=dtype)), tokenizer
