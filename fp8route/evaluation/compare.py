@@ -72,7 +72,7 @@ def summarize(task: Task, scores: Scores, labels: Sequence[str]) -> dict[str, An
 
 
 def _pct(x: float, scale: float) -> str:
-    return f"{x * scale:.2f}" if scale == 1 else f"{x * scale:5.1f}"
+    return f"{x * scale:.4f}" if scale == 1 else f"{x * scale:5.1f}"
 
 
 def format_summary(result: dict[str, Any]) -> str:
@@ -93,7 +93,8 @@ def format_summary(result: dict[str, Any]) -> str:
         line = f"  {name:<13} " + "   ".join(cells)
         for label in labels[1:]:
             d = result["paired"][label][name]
-            line += f"   diff {d['mean'] * scale:+.2f}{unit} [{d['low'] * scale:+.2f}, {d['high'] * scale:+.2f}]"
+            lo, hi, dp = d["low"] * scale, d["high"] * scale, 4 if scale == 1 else 2
+            line += f"   diff {d['mean'] * scale:+.{dp}f}{unit} [{lo:+.{dp}f}, {hi:+.{dp}f}]"
         lines.append(line)
     for label, agree in result.get("agreement", {}).items():
         lines.append(

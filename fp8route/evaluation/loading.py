@@ -7,7 +7,9 @@ two can be scored side by side on the same token ids.
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,12 @@ from fp8route.models.load import is_quantized, read_plain
 from fp8route.models.tokenizer import load_tokenizer
 
 
-def load_for_eval(path: str | os.PathLike[str], device: str | torch.device = "cpu") -> tuple[torch.nn.Module, Any]:
-    """(model, tokenizer) for a checkpoint folder: `model(input_ids[B, T]) -> logits[B, T, V]`."""
+def load_for_eval(
+    path: str | os.PathLike[str], device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> tuple[Callable[[torch.Tensor], torch.Tensor], Any]:
+    """(model, tokenizer) for a checkpoint folder: `model(input_ids[B, T]) -> logits[B, T, V]`,
+    computed in dtype (None: the embedding's, bf16 for these folders). FP8 layers quantize their
+    inputs to FP8 whatever dtype the activations are carried in."""
     from fp8route.checkpoint.load import load_checkpoint
     from fp8route.models.llama import LlamaConfig, LlamaForCausalLM
 
@@ -34,4 +40,5 @@ def load_for_eval(path: str | os.PathLike[str], device: str | torch.device = "cp
         model = LlamaForCausalLM.from_checkpoint(load_checkpoint(folder, device))
     else:
         model = LlamaForCausalLM(LlamaConfig.from_hf(config), {}, read_plain(folder, device, None))
-    return model.eval(), tokenizer
+    model.eval()
+    return (model if dtype is None else functools.partial(model, dtype=dtype)), tokenizer
