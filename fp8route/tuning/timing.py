@@ -1,32 +1,26 @@
 """Kernel timing the way a model sees it: CUDA events, cold L2 by operand rotation, two reps.
 
 Two clocks read the same schedule: "events" (default), a pair of CUDA events around each call, and
-"cupti", the duration of the kernels each call launched as CUPTI records them (through
-torch.profiler): kernels only, without the launch edges and the gaps between a call's kernels that
-the events include. A model pays those, so the separate quantization kernel a fused one saves shows
-only by events (benchmarks/results/h200/clock/).
+"cupti" (tuning/cupti.py), the duration of the kernels each call launched: kernels only, without
+the launch edges and the gaps between a call's kernels that the events include. A model pays
+those, so events stay the default.
 
-- Cold L2 by rotation: timed call i runs on operand copy i % n, and the n copies together are
-  more than 3x the L2, so each call's weight comes from HBM while L2 holds clean lines of other
-  weights (as in a forward pass). A large buffer *written* before each call (the usual flush)
-  leaves dirty lines whose write-back made M=1 times 15-25% slower on the H200: an artifact.
+- Cold L2 by rotation: timed call i runs on operand copy i % n, and the copies together exceed 3x
+  the L2, so each call's weight comes from HBM while L2 holds clean lines of other weights, as in
+  a forward pass. (A large buffer written before each call, the usual flush, leaves dirty lines
+  whose write-back slows small GEMMs: it measures an artifact, not decode.)
 - The host stays out of the events, checked rather than assumed: one sleep kernel, long enough
-  for the host to queue every timed call behind it, goes first; the calls then run back to back
-  from the GPU's queue. An event right behind the sleep must still be pending once the host has
-  queued the last call; if it is not, the GPU may have waited on the host inside some event pair,
-  and the batch is timed again with a longer sleep. (A fixed 200 µs sleep ahead of each call was
-  not enough on our virtualised H200 host: whole reps came out 2-15x slow when its launches
-  slowed down for a while, and the tuner then routed on those.)
-- Placement averaged: where a weight lands in memory moves a kernel's time. On the H200 the same
-  cuBLASLt kernel on the same 117 MB weight ran 34.6-37.1 µs depending on which of eight pairs of
-  copies it rotated through (fp8_gemv: 34.9-35.7), enough to flip a route from one process to the
-  next while the reps inside each agreed within 1%; with eight copies of a 25 MB weight the sets
-  agreed within 0.6% (benchmarks/results/h200/placement/). So at least MIN_COPIES copies.
+  for the host to queue every timed call behind it, goes first; an event right behind the sleep
+  must still be pending once the host has queued the last call, else the batch is timed again
+  with a longer sleep.
+- Placement averaged: where a weight lands in memory moves a kernel's time by a few percent, so
+  at least MIN_COPIES copies.
 - Arms take turns inside one batch (a pass over the copies each turn), so a drift while the batch
-  runs, such as the clocks dropping through a stretch of long FP8 GEMMs, lands on every arm alike.
+  runs, such as the clocks dropping under the power cap, lands on every arm alike.
 - Every arm runs twice, the second time in mirrored order (A B C, then C B A); a difference inside
   the spread between the two reps is a tie.
 
+What each of these rules fixed, with the runs that showed it: benchmarks/TIMING.md.
 Nothing here touches CUDA at import time.
 """
 
@@ -152,11 +146,8 @@ def time_interleaved(
     arms: Sequence[Sequence[Callable[[], object]]], *, repeats: int = 30, warmup: int = 3, clock: str = "events"
 ) -> list[list[float]]:
     """`repeats` calls of each arm in µs, the arms taking turns inside one batch behind one sleep
-    (interleaved_schedule). Whatever drifts while the batch runs lands on every arm alike: on the
-    H200 long FP8 GEMMs run under the power cap, and timed arm after arm each ran at the clocks of
-    its own power draw; fast accumulation then came out 1-14% ahead of cuBLASLt at M 8192-16384, a
-    different amount each time, where taking turns, as a model's layers do, they tie within 2.4%
-    (benchmarks/results/h200/routing/drift/)."""
+    (interleaved_schedule), so whatever drifts while the batch runs (the clocks under the power
+    cap) lands on every arm alike, as it does on a model's layers."""
     if not arms or not all(arms):
         raise ValueError("time_interleaved: every arm needs calls to time")
     schedule = interleaved_schedule([len(calls) for calls in arms], repeats)
@@ -190,10 +181,8 @@ def _time_queued(
     host_us_per_call = (time.perf_counter() - began) * 1e6 / len(distinct)
     torch.cuda.synchronize()
     pass_s = time.perf_counter() - began
-    # Long GEMMs reach the power cap within a second and the clocks drop (H200: 1.98 GHz to
-    # 1.4-1.7 GHz at about 660 W), the state a long prefill runs in: warm up for as long as the
-    # batch will run, so it is not timed half before that. (Under the cap the clocks keep moving:
-    # at M=8192 reps still came out up to 13% apart, so such points tie more often.)
+    # Long GEMMs reach the power cap within a second and the clocks drop, the state a long prefill
+    # runs in: warm up for as long as the batch will run, so it is not timed half before that.
     warmed_s, batch_s = pass_s, min(MAX_WARM_S, pass_s * len(schedule) / len(distinct))
     while warmed_s < batch_s:
         began = time.perf_counter()
@@ -355,8 +344,8 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = 20, clock: str = "e
     return 2 * nbytes / (statistics.median(times) * 1e-6) / 1e9
 
 
-# Reps further apart than this are timed again. A 2-4% spread on one arm made it tie with an arm
-# 2-3% faster, and that route then lost by as much in a later run (H200, cuBLASLt at M=256).
+# Reps further apart than this are timed again: a wide spread makes every arm within it tie with
+# that one, and a route chosen inside it can lose by as much in the next run.
 STEADY_SPREAD = 0.02
 
 

@@ -112,9 +112,8 @@ class Tuner:
 
     def _head_to_head(self, problem: GemmProblem, m: int, results: Mapping[str, object]) -> Mapping[str, object]:
         """When a tie hands the bucket to a backend other than the fastest, time those two again,
-        by themselves. On the H200 such ties (1-2% apart inside a 1.5-3% spread of a many-arm
-        measurement) measured 2-4% apart in a later run; timed head to head, the two arms' spread
-        is tighter and a real gap stops being a tie."""
+        by themselves: head to head, the two arms' spread is tighter than in a many-arm batch, and
+        a real gap stops being a tie (benchmarks/TIMING.md)."""
         timings = {name: t for name, result in results.items() if (t := _as_timing(result)[0]).ok}
         winner = choose(timings, priority_order(self.device), self.min_tie)
         fastest = min(timings, key=lambda name: timings[name].median_us, default=None)
