@@ -13,7 +13,7 @@ from fp8route.backends import BACKENDS
 from fp8route.checkpoint.random import write_random
 from fp8route.cli.sweep_args import command_line, cuda_device, int_list
 from fp8route.errors import Fp8InputError
-from fp8route.models.e2e_bench import as_json, bench_arm, table
+from fp8route.models.e2e_bench import as_json, bench_arm, plot, table
 from fp8route.models.shapes import MODELS
 from fp8route.routing.fingerprint import Fingerprint
 from fp8route.tuning.timing import copy_bandwidth_gbs
@@ -65,9 +65,13 @@ def run(args: argparse.Namespace) -> int:
         "copy_gbs": round(copy_gbs, 1),
         "rows": as_json(rows),
     }
-    path = out / f"e2e-{args.random or Path(args.path).name}.json"
+    stem = f"e2e-{args.random or Path(args.path).name}"
+    path = out / f"{stem}.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {path}")
+    png = plot(rows, out / f"{stem}.png", f"{args.random or args.path} on {fingerprint.gpu}")
+    if png is not None:
+        print(f"wrote {png}")
     return 0
 
 

@@ -140,3 +140,29 @@ def table(rows: Sequence[E2ERow]) -> str:
             f"{r.decode_step_ms:>9.3f}{r.decode_tok_s:>9.1f}{100 * r.floor_fraction:>8.0f}%"
         )
     return "\n".join(lines)
+
+
+def plot(rows: Sequence[E2ERow], path: Path, title: str) -> Path | None:
+    """Decode tokens/s and TTFT per arm, one group of bars per (batch, input); None without matplotlib."""
+    from fp8route.tuning.plot import pyplot, save
+
+    plt = pyplot()
+    if plt is None or not rows:
+        return None
+    arms = list(dict.fromkeys(r.arm for r in rows))
+    points = list(dict.fromkeys((r.batch, r.input_tokens) for r in rows))
+    by = {(r.arm, r.batch, r.input_tokens): r for r in rows}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    width = 0.8 / len(arms)
+    for i, arm in enumerate(arms):
+        xs = [j + i * width for j in range(len(points))]
+        axes[0].bar(xs, [by[(arm, *p)].decode_tok_s for p in points], width, label=arm)
+        axes[1].bar(xs, [by[(arm, *p)].ttft_ms for p in points], width, label=arm)
+    for ax, label in zip(axes, ("decode tokens/s (higher is better)", "TTFT ms (lower is better)")):
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(points))], [f"{b}x{t}" for b, t in points])
+        ax.set_xlabel("batch x prompt tokens")
+        ax.set_title(label)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    return save(fig, plt, path)

@@ -15,7 +15,7 @@ log = logging.getLogger("fp8route")
 def plot_speedups(report: GemmReport, path: Path, title: str) -> Path | None:
     """One panel per single-backend policy: its time / routed time vs M, a line per shape and
     one (bold) for the layer sum. Above 1, routing wins."""
-    plt = _pyplot()
+    plt = pyplot()
     policies = report.timed_policies()  # no empty panel for a backend absent here
     if plt is None or not policies:
         return None
@@ -39,12 +39,12 @@ def plot_speedups(report: GemmReport, path: Path, title: str) -> Path | None:
     axes.flat[0].set_ylabel("speedup of routed")
     axes.flat[0].legend(fontsize=7)
     fig.suptitle(title)
-    return _save(fig, plt, path)
+    return save(fig, plt, path)
 
 
 def plot_rowwise(report: GemmReport, path: Path, title: str) -> Path | None:
     """Rowwise CUTLASS time / per-tensor cuBLASLt time vs M, per shape."""
-    plt = _pyplot()
+    plt = pyplot()
     ratios = report.rowwise_ratios()
     if plt is None or not ratios:
         return None
@@ -59,11 +59,11 @@ def plot_rowwise(report: GemmReport, path: Path, title: str) -> Path | None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     ax.set_title(title)
-    return _save(fig, plt, path)
+    return save(fig, plt, path)
 
 
 @functools.lru_cache(maxsize=1)  # one warning per process, not one per figure
-def _pyplot():  # type: ignore[no-untyped-def]
+def pyplot():  # type: ignore[no-untyped-def]
     try:
         import matplotlib
 
@@ -75,7 +75,7 @@ def _pyplot():  # type: ignore[no-untyped-def]
     return plt
 
 
-def _save(fig, plt, path: Path) -> Path:  # type: ignore[no-untyped-def]
+def save(fig, plt, path: Path) -> Path:  # type: ignore[no-untyped-def]
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=130)

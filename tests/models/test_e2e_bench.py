@@ -1,0 +1,41 @@
+"""The end-to-end bench's arithmetic and output, on CPU (the timing itself runs on a GPU)."""
+
+import importlib.util
+
+from checkpoint_helpers import TINY
+
+from fp8route.checkpoint.random import write_random
+from fp8route.models.e2e_bench import E2ERow, as_json, plot, table, weight_bytes
+from fp8route.models.load import load_model
+
+ROWS = [
+    E2ERow("routed", 1, 1024, 26.0, 39384.0, 3.078, 324.9, 8.03, 2609.0, 0.612),
+    E2ERow("bf16", 1, 1024, 24.1, 42573.0, 5.522, 181.1, 15.01, 2718.0, 0.638),
+]
+
+
+def test_weight_bytes_counts_fp8_weights_once_and_float_ones_at_their_width(tmp_path):
+    config = {**TINY, "vocab_size": 64}
+    fp8 = load_model(write_random(tmp_path / "fp8", config, fp8=True, device="cpu"), "cpu", max_seq_len=8)
+    bf16 = load_model(write_random(tmp_path / "bf16", config, fp8=False, device="cpu"), "cpu", max_seq_len=8)
+    h, i, layers = TINY["hidden_size"], TINY["intermediate_size"], TINY["num_hidden_layers"]
+    heads, kv = TINY["num_attention_heads"], TINY.get("num_key_value_heads", TINY["num_attention_heads"])
+    hd = h // heads
+    linear = layers * (h * heads * hd + 2 * h * kv * hd + heads * hd * h + 3 * h * i)
+    rest = 2 * (64 * h + (2 * layers + 1) * h)  # bf16 lm_head and norms
+    assert weight_bytes(fp8) == linear + rest
+    assert weight_bytes(bf16) == 2 * linear + rest
+
+
+def test_table_json_and_plot():
+    text = table(ROWS)
+    assert text.splitlines()[0].startswith("arm") and "324.9" in text and "61%" in text
+    assert as_json(ROWS)[0]["decode_tok_s"] == 324.9
+
+
+def test_plot_writes_a_png_when_matplotlib_is_there(tmp_path):
+    path = plot(ROWS, tmp_path / "e2e.png", "test")
+    if importlib.util.find_spec("matplotlib") is None:
+        assert path is None
+    else:
+        assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
