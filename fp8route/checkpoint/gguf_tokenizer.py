@@ -75,12 +75,12 @@ def build_tokenizer(metadata: Mapping[str, Any], source: str = "GGUF file") -> A
     split_digits, regex = _PRE[pre]
 
     vocab = {token: i for i, token in enumerate(tokens)}
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
-    bad = next((m for m, p in zip(merges, pairs, strict=True) if len(p) != 2), None)
+    bad = next((m for m in merges if len(m.split(" ", 1)) != 2), None)
     if bad is not None:
         raise CheckpointError(f"{source}: merge {bad!r} is not two tokens separated by a space")
+    pairs = [(left, right) for left, right in (m.split(" ", 1) for m in merges)]
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
-    steps = [pre_tokenizers.Digits(individual_digits=True)] if split_digits else []
+    steps: list[Any] = [pre_tokenizers.Digits(individual_digits=True)] if split_digits else []
     steps += [
         pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),

@@ -10,6 +10,7 @@ import torch
 
 from fp8route.checkpoint.formats import CONFIG, modelopt
 from fp8route.checkpoint.shards import ShardWriter
+from fp8route.models.shapes import ProjectionDims
 from fp8route.quant import FP8_MAX, quantize_per_tensor
 from fp8route.version import __version__
 
@@ -21,10 +22,9 @@ def write_random(folder: Path, config: dict[str, object], *, fp8: bool, device: 
     with ModelOpt's files (static input scale amax 8 / 448), or all bf16 (fp8=False); lm_head in bf16."""
     folder.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator(device=device).manual_seed(seed)
-    h, inter = int(config["hidden_size"]), int(config["intermediate_size"])  # type: ignore[call-overload]
-    heads, kv = int(config["num_attention_heads"]), int(config["num_key_value_heads"])  # type: ignore[call-overload]
-    hd = int(config.get("head_dim") or h // heads)  # type: ignore[call-overload]
-    vocab, layers = int(config["vocab_size"]), int(config["num_hidden_layers"])  # type: ignore[call-overload]
+    size = ProjectionDims.from_hf(config)
+    h, inter, heads, kv, hd = size.hidden, size.intermediate, size.heads, size.kv_heads, size.head_dim
+    vocab, layers = int(str(config["vocab_size"])), int(str(config["num_hidden_layers"]))
     shapes = {
         "q_proj": (heads * hd, h),
         "k_proj": (kv * hd, h),

@@ -116,7 +116,7 @@ def run_checked(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, str, f
     def check(layer: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
         assert isinstance(layer, Fp8Linear)
         x2d = args[0].reshape(-1, args[0].shape[-1])
-        expected = BACKENDS["reference"].run(x2d, layer).float()
+        expected = BACKENDS["reference"].run(x2d, layer.prepared).float()
         diff = (out.reshape(expected.shape).float() - expected).norm() / expected.norm().clamp(min=1e-30)
         errors[layer.name] = diff.item()
 

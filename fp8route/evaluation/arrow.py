@@ -138,7 +138,8 @@ def read_arrow_stream(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every row of an Arrow IPC stream file, as dicts (lists and structs as lists and dicts)."""
     path = Path(path)
     data = path.read_bytes()
-    pos, fields, rows = 0, None, []
+    pos, fields = 0, None
+    rows: list[dict[str, Any]] = []
     while pos + 8 <= len(data):
         marker, size = struct.unpack_from("<Ii", data, pos)
         if marker != _CONTINUATION:  # the pre-0.15 form: no marker, the length comes first

@@ -109,7 +109,10 @@ def _score_batch(
     seqs = [(ctx + cont)[-(max_length + 1) :] for ctx, cont in pairs]
     width = max(len(s) - 1 for s in seqs)
     ids = torch.zeros(len(seqs), width, dtype=torch.int64)
-    where_b, where_t, targets, owner = [], [], [], []
+    where_b: list[int] = []
+    where_t: list[int] = []
+    targets: list[int] = []
+    owner: list[int] = []
     for b, (seq, (_, cont)) in enumerate(zip(seqs, pairs, strict=True)):
         ids[b, : len(seq) - 1] = torch.tensor(seq[:-1])
         first = len(seq) - 1 - len(cont)  # the position whose output predicts the first continuation token

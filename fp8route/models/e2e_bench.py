@@ -8,6 +8,7 @@ a warm-up; decode runs from the CUDA graphs generate uses.
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import statistics
@@ -99,9 +100,9 @@ def bench_arm(
         for tokens in inputs:
             ids = torch.randint(0, vocab, (batch, tokens), device="cuda", generator=gen)
             lengths = torch.full((batch,), tokens, device="cuda", dtype=torch.int64)
-            ttft = _timed(lambda ids=ids, lengths=lengths, m=model: m.prefill(ids, lengths), repeats)
-            full = _timed(lambda ids=ids, m=model: m.generate(ids, output), repeats)
-            one = _timed(lambda ids=ids, m=model: m.generate(ids, 1), repeats)
+            ttft = _timed(functools.partial(model.prefill, ids, lengths), repeats)
+            full = _timed(functools.partial(model.generate, ids, output), repeats)
+            one = _timed(functools.partial(model.generate, ids, 1), repeats)
             step = (full - one) / (output - 1)
             floor = nbytes / (copy_gbs * 1e9)
             rows.append(
@@ -156,8 +157,8 @@ def plot(rows: Sequence[E2ERow], path: Path, title: str) -> Path | None:
     width = 0.8 / len(arms)
     for i, arm in enumerate(arms):
         xs = [j + i * width for j in range(len(points))]
-        axes[0].bar(xs, [by[(arm, *p)].decode_tok_s for p in points], width, label=arm)
-        axes[1].bar(xs, [by[(arm, *p)].ttft_ms for p in points], width, label=arm)
+        axes[0].bar(xs, [by[(arm, b, t)].decode_tok_s for b, t in points], width, label=arm)
+        axes[1].bar(xs, [by[(arm, b, t)].ttft_ms for b, t in points], width, label=arm)
     for ax, label in zip(axes, ("decode tokens/s (higher is better)", "TTFT ms (lower is better)")):
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(points))], [f"{b}x{t}" for b, t in points])
         ax.set_xlabel("batch x prompt tokens")

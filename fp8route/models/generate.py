@@ -24,7 +24,9 @@ class Engine(Protocol):
 
     cfg: LlamaConfig
     cache: KVCache
-    device: torch.device
+
+    @property
+    def device(self) -> torch.device: ...
 
     def prefill(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor: ...
 

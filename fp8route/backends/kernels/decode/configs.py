@@ -114,7 +114,9 @@ _H200: dict[tuple[int, int], tuple[tuple[int, DecodeConfig], ...]] = {
 }  # fmt: skip
 # Measured tables by device identity (the routing fingerprint's device fields): another GPU with as
 # many SMs (an H100 SXM has 132 too) has other clocks and memory, so it takes the heuristic.
-MEASURED: dict[tuple[str, tuple[int, int], int, int], dict[tuple[int, int], tuple[tuple[int, DecodeConfig], ...]]] = {
+MEASURED: dict[
+    tuple[str, tuple[int, int] | None, int, int], dict[tuple[int, int], tuple[tuple[int, DecodeConfig], ...]]
+] = {
     ("NVIDIA H200", (9, 0), 132, 60 * 2**20): _H200,
 }
 

@@ -130,6 +130,7 @@ def launch(
         EVEN_K=k_per_split * split == k, EVEN_N=n % cfg.block_n == 0, REDUCE_UNROLL=_REDUCE_UNROLL,
         num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )  # fmt: skip
+    assert decode_cuda_core_kernel is not None and decode_mma_kernel is not None, "launch needs triton"
     if cfg.cuda_core:
         decode_cuda_core_kernel[(tiles * split,)](*args, **flags, NUM_STAGES=cfg.num_stages)
     else:
