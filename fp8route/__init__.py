@@ -22,6 +22,7 @@ from fp8route.linear.explain import explain
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.plan import M_BOUNDS, Plan, make_plan
 from fp8route.linear.policy import Policy
+from fp8route.models.load import load_model
 from fp8route.quant import dequantize, quantize_per_tensor, requantize_shards, sqnr_db
 from fp8route.routing import RoutingTable, load_table, route
 from fp8route.version import __version__
@@ -48,6 +49,7 @@ __all__ = [
     "explain",
     "get_backend",
     "load_checkpoint",
+    "load_model",
     "load_table",
     "make_plan",
     "quantize_checkpoint",
