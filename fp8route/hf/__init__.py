@@ -11,9 +11,7 @@ ModelOpt config.json checkpoint and `quantization_config=Fp8RouteConfig()` selec
 try:
     import transformers  # noqa: F401
 except ImportError as e:  # pragma: no cover - exercised only where transformers is missing
-    raise ImportError(
-        "fp8route.hf needs Hugging Face transformers: pip install 'fp8route[transformers]'"
-    ) from e
+    raise ImportError("fp8route.hf needs Hugging Face transformers: pip install 'fp8route[transformers]'") from e
 
 from fp8route.hf.config import REGISTERED_METHODS, Fp8RouteConfig
 from fp8route.hf.load import from_pretrained

@@ -13,20 +13,17 @@ import json
 import os
 from pathlib import Path
 
-import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from fp8route.checkpoint.formats import CONFIG, modelopt
+from fp8route.checkpoint.formats import modelopt
 from fp8route.checkpoint.shards import ShardWriter
 from fp8route.errors import Fp8InputError
 from fp8route.hf.config import Fp8RouteConfig
 from fp8route.linear.layer import Fp8Linear
 
 
-def save_pretrained(
-    model: PreTrainedModel, path: str | os.PathLike[str], *, max_shard_bytes: int = 5 * 2**30
-) -> Path:
+def save_pretrained(model: PreTrainedModel, path: str | os.PathLike[str], *, max_shard_bytes: int = 5 * 2**30) -> Path:
     """Write model (its Fp8Linear layers static per tensor) as a ModelOpt FP8 checkpoint; returns the folder."""
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
@@ -61,10 +58,8 @@ def save_pretrained(
     kept = sorted(name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name not in fp8)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     config = Fp8RouteConfig(exclude=[*kept, *(["lm_head"] if tied and "lm_head" not in kept else [])])
-    model.config.quantization_config = config
-    data = model.config.to_dict()
-    data["quantization_config"] = config.to_dict()
-    (folder / CONFIG).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    model.config.quantization_config = config  # config.json's quantization_config: ModelOpt's form
+    model.config.save_pretrained(folder)
     (folder / modelopt.HF_QUANT_CONFIG).write_text(json.dumps(config.hf_quant_config(), indent=2) + "\n")
     generation = getattr(model, "generation_config", None)
     if generation is not None:

@@ -66,4 +66,8 @@ def float_checkpoint(tmp_path: Path) -> Path:
     return write_checkpoint(tmp_path / "float", llama_tensors(HF_TINY), HF_TINY)
 
 
-FORMATS = {"modelopt-legacy": modelopt_legacy, "modelopt": modelopt_config_json, "compressed-tensors": compressed_tensors}
+FORMATS = {
+    "modelopt-legacy": modelopt_legacy,
+    "modelopt": modelopt_config_json,
+    "compressed-tensors": compressed_tensors,
+}

@@ -54,8 +54,9 @@ def test_automodel_loads_a_modelopt_checkpoint_through_fp8route(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     assert len(fp8_module_names(model)) == 14
     assert isinstance(model.config.quantization_config, fp8route.hf.Fp8RouteConfig)
+    direct = fp8route.hf.from_pretrained(folder, dtype=torch.float32)
     with torch.no_grad():
-        torch.testing.assert_close(model(IDS).logits, fp8route.hf.from_pretrained(folder, dtype=torch.float32)(IDS).logits)
+        torch.testing.assert_close(model(IDS).logits, direct(IDS).logits)
 
 
 def test_explicit_config_selects_fp8route_for_modelopt(tmp_path):
