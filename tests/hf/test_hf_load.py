@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from hf_helpers import FORMATS, float_checkpoint, modelopt_config_json
@@ -91,3 +93,14 @@ def test_config_round_trips_as_modelopt():
     assert data["ignore"] == ["lm_head", "model.layers.0.mlp.down_proj"]
     again = fp8route.hf.Fp8RouteConfig.from_dict(data)
     assert again.quant_method == "modelopt" and again.exclude == config.exclude
+
+
+def test_a_modelopt_checkpoint_fp8route_cannot_run_is_refused_by_automodel(tmp_path):
+    # Without fp8route.hf, transformers 5.x skips an unknown "modelopt" quantization_config and
+    # loads the FP8 bytes into float linears; with it, the checkpoint is refused with the reason.
+    folder = FORMATS["modelopt"](tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"]["quant_algo"] = "NVFP4"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="quant_algo=NVFP4"):
+        AutoModelForCausalLM.from_pretrained(folder)
