@@ -1,0 +1,43 @@
+"""fp8route.hf.from_pretrained: a transformers causal LM whose FP8 linears are Fp8Linear."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+from fp8route.checkpoint.formats import CONFIG, detect_scheme, read_json
+from fp8route.errors import Fp8InputError
+from fp8route.hf.config import Fp8RouteConfig
+
+
+def from_pretrained(path: str | os.PathLike[str], **kwargs: Any) -> PreTrainedModel:
+    """AutoModelForCausalLM.from_pretrained for a local ModelOpt or compressed-tensors FP8 folder,
+    every FP8 linear an fp8route.Fp8Linear (q/k/v and gate/up stay separate modules, as
+    transformers has them) and every other tensor loaded by transformers.
+
+    kwargs go to transformers (dtype, device_map, attn_implementation, ...). The checkpoint's
+    own quantization_config is set aside and Fp8RouteConfig given instead, so this works for
+    both formats whatever quantizer transformers has registered for them. A folder that is not
+    a per-tensor FP8 checkpoint raises CheckpointError before transformers runs.
+    """
+    folder = Path(path)
+    detect_scheme(folder, read_json(folder / CONFIG))
+    given = kwargs.pop("quantization_config", None)
+    if given is not None and not isinstance(given, Fp8RouteConfig):
+        raise Fp8InputError(
+            f"from_pretrained: quantization_config must be an fp8route.hf.Fp8RouteConfig (or left out), "
+            f"got {type(given).__name__}"
+        )
+    if "config" in kwargs:
+        config = kwargs.pop("config")
+    else:
+        config_kwargs = {k: kwargs[k] for k in ("trust_remote_code", "revision") if k in kwargs}
+        config = AutoConfig.from_pretrained(folder, **config_kwargs)
+    if getattr(config, "quantization_config", None) is not None:
+        del config.quantization_config
+    return AutoModelForCausalLM.from_pretrained(
+        folder, config=config, quantization_config=given or Fp8RouteConfig(), **kwargs
+    )
