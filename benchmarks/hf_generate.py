@@ -79,6 +79,7 @@ def main() -> None:
         model = fp8route.hf.from_pretrained(folder, dtype=torch.bfloat16, device_map="cuda")
         print(fp8route.explain(model))
         results["fp8route"] = measure(model, ids, args.new, args.reps, compile_)
+        print(f"fp8route: {results['fp8route']}", flush=True)  # kept if the bf16 arm does not finish
         del model
         torch.cuda.empty_cache()
         hf_config = AutoConfig.from_pretrained(folder)
