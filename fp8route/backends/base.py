@@ -63,6 +63,11 @@ class Backend(ABC):
         """x_q is 2-D [M, K] e4m3, quantized with the fp32 scalar x_scale (by run, or upstream of the
         layer); the result is [M, N] in out_dtype."""
 
+    def prepare(self, device: torch.device) -> None:
+        """Allocate, at load time, what this backend keeps per device (nothing by default), so that
+        no call allocates it later inside a CUDA graph being recorded."""
+        return None
+
     def __repr__(self) -> str:
         return f"<backend {self.name}>"
 

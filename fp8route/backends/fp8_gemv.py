@@ -29,6 +29,12 @@ class Fp8GemvBackend(Backend):
             return f"built for M <= {configs.M_MAX}"
         return configs.why_not(problem.m_max, problem.n, problem.k)
 
+    def prepare(self, device: torch.device) -> None:
+        if device.type == "cuda":
+            from fp8route.backends.kernels.decode.launch import reserve_counters
+
+            reserve_counters(device)
+
     def run(self, x: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
         assert operands.input_scale is not None, "the plan only picks fp8_gemv for a static input scale"
         return self.run_quantized(x, operands.input_scale, operands, x.dtype)

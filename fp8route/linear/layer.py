@@ -143,6 +143,8 @@ class Fp8Linear(nn.Module):
             static_input_scale=self.input_scale is not None,
         )
         self._plan = make_plan(self.name, problem, self.policy, self.preference)
+        for backend in self._plan.backends:
+            backend.prepare(self.weight.device)
         self.prepared = self.operands(self._plan.layouts)
         return self._plan
 

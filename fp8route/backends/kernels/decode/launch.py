@@ -21,6 +21,11 @@ _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _COUNTERS_MIN = 1 << 14
 
 
+def reserve_counters(device: torch.device) -> None:
+    """The split-K counters of a device, allocated now (planning calls this for layers routed here)."""
+    _counters(device, 0)
+
+
 def _counters(device: torch.device, tiles: int) -> torch.Tensor:
     buf = _COUNTERS.get(device)
     if buf is None or buf.numel() < tiles:
