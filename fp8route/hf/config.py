@@ -38,7 +38,8 @@ class Fp8RouteConfig(QuantizationConfigMixin):
 
     def __init__(self, exclude: Sequence[str] | None = None, **kwargs: Any) -> None:
         method = str(kwargs.pop("quant_method", QUANT_METHOD))
-        self.quant_method = method if method in (QUANT_METHOD, MODELOPT) else QUANT_METHOD
+        # transformers types quant_method as its own enum; registered methods are plain strings.
+        self.quant_method = method if method in (QUANT_METHOD, MODELOPT) else QUANT_METHOD  # type: ignore[assignment]
         found = exclude
         if found is None:
             quantization = kwargs.get("quantization")

@@ -74,7 +74,8 @@ class Fp8RouteHfQuantizer(HfQuantizer):
         # The FP8 tensors (and any KV-cache scales) are fp8route's to read: not "unexpected" keys.
         ignored = [re.escape(info.name) for rec in lay.linears.values() for info in rec.parts.values()]
         ignored += [re.escape(info.name) for info in lay.kv_scales.values()]
-        model._keys_to_ignore_on_load_unexpected = set(model._keys_to_ignore_on_load_unexpected or ()) | set(ignored)
+        known = getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ()
+        model._keys_to_ignore_on_load_unexpected = set(known) | set(ignored)  # type: ignore[assignment]
         return model
 
     def _process_model_after_weight_loading(self, model: nn.Module, **kwargs: Any) -> nn.Module:

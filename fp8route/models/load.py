@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from fp8route.backends.problem import default_device
 from fp8route.checkpoint.formats import CONFIG, modelopt, read_json
@@ -20,6 +21,7 @@ from fp8route.errors import CheckpointError, Fp8InputError
 from fp8route.linear.policy import Policy
 from fp8route.models.causal_lm import CausalLM
 from fp8route.models.llama import LlamaConfig
+from fp8route.models.parallel import Shard, check_divisible, init_from_env, local_config, shard_layers
 from fp8route.quant import FLOAT_DTYPES
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -70,13 +72,19 @@ def load_model(
     limit = config.get("max_position_embeddings")
     if isinstance(limit, int) and limit > 0:
         max_seq_len = min(max_seq_len, limit)
-    target = default_device(device)
+    target = init_from_env(device) or default_device(device)
+    shard = Shard.current()
+    if shard is not None:
+        check_divisible(cfg, shard.size)
     if is_quantized(folder, config):
         checkpoint = load_checkpoint(folder, target, policy=policy)
-        linears = dict(checkpoint.linears)
+        linears: dict[str, nn.Module] = dict(checkpoint.linears)
         tensors = {n: t.to(dtype) if t.is_floating_point() else t for n, t in checkpoint.tensors.items()}
     else:
         linears, tensors = {}, read_plain(folder, target, dtype)
+    if shard is not None:
+        linears, tensors = shard_layers(cfg, linears, tensors, shard)
+        cfg = local_config(cfg, shard.size)
     return CausalLM(
         cfg,
         linears,
