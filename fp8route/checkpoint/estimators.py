@@ -52,7 +52,8 @@ def max_scale(amax: float) -> float:
 
 def tail_size(count: int, percentile: float) -> int:
     """How many of the largest of `count` values decide the p-th percentile (nearest rank)."""
-    rank = max(1, math.ceil(percentile / 100.0 * count))  # 1-based, ascending
+    # 1-based, ascending; rounded first so that 99.9% of 10000 is rank 9990, not 9991 (binary floats)
+    rank = max(1, math.ceil(round(percentile * count / 100.0, 6)))
     return count - rank + 1
 
 
