@@ -117,6 +117,15 @@ def quantize_checkpoint(
                 f"{info.where}: expected bfloat16/float16/float32 weights to quantize, got {info.dtype_name}"
             )
     _check_destination(dst, src)
+    matcher = QuantScheme(format, "--exclude", tuple(exclude))
+    quantizable = [
+        n.removesuffix(".weight")
+        for n, info in shards.tensors.items()
+        if n.endswith(".weight") and len(info.shape) == 2 and n != "model.embed_tokens.weight"
+    ]
+    quantizable = [n for n in quantizable if not matcher.excludes(n)]
+    if keep_float > len(quantizable):
+        raise Fp8InputError(f"keep_float={keep_float} but only {len(quantizable)} linears would be quantized")
     target = default_device(device)
     sequences, source = _calibration_ids(src, cfg, calib, calib_text, calib_seq_len, calib_tokens)
     settings = _Settings(format, tuple(exclude), input_scale, float(percentile), keep_float, source)
