@@ -1,10 +1,12 @@
-"""Token ids to calibrate static input scales with: read from a file, or generated."""
+"""Token ids to calibrate static input scales with: read from a file, tokenized from text, or generated."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -55,6 +57,44 @@ def load_token_ids(path: str | os.PathLike[str], vocab_size: int) -> list[torch.
 
 def generated_token_ids(vocab_size: int, sequences: int = 4, length: int = 128, seed: int = 0) -> list[torch.Tensor]:
     """Uniformly random token ids: a fallback that needs no data. Real text gives scales that
-    fit real activations better; pass --calib with tokenized text when you have it."""
+    fit real activations better; pass --calib-text (or --calib with token ids) when you have it."""
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab_size, (length,), generator=g) for _ in range(sequences)]
+
+
+def read_text(path: str | os.PathLike[str]) -> list[str]:
+    """A text file's documents: blocks separated by blank lines (a file without blank lines is one)."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise Fp8InputError(f"calibration text {file}: cannot read it as UTF-8 text: {e}") from None
+    documents = [block.strip() for block in text.replace("\r\n", "\n").split("\n\n") if block.strip()]
+    if not documents:
+        raise Fp8InputError(f"calibration text {file} is empty")
+    return documents
+
+
+def text_token_ids(
+    texts: Sequence[str], tokenizer: Any, seq_len: int = 512, max_tokens: int = 16384
+) -> list[torch.Tensor]:
+    """Token ids of `texts` for calibration: each text tokenized on its own (with the tokenizer's
+    special tokens), the ids concatenated in order and cut into sequences of at most seq_len,
+    stopping at max_tokens in all. Packing keeps every sequence but the last full length, so
+    attention sees long contexts as it does in serving; seq_len bounds calibration's memory."""
+    if not isinstance(seq_len, int) or seq_len < 1:
+        raise Fp8InputError(f"calibration sequence length must be a positive integer, got {seq_len!r}")
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise Fp8InputError(f"calibration token budget must be a positive integer, got {max_tokens!r}")
+    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+        raise Fp8InputError("calibration texts must be a list of str")
+    ids: list[int] = []
+    for text in texts:
+        if len(ids) >= max_tokens:
+            break
+        ids.extend(tokenizer.encode(text).ids)
+    ids = ids[:max_tokens]
+    if not ids:
+        raise Fp8InputError("calibration text tokenizes to no tokens")
+    flat = torch.tensor(ids, dtype=torch.int64)
+    return list(flat.split(seq_len))

@@ -1,9 +1,12 @@
 """Make a static per-tensor FP8 checkpoint (ModelOpt or compressed-tensors) from a bf16/fp16 one.
 
 Calibration runs the float model one decoder layer at a time: only that layer's weights and
-the calibration activations are in memory, and each layer is quantized and written as soon as
-its inputs have been seen. A linear's input scale is amax(|input|) / 448 over the calibration
-tokens; its weight scale is amax(|weight|) / 448.
+the calibration activations are in memory. Each linear's input is observed (observer.py) and its
+input scale chosen by an estimator (estimators.py: max, percentile or mse); its weight scale is
+amax(|weight|) / 448. Once every layer is calibrated, the layers are read again and written, so
+the linears whose FP8 error is largest can be kept in bf16 (keep_float) whatever their depth.
+The choices are recorded in config.json's quantization_config under "fp8route", a key the
+ModelOpt and compressed-tensors readers ignore.
 """
 
 from __future__ import annotations
@@ -13,26 +16,31 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from fp8route.backends.problem import default_device
-from fp8route.checkpoint.calibration import generated_token_ids, load_token_ids
+from fp8route.checkpoint import estimators
+from fp8route.checkpoint.calibration import generated_token_ids, load_token_ids, read_text, text_token_ids
 from fp8route.checkpoint.formats import CONFIG, FORMATS, QuantScheme, compressed_tensors, modelopt, read_json
+from fp8route.checkpoint.observer import SAMPLE_ROWS, InputObserver, ScaleChoice, observe
 from fp8route.checkpoint.shards import INDEX, ShardSet, ShardWriter
 from fp8route.errors import CheckpointError, Fp8InputError
 from fp8route.models.llama import DecoderLayer, FloatLinear, LlamaConfig, Parts, RMSNorm, rope_tables
 from fp8route.progress import Progress
-from fp8route.quant import FP8_MAX, quantize_per_tensor
+from fp8route.quant import quantize_per_tensor
 from fp8route.version import __version__
 
 _NOT_COPIED = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl")
-_MIN_AMAX = 1e-6  # a linear whose input was all zeros still needs a positive scale
+RECORD = "fp8route"  # the key of quantization_config that holds the calibration record
+SENSITIVITY_MEASURE = (
+    "relative output error ||q(x) @ Wq^T - x @ W^T||^2 / ||x @ W^T||^2 of each linear alone, "
+    f"on a uniform subsample of up to {SAMPLE_ROWS} of its calibration input rows"
+)
 
 
 @dataclass
@@ -42,27 +50,59 @@ class QuantizeReport:
     quantized: list[str] = field(default_factory=list)
     excluded: list[str] = field(default_factory=list)
     input_amax: dict[str, float] = field(default_factory=dict)
+    choices: dict[str, ScaleChoice] = field(default_factory=dict)
+    kept_float: list[str] = field(default_factory=list)
     shards: list[str] = field(default_factory=list)
     calibration_tokens: int = 0
+    record: dict[str, Any] = field(default_factory=dict)  # what config.json's quantization_config.fp8route holds
     seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Settings:
+    format: str
+    exclude: tuple[str, ...]
+    estimator: str
+    percentile: float
+    keep_float: int
+    source: str
 
 
 def quantize_checkpoint(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
     format: str = "modelopt",
-    calib: str | os.PathLike[str] | Sequence[torch.Tensor] | None = None,
+    calib: str | os.PathLike[str] | Sequence[torch.Tensor] | Sequence[str] | None = None,
     exclude: Sequence[str] = ("lm_head",),
     device: str | torch.device | None = None,
     max_shard_bytes: int = 5 * 2**30,
     progress: Progress | None = None,
+    *,
+    calib_text: str | os.PathLike[str] | None = None,
+    calib_seq_len: int = 512,
+    calib_tokens: int = 16384,
+    input_scale: str = "max",
+    percentile: float = estimators.DEFAULT_PERCENTILE,
+    keep_float: int = 0,
 ) -> QuantizeReport:
     """Quantize every linear of a Llama-family checkpoint except those matching `exclude`
     (fnmatch wildcards or names; lm_head by default) and write a folder both fp8route and
-    the format's own readers accept."""
+    the format's own readers accept.
+
+    Calibration data: `calib` is a token-id file (a path: .json, .txt, .safetensors), token-id
+    tensors, or texts (a list of str, tokenized with src's tokenizer.json); `calib_text` a UTF-8
+    text file (documents separated by blank lines). Texts are packed into sequences of at most
+    calib_seq_len tokens, calib_tokens in all. Nothing given: random token ids.
+    input_scale: "max", "percentile" (of |x|, `percentile` in [90, 100]) or "mse".
+    keep_float: leave the N quantizable linears with the largest relative output error in bf16
+    (listed in the exclusions).
+    """
     start = time.perf_counter()
     if format not in FORMATS:
         raise Fp8InputError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+    estimators.check_estimator(input_scale, percentile)
+    if not isinstance(keep_float, int) or keep_float < 0:
+        raise Fp8InputError(f"keep_float must be a non-negative number of linears, got {keep_float!r}")
     src, dst = Path(src), Path(dst)
     config = read_json(src / CONFIG)
     if config.get("quantization_config") or (src / modelopt.HF_QUANT_CONFIG).exists():
@@ -77,19 +117,24 @@ def quantize_checkpoint(
                 f"{info.where}: expected bfloat16/float16/float32 weights to quantize, got {info.dtype_name}"
             )
     _check_destination(dst, src)
+    matcher = QuantScheme(format, "--exclude", tuple(exclude))
+    quantizable = [
+        n.removesuffix(".weight")
+        for n, info in shards.tensors.items()
+        if n.endswith(".weight") and len(info.shape) == 2 and n != "model.embed_tokens.weight"
+    ]
+    quantizable = [n for n in quantizable if not matcher.excludes(n)]
+    if keep_float > len(quantizable):
+        raise Fp8InputError(f"keep_float={keep_float} but only {len(quantizable)} linears would be quantized")
     target = default_device(device)
-    if calib is None:
-        sequences = generated_token_ids(cfg.vocab_size)
-    elif isinstance(calib, (str, os.PathLike)):
-        sequences = load_token_ids(calib, cfg.vocab_size)
-    else:
-        sequences = list(calib)
+    sequences, source = _calibration_ids(src, cfg, calib, calib_text, calib_seq_len, calib_tokens)
+    settings = _Settings(format, tuple(exclude), input_scale, float(percentile), keep_float, source)
     # Written into a hidden folder beside dst and renamed at the end: a failure leaves nothing behind.
     dst.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
     try:
         report = _quantize_into(
-            staging, src, config, cfg, shards, sequences, format, exclude, target, max_shard_bytes, progress
+            staging, src, config, cfg, shards, sequences, settings, target, max_shard_bytes, progress
         )
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -102,6 +147,44 @@ def quantize_checkpoint(
     return report
 
 
+def _calibration_ids(
+    src: Path,
+    cfg: LlamaConfig,
+    calib: str | os.PathLike[str] | Sequence[torch.Tensor] | Sequence[str] | None,
+    calib_text: str | os.PathLike[str] | None,
+    seq_len: int,
+    tokens: int,
+) -> tuple[list[torch.Tensor], str]:
+    """The calibration sequences and a one-line description of where they came from."""
+    if calib is not None and calib_text is not None:
+        raise Fp8InputError("give calibration data once: token ids (--calib) or text (--calib-text), not both")
+    texts: list[str] | None = None
+    if calib_text is not None:
+        texts, source = read_text(calib_text), f"text {calib_text}"
+    elif isinstance(calib, (list, tuple)) and calib and all(isinstance(t, str) for t in calib):
+        texts, source = list(calib), f"text ({len(calib)} str)"
+    if texts is not None:
+        from fp8route.models.tokenizer import load_tokenizer
+
+        try:
+            tokenizer = load_tokenizer(src)
+        except Fp8InputError as e:
+            raise Fp8InputError(f"calibrating on text needs the source's tokenizer: {e}") from None
+        sequences = text_token_ids(texts, tokenizer, seq_len, tokens)
+        bad = max(int(s.max()) for s in sequences)
+        if bad >= cfg.vocab_size:
+            raise Fp8InputError(f"{src}: the tokenizer gives id {bad}, outside the model's vocabulary {cfg.vocab_size}")
+        return sequences, source
+    if calib is None:
+        return generated_token_ids(cfg.vocab_size), "generated"
+    if isinstance(calib, (str, os.PathLike)):
+        return load_token_ids(calib, cfg.vocab_size), f"token ids {calib}"
+    sequences = list(calib)
+    if not sequences or not all(isinstance(s, torch.Tensor) for s in sequences):
+        raise Fp8InputError("calib must be a token-id file, token-id tensors or a list of str texts")
+    return sequences, f"token ids ({len(sequences)} tensors)"
+
+
 def _quantize_into(
     folder: Path,
     src: Path,
@@ -109,45 +192,99 @@ def _quantize_into(
     cfg: LlamaConfig,
     shards: ShardSet,
     sequences: list[torch.Tensor],
-    format: str,
-    exclude: Sequence[str],
+    settings: _Settings,
     target: torch.device,
     max_shard_bytes: int,
     progress: Progress | None,
 ) -> QuantizeReport:
-    report = QuantizeReport(folder, format, calibration_tokens=sum(int(s.numel()) for s in sequences))
-    matcher = QuantScheme(format, "--exclude", tuple(exclude))
+    tokens = sum(int(s.numel()) for s in sequences)
+    report = QuantizeReport(folder, settings.format, calibration_tokens=tokens)
+    matcher = QuantScheme(settings.format, "--exclude", settings.exclude)
     writer = ShardWriter(folder, max_shard_bytes)
     quantizer = _Quantizer(shards, matcher, writer, report, target)
 
+    def make() -> InputObserver:
+        return InputObserver(settings.estimator, settings.percentile, tokens)
+
+    def wanted(module: str) -> bool:
+        return not matcher.excludes(module)
+
     embed = quantizer.load(["model.embed_tokens.weight"])["model.embed_tokens.weight"]
     hidden = [embed[s.to(target)].float()[None] for s in sequences]
-    quantizer.write_plain({"model.embed_tokens.weight": embed})
+    del embed
     total = cfg.num_hidden_layers + 1
     for i in range(cfg.num_hidden_layers):
         prefix = f"model.layers.{i}"
-        tensors = quantizer.load([n for n in shards.tensors if n.startswith(prefix + ".")])
+        tensors = quantizer.load(_layer_names(shards, prefix))
         layer = DecoderLayer(cfg, Parts({}, tensors), prefix)
-        amax = _observe(layer, prefix)
+        observers = observe(layer, prefix, make, wanted)
+        quantizer.linears.update(f"{prefix}.{n}" for n, m in layer.named_modules() if isinstance(m, FloatLinear))
         with torch.no_grad():
             hidden = [layer(h, *rope_tables(cfg, torch.arange(h.shape[1], device=target))) for h in hidden]
-        quantizer.write_layer(tensors, amax)
-        del layer, tensors
+        report.choices.update((name, o.choose(tensors[f"{name}.weight"])) for name, o in observers.items())
+        del layer, tensors, observers
         if progress:
             progress(i + 1, total, f"layer {i + 1}/{cfg.num_hidden_layers}")
-    rest = quantizer.load([n for n in shards.tensors if n not in quantizer.written])
-    amax = {}
-    if "lm_head.weight" in rest:
+    if "lm_head.weight" in shards.tensors:
+        quantizer.linears.add("lm_head")
+    if "lm_head.weight" in shards.tensors and wanted("lm_head"):
+        rest = quantizer.load(["model.norm.weight", "lm_head.weight"])
+        observer = make()
         norm = RMSNorm(rest["model.norm.weight"], cfg.rms_norm_eps)
-        amax["lm_head"] = max(norm(h).abs().max().item() for h in hidden)
-    quantizer.write_layer(rest, amax)
+        for h in hidden:
+            observer.update(norm(h))
+        report.choices["lm_head"] = observer.choose(rest["lm_head.weight"])
+    del hidden
+    if settings.keep_float > len(report.choices):
+        raise Fp8InputError(f"keep_float={settings.keep_float} but only {len(report.choices)} linears are quantized")
+    ranked = sorted(report.choices, key=lambda n: report.choices[n].rel_error, reverse=True)
+    report.kept_float = ranked[: settings.keep_float]
+
+    quantizer.write_plain(quantizer.load(["model.embed_tokens.weight"]))
+    for i in range(cfg.num_hidden_layers):
+        quantizer.write_layer(quantizer.load(_layer_names(shards, f"model.layers.{i}")))
+    quantizer.write_layer(quantizer.load([n for n in shards.tensors if n not in quantizer.written]))
     if "lm_head.weight" not in shards.tensors and "lm_head" not in report.excluded:
         report.excluded.append("lm_head")  # tied to the embedding: engines must not quantize it
     report.shards = writer.close()
-    _write_configs(src, folder, config, format, report.excluded)
+    report.record = _record(report, settings, len(sequences))
+    _write_configs(src, folder, config, settings.format, report.excluded, report.record)
     if progress:
         progress(total, total, "written")
     return report
+
+
+def _layer_names(shards: ShardSet, prefix: str) -> list[str]:
+    return [n for n in shards.tensors if n.startswith(prefix + ".")]
+
+
+def _record(report: QuantizeReport, settings: _Settings, sequences: int) -> dict[str, Any]:
+    """The calibration record written into config.json: enough to redo or judge the checkpoint."""
+    calibration: dict[str, Any] = {
+        "estimator": settings.estimator,
+        "percentile": settings.percentile if settings.estimator == "percentile" else None,
+        "tokens": report.calibration_tokens,
+        "sequences": sequences,
+        "source": settings.source,
+    }
+    if settings.estimator == "mse":
+        calibration["mse_candidates"] = list(estimators.MSE_CANDIDATES)
+    quantized = [report.choices[n] for n in report.quantized]
+    clipped = sum(1 for c in quantized if c.clip_fraction < 1.0)
+    calibration["clipped_linears"] = clipped  # linears whose input scale is below amax/448
+    errors = sorted((c.rel_error for c in quantized), reverse=True)
+    sensitivity: dict[str, Any] = {
+        "measure": SENSITIVITY_MEASURE,
+        "largest_quantized": errors[0] if errors else None,
+        "median_quantized": errors[len(errors) // 2] if errors else None,
+        "kept": {n: report.choices[n].rel_error for n in report.kept_float},
+    }
+    return {
+        "version": __version__,
+        "calibration": calibration,
+        "kept_float": list(report.kept_float),
+        "sensitivity": sensitivity,
+    }
 
 
 class _Quantizer:
@@ -156,6 +293,7 @@ class _Quantizer:
     ) -> None:
         self.shards, self.matcher, self.writer, self.report, self.device = shards, matcher, writer, report, device
         self.written: set[str] = set()
+        self.linears: set[str] = set()  # every linear's module name, quantized or not
 
     def load(self, names: list[str]) -> dict[str, torch.Tensor]:
         wanted = set(names)
@@ -171,23 +309,25 @@ class _Quantizer:
             self.writer.add(name, t)
             self.written.add(name)
 
-    def write_layer(self, tensors: dict[str, torch.Tensor], amax: dict[str, float]) -> None:
-        """Quantize the observed linears that are not excluded; write everything else as it is."""
+    def write_layer(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Quantize the calibrated linears not kept in float; write everything else as it is,
+        listing the linears left in float as excluded."""
         for name in sorted(tensors):
             module, _, leaf = name.rpartition(".")
             t = tensors[name]
-            if leaf == "weight" and module in amax and t.dim() == 2:
-                if self.matcher.excludes(module):
+            if leaf == "weight" and module in self.linears and t.dim() == 2:
+                choice = self.report.choices.get(module)
+                if choice is None or module in self.report.kept_float:
                     self.report.excluded.append(module)
                 else:
-                    self._write_fp8(module, t, amax[module])
+                    self._write_fp8(module, t, choice)
                     continue
             self.writer.add(name, t)
             self.written.add(name)
 
-    def _write_fp8(self, module: str, weight: torch.Tensor, amax: float) -> None:
+    def _write_fp8(self, module: str, weight: torch.Tensor, choice: ScaleChoice) -> None:
         qweight, scale = quantize_per_tensor(weight.float())
-        input_scale = torch.tensor(max(amax, _MIN_AMAX) / FP8_MAX, dtype=torch.float32)
+        input_scale = torch.tensor(choice.scale, dtype=torch.float32)
         # ModelOpt writes scalar scales as shape [], compressed-tensors as [1].
         shape = (1,) if self.report.format == compressed_tensors.FORMAT else ()
         self.writer.add(f"{module}.weight", qweight)
@@ -195,24 +335,7 @@ class _Quantizer:
         self.writer.add(f"{module}.input_scale", input_scale.reshape(shape))
         self.written.add(f"{module}.weight")
         self.report.quantized.append(module)
-        self.report.input_amax[module] = amax
-
-
-def _observe(layer: nn.Module, prefix: str) -> dict[str, float]:
-    """amax of each linear's input, updated by forward pre-hooks as calibration runs (the hooks
-    stay for the layer's lifetime, which ends with its calibration)."""
-    amax: dict[str, float] = {}
-
-    def hook(name: str) -> Callable[[nn.Module, tuple[torch.Tensor, ...]], None]:
-        def record(_: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
-            amax[name] = max(amax.get(name, 0.0), args[0].detach().abs().max().item())
-
-        return record
-
-    for name, module in layer.named_modules():
-        if isinstance(module, FloatLinear):
-            module.register_forward_pre_hook(hook(f"{prefix}.{name}"))
-    return amax
+        self.report.input_amax[module] = choice.amax
 
 
 def _check_destination(dst: Path, src: Path) -> None:
@@ -224,7 +347,9 @@ def _check_destination(dst: Path, src: Path) -> None:
         raise Fp8InputError(f"destination {dst} exists and is not empty; choose a new or empty folder")
 
 
-def _write_configs(src: Path, dst: Path, config: dict[str, Any], format: str, excluded: list[str]) -> None:
+def _write_configs(
+    src: Path, dst: Path, config: dict[str, Any], format: str, excluded: list[str], record: dict[str, Any]
+) -> None:
     names = sorted(set(excluded))
     producer = {"name": "fp8route", "version": __version__}
     if format == modelopt.FORMAT:
@@ -232,6 +357,7 @@ def _write_configs(src: Path, dst: Path, config: dict[str, Any], format: str, ex
         (dst / modelopt.HF_QUANT_CONFIG).write_text(json.dumps(hf_quant, indent=2) + "\n")
     else:
         qc = compressed_tensors.quantization_config(names)
+    qc[RECORD] = record  # not a key either format defines: their readers (and ours) ignore it
     (dst / CONFIG).write_text(json.dumps({**config, "quantization_config": qc}, indent=2) + "\n")
     for path in src.iterdir():
         skip = path.name in (CONFIG, INDEX, modelopt.HF_QUANT_CONFIG) or path.name.endswith(_NOT_COPIED)

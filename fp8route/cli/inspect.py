@@ -10,6 +10,8 @@ import torch
 from fp8route.backends import BACKENDS
 from fp8route.backends.problem import DeviceInfo, GemmProblem
 from fp8route.checkpoint.load import Checkpoint, load_checkpoint
+from fp8route.checkpoint.quantize import RECORD
+from fp8route.cli.quantize import calibration_line
 from fp8route.linear.explain import plan_groups
 from fp8route.linear.layer import Fp8Linear
 
@@ -41,6 +43,7 @@ def report(ckpt: Checkpoint) -> str:
         + (f" ({_names(ckpt.excluded)})" if ckpt.excluded else "")
         + f"; config exclusions: {_names(ckpt.scheme.exclude) or 'none'}",
         f"other tensors: {len(ckpt.tensors)}",
+        _calibration(ckpt),
         "",
         _stats("weight_scale", {n: layer.weight_scale.item() for n, layer in linears.items()}),
         _stats(
@@ -63,6 +66,15 @@ def report(ckpt: Checkpoint) -> str:
         plan_groups(linears.items()),
     ]
     return "\n".join(lines)
+
+
+def _calibration(ckpt: Checkpoint) -> str:
+    """The calibration record fp8route quantize writes, or a line saying there is none."""
+    qc = ckpt.config.get("quantization_config") or {}
+    record = qc.get(RECORD) if isinstance(qc, dict) else None
+    if not isinstance(record, dict):
+        return "calibration: not recorded (not made by fp8route quantize)"
+    return calibration_line(record)
 
 
 def gate_failures(layers: Sequence[Fp8Linear]) -> list[str]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
+from fp8route.checkpoint.estimators import DEFAULT_PERCENTILE, ESTIMATORS
 from fp8route.checkpoint.formats import FORMATS
 from fp8route.checkpoint.quantize import quantize_checkpoint
 from fp8route.progress import TextProgress
@@ -22,14 +24,37 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         max_shard_bytes=int(args.max_shard_gb * 2**30),
         progress=None if args.quiet else TextProgress("quantize"),
+        calib_text=args.calib_text,
+        calib_seq_len=args.calib_seq_len,
+        calib_tokens=args.calib_tokens,
+        input_scale=args.input_scale,
+        percentile=args.percentile,
+        keep_float=args.keep_float,
     )
-    calib = args.calib or "generated token ids"
     print(
         f"wrote {result.dst} ({result.format}): {len(result.quantized)} FP8 linears, "
         f"{len(result.excluded)} excluded ({', '.join(result.excluded) or 'none'}), {len(result.shards)} shard(s), "
-        f"calibrated on {result.calibration_tokens} tokens of {calib}, {result.seconds:.1f}s"
+        f"{result.seconds:.1f}s"
     )
+    print(calibration_line(result.record))
     return 0
+
+
+def calibration_line(record: dict[str, Any]) -> str:
+    """One line from a checkpoint's calibration record (quantization_config.fp8route)."""
+    cal = record.get("calibration", {})
+    estimator = cal.get("estimator", "?")
+    if estimator == "percentile":
+        estimator += f" {cal.get('percentile')}"
+    kept = record.get("kept_float") or []
+    line = (
+        f"calibration: input scales by {estimator} on {cal.get('tokens')} tokens of {cal.get('source')}, "
+        f"{cal.get('clipped_linears', 0)} linear(s) clipped below amax/448; kept in float: {len(kept)}"
+    )
+    if kept:
+        errors = record.get("sensitivity", {}).get("kept", {})
+        line += " (" + ", ".join(f"{n} {errors[n]:.2e}" if n in errors else n for n in kept) + ")"
+    return line
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -39,8 +64,39 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("src", help="bf16/fp16 Hugging Face checkpoint folder (Llama-family)")
     parser.add_argument("dst", help="new folder to write")
     parser.add_argument("--format", choices=FORMATS, required=True)
-    parser.add_argument(
+    calib = parser.add_mutually_exclusive_group()
+    calib.add_argument(
         "--calib", help="token ids to calibrate input scales on (.json, .txt or .safetensors); default: generated ones"
+    )
+    calib.add_argument(
+        "--calib-text",
+        metavar="FILE",
+        help="UTF-8 text to calibrate on, tokenized with SRC's tokenizer.json (documents separated by blank lines)",
+    )
+    parser.add_argument(
+        "--calib-seq-len", type=int, default=512, help="longest calibration sequence, in tokens (--calib-text)"
+    )
+    parser.add_argument(
+        "--calib-tokens", type=int, default=16384, help="calibration tokens in all, at most (--calib-text)"
+    )
+    parser.add_argument(
+        "--input-scale",
+        choices=ESTIMATORS,
+        default="max",
+        help="input scale estimator: max (amax/448), percentile (of |x|) or mse (least output error)",
+    )
+    parser.add_argument(
+        "--percentile",
+        type=float,
+        default=DEFAULT_PERCENTILE,
+        help=f"percentile of |x| for --input-scale percentile, in [90, 100] (default {DEFAULT_PERCENTILE})",
+    )
+    parser.add_argument(
+        "--keep-float",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep the N linears with the largest FP8 output error in bf16 (written unquantized, listed as excluded)",
     )
     parser.add_argument(
         "--exclude",
