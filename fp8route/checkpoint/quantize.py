@@ -179,8 +179,8 @@ def _calibration_ids(
         return generated_token_ids(cfg.vocab_size), "generated"
     if isinstance(calib, (str, os.PathLike)):
         return load_token_ids(calib, cfg.vocab_size), f"token ids {calib}"
-    sequences = list(calib)
-    if not sequences or not all(isinstance(s, torch.Tensor) for s in sequences):
+    sequences = [s for s in calib if isinstance(s, torch.Tensor)]
+    if not sequences or len(sequences) != len(calib):
         raise Fp8InputError("calib must be a token-id file, token-id tensors or a list of str texts")
     return sequences, f"token ids ({len(sequences)} tensors)"
 
