@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import tempfile
 from pathlib import Path
@@ -13,8 +14,10 @@ from fp8route.backends import BACKENDS
 from fp8route.checkpoint.random import write_random
 from fp8route.cli.sweep_args import command_line, cuda_device, int_list
 from fp8route.errors import Fp8InputError
-from fp8route.models.e2e_bench import as_json, bench_arm, plot, table
+from fp8route.models.collectives import METHODS
+from fp8route.models.e2e_bench import as_json, bench_arm, plot, table, tp_summary
 from fp8route.models.shapes import MODELS
+from fp8route.models.spawn import run_ranks
 from fp8route.routing.fingerprint import Fingerprint
 from fp8route.tuning.timing import copy_bandwidth_gbs
 
@@ -34,6 +37,12 @@ def run(args: argparse.Namespace) -> int:
     if args.path is not None and "bf16" in arms:
         raise Fp8InputError("the bf16 arm needs the same weights unquantized: use --random, or leave bf16 out")
     batches, inputs = int_list(args.batch, "--batch"), int_list(args.input, "--input")
+    sizes = int_list(args.tp, "--tp")
+    methods = [m.strip() for m in args.all_reduce.split(",") if m.strip()]
+    if any(m not in METHODS for m in methods):
+        raise Fp8InputError(f"--all-reduce: one or more of {', '.join(METHODS)}, got {args.all_reduce!r}")
+    if max(sizes) > torch.cuda.device_count():
+        raise Fp8InputError(f"--tp {max(sizes)} needs that many GPUs; {torch.cuda.device_count()} are visible")
     if args.output < 2:
         raise Fp8InputError(f"--output must be at least 2 (a decode step is timed), got {args.output}")
     fingerprint = Fingerprint.of(device)
@@ -51,11 +60,20 @@ def run(args: argparse.Namespace) -> int:
             print(f"random checkpoints of {args.random} written to {tmp}")
         else:
             folders["fp8"] = Path(args.path)
-        for arm in arms:
-            folder = folders["bf16"] if arm == "bf16" else folders["fp8"]
-            rows += bench_arm(arm, folder, batches, inputs, args.output, copy_gbs)
-            print(table([r for r in rows if r.arm == arm]).split("\n", 1)[1], flush=True)
+        for tp in sizes:
+            for arm in arms:
+                folder = folders["bf16"] if arm == "bf16" else folders["fp8"]
+                for method in methods if tp > 1 else ["auto"]:
+                    run_args = (arm, folder, batches, inputs, args.output, copy_gbs)
+                    if tp == 1:
+                        new = bench_arm(*run_args)
+                    else:
+                        new = run_ranks(tp, functools.partial(bench_arm, tp=tp, all_reduce=method), *run_args)
+                    rows += new
+                    print(table(new).split("\n", 1)[1], flush=True)
     print("\n" + table(rows))
+    if len(sizes) > 1:
+        print("\n" + tp_summary(rows))
     out = Path(args.out).expanduser() if args.out else Path("bench-results") / fingerprint.slug
     out.mkdir(parents=True, exist_ok=True)
     doc = {
@@ -83,6 +101,10 @@ def register(kinds: argparse._SubParsersAction) -> None:
     e2e.add_argument("--input", default="1024,4096", help="prompt tokens per row")
     e2e.add_argument("--output", type=int, default=128, help="new tokens per row")
     e2e.add_argument("--policy", default="routed,cublas,rowwise,bf16", help=f"arms: {', '.join(ARMS)}")
+    e2e.add_argument("--tp", default="1", help="tensor parallel sizes to run side by side, e.g. 1,2 (one GPU a rank)")
+    e2e.add_argument(
+        "--all-reduce", default="auto", help=f"with --tp > 1: {', '.join(METHODS)}, or several to compare (auto,nccl)"
+    )
     e2e.add_argument("--tmp", help="where the random checkpoints are written (default: the system's temp)")
     e2e.add_argument("--out", help="directory for the JSON (default: ./bench-results/<device>/)")
     e2e.set_defaults(run=run)

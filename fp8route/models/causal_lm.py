@@ -67,6 +67,7 @@ class CausalLM(LlamaForCausalLM):
         self.use_cuda_graphs = use_cuda_graphs
         self.use_triton: bool | None = None  # decode attention: None = Triton on CUDA when it imports
         self._graphs: DecodeGraphs | None = None
+        self.parallel: str | None = None  # how this rank shares the model, when it is sharded
 
     @property
     def device(self) -> torch.device:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import hashlib
 import os
 import statistics
 import time
@@ -18,10 +19,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.policy import Policy
 from fp8route.models.load import load_model
+from fp8route.models.parallel import init_from_env
 
 FORCE_ENV = "FP8ROUTE_FORCE"
 
@@ -38,6 +41,16 @@ class E2ERow:
     weight_gb: float  # bytes read per decode step: the linears, lm_head and the embedding rows
     achieved_gbs: float
     floor_fraction: float  # (weight bytes / copy bandwidth) / step time
+    tp: int = 1  # ranks the model is sharded over; times and bytes are rank 0's
+    model_gb: float = 0.0  # GPU memory allocated once loaded: weights, KV cache, RoPE tables
+    peak_gb: float = 0.0  # the most allocated at any point of the arm
+    tokens_digest: str = ""  # of the greedy tokens generated: equal digests, equal tokens
+    ranks_agree: bool | None = None  # every rank generated the same tokens (None: one rank)
+    all_reduce: str = ""  # how row-parallel outputs were summed (tp > 1)
+
+    @property
+    def label(self) -> str:
+        return self.arm if self.tp == 1 else f"{self.arm} tp{self.tp} {self.all_reduce}"
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -72,23 +85,30 @@ def bench_arm(
     copy_gbs: float,
     *,
     repeats: int = 3,
+    tp: int = 1,
+    all_reduce: str = "auto",
 ) -> list[E2ERow]:
-    """One arm's rows; the FP8ROUTE_FORCE it needs is set for its load only."""
+    """One arm's rows; the FP8ROUTE_FORCE it needs is set for its load only. With tp > 1 this runs
+    in every rank (fp8route.models.spawn.run_ranks), load_model joining the group."""
     forced = arm not in ("routed", "bf16")
     saved = os.environ.get(FORCE_ENV)
     if forced:
         os.environ[FORCE_ENV] = arm
     else:
         os.environ.pop(FORCE_ENV, None)
+    device = init_from_env("cuda") or torch.device("cuda")  # under run_ranks: this rank's GPU, set current
+    torch.cuda.reset_peak_memory_stats(device)
     try:
         model = load_model(
-            folder, "cuda", max_batch_size=max(batches), max_seq_len=max(inputs) + output, policy=Policy.from_env()
-        )
+            folder, device, max_batch_size=max(batches), max_seq_len=max(inputs) + output, policy=Policy.from_env(),
+            all_reduce=all_reduce,
+        )  # fmt: skip
     finally:
         if saved is None:
             os.environ.pop(FORCE_ENV, None)
         else:
             os.environ[FORCE_ENV] = saved
+    model_gb = torch.cuda.memory_allocated() / 1e9
     nbytes = weight_bytes(model)
     gen = torch.Generator(device="cuda").manual_seed(0)
     vocab = model.cfg.vocab_size
@@ -102,6 +122,8 @@ def bench_arm(
             lengths = torch.full((batch,), tokens, device="cuda", dtype=torch.int64)
             ttft = _timed(functools.partial(model.prefill, ids, lengths), repeats)
             full = _timed(functools.partial(model.generate, ids, output), repeats)
+            generated = model.generate(ids, output)
+            assert isinstance(generated, torch.Tensor)
             one = _timed(functools.partial(model.generate, ids, 1), repeats)
             step = (full - one) / (output - 1)
             floor = nbytes / (copy_gbs * 1e9)
@@ -117,6 +139,12 @@ def bench_arm(
                     nbytes / 1e9,
                     nbytes / step / 1e9,
                     floor / step,
+                    tp,
+                    model_gb,
+                    torch.cuda.max_memory_allocated() / 1e9,
+                    hashlib.sha1(generated.cpu().numpy().tobytes()).hexdigest()[:12],
+                    _ranks_agree(generated) if tp > 1 else None,
+                    (model.parallel or "").partition("all-reduce ")[2].split(" ")[0],
                 )  # fmt: skip
             )
     del model
@@ -125,20 +153,26 @@ def bench_arm(
     return rows
 
 
+def _ranks_agree(tokens: torch.Tensor) -> bool:
+    gathered = [torch.empty_like(tokens) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, tokens)
+    return all(torch.equal(g, tokens) for g in gathered)
+
+
 def as_json(rows: Sequence[E2ERow]) -> list[dict[str, object]]:
     return [{k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(r).items()} for r in rows]
 
 
 def table(rows: Sequence[E2ERow]) -> str:
     head = (
-        f"{'arm':<10}{'batch':>6}{'input':>7}{'TTFT ms':>10}{'prefill tok/s':>15}{'step ms':>9}{'tok/s':>9}"
-        f"{'% floor':>9}"
+        f"{'arm':<22}{'batch':>6}{'input':>7}{'TTFT ms':>10}{'prefill tok/s':>15}{'step ms':>9}{'tok/s':>9}"
+        f"{'% floor':>9}{'GB':>7}"
     )
     lines = [head]
     for r in rows:
         lines.append(
-            f"{r.arm:<10}{r.batch:>6}{r.input_tokens:>7}{r.ttft_ms:>10.1f}{r.prefill_tok_s:>15.0f}"
-            f"{r.decode_step_ms:>9.3f}{r.decode_tok_s:>9.1f}{100 * r.floor_fraction:>8.0f}%"
+            f"{r.label:<22}{r.batch:>6}{r.input_tokens:>7}{r.ttft_ms:>10.1f}{r.prefill_tok_s:>15.0f}"
+            f"{r.decode_step_ms:>9.3f}{r.decode_tok_s:>9.1f}{100 * r.floor_fraction:>8.0f}%{r.peak_gb:>7.1f}"
         )
     return "\n".join(lines)
 
@@ -150,9 +184,9 @@ def plot(rows: Sequence[E2ERow], path: Path, title: str) -> Path | None:
     plt = pyplot()
     if plt is None or not rows:
         return None
-    arms = list(dict.fromkeys(r.arm for r in rows))
+    arms = list(dict.fromkeys(r.label for r in rows))
     points = list(dict.fromkeys((r.batch, r.input_tokens) for r in rows))
-    by = {(r.arm, r.batch, r.input_tokens): r for r in rows}
+    by = {(r.label, r.batch, r.input_tokens): r for r in rows}
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     width = 0.8 / len(arms)
     for i, arm in enumerate(arms):
@@ -167,3 +201,21 @@ def plot(rows: Sequence[E2ERow], path: Path, title: str) -> Path | None:
     axes[0].legend(fontsize=8)
     fig.suptitle(title)
     return save(fig, plt, path)
+
+
+def tp_summary(rows: Sequence[E2ERow]) -> str:
+    """Each sharded row against the one-rank row of the same arm and shape: decode speed-up, TTFT
+    speed-up, memory ratio, and whether the tokens match."""
+    single = {(r.arm, r.batch, r.input_tokens): r for r in rows if r.tp == 1}
+    lines = [f"{'':<22}{'batch':>6}{'input':>7}{'decode x':>10}{'TTFT x':>8}{'mem x':>7}  tokens"]
+    for r in rows:
+        base = single.get((r.arm, r.batch, r.input_tokens))
+        if r.tp == 1 or base is None:
+            continue
+        same = "= tp1" if r.tokens_digest == base.tokens_digest else "differ from tp1"
+        ranks = "ranks agree" if r.ranks_agree else "RANKS DISAGREE"
+        lines.append(
+            f"{r.label:<22}{r.batch:>6}{r.input_tokens:>7}{r.decode_tok_s / base.decode_tok_s:>10.2f}"
+            f"{base.ttft_ms / r.ttft_ms:>8.2f}{r.peak_gb / base.peak_gb:>7.2f}  {ranks}, {same}"
+        )
+    return "\n".join(lines)

@@ -20,8 +20,9 @@ from fp8route.checkpoint.shards import ShardSet
 from fp8route.errors import CheckpointError, Fp8InputError
 from fp8route.linear.policy import Policy
 from fp8route.models.causal_lm import CausalLM
+from fp8route.models.collectives import ONE_SHOT_BYTES, AllReduce
 from fp8route.models.llama import LlamaConfig
-from fp8route.models.parallel import Shard, check_divisible, init_from_env, local_config, shard_layers
+from fp8route.models.parallel import RowParallel, Shard, check_divisible, init_from_env, local_config, shard_layers
 from fp8route.quant import FLOAT_DTYPES
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -58,12 +59,16 @@ def load_model(
     max_seq_len: int = 8192,
     policy: Policy | None = None,
     use_cuda_graphs: bool = True,
+    all_reduce: str = "auto",
 ) -> CausalLM:
     """A Llama-family model (Llama, Mistral, Qwen2, Qwen3) from a checkpoint folder, with a KV cache
     for max_batch_size rows of max_seq_len positions (capped at the config's max_position_embeddings).
 
     device defaults to CUDA when available. FP8 linears stay FP8 (planned by policy); every
-    float tensor (embeddings, norms, unquantized linears, the KV cache) is kept in dtype."""
+    float tensor (embeddings, norms, unquantized linears, the KV cache) is kept in dtype.
+
+    Under torch.distributed (or torchrun) the model is sharded over the default group;
+    all_reduce picks how row-parallel outputs are summed (fp8route.models.collectives.METHODS)."""
     if dtype not in FLOAT_DTYPES:
         raise Fp8InputError(f"load_model: dtype must be bfloat16, float16 or float32, got {dtype}")
     folder = Path(path)
@@ -82,10 +87,15 @@ def load_model(
         tensors = {n: t.to(dtype) if t.is_floating_point() else t for n, t in checkpoint.tensors.items()}
     else:
         linears, tensors = {}, read_plain(folder, target, dtype)
+    reduce = None
     if shard is not None:
         linears, tensors = shard_layers(cfg, linears, tensors, shard)
         cfg = local_config(cfg, shard.size)
-    return CausalLM(
+        reduce = AllReduce(target, dtype, ONE_SHOT_BYTES, all_reduce, strict=policy is not None and policy.strict)
+        for module in linears.values():
+            if isinstance(module, RowParallel):
+                module.reduce = reduce
+    model = CausalLM(
         cfg,
         linears,
         tensors,
@@ -95,3 +105,6 @@ def load_model(
         device=target,
         use_cuda_graphs=use_cuda_graphs,
     )
+    if shard is not None and reduce is not None:
+        model.parallel = f"tensor parallel rank {shard.rank} of {shard.size}; all-reduce {reduce.describe()}"
+    return model

@@ -5,14 +5,15 @@ and down row-parallel followed by an all-reduce; embedding, norms and lm_head re
 
 Sharding happens after the checkpoint is read and before the model is built, so every rank plans
 its layers for its own local shapes (by the routing table, which `fp8route tune --tp N` fills);
-per-tensor scales are shared by every slice. The all-reduces are plain torch.distributed calls, so
-a decode step captured in a CUDA graph captures them too (NCCL on GPUs; gloo on CPUs, eager only).
+per-tensor scales are shared by every slice. The all-reduces are torch.distributed collectives, so
+a decode step captured in a CUDA graph captures them too (fp8route.models.collectives picks a one-shot
+peer-memory all-reduce or NCCL on GPUs; gloo on CPUs, eager only).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import torch
@@ -21,6 +22,7 @@ from torch import nn
 
 from fp8route.errors import Fp8InputError
 from fp8route.linear.layer import Fp8Linear
+from fp8route.models.collectives import keep_multicast_off
 from fp8route.models.llama import FloatLinear, LlamaConfig
 
 
@@ -47,6 +49,7 @@ def init_from_env(device: torch.device | str | None) -> torch.device | None:
         local = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(local)
     if not dist.is_initialized():
+        keep_multicast_off()
         dist.init_process_group("nccl" if cuda else "gloo")
     return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
@@ -77,17 +80,22 @@ def local_config(cfg: LlamaConfig, size: int) -> LlamaConfig:
     )
 
 
-class RowParallel(nn.Module):
-    """A row-parallel linear: this rank's partial product, summed over the ranks."""
+def nccl_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    dist.all_reduce(x)
+    return x
 
-    def __init__(self, linear: nn.Module) -> None:
+
+class RowParallel(nn.Module):
+    """A row-parallel linear: this rank's partial product, summed over the ranks by reduce
+    (load_model gives every RowParallel of a model the one AllReduce it picked)."""
+
+    def __init__(self, linear: nn.Module, reduce: Callable[[torch.Tensor], torch.Tensor] = nccl_all_reduce) -> None:
         super().__init__()
         self.linear = linear
+        self.reduce = reduce
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.linear(x)
-        dist.all_reduce(out)
-        return out
+        return self.reduce(self.linear(x))
 
 
 def shard_layers(
