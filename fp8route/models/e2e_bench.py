@@ -66,6 +66,7 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 
 def _timed(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # untimed: a first call at a new size (a NCCL path, a kernel's first launch) pays set-up
     times = []
     for _ in range(repeats):
         torch.cuda.synchronize()
