@@ -76,6 +76,9 @@ _H200: dict[tuple[int, int], tuple[tuple[int, DecodeConfig], ...]] = {
         (32, C(128, 128, 32, 8, 8, 4)),
         (128, C(128, 128, 64, 4, 8, 4)),
     ),
+    (3072, 4096): ((1, C(16, 2048, 1, 1, 8, 1, cuda_core=True)),),  # 8B TP2 qkv
+    (4096, 2048): ((1, C(16, 1024, 1, 1, 8, 1, cuda_core=True)),),  # 8B TP2 o
+    (14336, 4096): ((1, C(16, 512, 1, 1, 4, 1, cuda_core=True)),),  # 8B TP2 gate_up (TP2 down: the rule)
     (1536, 4096): (  # 8B TP4 qkv
         (1, C(16, 2048, 1, 1, 8, 1, cuda_core=True)),
         (2, C(8, 512, 2, 8, 1, 3, cuda_core=True)),
