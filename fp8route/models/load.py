@@ -16,12 +16,12 @@ from torch import nn
 from fp8route.backends.problem import default_device
 from fp8route.checkpoint.formats import CONFIG, modelopt, read_json
 from fp8route.checkpoint.load import load_checkpoint
-from fp8route.checkpoint.shards import ShardSet
+from fp8route.checkpoint.shards import ShardSet, Slices
 from fp8route.errors import CheckpointError, Fp8InputError
 from fp8route.linear.policy import Policy
 from fp8route.models.causal_lm import CausalLM
 from fp8route.models.llama import LlamaConfig
-from fp8route.models.parallel import Shard, check_divisible, init_from_env, local_config, shard_layers
+from fp8route.models.parallel import Shard, Slicer, init_from_env, local_config, wrap_layers
 from fp8route.quant import FLOAT_DTYPES
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -32,13 +32,15 @@ def is_quantized(folder: Path, config: dict[str, object]) -> bool:
     return "quantization_config" in config or (folder / modelopt.HF_QUANT_CONFIG).is_file()
 
 
-def read_plain(folder: Path, device: torch.device, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+def read_plain(
+    folder: Path, device: torch.device, dtype: torch.dtype | None, slices: Slices | None = None
+) -> dict[str, torch.Tensor]:
     """Every tensor of an unquantized checkpoint on device, floats in dtype (None: as stored), one
-    shard at a time."""
+    shard at a time; only the part slices names of a tensor it has an index for."""
     shards = ShardSet.open(folder)
     tensors: dict[str, torch.Tensor] = {}
     for file, names in shards.by_file().items():
-        for name, tensor in shards.read(file, names):
+        for name, tensor in shards.read(file, names, slices):
             if tensor.dtype in _FP8:
                 raise CheckpointError(
                     f"{name} in {file} is {tensor.dtype} but {folder} has no quantization config "
@@ -63,7 +65,10 @@ def load_model(
     for max_batch_size rows of max_seq_len positions (capped at the config's max_position_embeddings).
 
     device defaults to CUDA when available. FP8 linears stay FP8 (planned by policy); every
-    float tensor (embeddings, norms, unquantized linears, the KV cache) is kept in dtype."""
+    float tensor (embeddings, norms, unquantized linears, the KV cache) is kept in dtype.
+
+    Under torch.distributed (more than one rank) each rank reads its slices of the checkpoint
+    (fp8route.models.parallel)."""
     if dtype not in FLOAT_DTYPES:
         raise Fp8InputError(f"load_model: dtype must be bfloat16, float16 or float32, got {dtype}")
     folder = Path(path)
@@ -74,17 +79,16 @@ def load_model(
         max_seq_len = min(max_seq_len, limit)
     target = init_from_env(device) or default_device(device)
     shard = Shard.current()
-    if shard is not None:
-        check_divisible(cfg, shard.size)
+    slicer = None if shard is None else Slicer.of(cfg, shard)
     if is_quantized(folder, config):
-        checkpoint = load_checkpoint(folder, target, policy=policy)
+        checkpoint = load_checkpoint(folder, target, policy=policy, slices=slicer)
         linears: dict[str, nn.Module] = dict(checkpoint.linears)
         tensors = {n: t.to(dtype) if t.is_floating_point() else t for n, t in checkpoint.tensors.items()}
     else:
-        linears, tensors = {}, read_plain(folder, target, dtype)
-    if shard is not None:
-        linears, tensors = shard_layers(cfg, linears, tensors, shard)
-        cfg = local_config(cfg, shard.size)
+        linears, tensors = {}, read_plain(folder, target, dtype, slicer)
+    if slicer is not None:
+        linears, tensors = wrap_layers(linears, tensors, slicer)
+        cfg = local_config(cfg, slicer.shard.size)
     return CausalLM(
         cfg,
         linears,

@@ -3,10 +3,11 @@ a Llama-family model: q/k/v and gate/up column-parallel (each rank its query hea
 a replica of one when there are fewer KV heads than ranks, its slice of the intermediate size), o
 and down row-parallel followed by an all-reduce; embedding, norms and lm_head replicated.
 
-Sharding happens after the checkpoint is read and before the model is built, so every rank plans
-its layers for its own local shapes (by the routing table, which `fp8route tune --tp N` fills);
-per-tensor scales are shared by every slice. The all-reduces are plain torch.distributed calls, so
-a decode step captured in a CUDA graph captures them too (NCCL on GPUs; gloo on CPUs, eager only).
+A Slicer says which rows or columns each rank owns, and the checkpoint readers read only those
+parts from the safetensors files (per-tensor scales whole, shared by every slice), so every rank
+builds and plans its layers for its own local shapes only (by the routing table, which
+`fp8route tune --tp N` fills). The collectives are plain torch.distributed calls, so a decode step
+captured in a CUDA graph captures them too (NCCL on GPUs; gloo on CPUs, eager only).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from fp8route.checkpoint.shards import Index
 from fp8route.errors import Fp8InputError
 from fp8route.linear.layer import Fp8Linear
 from fp8route.models.llama import FloatLinear, LlamaConfig
@@ -77,6 +79,36 @@ def local_config(cfg: LlamaConfig, size: int) -> LlamaConfig:
     )
 
 
+@dataclass(frozen=True)
+class Slicer:
+    """The one place that says which part of each weight a rank owns, by module leaf name: the rows
+    of the column-parallel layers (weight and bias), the columns of the row-parallel ones (weight;
+    their bias is added by rank 0 alone). get(name) is the index the checkpoint readers read
+    (None: the whole tensor, as for norms, embeddings and every scale)."""
+
+    shard: Shard
+    rows: dict[str, slice]  # q/k/v, gate/up
+    columns: dict[str, slice]  # o, down
+
+    @classmethod
+    def of(cls, cfg: LlamaConfig, shard: Shard) -> Slicer:
+        check_divisible(cfg, shard.size)
+        hd = cfg.head_size
+        q, kv = _block(cfg.num_attention_heads * hd, shard), _kv_block(cfg.num_key_value_heads, hd, shard)
+        inter = _block(cfg.intermediate_size, shard)
+        rows = {"q_proj": q, "k_proj": kv, "v_proj": kv, "gate_proj": inter, "up_proj": inter}
+        return cls(shard, rows, {"o_proj": q, "down_proj": inter})
+
+    def get(self, name: str, /) -> Index | None:
+        owner, _, part = name.rpartition(".")
+        leaf = owner.rpartition(".")[2]
+        if part in ("weight", "bias") and leaf in self.rows:
+            return (self.rows[leaf],)
+        if part == "weight" and leaf in self.columns:
+            return (slice(None), self.columns[leaf])
+        return None
+
+
 class RowParallel(nn.Module):
     """A row-parallel linear: this rank's partial product, summed over the ranks."""
 
@@ -90,46 +122,19 @@ class RowParallel(nn.Module):
         return out
 
 
-def shard_layers(
-    cfg: LlamaConfig, linears: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor], shard: Shard
+def wrap_layers(
+    linears: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor], slicer: Slicer
 ) -> tuple[dict[str, nn.Module], dict[str, torch.Tensor]]:
-    """This rank's linears and tensors: every projection sliced, o/down wrapped in RowParallel."""
-    check_divisible(cfg, shard.size)
-    hd, heads, kv = cfg.head_size, cfg.num_attention_heads, cfg.num_key_value_heads
-    q_rows = _block(heads * hd, shard)
-    kv_rows = _kv_block(kv, hd, shard)
-    inter_rows = _block(cfg.intermediate_size, shard)
-    rows = {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows, "gate_proj": inter_rows, "up_proj": inter_rows}
-    fused = {
-        "qkv_proj": [(0, q_rows), (heads * hd, kv_rows), ((heads + kv) * hd, kv_rows)],
-        "gate_up_proj": [(0, inter_rows), (cfg.intermediate_size, inter_rows)],
-    }
-    columns = {"o_proj": q_rows, "down_proj": inter_rows}
-    out_linears: dict[str, nn.Module] = {}
-    for name, module in linears.items():
-        leaf = name.rpartition(".")[2]
-        if leaf in fused:
-            out_linears[name] = _rows(module, [slice(o + r.start, o + r.stop) for o, r in fused[leaf]], shard)
-        elif leaf in rows:
-            out_linears[name] = _rows(module, [rows[leaf]], shard)
-        elif leaf in columns:
-            out_linears[name] = RowParallel(_columns(module, columns[leaf], shard))
-        else:
-            out_linears[name] = module  # lm_head and anything else: replicated
-    out_tensors = dict(tensors)
-    for name, tensor in tensors.items():
+    """The modules a rank runs around the slices it read: o/down in RowParallel; the rest as they are."""
+    out_linears, out_tensors = dict(linears), dict(tensors)
+    for name in tensors:
         owner, _, part = name.rpartition(".")
         leaf = owner.rpartition(".")[2]
-        if part not in ("weight", "bias") or owner in linears:
-            continue
-        if leaf in rows:
-            out_tensors[name] = tensor[rows[leaf]].contiguous()
-        elif leaf in columns and part == "weight":
-            del out_tensors[name]
-            bias = tensors.get(f"{owner}.bias")
-            float_linear = FloatLinear(tensor[:, columns[leaf]].contiguous(), bias if shard.rank == 0 else None)
-            out_tensors.pop(f"{owner}.bias", None)
-            out_linears[owner] = RowParallel(float_linear)
+        if part == "weight" and leaf in slicer.columns and owner not in linears:
+            out_linears[owner] = FloatLinear(out_tensors.pop(name), out_tensors.pop(f"{owner}.bias", None))
+    for name, module in out_linears.items():
+        if name.rpartition(".")[2] in slicer.columns:
+            out_linears[name] = RowParallel(_bias_once(module, slicer.shard))
     return out_linears, out_tensors
 
 
@@ -145,26 +150,14 @@ def _kv_block(kv_heads: int, head_dim: int, shard: Shard) -> slice:
     return slice(head * head_dim, (head + 1) * head_dim)
 
 
-def _rows(module: nn.Module, pieces: list[slice], shard: Shard) -> nn.Module:
+def _bias_once(module: nn.Module, shard: Shard) -> nn.Module:
+    """The bias of a row-parallel layer is added by rank 0 alone, so the all-reduce sums it once.
+    (Llama-family o/down have none; when they do, ranks past 0 rebuild the layer without it.)"""
+    if shard.rank == 0 or getattr(module, "bias", None) is None:
+        return module
     if isinstance(module, Fp8Linear):
-        weight = torch.cat([module.weight[p] for p in pieces]).contiguous()
-        bias = None if module.bias is None else torch.cat([module.bias[p] for p in pieces])
-        widths = [p.stop - p.start for p in pieces]
-        return Fp8Linear(weight, module.weight_scale, module.input_scale, bias, name=f"{module.name}@tp{shard.rank}",
-                         logical_widths=widths, policy=module.policy, preference=module.preference)  # fmt: skip
+        return Fp8Linear(module.weight, module.weight_scale, module.input_scale, None, name=module.name,
+                         policy=module.policy, preference=module.preference)  # fmt: skip
     if isinstance(module, FloatLinear):
-        bias = None if module.bias is None else torch.cat([module.bias[p] for p in pieces])
-        return FloatLinear(torch.cat([module.weight[p] for p in pieces]).contiguous(), bias)
-    raise Fp8InputError(f"cannot shard a {type(module).__name__}: expected an Fp8Linear or a float linear")
-
-
-def _columns(module: nn.Module, piece: slice, shard: Shard) -> nn.Module:
-    # The bias is added once, by rank 0, so the all-reduce sums it once.
-    if isinstance(module, Fp8Linear):
-        bias = module.bias if shard.rank == 0 else None
-        return Fp8Linear(module.weight[:, piece].contiguous(), module.weight_scale, module.input_scale, bias,
-                         name=f"{module.name}@tp{shard.rank}", policy=module.policy,
-                         preference=module.preference)  # fmt: skip
-    if isinstance(module, FloatLinear):
-        return FloatLinear(module.weight[:, piece].contiguous(), module.bias if shard.rank == 0 else None)
+        return FloatLinear(module.weight)
     raise Fp8InputError(f"cannot shard a {type(module).__name__}: expected an Fp8Linear or a float linear")
