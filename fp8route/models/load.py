@@ -21,7 +21,7 @@ from fp8route.errors import CheckpointError, Fp8InputError
 from fp8route.linear.policy import Policy
 from fp8route.models.causal_lm import CausalLM
 from fp8route.models.llama import LlamaConfig
-from fp8route.models.parallel import Shard, Slicer, init_from_env, local_config, wrap_layers
+from fp8route.models.parallel import LmHead, Shard, Slicer, check_lm_head, init_from_env, local_config, wrap_layers
 from fp8route.quant import FLOAT_DTYPES
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -60,6 +60,7 @@ def load_model(
     max_seq_len: int = 8192,
     policy: Policy | None = None,
     use_cuda_graphs: bool = True,
+    tp_lm_head: LmHead = "vocab",
 ) -> CausalLM:
     """A Llama-family model (Llama, Mistral, Qwen2, Qwen3) from a checkpoint folder, with a KV cache
     for max_batch_size rows of max_seq_len positions (capped at the config's max_position_embeddings).
@@ -68,9 +69,11 @@ def load_model(
     float tensor (embeddings, norms, unquantized linears, the KV cache) is kept in dtype.
 
     Under torch.distributed (more than one rank) each rank reads its slices of the checkpoint
-    (fp8route.models.parallel)."""
+    (fp8route.models.parallel); tp_lm_head="vocab" splits lm_head over the vocabulary and gathers
+    the logits, "replicated" keeps a whole lm_head on every rank. Every rank returns full logits."""
     if dtype not in FLOAT_DTYPES:
         raise Fp8InputError(f"load_model: dtype must be bfloat16, float16 or float32, got {dtype}")
+    check_lm_head(tp_lm_head)
     folder = Path(path)
     config = read_json(folder / CONFIG)
     cfg = LlamaConfig.from_hf(config, CONFIG)
@@ -79,7 +82,7 @@ def load_model(
         max_seq_len = min(max_seq_len, limit)
     target = init_from_env(device) or default_device(device)
     shard = Shard.current()
-    slicer = None if shard is None else Slicer.of(cfg, shard)
+    slicer = None if shard is None else Slicer.of(cfg, shard, tp_lm_head)
     if is_quantized(folder, config):
         checkpoint = load_checkpoint(folder, target, policy=policy, slices=slicer)
         linears: dict[str, nn.Module] = dict(checkpoint.linears)

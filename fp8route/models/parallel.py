@@ -1,7 +1,8 @@
 """Tensor parallelism over the default torch.distributed group, the way the serving engines shard
 a Llama-family model: q/k/v and gate/up column-parallel (each rank its query heads, its KV heads or
 a replica of one when there are fewer KV heads than ranks, its slice of the intermediate size), o
-and down row-parallel followed by an all-reduce; embedding, norms and lm_head replicated.
+and down row-parallel followed by an all-reduce; lm_head split over the vocabulary (its logits
+all-gathered) or replicated; embedding and norms replicated.
 
 A Slicer says which rows or columns each rank owns, and the checkpoint readers read only those
 parts from the safetensors files (per-tensor scales whole, shared by every slice), so every rank
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -24,6 +26,9 @@ from fp8route.checkpoint.shards import Index
 from fp8route.errors import Fp8InputError
 from fp8route.linear.layer import Fp8Linear
 from fp8route.models.llama import FloatLinear, LlamaConfig
+
+LmHead = Literal["vocab", "replicated"]
+LM_HEADS: tuple[LmHead, ...] = ("vocab", "replicated")
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,11 @@ def check_divisible(cfg: LlamaConfig, size: int) -> None:
         )
 
 
+def check_lm_head(lm_head: str) -> None:
+    if lm_head not in LM_HEADS:
+        raise Fp8InputError(f"tp_lm_head must be one of {', '.join(LM_HEADS)}, got {lm_head!r}")
+
+
 def local_config(cfg: LlamaConfig, size: int) -> LlamaConfig:
     return replace(
         cfg,
@@ -87,16 +97,24 @@ class Slicer:
     (None: the whole tensor, as for norms, embeddings and every scale)."""
 
     shard: Shard
-    rows: dict[str, slice]  # q/k/v, gate/up
+    rows: dict[str, slice]  # q/k/v, gate/up; lm_head when the vocabulary is split
     columns: dict[str, slice]  # o, down
 
     @classmethod
-    def of(cls, cfg: LlamaConfig, shard: Shard) -> Slicer:
+    def of(cls, cfg: LlamaConfig, shard: Shard, lm_head: LmHead = "vocab") -> Slicer:
         check_divisible(cfg, shard.size)
+        check_lm_head(lm_head)
+        if lm_head == "vocab" and cfg.vocab_size % shard.size:
+            raise Fp8InputError(
+                f"tensor parallel size {shard.size} does not divide the vocabulary ({cfg.vocab_size} tokens); "
+                "load with tp_lm_head='replicated'"
+            )
         hd = cfg.head_size
         q, kv = _block(cfg.num_attention_heads * hd, shard), _kv_block(cfg.num_key_value_heads, hd, shard)
         inter = _block(cfg.intermediate_size, shard)
         rows = {"q_proj": q, "k_proj": kv, "v_proj": kv, "gate_proj": inter, "up_proj": inter}
+        if lm_head == "vocab":
+            rows["lm_head"] = _block(cfg.vocab_size, shard)
         return cls(shard, rows, {"o_proj": q, "down_proj": inter})
 
     def get(self, name: str, /) -> Index | None:
@@ -122,20 +140,56 @@ class RowParallel(nn.Module):
         return out
 
 
+class VocabParallelHead(nn.Module):
+    """lm_head over this rank's block of the vocabulary, its logits gathered from every rank into
+    the full [..., vocab] (one all-gather of static shape, which a CUDA graph captures under NCCL)."""
+
+    def __init__(self, linear: nn.Module, size: int) -> None:
+        super().__init__()
+        self.linear, self.size = linear, size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gather(self.linear(x))
+
+    def gather(self, local: torch.Tensor) -> torch.Tensor:
+        rows = local.reshape(-1, local.shape[-1]).contiguous()
+        parts = rows.new_empty((self.size * rows.shape[0], rows.shape[1]))
+        _all_gather(parts, rows)
+        # [rank, row, piece] -> [row, rank, piece]: each row's logits in vocabulary order.
+        full = parts.view(self.size, *rows.shape).transpose(0, 1).reshape(rows.shape[0], -1)
+        return full.reshape(*local.shape[:-1], full.shape[-1])
+
+
 def wrap_layers(
     linears: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor], slicer: Slicer
 ) -> tuple[dict[str, nn.Module], dict[str, torch.Tensor]]:
-    """The modules a rank runs around the slices it read: o/down in RowParallel; the rest as they are."""
+    """The modules a rank runs around the slices it read: o/down in RowParallel, a vocabulary-split
+    lm_head (a block of the embedding when tied) in VocabParallelHead; the rest as they are."""
     out_linears, out_tensors = dict(linears), dict(tensors)
+    split_vocab = "lm_head" in slicer.rows
     for name in tensors:
         owner, _, part = name.rpartition(".")
         leaf = owner.rpartition(".")[2]
-        if part == "weight" and leaf in slicer.columns and owner not in linears:
+        wrapped = leaf in slicer.columns or (leaf == "lm_head" and split_vocab)
+        if part == "weight" and wrapped and owner not in linears:
             out_linears[owner] = FloatLinear(out_tensors.pop(name), out_tensors.pop(f"{owner}.bias", None))
+    embedding = tensors.get("model.embed_tokens.weight")
+    if split_vocab and "lm_head" not in out_linears and embedding is not None:
+        # Tied: a view of this rank's block of the replicated embedding, no copy.
+        out_linears["lm_head"] = FloatLinear(embedding[slicer.rows["lm_head"]])
     for name, module in out_linears.items():
-        if name.rpartition(".")[2] in slicer.columns:
+        leaf = name.rpartition(".")[2]
+        if leaf in slicer.columns:
             out_linears[name] = RowParallel(_bias_once(module, slicer.shard))
+        elif leaf == "lm_head" and split_vocab:
+            out_linears[name] = VocabParallelHead(module, slicer.shard.size)
     return out_linears, out_tensors
+
+
+def _all_gather(output: torch.Tensor, local: torch.Tensor) -> None:
+    # torch 2.13 renamed all_gather_into_tensor (the old name warns); torch>=2.6 has only the old one.
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(output, local)
 
 
 def _block(total: int, shard: Shard) -> slice:

@@ -17,7 +17,7 @@ import fp8route.linear.layer as layer_module
 from fp8route import Fp8InputError, Fp8Linear
 from fp8route.models.llama import LlamaConfig
 from fp8route.models.load import load_model
-from fp8route.models.parallel import RowParallel, Shard, Slicer, check_divisible
+from fp8route.models.parallel import RowParallel, Shard, Slicer, VocabParallelHead, check_divisible
 
 HF_QUANT = "hf_quant_config.json"
 PROMPT = torch.tensor([[5, 17, 3, 99, 42, 7], [8, 1, 250, 30, 2, 0]])
@@ -28,6 +28,7 @@ NEW = 5
 class Case:
     kind: str  # "fp8" or "bf16"
     kv_heads: int = 2  # 2: one KV head per rank; 1: the KV head replicated
+    lm_head: str = "vocab"
     tied: bool = False
     bias: bool = False  # q/k/v, o and down biases
 
@@ -35,8 +36,10 @@ class Case:
 CASES = [
     Case("fp8", bias=True),
     Case("fp8", kv_heads=1, tied=True),
+    Case("fp8", lm_head="replicated"),
     Case("bf16", bias=True),
     Case("bf16", kv_heads=1, tied=True),
+    Case("bf16", lm_head="replicated"),
 ]
 
 
@@ -80,7 +83,7 @@ class RecordedSlice:
         return tensor
 
 
-def run_rank(rank: int, world: int, folder: str, init: str, out: str) -> None:
+def run_rank(rank: int, world: int, folder: str, lm_head: str, init: str, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world, init_method=init)
     shards_module.safe_open = Recording  # type: ignore[assignment]
     planned: list[tuple[int, int]] = []
@@ -92,13 +95,14 @@ def run_rank(rank: int, world: int, folder: str, init: str, out: str) -> None:
 
     layer_module.make_plan = recording_plan  # type: ignore[assignment]
     try:
-        model = load_model(folder, "cpu", dtype=torch.float32, max_batch_size=2, max_seq_len=16)
+        model = load_model(folder, "cpu", dtype=torch.float32, max_batch_size=2, max_seq_len=16, tp_lm_head=lm_head)
         attn = model.model.layers[0].self_attn
         qkv = attn.qkv_proj if hasattr(attn, "qkv_proj") else attn.q_proj
         fp8 = [m for m in model.modules() if isinstance(m, Fp8Linear)]
         shapes = {
             "qkv_n": (qkv.out_features if isinstance(qkv, Fp8Linear) else qkv.weight.shape[0]),
             "o_is_row_parallel": isinstance(attn.o_proj, RowParallel),
+            "head_is_vocab_parallel": isinstance(model.lm_head, VocabParallelHead),
             "routes": [m.plan.route_text(torch.float32) for m in fp8],
             "held": sorted((m.out_features, m.in_features) for m in fp8),
             "planned": sorted(planned),
@@ -131,6 +135,8 @@ def local_shape(name: str, shape: tuple[int, ...], case: Case) -> tuple[int, ...
     module, _, part = name.rpartition(".")
     leaf = module.rpartition(".")[2]
     rows = {"q_proj", "gate_proj", "up_proj"} | ({"k_proj", "v_proj"} if case.kv_heads >= 2 else set())
+    if case.lm_head == "vocab":
+        rows.add("lm_head")
     if part in ("weight", "bias") and leaf in rows:
         return (shape[0] // 2, *shape[1:])
     if part == "weight" and leaf in ("o_proj", "down_proj"):
@@ -138,7 +144,7 @@ def local_shape(name: str, shape: tuple[int, ...], case: Case) -> tuple[int, ...
     return shape
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.kind}-kv{c.kv_heads}"
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.kind}-kv{c.kv_heads}-{c.lm_head}"
                          + ("-tied" if c.tied else "") + ("-bias" if c.bias else ""))  # fmt: skip
 def test_two_ranks_read_their_slices_and_give_the_unsharded_logits_and_tokens(tmp_path, case):
     folder, full_shapes = checkpoint(tmp_path, case)
@@ -146,7 +152,7 @@ def test_two_ranks_read_their_slices_and_give_the_unsharded_logits_and_tokens(tm
     expected_logits, expected_tokens = full(PROMPT), full.generate(PROMPT, NEW)
     mp.start_processes(
         run_rank,
-        args=(2, str(folder), f"file://{tmp_path}/init", str(tmp_path)),
+        args=(2, str(folder), case.lm_head, f"file://{tmp_path}/init", str(tmp_path)),
         nprocs=2,
         start_method="spawn",
     )
@@ -156,6 +162,7 @@ def test_two_ranks_read_their_slices_and_give_the_unsharded_logits_and_tokens(tm
     for rank, r in enumerate(ranks):
         assert r["qkv_n"] == (local_q + 2 * max(1, case.kv_heads // 2) * hd if case.kind == "fp8" else local_q)
         assert r["o_is_row_parallel"]
+        assert r["head_is_vocab_parallel"] == (case.lm_head == "vocab")
         # Every tensor read once, as this rank's part: no sharded tensor is ever read whole.
         assert r["reads"] == {name: local_shape(name, shape, case) for name, shape in full_shapes.items()}
         # Planned for the local shapes alone (rank 1 rebuilds a biased o/down without its bias).
@@ -174,21 +181,26 @@ def test_the_slicer_names_each_ranks_rows_and_columns():
     assert rank1.get("model.layers.0.self_attn.v_proj.bias") == (slice(16, 32),)
     assert rank1.get("model.layers.1.mlp.down_proj.weight") == (slice(None), slice(80, 160))
     assert rank1.get("model.layers.1.mlp.down_proj.bias") is None
-    for whole in (
-        "lm_head.weight",
-        "model.embed_tokens.weight",
-        "model.layers.0.self_attn.q_proj.weight_scale",
-        "model.norm.weight",
-    ):
+    assert rank1.get("lm_head.weight") == (slice(128, 256),)
+    assert Slicer.of(cfg, Shard(1, 2), "replicated").get("lm_head.weight") is None
+    for whole in ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight_scale", "model.norm.weight"):
         assert rank1.get(whole) is None
     # Fewer KV heads than ranks: ranks 0-1 share KV head 0, ranks 2-3 KV head 1.
     assert Slicer.of(cfg, Shard(1, 4)).get("model.layers.0.self_attn.k_proj.weight") == (slice(0, 16),)
     assert Slicer.of(cfg, Shard(2, 4)).get("model.layers.0.self_attn.k_proj.weight") == (slice(16, 32),)
 
 
-def test_sizes_that_do_not_divide_the_heads_are_named():
+def test_sizes_that_do_not_divide_the_heads_or_the_vocabulary_are_named(tmp_path):
     cfg = LlamaConfig.from_hf(TINY)
     with pytest.raises(Fp8InputError, match="4 attention heads"):
         check_divisible(cfg, 3)
     with pytest.raises(Fp8InputError, match="KV heads"):
         check_divisible(LlamaConfig.from_hf({**TINY, "num_key_value_heads": 3, "num_attention_heads": 6}), 4)
+    odd_vocab = LlamaConfig.from_hf({**TINY, "vocab_size": 255})
+    with pytest.raises(Fp8InputError, match=r"vocabulary \(255 tokens\); load with tp_lm_head='replicated'"):
+        Slicer.of(odd_vocab, Shard(0, 2))
+    assert Slicer.of(odd_vocab, Shard(0, 2), "replicated").get("lm_head.weight") is None
+    with pytest.raises(Fp8InputError, match="tp_lm_head must be one of vocab, replicated"):
+        Slicer.of(cfg, Shard(0, 2), "rows")  # type: ignore[arg-type]
+    with pytest.raises(Fp8InputError, match="tp_lm_head must be one of"):
+        load_model(tmp_path, "cpu", tp_lm_head="rows")  # type: ignore[arg-type]
