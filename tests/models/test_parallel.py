@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 import fp8route.checkpoint.shards as shards_module
 import fp8route.linear.layer as layer_module
-from fp8route import Fp8InputError, Fp8Linear
+from fp8route import Fp8InputError, Fp8Linear, explain
 from fp8route.models.llama import LlamaConfig
 from fp8route.models.load import load_model
 from fp8route.models.parallel import RowParallel, Shard, Slicer, VocabParallelHead, check_divisible
@@ -107,6 +107,7 @@ def run_rank(rank: int, world: int, folder: str, lm_head: str, init: str, out: s
             "held": sorted((m.out_features, m.in_features) for m in fp8),
             "planned": sorted(planned),
             "reads": dict(Recording.reads),
+            "explain": explain(model),
         }
         logits = model(PROMPT)
         tokens = model.generate(PROMPT, NEW)
@@ -169,8 +170,11 @@ def test_two_ranks_read_their_slices_and_give_the_unsharded_logits_and_tokens(tm
         assert set(r["planned"]) == set(r["held"])
         rebuilt = 2 * TINY["num_hidden_layers"] if case.kind == "fp8" and case.bias and rank else 0
         assert len(r["planned"]) == len(r["held"]) + rebuilt
+        assert r["explain"].startswith(f"rank {rank} of 2: ")
         torch.testing.assert_close(r["logits"], expected_logits, rtol=1e-4, atol=1e-4)
         assert torch.equal(r["tokens"], expected_tokens)
+    if case.kind == "fp8":
+        assert f"N={local_q + 2 * max(1, case.kv_heads // 2) * hd} K={TINY['hidden_size']}" in ranks[0]["explain"]
     assert ranks[0]["routes"] == ranks[1]["routes"]
 
 
