@@ -11,8 +11,8 @@ import torch
 
 from fp8route.backends.problem import default_device
 from fp8route.checkpoint.formats import CONFIG, QuantScheme, detect_scheme, read_json
-from fp8route.checkpoint.layout import Layout, LinearRecord, layout, natural_key
-from fp8route.checkpoint.shards import ShardSet, TensorInfo
+from fp8route.checkpoint.layout import Layout, layout, natural_key
+from fp8route.checkpoint.shards import ShardSet, Slices, TensorInfo
 from fp8route.errors import CheckpointError, Fp8InputError, Fp8TypeError
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.plan import Preference
@@ -46,6 +46,7 @@ def load_checkpoint(
     *,
     policy: Policy | None = None,
     preference: Preference | None = None,
+    slices: Slices | None = None,
 ) -> Checkpoint:
     """Read a ModelOpt or compressed-tensors FP8 checkpoint (config.json + *.safetensors).
 
@@ -54,6 +55,10 @@ def load_checkpoint(
     q/k/v and gate/up projections become one Fp8Linear each (their shards requantized to the
     largest weight scale; layer.requant_error says what that cost). On a GPU every layer is
     planned by this device's routing table (fp8route.load_table) unless a preference is given.
+
+    slices (a tensor-parallel rank's, fp8route.models.parallel.Slicer) names the part of each
+    tensor to read: the layers are built, fused and planned from those parts alone, with their
+    per-tensor scales read whole, so every rank fuses to the same scales.
     """
     folder = Path(path)
     config = read_json(folder / CONFIG)
@@ -68,7 +73,7 @@ def load_checkpoint(
         preference = load_table(target)
     loader = _Loader(shards, lay, target, policy, preference)
     for file, names in shards.by_file().items():
-        for name, tensor in shards.read(file, names):
+        for name, tensor in shards.read(file, names, slices):
             loader.take(shards.tensors[name], tensor)
     unfinished = sorted(set(loader.waiting) - set(loader.linears))
     assert not unfinished, f"layers never completed: {unfinished}"
@@ -119,8 +124,8 @@ class _Loader:
             torch.cat([v["weight"] for v in values]),
             [v["weight_scale"] for v in values],
             [v["input_scale"] for v in values],
-            _fused_bias(records, values),
-            logical_widths=[rec.n for rec in records],
+            _fused_bias(values),
+            logical_widths=[v["weight"].shape[0] for v in values],
             name=group,
             **self.kwargs,
         )
@@ -153,11 +158,10 @@ def _checked(info: TensorInfo, tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _fused_bias(records: list[LinearRecord], values: list[dict[str, torch.Tensor]]) -> torch.Tensor | None:
+def _fused_bias(values: list[dict[str, torch.Tensor]]) -> torch.Tensor | None:
     biases = [v.get("bias") for v in values]
     present = [b for b in biases if b is not None]
     if not present:
         return None
-    return torch.cat(
-        [b if b is not None else present[0].new_zeros(rec.n) for b, rec in zip(biases, records, strict=True)]
-    )
+    rows = [v["weight"].shape[0] for v in values]
+    return torch.cat([b if b is not None else present[0].new_zeros(n) for b, n in zip(biases, rows, strict=True)])

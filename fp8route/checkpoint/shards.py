@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -22,6 +23,15 @@ from fp8route.quant import dtype_name
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 _PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+
+Index = tuple[slice, ...]  # the part of a tensor to read: (rows,) or (slice(None), columns)
+
+
+class Slices(Protocol):
+    """Tensor name -> the index to read (None or absent: the whole tensor); a dict will do."""
+
+    def get(self, name: str, /) -> Index | None: ...
+
 
 DTYPES: dict[str, torch.dtype] = {
     "F8_E4M3": torch.float8_e4m3fn,
@@ -122,15 +132,34 @@ class ShardSet:
             out[info.file].append(info.name)
         return out
 
-    def read(self, file: str, names: list[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """The tensors of one shard (all, or those named), through safetensors' mmap."""
+    def read(
+        self, file: str, names: list[str] | None = None, slices: Slices | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """The tensors of one shard (all, or those named), through safetensors' mmap; a tensor that
+        slices has an index for is read as that part only, never whole."""
         path = self.folder / file
         try:
             with safe_open(str(path), framework="pt") as f:
                 for name in names if names is not None else list(f.keys()):
-                    yield name, f.get_tensor(name)
+                    index = slices.get(name) if slices is not None else None
+                    if index is None:
+                        yield name, f.get_tensor(name)
+                    else:
+                        self._check_index(name, index)
+                        yield name, f.get_slice(name)[index].contiguous()
         except SafetensorError as e:
             raise CheckpointError(f"{file} in {self.folder}: cannot read safetensors data: {e}") from None
+
+    def _check_index(self, name: str, index: Index) -> None:
+        info = self.tensors[name]
+        for dim, piece in enumerate(index):
+            size = info.shape[dim] if dim < len(info.shape) else 0
+            start, stop = piece.start or 0, size if piece.stop is None else piece.stop
+            if piece.step not in (None, 1) or not 0 <= start < stop <= size:
+                raise CheckpointError(
+                    f"{info.where} has shape {list(info.shape)}: no [{start}:{stop}] on dim {dim} for this rank "
+                    "to read (does config.json match the tensors?)"
+                )
 
     def read_one(self, name: str) -> torch.Tensor:
         info = self.tensors.get(name)

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from fp8route.backends.base import Backend
@@ -20,14 +21,18 @@ class HasLinears(Protocol):
 
 
 def explain(model: nn.Module | HasLinears) -> str:
-    """One block per distinct plan; layers that share a plan are listed together."""
+    """One block per distinct plan; layers that share a plan are listed together. A tensor-parallel
+    rank's layers show its local shapes, under a line that names the rank."""
     if isinstance(model, nn.Module):
         layers: Iterable[tuple[str, Fp8Linear]] = (
             (name or m.name, m) for name, m in model.named_modules() if isinstance(m, Fp8Linear)
         )
     else:
         layers = getattr(model, "linears", {}).items()
-    return plan_groups(layers) or "no Fp8Linear layers in this model"
+    text = plan_groups(layers) or "no Fp8Linear layers in this model"
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        text = f"rank {dist.get_rank()} of {dist.get_world_size()}: N and K as this rank holds them\n\n{text}"
+    return text
 
 
 def plan_groups(layers: Iterable[tuple[str, Fp8Linear]]) -> str:

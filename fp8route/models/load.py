@@ -16,13 +16,22 @@ from torch import nn
 from fp8route.backends.problem import default_device
 from fp8route.checkpoint.formats import CONFIG, modelopt, read_json
 from fp8route.checkpoint.load import load_checkpoint
-from fp8route.checkpoint.shards import ShardSet
+from fp8route.checkpoint.shards import ShardSet, Slices
 from fp8route.errors import CheckpointError, Fp8InputError
 from fp8route.linear.policy import Policy
 from fp8route.models.causal_lm import CausalLM
 from fp8route.models.collectives import ONE_SHOT_BYTES, AllReduce
 from fp8route.models.llama import LlamaConfig
-from fp8route.models.parallel import RowParallel, Shard, check_divisible, init_from_env, local_config, shard_layers
+from fp8route.models.parallel import (
+    LmHead,
+    RowParallel,
+    Shard,
+    Slicer,
+    check_lm_head,
+    init_from_env,
+    local_config,
+    wrap_layers,
+)
 from fp8route.quant import FLOAT_DTYPES
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -33,13 +42,15 @@ def is_quantized(folder: Path, config: dict[str, object]) -> bool:
     return "quantization_config" in config or (folder / modelopt.HF_QUANT_CONFIG).is_file()
 
 
-def read_plain(folder: Path, device: torch.device, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+def read_plain(
+    folder: Path, device: torch.device, dtype: torch.dtype | None, slices: Slices | None = None
+) -> dict[str, torch.Tensor]:
     """Every tensor of an unquantized checkpoint on device, floats in dtype (None: as stored), one
-    shard at a time."""
+    shard at a time; only the part slices names of a tensor it has an index for."""
     shards = ShardSet.open(folder)
     tensors: dict[str, torch.Tensor] = {}
     for file, names in shards.by_file().items():
-        for name, tensor in shards.read(file, names):
+        for name, tensor in shards.read(file, names, slices):
             if tensor.dtype in _FP8:
                 raise CheckpointError(
                     f"{name} in {file} is {tensor.dtype} but {folder} has no quantization config "
@@ -60,6 +71,7 @@ def load_model(
     policy: Policy | None = None,
     use_cuda_graphs: bool = True,
     all_reduce: str = "auto",
+    tp_lm_head: LmHead = "vocab",
 ) -> CausalLM:
     """A Llama-family model (Llama, Mistral, Qwen2, Qwen3) from a checkpoint folder, with a KV cache
     for max_batch_size rows of max_seq_len positions (capped at the config's max_position_embeddings).
@@ -67,10 +79,13 @@ def load_model(
     device defaults to CUDA when available. FP8 linears stay FP8 (planned by policy); every
     float tensor (embeddings, norms, unquantized linears, the KV cache) is kept in dtype.
 
-    Under torch.distributed (or torchrun) the model is sharded over the default group;
+    Under torch.distributed (more than one rank) each rank reads its slices of the checkpoint
+    (fp8route.models.parallel); tp_lm_head="vocab" splits lm_head over the vocabulary and gathers
+    the logits, "replicated" keeps a whole lm_head on every rank. Every rank returns full logits;
     all_reduce picks how row-parallel outputs are summed (fp8route.models.collectives.METHODS)."""
     if dtype not in FLOAT_DTYPES:
         raise Fp8InputError(f"load_model: dtype must be bfloat16, float16 or float32, got {dtype}")
+    check_lm_head(tp_lm_head)
     folder = Path(path)
     config = read_json(folder / CONFIG)
     cfg = LlamaConfig.from_hf(config, CONFIG)
@@ -79,18 +94,17 @@ def load_model(
         max_seq_len = min(max_seq_len, limit)
     target = init_from_env(device) or default_device(device)
     shard = Shard.current()
-    if shard is not None:
-        check_divisible(cfg, shard.size)
+    slicer = None if shard is None else Slicer.of(cfg, shard, tp_lm_head)
     if is_quantized(folder, config):
-        checkpoint = load_checkpoint(folder, target, policy=policy)
+        checkpoint = load_checkpoint(folder, target, policy=policy, slices=slicer)
         linears: dict[str, nn.Module] = dict(checkpoint.linears)
         tensors = {n: t.to(dtype) if t.is_floating_point() else t for n, t in checkpoint.tensors.items()}
     else:
-        linears, tensors = {}, read_plain(folder, target, dtype)
+        linears, tensors = {}, read_plain(folder, target, dtype, slicer)
     reduce = None
-    if shard is not None:
-        linears, tensors = shard_layers(cfg, linears, tensors, shard)
-        cfg = local_config(cfg, shard.size)
+    if slicer is not None:
+        linears, tensors = wrap_layers(linears, tensors, slicer)
+        cfg = local_config(cfg, slicer.shard.size)
         reduce = AllReduce(target, dtype, ONE_SHOT_BYTES, all_reduce, strict=policy is not None and policy.strict)
         for module in linears.values():
             if isinstance(module, RowParallel):

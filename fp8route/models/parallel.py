@@ -1,12 +1,14 @@
 """Tensor parallelism over the default torch.distributed group, the way the serving engines shard
 a Llama-family model: q/k/v and gate/up column-parallel (each rank its query heads, its KV heads or
 a replica of one when there are fewer KV heads than ranks, its slice of the intermediate size), o
-and down row-parallel followed by an all-reduce; embedding, norms and lm_head replicated.
+and down row-parallel followed by an all-reduce; lm_head split over the vocabulary (its logits
+all-gathered) or replicated; embedding and norms replicated.
 
-Sharding happens after the checkpoint is read and before the model is built, so every rank plans
-its layers for its own local shapes (by the routing table, which `fp8route tune --tp N` fills);
-per-tensor scales are shared by every slice. The all-reduces are torch.distributed collectives, so
-a decode step captured in a CUDA graph captures them too (fp8route.models.collectives picks a one-shot
+A Slicer says which rows or columns each rank owns, and the checkpoint readers read only those
+parts from the safetensors files (per-tensor scales whole, shared by every slice), so every rank
+builds and plans its layers for its own local shapes only (by the routing table, which
+`fp8route tune --tp N` fills). The collectives are torch.distributed ones, so a decode step
+captured in a CUDA graph captures them too (fp8route.models.collectives picks a one-shot
 peer-memory all-reduce or NCCL on GPUs; gloo on CPUs, eager only).
 """
 
@@ -15,15 +17,20 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from fp8route.checkpoint.shards import Index
 from fp8route.errors import Fp8InputError
 from fp8route.linear.layer import Fp8Linear
 from fp8route.models.collectives import keep_multicast_off
 from fp8route.models.llama import FloatLinear, LlamaConfig
+
+LmHead = Literal["vocab", "replicated"]
+LM_HEADS: tuple[LmHead, ...] = ("vocab", "replicated")
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,11 @@ def check_divisible(cfg: LlamaConfig, size: int) -> None:
         )
 
 
+def check_lm_head(lm_head: str) -> None:
+    if lm_head not in LM_HEADS:
+        raise Fp8InputError(f"tp_lm_head must be one of {', '.join(LM_HEADS)}, got {lm_head!r}")
+
+
 def local_config(cfg: LlamaConfig, size: int) -> LlamaConfig:
     return replace(
         cfg,
@@ -85,6 +97,44 @@ def nccl_all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+@dataclass(frozen=True)
+class Slicer:
+    """The one place that says which part of each weight a rank owns, by module leaf name: the rows
+    of the column-parallel layers (weight and bias), the columns of the row-parallel ones (weight;
+    their bias is added by rank 0 alone). get(name) is the index the checkpoint readers read
+    (None: the whole tensor, as for norms, embeddings and every scale)."""
+
+    shard: Shard
+    rows: dict[str, slice]  # q/k/v, gate/up; lm_head when the vocabulary is split
+    columns: dict[str, slice]  # o, down
+
+    @classmethod
+    def of(cls, cfg: LlamaConfig, shard: Shard, lm_head: LmHead = "vocab") -> Slicer:
+        check_divisible(cfg, shard.size)
+        check_lm_head(lm_head)
+        if lm_head == "vocab" and cfg.vocab_size % shard.size:
+            raise Fp8InputError(
+                f"tensor parallel size {shard.size} does not divide the vocabulary ({cfg.vocab_size} tokens); "
+                "load with tp_lm_head='replicated'"
+            )
+        hd = cfg.head_size
+        q, kv = _block(cfg.num_attention_heads * hd, shard), _kv_block(cfg.num_key_value_heads, hd, shard)
+        inter = _block(cfg.intermediate_size, shard)
+        rows = {"q_proj": q, "k_proj": kv, "v_proj": kv, "gate_proj": inter, "up_proj": inter}
+        if lm_head == "vocab":
+            rows["lm_head"] = _block(cfg.vocab_size, shard)
+        return cls(shard, rows, {"o_proj": q, "down_proj": inter})
+
+    def get(self, name: str, /) -> Index | None:
+        owner, _, part = name.rpartition(".")
+        leaf = owner.rpartition(".")[2]
+        if part in ("weight", "bias") and leaf in self.rows:
+            return (self.rows[leaf],)
+        if part == "weight" and leaf in self.columns:
+            return (slice(None), self.columns[leaf])
+        return None
+
+
 class RowParallel(nn.Module):
     """A row-parallel linear: this rank's partial product, summed over the ranks by reduce
     (load_model gives every RowParallel of a model the one AllReduce it picked)."""
@@ -98,47 +148,56 @@ class RowParallel(nn.Module):
         return self.reduce(self.linear(x))
 
 
-def shard_layers(
-    cfg: LlamaConfig, linears: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor], shard: Shard
+class VocabParallelHead(nn.Module):
+    """lm_head over this rank's block of the vocabulary, its logits gathered from every rank into
+    the full [..., vocab] (one all-gather of static shape, which a CUDA graph captures under NCCL)."""
+
+    def __init__(self, linear: nn.Module, size: int) -> None:
+        super().__init__()
+        self.linear, self.size = linear, size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gather(self.linear(x))
+
+    def gather(self, local: torch.Tensor) -> torch.Tensor:
+        rows = local.reshape(-1, local.shape[-1]).contiguous()
+        parts = rows.new_empty((self.size * rows.shape[0], rows.shape[1]))
+        _all_gather(parts, rows)
+        # [rank, row, piece] -> [row, rank, piece]: each row's logits in vocabulary order.
+        full = parts.view(self.size, *rows.shape).transpose(0, 1).reshape(rows.shape[0], -1)
+        return full.reshape(*local.shape[:-1], full.shape[-1])
+
+
+def wrap_layers(
+    linears: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor], slicer: Slicer
 ) -> tuple[dict[str, nn.Module], dict[str, torch.Tensor]]:
-    """This rank's linears and tensors: every projection sliced, o/down wrapped in RowParallel."""
-    check_divisible(cfg, shard.size)
-    hd, heads, kv = cfg.head_size, cfg.num_attention_heads, cfg.num_key_value_heads
-    q_rows = _block(heads * hd, shard)
-    kv_rows = _kv_block(kv, hd, shard)
-    inter_rows = _block(cfg.intermediate_size, shard)
-    rows = {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows, "gate_proj": inter_rows, "up_proj": inter_rows}
-    fused = {
-        "qkv_proj": [(0, q_rows), (heads * hd, kv_rows), ((heads + kv) * hd, kv_rows)],
-        "gate_up_proj": [(0, inter_rows), (cfg.intermediate_size, inter_rows)],
-    }
-    columns = {"o_proj": q_rows, "down_proj": inter_rows}
-    out_linears: dict[str, nn.Module] = {}
-    for name, module in linears.items():
-        leaf = name.rpartition(".")[2]
-        if leaf in fused:
-            out_linears[name] = _rows(module, [slice(o + r.start, o + r.stop) for o, r in fused[leaf]], shard)
-        elif leaf in rows:
-            out_linears[name] = _rows(module, [rows[leaf]], shard)
-        elif leaf in columns:
-            out_linears[name] = RowParallel(_columns(module, columns[leaf], shard))
-        else:
-            out_linears[name] = module  # lm_head and anything else: replicated
-    out_tensors = dict(tensors)
-    for name, tensor in tensors.items():
+    """The modules a rank runs around the slices it read: o/down in RowParallel, a vocabulary-split
+    lm_head (a block of the embedding when tied) in VocabParallelHead; the rest as they are."""
+    out_linears, out_tensors = dict(linears), dict(tensors)
+    split_vocab = "lm_head" in slicer.rows
+    for name in tensors:
         owner, _, part = name.rpartition(".")
         leaf = owner.rpartition(".")[2]
-        if part not in ("weight", "bias") or owner in linears:
-            continue
-        if leaf in rows:
-            out_tensors[name] = tensor[rows[leaf]].contiguous()
-        elif leaf in columns and part == "weight":
-            del out_tensors[name]
-            bias = tensors.get(f"{owner}.bias")
-            float_linear = FloatLinear(tensor[:, columns[leaf]].contiguous(), bias if shard.rank == 0 else None)
-            out_tensors.pop(f"{owner}.bias", None)
-            out_linears[owner] = RowParallel(float_linear)
+        wrapped = leaf in slicer.columns or (leaf == "lm_head" and split_vocab)
+        if part == "weight" and wrapped and owner not in linears:
+            out_linears[owner] = FloatLinear(out_tensors.pop(name), out_tensors.pop(f"{owner}.bias", None))
+    embedding = tensors.get("model.embed_tokens.weight")
+    if split_vocab and "lm_head" not in out_linears and embedding is not None:
+        # Tied: a view of this rank's block of the replicated embedding, no copy.
+        out_linears["lm_head"] = FloatLinear(embedding[slicer.rows["lm_head"]])
+    for name, module in out_linears.items():
+        leaf = name.rpartition(".")[2]
+        if leaf in slicer.columns:
+            out_linears[name] = RowParallel(_bias_once(module, slicer.shard))
+        elif leaf == "lm_head" and split_vocab:
+            out_linears[name] = VocabParallelHead(module, slicer.shard.size)
     return out_linears, out_tensors
+
+
+def _all_gather(output: torch.Tensor, local: torch.Tensor) -> None:
+    # torch 2.13 renamed all_gather_into_tensor (the old name warns); torch>=2.6 has only the old one.
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(output, local)
 
 
 def _block(total: int, shard: Shard) -> slice:
@@ -153,26 +212,14 @@ def _kv_block(kv_heads: int, head_dim: int, shard: Shard) -> slice:
     return slice(head * head_dim, (head + 1) * head_dim)
 
 
-def _rows(module: nn.Module, pieces: list[slice], shard: Shard) -> nn.Module:
+def _bias_once(module: nn.Module, shard: Shard) -> nn.Module:
+    """The bias of a row-parallel layer is added by rank 0 alone, so the all-reduce sums it once.
+    (Llama-family o/down have none; when they do, ranks past 0 rebuild the layer without it.)"""
+    if shard.rank == 0 or getattr(module, "bias", None) is None:
+        return module
     if isinstance(module, Fp8Linear):
-        weight = torch.cat([module.weight[p] for p in pieces]).contiguous()
-        bias = None if module.bias is None else torch.cat([module.bias[p] for p in pieces])
-        widths = [p.stop - p.start for p in pieces]
-        return Fp8Linear(weight, module.weight_scale, module.input_scale, bias, name=f"{module.name}@tp{shard.rank}",
-                         logical_widths=widths, policy=module.policy, preference=module.preference)  # fmt: skip
+        return Fp8Linear(module.weight, module.weight_scale, module.input_scale, None, name=module.name,
+                         policy=module.policy, preference=module.preference)  # fmt: skip
     if isinstance(module, FloatLinear):
-        bias = None if module.bias is None else torch.cat([module.bias[p] for p in pieces])
-        return FloatLinear(torch.cat([module.weight[p] for p in pieces]).contiguous(), bias)
-    raise Fp8InputError(f"cannot shard a {type(module).__name__}: expected an Fp8Linear or a float linear")
-
-
-def _columns(module: nn.Module, piece: slice, shard: Shard) -> nn.Module:
-    # The bias is added once, by rank 0, so the all-reduce sums it once.
-    if isinstance(module, Fp8Linear):
-        bias = module.bias if shard.rank == 0 else None
-        return Fp8Linear(module.weight[:, piece].contiguous(), module.weight_scale, module.input_scale, bias,
-                         name=f"{module.name}@tp{shard.rank}", policy=module.policy,
-                         preference=module.preference)  # fmt: skip
-    if isinstance(module, FloatLinear):
-        return FloatLinear(module.weight[:, piece].contiguous(), module.bias if shard.rank == 0 else None)
+        return FloatLinear(module.weight)
     raise Fp8InputError(f"cannot shard a {type(module).__name__}: expected an Fp8Linear or a float linear")

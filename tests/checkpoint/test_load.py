@@ -111,6 +111,33 @@ def test_qkv_biases_are_fused_with_the_weights(tmp_path):
     assert bias is not None and torch.equal(bias, expected)
 
 
+def test_slices_read_parts_fused_to_the_whole_layers_scales(tmp_path):
+    folder = modelopt_folder(tmp_path, fp8_llama(bias=True))
+    whole = load_checkpoint(folder, device="cpu")
+    attn = f"{L0}.self_attn"
+    slices = {
+        f"{attn}.{m}.{part}": (slice(8, 16),) for m in ("q_proj", "k_proj", "v_proj") for part in ("weight", "bias")
+    }
+    slices[f"{attn}.o_proj.weight"] = (slice(None), slice(16, 48))
+    part = load_checkpoint(folder, device="cpu", slices=slices)
+    qkv, ref = part.linears[f"{attn}.qkv_proj"], whole.linears[f"{attn}.qkv_proj"]
+    rows = torch.cat([torch.arange(8, 16) + start for start in (0, 64, 96)])  # q 64 rows, k and v 32 each
+    assert qkv.logical_widths == (8, 8, 8)
+    # The whole q/k/v's per-tensor scales, so the requantized values are the whole layer's rows.
+    assert torch.equal(qkv.weight_scale, ref.weight_scale) and torch.equal(qkv.input_scale, ref.input_scale)
+    assert torch.equal(qkv.weight.view(torch.uint8), ref.weight[rows].view(torch.uint8))
+    assert qkv.bias is not None and ref.bias is not None and torch.equal(qkv.bias, ref.bias[rows])
+    o, ref_o = part.linears[f"{attn}.o_proj"], whole.linears[f"{attn}.o_proj"]
+    assert torch.equal(o.weight.view(torch.uint8), ref_o.weight[:, 16:48].view(torch.uint8))
+    assert part.linears["model.layers.1.self_attn.qkv_proj"].weight.shape == (128, 64)
+
+
+def test_slices_outside_a_tensor_are_refused(tmp_path):
+    folder = modelopt_folder(tmp_path)
+    with pytest.raises(CheckpointError, match=r"q_proj.weight in model.safetensors has shape \[64, 64\]: no \[32:96\]"):
+        load_checkpoint(folder, device="cpu", slices={f"{L0}.self_attn.q_proj.weight": (slice(32, 96),)})
+
+
 def test_partially_quantized_projections_are_not_fused(tmp_path):
     tensors = fp8_llama()
     for leaf in ("weight_scale", "input_scale"):
