@@ -90,9 +90,7 @@ class CausalLM(LlamaForCausalLM):
         """Logits [B, T, vocab] for token ids [B, T]: the full causal forward, no cache."""
         h = self.model.embed_tokens(input_ids).to(dtype or self.dtype)
         cos, sin = self._tables(input_ids.shape[-1])
-        for layer in self.model.layers:
-            h = layer(h, cos, sin)
-        return self.lm_head(self.model.norm(h))
+        return self.lm_head(self.model.run_layers(h, cos, sin))
 
     def prefill(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Right-padded prompts [B, T] with lengths [B] (device): fills cache rows 0..B-1 at
@@ -102,10 +100,8 @@ class CausalLM(LlamaForCausalLM):
         context = PrefillAttention(self.cache)
         h = self.model.embed_tokens(input_ids).to(self.dtype)
         cos, sin = self.rope_cos[:t], self.rope_sin[:t]
-        for layer in self.model.layers:
-            h = layer(h, cos, sin, context)
-        last = h[torch.arange(b, device=h.device), lengths - 1]
-        return self.lm_head(self.model.norm(last))
+        normed = self.model.run_layers(h, cos, sin, context)
+        return self.lm_head(normed[torch.arange(b, device=h.device), lengths - 1])
 
     def decode_step(
         self, tokens: torch.Tensor, positions: torch.Tensor, limit: int | None = None
@@ -119,9 +115,7 @@ class CausalLM(LlamaForCausalLM):
         cos = self.rope_cos[positions][:, None]  # [B, 1, D]: each row at its own position
         sin = self.rope_sin[positions][:, None]
         context = DecodeAttention(self.cache, positions, limit, self.use_triton)
-        for layer in self.model.layers:
-            h = layer(h, cos, sin, context)
-        logits = self.lm_head(self.model.norm(h[:, 0]))
+        logits = self.lm_head(self.model.run_layers(h, cos, sin, context)[:, 0])
         return logits, logits.argmax(-1)
 
     def step(

@@ -1,5 +1,5 @@
-"""The decoder's elementwise steps as single Triton kernels on CUDA: RMSNorm, rotary embedding and
-SiLU-times-up, each one launch where eager torch takes six to ten.
+"""The decoder's elementwise steps as single Triton kernels on CUDA: RMSNorm (alone or after the
+residual add), rotary embedding and SiLU-times-up, each one launch where eager torch takes six to ten.
 
 At decode a layer's four GEMMs take a few µs each, and every other step costs a launch of about as
 much: eager torch ran ~40 kernels per Llama layer, of which these fuse ~24 into 4. Each function
@@ -39,6 +39,25 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         rows, weight, out, rows.stride(0), width, eps, BLOCK=triton.next_power_of_2(width), num_warps=4
     )
     return out.reshape(x.shape)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual): a decoder's residual add and the norm after it in
+    one pass. The sum is rounded to x's dtype before it is normalized, as the two eager steps do."""
+    if not _use_kernel(x) or not (x.is_contiguous() and residual.is_contiguous()) or x.dtype != residual.dtype:
+        h = x + residual
+        return rms_norm(h, weight, eps), h
+    width = x.shape[-1]
+    rows = x.reshape(-1, width)
+    out = torch.empty_like(rows)
+    total = torch.empty_like(rows)
+    _add_rms_norm_kernel[(rows.shape[0],)](
+        rows, residual.reshape(-1, width), weight, out, total, width, eps,
+        BLOCK=triton.next_power_of_2(width), num_warps=4,
+    )  # fmt: skip
+    return out.reshape(x.shape), total.reshape(x.shape)
 
 
 def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -123,6 +142,21 @@ if triton is not None:
         x = tl.load(x_ptr + row * stride_row + offs, mask=mask, other=0.0).to(tl.float32)
         inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / width + eps)
         normed = (x * inv).to(out_ptr.dtype.element_ty).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(out_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(out_ptr + row * width + offs, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, width, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < width
+        x = tl.load(x_ptr + row * width + offs, mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(r_ptr + row * width + offs, mask=mask, other=0.0).to(tl.float32)
+        total = (x + r).to(sum_ptr.dtype.element_ty)
+        tl.store(sum_ptr + row * width + offs, total, mask=mask)
+        h = total.to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / width + eps)
+        normed = (h * inv).to(out_ptr.dtype.element_ty).to(tl.float32)
         w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(out_ptr.dtype.element_ty).to(tl.float32)
         tl.store(out_ptr + row * width + offs, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fp8route.errors import CheckpointError
-from fp8route.models.fused import rms_norm, rope, silu_mul
+from fp8route.models.fused import add_rms_norm, rms_norm, rope, silu_mul
 
 if TYPE_CHECKING:
     from fp8route.checkpoint.load import Checkpoint
@@ -241,6 +241,23 @@ class DecoderLayer(nn.Module):
         h = x + self.self_attn(self.input_layernorm(x), cos, sin, context)
         return h + self.mlp(self.post_attention_layernorm(h))
 
+    def forward_normed(
+        self,
+        normed: torch.Tensor,
+        residual: torch.Tensor,
+        next_norm: RMSNorm,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        context: AttentionContext | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward with each residual add fused into the norm after it: takes
+        (input_layernorm(x), x), returns (next_norm(out), out) where out is forward(x)."""
+        normed, h = add_rms_norm(
+            self.self_attn(normed, cos, sin, context), residual, self.post_attention_layernorm.weight,
+            self.post_attention_layernorm.eps,
+        )  # fmt: skip
+        return add_rms_norm(self.mlp(normed), h, next_norm.weight, next_norm.eps)
+
 
 class LlamaModel(nn.Module):
     def __init__(self, cfg: LlamaConfig, parts: Parts) -> None:
@@ -250,6 +267,17 @@ class LlamaModel(nn.Module):
             DecoderLayer(cfg, parts, f"model.layers.{i}", i) for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(parts.tensor("model.norm.weight"), cfg.rms_norm_eps)
+
+    def run_layers(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: AttentionContext | None = None
+    ) -> torch.Tensor:
+        """norm(every layer applied to h): each layer's residual adds fused into the norms after them."""
+        layers = cast("list[DecoderLayer]", list(self.layers))
+        normed = layers[0].input_layernorm(h)
+        for i, layer in enumerate(layers):
+            next_norm = self.norm if i == len(layers) - 1 else layers[i + 1].input_layernorm
+            normed, h = layer.forward_normed(normed, h, next_norm, cos, sin, context)
+        return normed
 
 
 class LlamaForCausalLM(nn.Module):
@@ -275,6 +303,4 @@ class LlamaForCausalLM(nn.Module):
         h = self.model.embed_tokens(input_ids)
         h = h.to(dtype or h.dtype)
         cos, sin = rope_tables(self.cfg, torch.arange(input_ids.shape[-1], device=input_ids.device))
-        for layer in self.model.layers:
-            h = layer(h, cos, sin)
-        return self.lm_head(self.model.norm(h))
+        return self.lm_head(self.model.run_layers(h, cos, sin))

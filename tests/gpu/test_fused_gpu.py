@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from fp8route.models.fused import rms_norm, rms_norm_reference, rope, rope_into_cache, rope_reference, silu_mul
+from fp8route.models.fused import (
+    add_rms_norm,
+    rms_norm,
+    rms_norm_reference,
+    rope,
+    rope_into_cache,
+    rope_reference,
+    silu_mul,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -14,6 +22,16 @@ def test_rms_norm(dtype, shape):
     x = torch.randn(shape, device="cuda", dtype=dtype) * 3
     w = torch.randn(shape[-1], device="cuda", dtype=dtype)
     torch.testing.assert_close(rms_norm(x, w, 1e-5), rms_norm_reference(x, w, 1e-5), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 1, 4096), (3, 17, 4096), (7, 576)])
+def test_add_rms_norm_is_the_add_then_the_norm(dtype, shape):
+    x, r = (torch.randn(shape, device="cuda", dtype=dtype) * 3 for _ in range(2))
+    w = torch.randn(shape[-1], device="cuda", dtype=dtype)
+    normed, total = add_rms_norm(x, r, w, 1e-5)
+    assert torch.equal(total, x + r)  # the sum is rounded once, as the eager add rounds it
+    torch.testing.assert_close(normed, rms_norm_reference(x + r, w, 1e-5), rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -8,7 +8,7 @@ from checkpoint_helpers import TINY, llama_tensors
 
 from fp8route import CheckpointError
 from fp8route.models import LlamaConfig, LlamaForCausalLM
-from fp8route.models.llama import FloatLinear, rope_inv_freq
+from fp8route.models.llama import FloatLinear, rope_inv_freq, rope_tables
 
 CFG = LlamaConfig.from_hf(TINY)
 IDS = torch.randint(0, TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(0))
@@ -101,3 +101,15 @@ def test_missing_lm_head_without_tied_embeddings():
     del tensors["lm_head.weight"]
     with pytest.raises(CheckpointError, match="lm_head.weight is missing and tie_word_embeddings is false"):
         LlamaForCausalLM(CFG, {}, tensors)
+
+
+def test_fused_residual_path_equals_the_layer_by_layer_forward():
+    """run_layers (residual adds fused into the following norms) is norm(layer(...layer(h)))."""
+    cfg = LlamaConfig.from_hf(TINY)
+    model = LlamaForCausalLM(cfg, {}, llama_tensors(TINY))
+    h = torch.randn(2, 5, cfg.hidden_size)
+    cos, sin = rope_tables(cfg, torch.arange(5))
+    expected = h
+    for layer in model.model.layers:
+        expected = layer(expected, cos, sin)
+    torch.testing.assert_close(model.model.run_layers(h, cos, sin), model.model.norm(expected))
