@@ -9,6 +9,7 @@ cp fp8route/routing/defaults/h200.json "$FP8ROUTE_TABLE"
 {
   echo "# bash benchmarks/scripts/gpu_tp_tune.sh   ($(date -u +%FT%TZ), commit ${COMMIT:-unknown})"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  [ "${GPU_TESTS:-0}" = 1 ] && python3 -m pytest -q -p no:cacheprovider tests/gpu/test_fused_gpu.py 2>&1 | tail -3
   if [ "${TUNE:-1}" = 1 ]; then
     python3 -m fp8route tune --model llama-3.1-8b --tp 2 | tail -25
     python3 -m fp8route tune --model llama-3.1-8b --tp 2 --x-quantized | tail -5

@@ -22,6 +22,7 @@ from fp8route.errors import Fp8InputError
 from fp8route.linear.layer import Fp8Linear
 from fp8route.models.load import load_model
 from fp8route.models.parallel import Shard
+from fp8route.models.spawn import run_ranks
 from fp8route.models.tokenizer import load_tokenizer
 from fp8route.progress import TextProgress
 from fp8route.quant import FLOAT_DTYPE_NAMES
@@ -50,6 +51,12 @@ def eos_ids(folder: Path) -> list[int] | None:
 def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise Fp8InputError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.tp < 1:
+        raise Fp8InputError(f"--tp must be at least 1, got {args.tp}")
+    if args.tp > 1 and "WORLD_SIZE" not in os.environ:  # start the ranks; each runs this command
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        run_ranks(args.tp, run, args, device=device)
+        return 0
     folder = smollm2_folder(progress=TextProgress("preparing smollm2")) if args.model == "smollm2" else Path(args.model)
     if not folder.is_dir():
         raise Fp8InputError(f"{folder}: not a checkpoint folder (or give `smollm2` for the packaged model)")
@@ -66,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     if shard is not None and shard.rank != 0:  # under torchrun every rank runs the step; rank 0 speaks
         sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (for the life of this process)
     print(plan_summary(model, len(ids), dtype), file=sys.stderr)
+    if model.parallel:
+        print(model.parallel, file=sys.stderr)
     eos = eos_ids(folder)
     input_ids = torch.tensor([ids], device=model.device)
     new: list[int] = []
@@ -120,4 +129,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--dtype", choices=sorted(FLOAT_DTYPE_NAMES), default="bfloat16")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    parser.add_argument(
+        "--tp", type=int, default=1, help="tensor parallel ranks to start on this machine (one GPU each; on CPU: gloo)"
+    )
     parser.set_defaults(run=run)

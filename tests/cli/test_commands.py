@@ -40,6 +40,17 @@ def test_generate_streams_and_times_a_checkpoint(tiny_fp8, capsys):
     assert "plan: " in err and "FP8 linears on cpu" in err and "TTFT" in err and "prompt tokens" in err
 
 
+def test_generate_tp2_starts_two_ranks_and_says_the_same(tiny_fp8):
+    def generate(*extra: str) -> subprocess.CompletedProcess[str]:
+        argv = ["generate", str(tiny_fp8), "--prompt", "the theme", "--max-new-tokens", "6", "--device", "cpu"]
+        command = [sys.executable, "-m", "fp8route", *argv, *extra]
+        return subprocess.run(command, capture_output=True, text=True, timeout=300, check=True)
+
+    one, two = generate(), generate("--tp", "2")
+    assert two.stdout == one.stdout  # rank 0 alone prints, the same greedy text
+    assert "tensor parallel rank 0 of 2" in two.stderr and "tensor parallel" not in one.stderr
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
