@@ -14,7 +14,7 @@ cp fp8route/routing/defaults/h200.json "$FP8ROUTE_TABLE"
     python3 -m fp8route tune --model llama-3.1-8b --tp 2 | tail -25
     python3 -m fp8route tune --model llama-3.1-8b --tp 2 --x-quantized | tail -5
   fi
-  timeout ${E2E_TIMEOUT:-300} python3 -m fp8route bench e2e --random llama-3.1-8b --tp 1,2 --all-reduce ${METHODS:-auto} \
+  timeout ${E2E_TIMEOUT:-300} python3 -m fp8route bench e2e --random llama-3.1-8b --tp 1,2 --all-reduce ${METHODS:-nccl} \
     --batch ${BATCH:-1,16} --input ${INPUT:-4096} --output ${OUTPUT:-64} --policy routed --tmp /tmp --out "$OUT"
   timeout 150 python3 benchmarks/tp_decode_profile.py --tp 1,2 --batch 1 --out "$OUT"
 } 2>&1 | tee "$OUT/run.log"

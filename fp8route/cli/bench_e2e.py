@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         for tp in sizes:
             for arm in arms:
                 folder = folders["bf16"] if arm == "bf16" else folders["fp8"]
-                for method in methods if tp > 1 else ["auto"]:
+                for method in methods if tp > 1 else ["nccl"]:
                     run_args = (arm, folder, batches, inputs, args.output, copy_gbs)
                     if tp == 1:
                         new = bench_arm(*run_args)
@@ -103,7 +103,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
     e2e.add_argument("--policy", default="routed,cublas,rowwise,bf16", help=f"arms: {', '.join(ARMS)}")
     e2e.add_argument("--tp", default="1", help="tensor parallel sizes to run side by side, e.g. 1,2 (one GPU a rank)")
     e2e.add_argument(
-        "--all-reduce", default="auto", help=f"with --tp > 1: {', '.join(METHODS)}, or several to compare (auto,nccl)"
+        "--all-reduce", default="nccl", help=f"with --tp > 1: {', '.join(METHODS)}, or both to compare (nccl,symm_mem)"
     )
     e2e.add_argument("--tmp", help="where the random checkpoints are written (default: the system's temp)")
     e2e.add_argument("--out", help="directory for the JSON (default: ./bench-results/<device>/)")

@@ -1,17 +1,17 @@
 """The all-reduce a row-parallel layer ends with, picked once per model at load time.
 
-At decode a row-parallel output is a few KB to a few hundred KB per rank. NCCL's ring protocol
-costs ~12 µs per call for that inside a CUDA graph, twice per layer; a one-shot all-reduce over
-peer memory (each rank copies its partial into a buffer every rank can address, one barrier,
-then each rank reads all partials over NVLink and sums them) is one small kernel. PyTorch's
-symmetric memory provides it (`torch.ops.symm_mem.one_shot_all_reduce_copy`) without NVLink
-multicast, which stays off (MULTICAST_OFF). Larger messages (prefill) go through NCCL, which
-reaches the link bandwidth there; CPUs (gloo) always take dist.all_reduce.
+"nccl" (the default) is dist.all_reduce: NCCL on GPUs, gloo on CPUs. "symm_mem" sends messages up
+to ONE_SHOT_BYTES through a one-shot all-reduce over peer memory instead (each rank copies its
+partial into a buffer every rank can address, one barrier, then each rank reads all partials over
+NVLink and sums them: one small kernel), PyTorch's `torch.ops.symm_mem.one_shot_all_reduce_copy`,
+which runs without NVLink multicast (kept off: MULTICAST_OFF); larger messages still go to NCCL.
+On two H200s it makes a batch-1 decode step ~3% faster but a 4096-token prefill ~20% slower,
+though the prefill's messages go to NCCL either way (benchmarks/results/h200/tp2/), so it is an
+option, not the default.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 
 import torch
@@ -19,12 +19,10 @@ import torch.distributed as dist
 
 from fp8route.errors import Fp8InputError
 
-log = logging.getLogger("fp8route")
-
 # NVLink multicast (NVLS) can take a host's GPUs out of service; fp8route never asks for it.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
-METHODS = ("auto", "symm_mem", "nccl")
+METHODS = ("nccl", "symm_mem")
 ONE_SHOT_BYTES = 512 * 1024  # up to here the one-shot all-reduce beats NCCL on two H200s
 
 
@@ -38,36 +36,25 @@ class AllReduce:
     """Sums a tensor over the default group, returning the sum (the input is left unchanged when
     the peer-memory path runs, overwritten when NCCL runs).
 
-    method "auto" uses the one-shot peer-memory all-reduce for messages up to one_shot_bytes
-    when this is CUDA and symmetric memory sets up, else NCCL; "symm_mem" makes a failed set-up
-    an error; "nccl" never tries it. Every rank must construct it at the same point (the set-up
-    is collective)."""
+    method "symm_mem" on CUDA sets up the one-shot path for messages up to one_shot_bytes (a
+    collective: every rank constructs it at the same point), an error when it cannot; on a CPU it
+    is NCCL's (gloo's) path with the reason said. "nccl" never tries it."""
 
-    def __init__(
-        self,
-        device: torch.device,
-        dtype: torch.dtype,
-        one_shot_bytes: int,
-        method: str = "auto",
-        *,
-        strict: bool = False,
-    ) -> None:
+    def __init__(self, device: torch.device, dtype: torch.dtype, one_shot_bytes: int, method: str = "nccl") -> None:
         if method not in METHODS:
             raise Fp8InputError(f"all-reduce method must be one of {', '.join(METHODS)}, got {method!r}")
         self.method = "nccl"
-        self.reason = "not a CUDA device" if device.type != "cuda" else "asked for nccl"
+        self.reason = "asked for nccl" if method == "nccl" else "not a CUDA device"
         self._buffer: torch.Tensor | None = None
         self._group_name = ""
         self._one_shot_numel = one_shot_bytes // torch.empty((), dtype=dtype).element_size()
-        if device.type == "cuda" and method != "nccl":
+        if device.type == "cuda" and method == "symm_mem":
             try:
                 self._buffer, self._group_name = _symmetric_buffer(device, dtype, self._one_shot_numel)
-                self.method, self.reason = "symm_mem", f"one-shot up to {one_shot_bytes} bytes, NCCL above"
             except (RuntimeError, AttributeError, ImportError) as exc:
-                self.reason = f"symmetric memory unavailable ({type(exc).__name__}: {str(exc).splitlines()[0]})"
-                if method == "symm_mem" or strict:
-                    raise Fp8InputError(f"all-reduce: {self.reason}; use method 'nccl'") from exc
-                log.warning("fp8route: all-reduce falls back to NCCL: %s", self.reason)
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+                raise Fp8InputError(f"all-reduce symm_mem: symmetric memory unavailable ({reason}); use nccl") from exc
+            self.method, self.reason = "symm_mem", f"one-shot up to {one_shot_bytes} bytes, NCCL above"
 
     def describe(self) -> str:
         return f"{self.method} ({self.reason})"

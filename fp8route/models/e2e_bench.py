@@ -87,7 +87,7 @@ def bench_arm(
     *,
     repeats: int = 3,
     tp: int = 1,
-    all_reduce: str = "auto",
+    all_reduce: str = "nccl",
 ) -> list[E2ERow]:
     """One arm's rows; the FP8ROUTE_FORCE it needs is set for its load only. With tp > 1 this runs
     in every rank (fp8route.models.spawn.run_ranks), load_model joining the group."""

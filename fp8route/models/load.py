@@ -70,7 +70,7 @@ def load_model(
     max_seq_len: int = 8192,
     policy: Policy | None = None,
     use_cuda_graphs: bool = True,
-    all_reduce: str = "auto",
+    all_reduce: str = "nccl",
     tp_lm_head: LmHead = "vocab",
 ) -> CausalLM:
     """A Llama-family model (Llama, Mistral, Qwen2, Qwen3) from a checkpoint folder, with a KV cache
@@ -105,7 +105,7 @@ def load_model(
     if slicer is not None:
         linears, tensors = wrap_layers(linears, tensors, slicer)
         cfg = local_config(cfg, slicer.shard.size)
-        reduce = AllReduce(target, dtype, ONE_SHOT_BYTES, all_reduce, strict=policy is not None and policy.strict)
+        reduce = AllReduce(target, dtype, ONE_SHOT_BYTES, all_reduce)
         for module in linears.values():
             if isinstance(module, RowParallel):
                 module.reduce = reduce
