@@ -144,6 +144,10 @@ def test_tasks_load_their_first_examples(name):
     expected = {
         "hellaswag": ("Roof shingle removal: A man is sitting on a roof. He", " starts pulling up roofing on a roof."),
         "arc_easy": ("Question: Which technology was developed most recently?\nAnswer:", " cellular telephone"),
+        "arc_easy_test": (
+            "Question: Which statement best explains why photosynthesis is the foundation of most food webs?\nAnswer:",
+            " Sunlight is the source of energy for nearly all ecosystems.",
+        ),
         "piqa": ("Question: How do I ready a guinea pig cage for it's new occupants?\nAnswer:", None),
         "winogrande": ("Sarah was a much better surgeon than Maria so Maria", " always got the easier cases."),
     }.get(name)
