@@ -15,7 +15,7 @@ from fp8route import quantize_checkpoint
 from fp8route.checkpoint.gguf_tokenizer import write_tokenizer
 from fp8route.cli import main
 from fp8route.errors import Fp8InputError
-from fp8route.evaluation.compare import mean_interval, paired_difference, summarize
+from fp8route.evaluation.compare import mean_interval, paired_difference, pairwise, summarize
 from fp8route.evaluation.scoring import encode_pair, example_metrics, score_requests
 from fp8route.evaluation.tasks import TASKS, Example, Request, Task, hellaswag_preprocess, load_task
 
@@ -125,6 +125,15 @@ def test_paired_interval_by_hand():
     assert d["mean"] == 0 and d["low"] == pytest.approx(-half) and d["high"] == pytest.approx(half)
     m = mean_interval([1.0, 1.0, 1.0])
     assert (m["mean"], m["low"], m["high"]) == (1.0, 1.0, 1.0)
+
+
+def test_pairwise_differences_of_every_pair():
+    per_example = {"a": {"acc": [1, 0, 1]}, "b": {"acc": [1, 1, 1]}, "c": {"acc": [0, 0, 1]}}
+    pairs = pairwise(per_example)
+    assert list(pairs) == ["b - a", "c - a", "c - b"]
+    assert pairs["b - a"]["acc"]["mean"] == pytest.approx(1 / 3) and pairs["c - b"]["acc"]["mean"] == pytest.approx(
+        -2 / 3
+    )
 
 
 def test_hellaswag_preprocess_matches_lm_eval():

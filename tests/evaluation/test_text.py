@@ -130,3 +130,45 @@ def test_cli_text_errors_are_one_line(tiny_folders, tmp_path, capsys, argv, mess
     rc = main(["eval", str(bf16), *argv, "--device", "cpu", "--out", str(tmp_path), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.count("\n") == 0 and message in err
+
+
+def test_cli_many_models_share_one_reference(tiny_folders, tmp_path, capsys):
+    bf16, fp8, text = tiny_folders
+    mse = tmp_path / "fp8_mse"
+    quantize_checkpoint(bf16, mse, format="modelopt", device="cpu", input_scale="mse")
+    out = tmp_path / "results"
+    argv = ["eval", str(bf16), "--compare", str(fp8), "--compare", str(mse), "--text", str(text)]
+    assert main([*argv, "--text-seq-len", "32", "--limit", "3", "--device", "cpu", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "fp8 vs bf16: top-1 agreement" in printed and "fp8_mse vs bf16: top-1 agreement" in printed
+    result = json.loads((out / "text-heldout-bf16-vs-fp8-fp8_mse.json").read_text())
+    assert list(result["models"]) == ["bf16", "fp8", "fp8_mse"] and set(result["agreement"]) == {"fp8", "fp8_mse"}
+    assert result["command"].count("--compare") == 2 and set(result["paths"]) == {"bf16", "fp8", "fp8_mse"}
+    assert result["routes"]["fp8"]["backends"] == ["reference"] and result["routes"]["bf16"]["backends"] == []
+
+
+def test_cli_backends_skip_what_cannot_run_here(tiny_folders, tmp_path, capsys):
+    _, fp8, text = tiny_folders
+    out = tmp_path / "results"
+    argv = ["eval", str(fp8), "--backends", "reference,cublas", "--text", str(text), "--limit", "2"]
+    assert main([*argv, "--device", "cpu", "--out", str(out), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "fp8route eval: skipped backend cublas: " in err and "FP8ROUTE_FORCE=cublas cannot run it" in err
+    result = json.loads((out / "text-heldout-fp8@reference.json").read_text())
+    assert list(result["models"]) == ["fp8@reference"] and "needs a CUDA GPU" in result["skipped_backends"]["cublas"]
+    assert "--backends reference,cublas" in result["command"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--backends", "reference", "--compare", "X"], "--backends compares one folder with itself"),
+        (["--backends", "turbo"], "--backends turbo: expected names among cublas, "),
+        (["--backends", "cublas,rowwise"], "--backends cublas,rowwise: none of them can run"),
+    ],
+)
+def test_cli_backends_errors_are_one_line(tiny_folders, tmp_path, capsys, argv, message):
+    _, fp8, text = tiny_folders
+    rc = main(["eval", str(fp8), "--text", str(text), *argv, "--device", "cpu", "--out", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and message in err[-1] and all(line.startswith("fp8route eval: ") for line in err)
