@@ -41,6 +41,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+_SHOWN = 8  # kept linears named on the line; config.json lists them all
+
+
 def calibration_line(record: dict[str, Any]) -> str:
     """One line from a checkpoint's calibration record (quantization_config.fp8route)."""
     cal = record.get("calibration", {})
@@ -54,7 +57,8 @@ def calibration_line(record: dict[str, Any]) -> str:
     )
     if kept:
         errors = record.get("sensitivity", {}).get("kept", {})
-        line += " (" + ", ".join(f"{n} {errors[n]:.2e}" if n in errors else n for n in kept) + ")"
+        shown = ", ".join(f"{n} {errors[n]:.2e}" if n in errors else n for n in kept[:_SHOWN])
+        line += f" ({shown}" + (f", +{len(kept) - _SHOWN} more in config.json)" if len(kept) > _SHOWN else ")")
     search = record.get("kl_budget")
     if isinstance(search, dict):
         line += (
