@@ -62,16 +62,16 @@ def generated_token_ids(vocab_size: int, sequences: int = 4, length: int = 128, 
     return [torch.randint(0, vocab_size, (length,), generator=g) for _ in range(sequences)]
 
 
-def read_text(path: str | os.PathLike[str]) -> list[str]:
+def read_text(path: str | os.PathLike[str], what: str = "calibration text") -> list[str]:
     """A text file's documents: blocks separated by blank lines (a file without blank lines is one)."""
     file = Path(path)
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise Fp8InputError(f"calibration text {file}: cannot read it as UTF-8 text: {e}") from None
+        raise Fp8InputError(f"{what} {file}: cannot read it as UTF-8 text: {e}") from None
     documents = [block.strip() for block in text.replace("\r\n", "\n").split("\n\n") if block.strip()]
     if not documents:
-        raise Fp8InputError(f"calibration text {file} is empty")
+        raise Fp8InputError(f"{what} {file} is empty")
     return documents
 
 

@@ -4,7 +4,8 @@ Calibration runs the float model one decoder layer at a time: only that layer's 
 the calibration activations are in memory. Each linear's input is observed (observer.py) and its
 input scale chosen by an estimator (estimators.py: max, percentile or mse); its weight scale is
 amax(|weight|) / 448. Once every layer is calibrated, the layers are read again and written, so
-the linears whose FP8 error is largest can be kept in bf16 (keep_float) whatever their depth.
+the linears whose FP8 error is largest can be kept in bf16 (keep_float, or as few as a KL budget
+needs: sensitivity.py) whatever their depth.
 The choices are recorded in config.json's quantization_config under "fp8route", a key the
 ModelOpt and compressed-tensors readers ignore.
 """
@@ -28,6 +29,7 @@ from fp8route.checkpoint import estimators
 from fp8route.checkpoint.calibration import generated_token_ids, load_token_ids, read_text, text_token_ids
 from fp8route.checkpoint.formats import CONFIG, FORMATS, QuantScheme, compressed_tensors, modelopt, read_json
 from fp8route.checkpoint.observer import SAMPLE_ROWS, InputObserver, ScaleChoice, observe
+from fp8route.checkpoint.sensitivity import KlSearch, TrialModel, check_budget, search_budget
 from fp8route.checkpoint.shards import INDEX, ShardSet, ShardWriter
 from fp8route.errors import CheckpointError, Fp8InputError
 from fp8route.models.llama import DecoderLayer, FloatLinear, LlamaConfig, Parts, RMSNorm, rope_tables
@@ -52,6 +54,7 @@ class QuantizeReport:
     input_amax: dict[str, float] = field(default_factory=dict)
     choices: dict[str, ScaleChoice] = field(default_factory=dict)
     kept_float: list[str] = field(default_factory=list)
+    kl_search: KlSearch | None = None  # the --kl-budget pass, when one ran
     shards: list[str] = field(default_factory=list)
     calibration_tokens: int = 0
     record: dict[str, Any] = field(default_factory=dict)  # what config.json's quantization_config.fp8route holds
@@ -66,6 +69,7 @@ class _Settings:
     percentile: float
     keep_float: int
     source: str
+    kl_budget: float | None = None
 
 
 def quantize_checkpoint(
@@ -84,6 +88,7 @@ def quantize_checkpoint(
     input_scale: str = "max",
     percentile: float = estimators.DEFAULT_PERCENTILE,
     keep_float: int = 0,
+    kl_budget: float | None = None,
 ) -> QuantizeReport:
     """Quantize every linear of a Llama-family checkpoint except those matching `exclude`
     (fnmatch wildcards or names; lm_head by default) and write a folder both fp8route and
@@ -95,7 +100,8 @@ def quantize_checkpoint(
     calib_seq_len tokens, calib_tokens in all. Nothing given: random token ids.
     input_scale: "max", "percentile" (of |x|, `percentile` in [90, 100]) or "mse".
     keep_float: leave the N quantizable linears with the largest relative output error in bf16
-    (listed in the exclusions).
+    (listed in the exclusions). kl_budget (instead): keep the fewest of them, in the same order,
+    for which the model's mean KL(bf16 || fp8) on the calibration batch is <= kl_budget nats.
     """
     start = time.perf_counter()
     if format not in FORMATS:
@@ -103,6 +109,9 @@ def quantize_checkpoint(
     estimators.check_estimator(input_scale, percentile)
     if not isinstance(keep_float, int) or keep_float < 0:
         raise Fp8InputError(f"keep_float must be a non-negative number of linears, got {keep_float!r}")
+    check_budget(kl_budget)
+    if kl_budget is not None and keep_float:
+        raise Fp8InputError("give keep_float (a count) or kl_budget (a KL), not both")
     src, dst = Path(src), Path(dst)
     config = read_json(src / CONFIG)
     if config.get("quantization_config") or (src / modelopt.HF_QUANT_CONFIG).exists():
@@ -128,7 +137,8 @@ def quantize_checkpoint(
         raise Fp8InputError(f"keep_float={keep_float} but only {len(quantizable)} linears would be quantized")
     target = default_device(device)
     sequences, source = _calibration_ids(src, cfg, calib, calib_text, calib_seq_len, calib_tokens)
-    settings = _Settings(format, tuple(exclude), input_scale, float(percentile), keep_float, source)
+    budget = None if kl_budget is None else float(kl_budget)
+    settings = _Settings(format, tuple(exclude), input_scale, float(percentile), keep_float, source, budget)
     # Written into a hidden folder beside dst and renamed at the end: a failure leaves nothing behind.
     dst.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
@@ -234,11 +244,27 @@ def _quantize_into(
         for h in hidden:
             observer.update(norm(h))
         report.choices["lm_head"] = observer.choose(rest["lm_head.weight"])
-    del hidden
     if settings.keep_float > len(report.choices):
         raise Fp8InputError(f"keep_float={settings.keep_float} but only {len(report.choices)} linears are quantized")
     ranked = sorted(report.choices, key=lambda n: report.choices[n].rel_error, reverse=True)
     report.kept_float = ranked[: settings.keep_float]
+    if settings.kl_budget is not None:
+        final = quantizer.load([n for n in ("model.norm.weight", "lm_head.weight") if n in shards.tensors])
+        embed = quantizer.load(["model.embed_tokens.weight"])["model.embed_tokens.weight"]
+        trial = TrialModel(
+            cfg,
+            lambda i: quantizer.load(_layer_names(shards, f"model.layers.{i}")),
+            embed,
+            final,
+            sequences,
+            hidden,
+            report.choices,
+            target,
+        )
+        report.kl_search = search_budget(ranked, settings.kl_budget, lambda k: trial.kl(set(ranked[:k])), progress)
+        report.kept_float = report.kl_search.kept
+        del trial, embed, final
+    del hidden
 
     quantizer.write_plain(quantizer.load(["model.embed_tokens.weight"]))
     for i in range(cfg.num_hidden_layers):
@@ -279,12 +305,15 @@ def _record(report: QuantizeReport, settings: _Settings, sequences: int) -> dict
         "median_quantized": errors[len(errors) // 2] if errors else None,
         "kept": {n: report.choices[n].rel_error for n in report.kept_float},
     }
-    return {
+    record = {
         "version": __version__,
         "calibration": calibration,
         "kept_float": list(report.kept_float),
         "sensitivity": sensitivity,
     }
+    if report.kl_search is not None:
+        record["kl_budget"] = report.kl_search.record(report.calibration_tokens)
+    return record
 
 
 class _Quantizer:

@@ -1,10 +1,11 @@
-"""`fp8route eval PATH --task T [--compare OTHER]`: log-likelihood accuracy on real benchmark data.
+"""`fp8route eval PATH --task T [--text FILE] [--compare OTHER]`: log-likelihood accuracy on real
+benchmark data, and next-token agreement on a text file.
 
 Scores a checkpoint folder (FP8 or bf16, with its tokenizer.json) on hellaswag, arc_easy,
 arc_challenge, piqa, winogrande (acc, acc_norm) or gsm8k_bpb (bits per byte), as
-lm-evaluation-harness would. With --compare, a second folder is scored on the same batches and
-the paired difference, top-1 agreement and KL between the two are reported. One JSON per task
-goes to --out.
+lm-evaluation-harness would; --text scores every position of a text file (evaluation/text.py).
+With --compare, a second folder is scored on the same batches and the paired difference, top-1
+agreement and KL between the two are reported. One JSON per task (and per text) goes to --out.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import re
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fp8route.errors import Fp8InputError, Fp8RouteError
 from fp8route.evaluation.tasks import TASKS
@@ -37,9 +40,13 @@ def _slug(path: str) -> str:
 def _command(args: argparse.Namespace) -> str:
     """The command line that reproduces this run, for the JSON."""
     words = ["fp8route", "eval", args.path]
-    for task in args.task:
+    for task in args.task or []:
         words += ["--task", task]
-    for flag, value in (("--limit", args.limit), ("--compare", args.compare), ("--device", args.device)):
+    if args.text is not None:
+        words += ["--text", args.text, "--text-seq-len", str(args.text_seq_len)]
+    for other in args.compare or []:
+        words += ["--compare", other]
+    for flag, value in (("--backends", args.backends), ("--limit", args.limit), ("--device", args.device)):
         if value is not None:
             words += [flag, str(value)]
     words += [
@@ -55,13 +62,31 @@ def _command(args: argparse.Namespace) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
+def _result_name(kind: str, labels: list[str]) -> str:
+    name = f"{kind}-{labels[0]}" + (f"-vs-{'-'.join(labels[1:])}" if len(labels) > 1 else "")
+    return (name if len(name) <= 200 else f"{kind}-{labels[0]}-vs-{len(labels) - 1}-models") + ".json"
+
+
+def _backend_names(value: str) -> list[str]:
+    from fp8route.backends import BACKENDS
+
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BACKENDS]
+    if unknown or not names:
+        raise Fp8InputError(f"--backends {value}: expected names among {', '.join(BACKENDS)}, comma-separated")
+    return list(dict.fromkeys(names))
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from fp8route.evaluation.compare import format_summary, summarize
-    from fp8route.evaluation.loading import load_for_eval
+    from fp8route.errors import BackendUnavailableError
+    from fp8route.evaluation.compare import format_summary, pairwise, summarize
+    from fp8route.evaluation.loading import load_for_eval, routes
     from fp8route.evaluation.scoring import score_requests
     from fp8route.evaluation.tasks import load_task
+    from fp8route.evaluation.text import format_text_summary, score_text, summarize_text, text_sequences
+    from fp8route.linear.policy import Policy
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -73,19 +98,67 @@ def run(args: argparse.Namespace) -> int:
             raise Fp8InputError(f"--dtype {args.dtype}: expected one of {', '.join(_DTYPES)}")
         # On a CPU, bf16 matmuls without bf16 units run ~6x slower than fp32 (16 vs 102 GFLOP/s here).
         dtype = getattr(torch, args.dtype) if args.dtype != "auto" else (torch.float32 if device == "cpu" else None)
-        tasks = [load_task(name, args.limit) for name in args.task]
-        model, tokenizer = load_for_eval(args.path, device, dtype)
-        models, labels = [model], [_slug(args.path)]
-        if args.compare:
-            other, other_tokenizer = load_for_eval(args.compare, device, dtype)
-            probe = [r.context + r.continuation for t in tasks for e in t.examples[:5] for r in e.requests]
-            if not _same_tokenizer(tokenizer, other_tokenizer, probe):
-                raise Fp8InputError(f"{args.path} and {args.compare} tokenize the same text differently")
-            other_label = _slug(args.compare)
-            models.append(other)
-            labels.append(other_label if other_label != labels[0] else other_label + "-2")
+        if not args.task and args.text is None:
+            raise Fp8InputError("nothing to evaluate: give --task NAME (repeatable) and/or --text FILE")
+        if args.backends is not None and args.compare:
+            raise Fp8InputError("--backends compares one folder with itself under each backend; drop --compare")
+        backends = _backend_names(args.backends) if args.backends is not None else [None]
+        tasks = [load_task(name, args.limit) for name in args.task or []]
+        # (label, path, forced backend) of every model, the first the reference.
+        wanted = [(_slug(args.path), args.path, backends[0])] + [(_slug(p), p, None) for p in args.compare or []]
+        wanted += [(_slug(args.path), args.path, b) for b in backends[1:]]
+        models: list[Callable[[Any], Any]] = []
+        labels: list[str] = []
+        paths: dict[str, str] = {}
+        planned: dict[str, dict[str, Any]] = {}
+        skipped: dict[str, str] = {}
+        tokenizer: Any = None
+        texts: list[Any] = []
+        for label, path, backend in wanted:
+            label = label if backend is None else f"{label}@{backend}"
+            try:
+                model, other_tokenizer = load_for_eval(path, device, dtype, Policy.from_env(force=backend))
+            except BackendUnavailableError as e:
+                if backend is None:
+                    raise
+                skipped[backend] = str(e)
+                print(f"fp8route eval: skipped backend {backend}: {e}", file=sys.stderr)
+                continue
+            if tokenizer is None:
+                tokenizer = other_tokenizer
+                texts = text_sequences(args.text, tokenizer, args.text_seq_len, args.limit) if args.text else []
+            else:
+                probe = [r.context + r.continuation for t in tasks for e in t.examples[:5] for r in e.requests]
+                probe += [tokenizer.decode(s.tolist()) for s in texts[:2]]
+                if not _same_tokenizer(tokenizer, other_tokenizer, probe):
+                    raise Fp8InputError(f"{args.path} and {path} tokenize the same text differently")
+            while label in labels:
+                label += "-2"
+            models.append(model)
+            labels.append(label)
+            paths[label] = str(Path(path).resolve())
+            planned[label] = routes(model)
+        if not models:
+            raise Fp8InputError(f"--backends {args.backends}: none of them can run {args.path} on {device}")
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
+
+        def write(result: dict[str, Any], name: str, seconds: float, units: int, unit: str) -> None:
+            result.update(
+                command=_command(args),
+                paths=paths,
+                routes=planned,
+                device=device,
+                dtype=str(dtype or "model's own").replace("torch.", ""),
+                batch_size=args.batch_size,
+                seconds=seconds,
+                **{f"seconds_per_{unit}": seconds / units},
+            )
+            if args.backends is not None:
+                result["skipped_backends"] = skipped
+            (out / name).write_text(json.dumps(result, indent=1) + "\n")
+            print(f"  {seconds:.1f}s ({seconds / units:.3f}s/{unit} on {device}); wrote {out / name}")
+
         for task in tasks:
             requests = [r for e in task.examples for r in e.requests]
             start = time.perf_counter()
@@ -93,21 +166,18 @@ def run(args: argparse.Namespace) -> int:
             scores = score_requests(models, tokenizer, requests, device, args.batch_size, args.max_length, progress)
             seconds = time.perf_counter() - start
             result = summarize(task, scores, labels)
-            result.update(
-                command=_command(args),
-                paths={
-                    label: str(Path(p).resolve()) for label, p in zip(labels, [args.path, args.compare], strict=False)
-                },
-                device=device,
-                dtype=str(dtype or "model's own").replace("torch.", ""),
-                batch_size=args.batch_size,
-                seconds=seconds,
-                seconds_per_example=seconds / len(task.examples),
-            )
-            name = f"{task.name}-{labels[0]}" + (f"-vs-{labels[1]}" if len(labels) > 1 else "") + ".json"
-            (out / name).write_text(json.dumps(result, indent=1) + "\n")
+            if args.backends is not None:
+                result["pairwise"] = pairwise(result["per_example"])
             print(format_summary(result))
-            print(f"  {seconds:.1f}s ({seconds / len(task.examples):.3f}s/example on {device}); wrote {out / name}")
+            write(result, _result_name(task.name, labels), seconds, len(task.examples), "example")
+        if args.text:
+            start = time.perf_counter()
+            progress = None if args.quiet else TextProgress("eval text")
+            text_scores = score_text(models, texts, device, args.batch_size, progress)
+            result = summarize_text(args.text, args.text_seq_len, text_scores, labels)
+            print(format_text_summary(result))
+            seconds = time.perf_counter() - start
+            write(result, _result_name(f"text-{_slug(Path(args.text).stem)}", labels), seconds, len(texts), "sequence")
     except Fp8RouteError as e:
         print(f"fp8route eval: {e}", file=sys.stderr)
         return 2
@@ -122,9 +192,27 @@ def register(commands: argparse._SubParsersAction) -> None:
         "path", help="checkpoint folder: FP8 (ModelOpt/compressed-tensors) or bf16, with tokenizer.json"
     )
     # Checked by run(), not argparse, so a wrong name is one line on stderr and exit code 2.
-    parser.add_argument("--task", action="append", required=True, help=f"one of {', '.join(TASKS)} (repeatable)")
-    parser.add_argument("--limit", type=int, help="only the first N examples of each task")
-    parser.add_argument("--compare", metavar="OTHER_PATH", help="a second folder, scored on the same examples")
+    parser.add_argument("--task", action="append", help=f"one of {', '.join(TASKS)} (repeatable)")
+    parser.add_argument(
+        "--text",
+        metavar="FILE",
+        help="also score every next token of this UTF-8 text (packed as --calib-text is): NLL, next-token accuracy, "
+        "and with --compare top-1 agreement and KL",
+    )
+    parser.add_argument("--text-seq-len", type=int, default=512, help="tokens per packed --text sequence")
+    parser.add_argument("--limit", type=int, help="only the first N examples of each task (N sequences of --text)")
+    parser.add_argument(
+        "--compare",
+        action="append",
+        metavar="OTHER_PATH",
+        help="another folder scored on the same batches, against PATH (repeatable: PATH runs once)",
+    )
+    parser.add_argument(
+        "--backends",
+        metavar="A,B,..",
+        help="score PATH (FP8) once per backend, each forced for every layer as FP8ROUTE_FORCE forces it, "
+        "against the first; a backend that cannot run a layer is skipped and said so",
+    )
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument(
         "--dtype", default="auto", help="activations: float32, bfloat16 or auto (float32 on cpu, the model's on cuda)"

@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
         input_scale=args.input_scale,
         percentile=args.percentile,
         keep_float=args.keep_float,
+        kl_budget=args.kl_budget,
     )
     print(
         f"wrote {result.dst} ({result.format}): {len(result.quantized)} FP8 linears, "
@@ -38,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
     )
     print(calibration_line(result.record))
     return 0
+
+
+_SHOWN = 8  # kept linears named on the line; config.json lists them all
 
 
 def calibration_line(record: dict[str, Any]) -> str:
@@ -53,7 +57,14 @@ def calibration_line(record: dict[str, Any]) -> str:
     )
     if kept:
         errors = record.get("sensitivity", {}).get("kept", {})
-        line += " (" + ", ".join(f"{n} {errors[n]:.2e}" if n in errors else n for n in kept) + ")"
+        shown = ", ".join(f"{n} {errors[n]:.2e}" if n in errors else n for n in kept[:_SHOWN])
+        line += f" ({shown}" + (f", +{len(kept) - _SHOWN} more in config.json)" if len(kept) > _SHOWN else ")")
+    search = record.get("kl_budget")
+    if isinstance(search, dict):
+        line += (
+            f"; KL budget {search.get('budget')}: mean KL {search.get('achieved_kl', float('nan')):.4g} "
+            f"on the calibration tokens, {len(search.get('trials', []))} trials"
+        )
     return line
 
 
@@ -91,12 +102,20 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=DEFAULT_PERCENTILE,
         help=f"percentile of |x| for --input-scale percentile, in [90, 100] (default {DEFAULT_PERCENTILE})",
     )
-    parser.add_argument(
+    keep = parser.add_mutually_exclusive_group()
+    keep.add_argument(
         "--keep-float",
         type=int,
         default=0,
         metavar="N",
         help="keep the N linears with the largest FP8 output error in bf16 (written unquantized, listed as excluded)",
+    )
+    keep.add_argument(
+        "--kl-budget",
+        type=float,
+        metavar="X",
+        help="keep the fewest of those linears in bf16 (same ranking) so that the model's mean KL(bf16 || fp8) "
+        "on the calibration batch is <= X nats, measured by running the model (binary search, ~log2(linears) runs)",
     )
     parser.add_argument(
         "--exclude",

@@ -71,34 +71,41 @@ def summarize(task: Task, scores: Scores, labels: Sequence[str]) -> dict[str, An
     return result
 
 
+def pairwise(per_example: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Every pair's paired differences ("b - a" for labels a before b), metric by metric."""
+    labels = list(per_example)
+    return {
+        f"{b} - {a}": {name: paired_difference(per_example[a][name], per_example[b][name]) for name in per_example[a]}
+        for i, a in enumerate(labels)
+        for b in labels[i + 1 :]
+    }
+
+
 def _pct(x: float, scale: float) -> str:
     return f"{x * scale:.4f}" if scale == 1 else f"{x * scale:5.1f}"
 
 
 def format_summary(result: dict[str, Any]) -> str:
-    """A few lines for the terminal: metrics side by side, then the paired differences."""
+    """A few lines for the terminal: one per model, its metrics with their intervals, then (after
+    the first) the paired differences from the first, top-1 agreement and KL."""
     labels = list(result["models"])
     metrics = list(result["models"][labels[0]])
     lines = [f"{result['task']}: n={result['n']} ({result['requests']} requests, {result['scored_tokens']} tokens)"]
     width = max(len(label) for label in labels)
-    for name in metrics:
-        scale = 1.0 if name == "bits_per_byte" else 100.0
-        unit = "" if name == "bits_per_byte" else "%"
+    for k, label in enumerate(labels):
         cells = []
-        for label in labels:
+        for name in metrics:
+            scale, unit = (1.0, "") if name == "bits_per_byte" else (100.0, "%")
             s = result["models"][label][name]
+            cell = f"{name} {_pct(s['mean'], scale)}{unit} [{_pct(s['low'], scale)}, {_pct(s['high'], scale)}]"
+            if k:
+                d, dp = result["paired"][label][name], 4 if scale == 1 else 2
+                cell += f" diff {d['mean'] * scale:+.{dp}f} [{d['low'] * scale:+.{dp}f}, {d['high'] * scale:+.{dp}f}]"
+            cells.append(cell)
+        if k:
+            agree = result["agreement"][label]
             cells.append(
-                f"{label:>{width}} {_pct(s['mean'], scale)}{unit} [{_pct(s['low'], scale)}, {_pct(s['high'], scale)}]"
+                f"top-1 agreement {agree['top1'] * 100:.2f}%, mean KL({labels[0]} || it) {agree['mean_kl']:.4f}"
             )
-        line = f"  {name:<13} " + "   ".join(cells)
-        for label in labels[1:]:
-            d = result["paired"][label][name]
-            lo, hi, dp = d["low"] * scale, d["high"] * scale, 4 if scale == 1 else 2
-            line += f"   diff {d['mean'] * scale:+.{dp}f}{unit} [{lo:+.{dp}f}, {hi:+.{dp}f}]"
-        lines.append(line)
-    for label, agree in result.get("agreement", {}).items():
-        lines.append(
-            f"  {label} vs {labels[0]}: top-1 agreement {agree['top1'] * 100:.2f}%, "
-            f"mean KL({labels[0]} || {label}) {agree['mean_kl']:.4f} nats/token"
-        )
+        lines.append(f"  {label:<{width}}  " + "   ".join(cells))
     return "\n".join(lines)

@@ -17,16 +17,22 @@ import torch
 
 from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.errors import Fp8InputError
+from fp8route.linear.plan import fallback_lines
+from fp8route.linear.policy import Policy
 from fp8route.models.load import is_quantized, read_plain
 from fp8route.models.tokenizer import load_tokenizer
 
 
 def load_for_eval(
-    path: str | os.PathLike[str], device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+    path: str | os.PathLike[str],
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    policy: Policy | None = None,
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], Any]:
     """(model, tokenizer) for a checkpoint folder: `model(input_ids[B, T]) -> logits[B, T, V]`,
     computed in dtype (None: the embedding's, bf16 for these folders). FP8 layers quantize their
-    inputs to FP8 whatever dtype the activations are carried in."""
+    inputs to FP8 whatever dtype the activations are carried in; policy (e.g. a forced backend)
+    plans them, FP8ROUTE_* from the environment when None."""
     from fp8route.checkpoint.load import load_checkpoint
     from fp8route.models.llama import LlamaConfig, LlamaForCausalLM
 
@@ -37,8 +43,21 @@ def load_for_eval(
     tokenizer = load_tokenizer(folder)
     device = torch.device(device)
     if is_quantized(folder, config):
-        model = LlamaForCausalLM.from_checkpoint(load_checkpoint(folder, device))
+        model = LlamaForCausalLM.from_checkpoint(load_checkpoint(folder, device, policy=policy))
     else:
         model = LlamaForCausalLM(LlamaConfig.from_hf(config), {}, read_plain(folder, device, None))
     model.eval()
     return (model if dtype is None else functools.partial(model, dtype=dtype)), tokenizer
+
+
+def routes(model: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, Any]:
+    """Which backends a loaded model's FP8 layers are planned to run, and every distinct fallback."""
+    from fp8route.linear.layer import Fp8Linear
+
+    module = model.func if isinstance(model, functools.partial) else model
+    if not isinstance(module, torch.nn.Module):
+        return {"backends": [], "fallbacks": []}
+    plans = [m.plan for m in module.modules() if isinstance(m, Fp8Linear)]
+    backends = sorted({b.name for plan in plans for b in plan.backends})
+    fallbacks = sorted({line for plan in plans for line in fallback_lines(plan.fallbacks)})
+    return {"backends": backends, "fallbacks": fallbacks}

@@ -7,6 +7,8 @@ Arrow streams read by fp8route.evaluation.arrow) and OLMES request files
 never imported (its __init__ pulls in dependencies we do not need). The multiple-choice tasks are
 built from the raw rows with lm-eval's doc_to_text / doc_to_choice; gsm8k_bpb uses the OLMES
 requests as shipped (their 8-shot "Question: ...\\nAnswer:" prompt and the reference answer).
+arc_easy_test / arc_challenge_test take ARC's test questions (2376 / 1172) from OLMES request files
+and prompt them 0-shot as the validation split is.
 """
 
 from __future__ import annotations
@@ -115,6 +117,22 @@ def _winogrande(row: dict[str, Any], i: int) -> Example:
     return Example(f"winogrande/{i}", requests, {"1": 0, "2": 1}[row["answer"]], (suffix.strip(),) * 2)
 
 
+def _olmes_test(name: str, limit: int | None) -> list[Example]:
+    """The test split's questions from an OLMES request file (whose 5-shot contexts are not used):
+    each doc once, in doc_id order, prompted 0-shot as the validation split is."""
+    path = data_root() / f"oe_eval_tasks/{name.removesuffix('_test')}/test_rc_5shot/requests.jsonl.gz"
+    if not path.is_file():
+        raise Fp8InputError(f"{path}: missing; reinstall the data: {PIP}")
+    docs: dict[int, dict[str, Any]] = {}
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            item = json.loads(line)
+            if item["doc_id"] < _UNCONDITIONAL:
+                docs.setdefault(item["doc_id"], item["doc"])
+    ordered = [docs[k] for k in sorted(docs)][:limit]
+    return [_multiple_choice(f"{name}/{d['id']}", d["query"], d["choices"], int(d["gold"])) for d in ordered]
+
+
 def _gsm8k_bpb(limit: int | None) -> list[Example]:
     path = data_root() / "oe_eval_tasks/gsm8k/gold_bpb_5shot/requests.jsonl.gz"
     if not path.is_file():
@@ -149,7 +167,9 @@ _MULTIPLE_CHOICE = {
         "sentence up to the blank + option -> ' rest of the sentence' (partial evaluation)",
     ),
 }
-TASKS = (*_MULTIPLE_CHOICE, "gsm8k_bpb")
+_TEST_SPLITS = ("arc_easy_test", "arc_challenge_test")  # ARC's test questions, which OLMES ships
+_UNCONDITIONAL = 1_000_000  # OLMES doc ids from here on are the unconditioned (acc_uncond) copies
+TASKS = (*_MULTIPLE_CHOICE, *_TEST_SPLITS, "gsm8k_bpb")
 
 
 def load_task(name: str, limit: int | None = None) -> Task:
@@ -166,6 +186,10 @@ def load_task(name: str, limit: int | None = None) -> Task:
             "chain of thought ending 'So the answer is N.' as the continuation",
             acc_norm=False,
         )
+    if name in _TEST_SPLITS:
+        source = f"oe_eval_tasks/{name.removesuffix('_test')}/test_rc_5shot/requests.jsonl.gz (docs)"
+        prompt = "Question: q\\nAnswer: -> ' choice' (0-shot; the file's 5-shot contexts are not used)"
+        return Task(name, "multiple_choice", tuple(_olmes_test(name, limit)), source, prompt)
     if name not in _MULTIPLE_CHOICE:
         raise Fp8InputError(f"unknown task {name!r}; known: {', '.join(TASKS)}")
     relative, build, prompt = _MULTIPLE_CHOICE[name]

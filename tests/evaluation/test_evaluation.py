@@ -15,7 +15,7 @@ from fp8route import quantize_checkpoint
 from fp8route.checkpoint.gguf_tokenizer import write_tokenizer
 from fp8route.cli import main
 from fp8route.errors import Fp8InputError
-from fp8route.evaluation.compare import mean_interval, paired_difference, summarize
+from fp8route.evaluation.compare import mean_interval, paired_difference, pairwise, summarize
 from fp8route.evaluation.scoring import encode_pair, example_metrics, score_requests
 from fp8route.evaluation.tasks import TASKS, Example, Request, Task, hellaswag_preprocess, load_task
 
@@ -127,6 +127,15 @@ def test_paired_interval_by_hand():
     assert (m["mean"], m["low"], m["high"]) == (1.0, 1.0, 1.0)
 
 
+def test_pairwise_differences_of_every_pair():
+    per_example = {"a": {"acc": [1, 0, 1]}, "b": {"acc": [1, 1, 1]}, "c": {"acc": [0, 0, 1]}}
+    pairs = pairwise(per_example)
+    assert list(pairs) == ["b - a", "c - a", "c - b"]
+    assert pairs["b - a"]["acc"]["mean"] == pytest.approx(1 / 3) and pairs["c - b"]["acc"]["mean"] == pytest.approx(
+        -2 / 3
+    )
+
+
 def test_hellaswag_preprocess_matches_lm_eval():
     text = "Personal Care: How to tie a tie. [title] Pick a knot. [step] Hold it  up."
     assert hellaswag_preprocess(text) == "Personal Care: How to tie a tie.. Pick a knot. Hold it up."
@@ -144,6 +153,10 @@ def test_tasks_load_their_first_examples(name):
     expected = {
         "hellaswag": ("Roof shingle removal: A man is sitting on a roof. He", " starts pulling up roofing on a roof."),
         "arc_easy": ("Question: Which technology was developed most recently?\nAnswer:", " cellular telephone"),
+        "arc_easy_test": (
+            "Question: Which statement best explains why photosynthesis is the foundation of most food webs?\nAnswer:",
+            " Sunlight is the source of energy for nearly all ecosystems.",
+        ),
         "piqa": ("Question: How do I ready a guinea pig cage for it's new occupants?\nAnswer:", None),
         "winogrande": ("Sarah was a much better surgeon than Maria so Maria", " always got the easier cases."),
     }.get(name)
