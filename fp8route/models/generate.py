@@ -17,6 +17,7 @@ import torch
 from fp8route.errors import Fp8InputError
 from fp8route.models.kv_cache import KVCache
 from fp8route.models.llama import LlamaConfig
+from fp8route.models.parallel import shared_seed
 
 
 class Engine(Protocol):
@@ -133,6 +134,8 @@ def generate(
         return Generation(out, torch.empty(batch, 0, vocab)) if return_logits else out
 
     generator = None
+    if temperature > 0:
+        seed = shared_seed(seed, device)
     if temperature > 0 and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
     eos_ids = torch.tensor(eos, device=device) if eos else None

@@ -61,6 +61,20 @@ def init_from_env(device: torch.device | str | None) -> torch.device | None:
     return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
 
+def shared_seed(seed: int | None, device: torch.device) -> int | None:
+    """The seed every rank samples with: the given one, or under tensor parallelism one drawn by
+    rank 0 and broadcast (ranks that sampled apart would feed the model different tokens)."""
+    if seed is not None or Shard.current() is None:
+        return seed
+    value = (
+        torch.randint(0, 2**62, (1,), device=device)
+        if dist.get_rank() == 0
+        else torch.zeros(1, dtype=torch.int64, device=device)
+    )
+    dist.broadcast(value, src=0)
+    return int(value.item())
+
+
 def check_divisible(cfg: LlamaConfig, size: int) -> None:
     """Which sizes a model splits over, said before any weight is read."""
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads

@@ -208,3 +208,21 @@ def test_sizes_that_do_not_divide_the_heads_or_the_vocabulary_are_named(tmp_path
         Slicer.of(cfg, Shard(0, 2), "rows")  # type: ignore[arg-type]
     with pytest.raises(Fp8InputError, match="tp_lm_head must be one of"):
         load_model(tmp_path, "cpu", tp_lm_head="rows")  # type: ignore[arg-type]
+
+
+def sample_rank(rank: int, world: int, folder: str, init: str, out: str) -> None:
+    dist.init_process_group("gloo", rank=rank, world_size=world, init_method=init)
+    try:
+        torch.manual_seed(rank)  # each rank's own RNG differs: the sampled tokens must not
+        model = load_model(folder, "cpu", dtype=torch.float32, max_batch_size=2, max_seq_len=16)
+        torch.save(model.generate(PROMPT, NEW, temperature=1.0), f"{out}/sampled{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_sample_the_same_tokens_without_a_seed(tmp_path):
+    folder, _ = checkpoint(tmp_path, Case("fp8"))
+    mp.start_processes(
+        sample_rank, args=(2, str(folder), f"file://{tmp_path}/init", str(tmp_path)), nprocs=2, start_method="spawn"
+    )
+    assert torch.equal(torch.load(tmp_path / "sampled0.pt"), torch.load(tmp_path / "sampled1.pt"))
