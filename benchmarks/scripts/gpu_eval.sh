@@ -153,6 +153,7 @@ main() {
     if [ -f "$MODELS/$name/config.json" ]; then sweep+=(--compare "$MODELS/$name"); fi
   done
   local left=$((HARD_STOP - (SECONDS - T0)))
+  if [ "$left" -lt 60 ]; then left=60; fi  # (timeout 0 would mean no limit at all)
   stamp "evaluate (in parallel, each stopped after $left s)"
   launch eval-hellaswag evaluate "$left" "$BF16" "${core[@]}" --task hellaswag --out "$RESULTS/main"
   if [ ${#sweep[@]} -gt 0 ]; then
