@@ -19,8 +19,8 @@ bf16 = write_checkpoint(root / "bf16", llama_tensors(config), config)
 write_tokenizer(metadata, bf16)
 print(quantize_checkpoint(bf16, root / "fp8", format="modelopt", device="cuda").dst)
 PY
-for tp in 1 2; do
-  timeout 120 python3 -m fp8route generate "$DIR/fp8" --prompt "the theme" --max-new-tokens 24 --tp $tp \
+for tp in ${TPS:-1 2}; do
+  timeout ${GEN_TIMEOUT:-120} python3 -m fp8route generate "$DIR/fp8" --prompt "the theme" --max-new-tokens 24 --tp $tp \
     > "$OUT/tp$tp.out" 2> "$OUT/tp$tp.err"
   echo "tp=$tp rc=$?"; tail -3 "$OUT/tp$tp.err"
 done

@@ -4,6 +4,7 @@ by itself (fp8route.models.parallel.init_from_env)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import tempfile
@@ -47,6 +48,12 @@ def _rank_main(rank: int, size: int, port: int, fn: Callable[..., Any], args: tu
         if rank == 0:
             torch.save(value, result)
     finally:
+        # A model's decode graphs (which hold NCCL work) live in a reference cycle until collected;
+        # destroying the process group under them hung `generate --tp 2` at exit on two H200s.
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
         if dist.is_initialized():
             dist.destroy_process_group()
 
