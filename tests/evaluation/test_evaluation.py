@@ -9,10 +9,7 @@ import os
 
 import pytest
 import torch
-from checkpoint_helpers import TINY, llama_tensors, synthetic_gguf_metadata, write_checkpoint
 
-from fp8route import quantize_checkpoint
-from fp8route.checkpoint.gguf_tokenizer import write_tokenizer
 from fp8route.cli import main
 from fp8route.errors import Fp8InputError
 from fp8route.evaluation.compare import mean_interval, paired_difference, pairwise, summarize
@@ -172,18 +169,6 @@ def test_tasks_load_their_first_examples(name):
 def test_unknown_task_is_named():
     with pytest.raises(Fp8InputError, match="unknown task 'mmlu'"):
         load_task("mmlu")
-
-
-@pytest.fixture(scope="module")
-def tiny_folders(tmp_path_factory):
-    """A tiny random Llama whose vocabulary is a byte-level tokenizer's, in bf16 and FP8."""
-    metadata = synthetic_gguf_metadata()
-    config = dict(TINY, vocab_size=len(metadata["tokenizer.ggml.tokens"]))
-    root = tmp_path_factory.mktemp("eval")
-    bf16 = write_checkpoint(root / "bf16", llama_tensors(config), config)
-    write_tokenizer(metadata, bf16)
-    quantize_checkpoint(bf16, root / "fp8", format="modelopt", device="cpu")
-    return bf16, root / "fp8"
 
 
 def test_batch_encoding_matches_one_by_one(tiny_folders):

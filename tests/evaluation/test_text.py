@@ -6,10 +6,8 @@ import math
 
 import pytest
 import torch
-from checkpoint_helpers import TINY, llama_tensors, synthetic_gguf_metadata, write_checkpoint
 
 from fp8route import quantize_checkpoint
-from fp8route.checkpoint.gguf_tokenizer import write_tokenizer
 from fp8route.cli import main
 from fp8route.evaluation.text import ratio_interval, score_text, summarize_text, text_sequences
 from fp8route.models.tokenizer import load_tokenizer
@@ -81,19 +79,14 @@ TEXT = "\n\n".join(
 
 
 @pytest.fixture(scope="module")
-def tiny_folders(tmp_path_factory):
-    metadata = synthetic_gguf_metadata()
-    config = dict(TINY, vocab_size=len(metadata["tokenizer.ggml.tokens"]))
-    root = tmp_path_factory.mktemp("text")
-    bf16 = write_checkpoint(root / "bf16", llama_tensors(config), config)
-    write_tokenizer(metadata, bf16)
-    quantize_checkpoint(bf16, root / "fp8", format="modelopt", device="cpu")
-    (root / "heldout.txt").write_text(TEXT)
-    return bf16, root / "fp8", root / "heldout.txt"
+def text_folders(tiny_folders, tmp_path_factory):
+    text = tmp_path_factory.mktemp("text") / "heldout.txt"
+    text.write_text(TEXT)
+    return (*tiny_folders, text)
 
 
-def test_text_is_packed_and_limited(tiny_folders):
-    bf16, _, text = tiny_folders
+def test_text_is_packed_and_limited(text_folders):
+    bf16, _, text = text_folders
     tokenizer = load_tokenizer(bf16)
     every = [i for doc in TEXT.split("\n\n") for i in tokenizer.encode(doc).ids]
     sequences = text_sequences(text, tokenizer, 32, None)
@@ -101,8 +94,8 @@ def test_text_is_packed_and_limited(tiny_folders):
     assert len(text_sequences(text, tokenizer, 32, 2)) == 2
 
 
-def test_cli_text_compare(tiny_folders, tmp_path, capsys):
-    bf16, fp8, text = tiny_folders
+def test_cli_text_compare(text_folders, tmp_path, capsys):
+    bf16, fp8, text = text_folders
     out = tmp_path / "results"
     argv = ["eval", str(bf16), "--compare", str(fp8), "--text", str(text), "--text-seq-len", "32", "--limit", "5"]
     assert main([*argv, "--device", "cpu", "--batch-size", "2", "--out", str(out), "--quiet"]) == 0
@@ -124,16 +117,16 @@ def test_cli_text_compare(tiny_folders, tmp_path, capsys):
         (["--text", "TEXT", "--text-seq-len", "1"], "--text-seq-len must be at least 2 tokens, got 1"),
     ],
 )
-def test_cli_text_errors_are_one_line(tiny_folders, tmp_path, capsys, argv, message):
-    bf16, _, text = tiny_folders
+def test_cli_text_errors_are_one_line(text_folders, tmp_path, capsys, argv, message):
+    bf16, _, text = text_folders
     argv = [str(text) if a == "TEXT" else a for a in argv]
     rc = main(["eval", str(bf16), *argv, "--device", "cpu", "--out", str(tmp_path), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.count("\n") == 0 and message in err
 
 
-def test_cli_many_models_share_one_reference(tiny_folders, tmp_path, capsys):
-    bf16, fp8, text = tiny_folders
+def test_cli_many_models_share_one_reference(text_folders, tmp_path, capsys):
+    bf16, fp8, text = text_folders
     mse = tmp_path / "fp8_mse"
     quantize_checkpoint(bf16, mse, format="modelopt", device="cpu", input_scale="mse")
     out = tmp_path / "results"
@@ -147,8 +140,8 @@ def test_cli_many_models_share_one_reference(tiny_folders, tmp_path, capsys):
     assert result["routes"]["fp8"]["backends"] == ["reference"] and result["routes"]["bf16"]["backends"] == []
 
 
-def test_cli_backends_skip_what_cannot_run_here(tiny_folders, tmp_path, capsys):
-    _, fp8, text = tiny_folders
+def test_cli_backends_skip_what_cannot_run_here(text_folders, tmp_path, capsys):
+    _, fp8, text = text_folders
     out = tmp_path / "results"
     argv = ["eval", str(fp8), "--backends", "reference,cublas", "--text", str(text), "--limit", "2"]
     assert main([*argv, "--device", "cpu", "--out", str(out), "--quiet"]) == 0
@@ -167,8 +160,8 @@ def test_cli_backends_skip_what_cannot_run_here(tiny_folders, tmp_path, capsys):
         (["--backends", "cublas,rowwise"], "--backends cublas,rowwise: none of them can run"),
     ],
 )
-def test_cli_backends_errors_are_one_line(tiny_folders, tmp_path, capsys, argv, message):
-    _, fp8, text = tiny_folders
+def test_cli_backends_errors_are_one_line(text_folders, tmp_path, capsys, argv, message):
+    _, fp8, text = text_folders
     rc = main(["eval", str(fp8), "--text", str(text), *argv, "--device", "cpu", "--out", str(tmp_path), "--quiet"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and message in err[-1] and all(line.startswith("fp8route eval: ") for line in err)
