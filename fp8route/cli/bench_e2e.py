@@ -14,7 +14,7 @@ from fp8route.backends import BACKENDS
 from fp8route.checkpoint.random import write_random
 from fp8route.cli.sweep_args import command_line, cuda_device, int_list
 from fp8route.errors import Fp8InputError
-from fp8route.models.collectives import METHODS
+from fp8route.models.collectives import METHODS, check_method
 from fp8route.models.e2e_bench import as_json, bench_arm, plot, table, tp_summary
 from fp8route.models.shapes import MODELS
 from fp8route.models.spawn import run_ranks
@@ -39,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
     batches, inputs = int_list(args.batch, "--batch"), int_list(args.input, "--input")
     sizes = int_list(args.tp, "--tp")
     methods = [m.strip() for m in args.all_reduce.split(",") if m.strip()]
-    if any(m not in METHODS for m in methods):
-        raise Fp8InputError(f"--all-reduce: one or more of {', '.join(METHODS)}, got {args.all_reduce!r}")
+    for method in methods:
+        check_method(method)
     if max(sizes) > torch.cuda.device_count():
         raise Fp8InputError(f"--tp {max(sizes)} needs that many GPUs; {torch.cuda.device_count()} are visible")
     if args.output < 2:

@@ -26,6 +26,11 @@ METHODS = ("nccl", "symm_mem")
 ONE_SHOT_BYTES = 512 * 1024  # up to here the one-shot all-reduce beats NCCL on two H200s
 
 
+def check_method(method: str) -> None:
+    if method not in METHODS:
+        raise Fp8InputError(f"all-reduce method must be one of {', '.join(METHODS)}, got {method!r}")
+
+
 def keep_multicast_off() -> None:
     """Set MULTICAST_OFF in this process's environment where the user has not set them."""
     for name, value in MULTICAST_OFF.items():
@@ -41,8 +46,7 @@ class AllReduce:
     is NCCL's (gloo's) path with the reason said. "nccl" never tries it."""
 
     def __init__(self, device: torch.device, dtype: torch.dtype, one_shot_bytes: int, method: str = "nccl") -> None:
-        if method not in METHODS:
-            raise Fp8InputError(f"all-reduce method must be one of {', '.join(METHODS)}, got {method!r}")
+        check_method(method)
         self.method = "nccl"
         self.reason = "asked for nccl" if method == "nccl" else "not a CUDA device"
         self._buffer: torch.Tensor | None = None

@@ -65,16 +65,17 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def _timed(fn: Callable[[], object], repeats: int) -> float:
+def _timed(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
+    """(median seconds of repeats calls, the last call's result)."""
     fn()  # untimed: a first call at a new size (a NCCL path, a kernel's first launch) pays set-up
     times = []
     for _ in range(repeats):
         torch.cuda.synchronize()
         start = time.perf_counter()
-        fn()
+        result = fn()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(times), result
 
 
 def bench_arm(
@@ -121,11 +122,10 @@ def bench_arm(
         for tokens in inputs:
             ids = torch.randint(0, vocab, (batch, tokens), device="cuda", generator=gen)
             lengths = torch.full((batch,), tokens, device="cuda", dtype=torch.int64)
-            ttft = _timed(functools.partial(model.prefill, ids, lengths), repeats)
-            full = _timed(functools.partial(model.generate, ids, output), repeats)
-            generated = model.generate(ids, output)
+            ttft, _ = _timed(functools.partial(model.prefill, ids, lengths), repeats)
+            full, generated = _timed(functools.partial(model.generate, ids, output), repeats)
             assert isinstance(generated, torch.Tensor)
-            one = _timed(functools.partial(model.generate, ids, 1), repeats)
+            one, _ = _timed(functools.partial(model.generate, ids, 1), repeats)
             step = (full - one) / (output - 1)
             floor = nbytes / (copy_gbs * 1e9)
             rows.append(
@@ -145,7 +145,7 @@ def bench_arm(
                     torch.cuda.max_memory_allocated() / 1e9,
                     hashlib.sha1(generated.cpu().numpy().tobytes()).hexdigest()[:12],
                     _ranks_agree(generated) if tp > 1 else None,
-                    (model.parallel or "").partition("all-reduce ")[2].split(" ")[0],
+                    all_reduce if tp > 1 else "",
                 )  # fmt: skip
             )
     del model

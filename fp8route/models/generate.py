@@ -136,8 +136,8 @@ def generate(
     generator = None
     if temperature > 0:
         seed = shared_seed(seed, device)
-    if temperature > 0 and seed is not None:
-        generator = torch.Generator(device=device).manual_seed(seed)
+        if seed is not None:
+            generator = torch.Generator(device=device).manual_seed(seed)
     eos_ids = torch.tensor(eos, device=device) if eos else None
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     kept: list[torch.Tensor] = []

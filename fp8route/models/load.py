@@ -20,11 +20,10 @@ from fp8route.checkpoint.shards import ShardSet, Slices
 from fp8route.errors import CheckpointError, Fp8InputError
 from fp8route.linear.policy import Policy
 from fp8route.models.causal_lm import CausalLM
-from fp8route.models.collectives import ONE_SHOT_BYTES, AllReduce
+from fp8route.models.collectives import ONE_SHOT_BYTES, AllReduce, check_method
 from fp8route.models.llama import LlamaConfig
 from fp8route.models.parallel import (
     LmHead,
-    RowParallel,
     Shard,
     Slicer,
     check_lm_head,
@@ -86,6 +85,7 @@ def load_model(
     if dtype not in FLOAT_DTYPES:
         raise Fp8InputError(f"load_model: dtype must be bfloat16, float16 or float32, got {dtype}")
     check_lm_head(tp_lm_head)
+    check_method(all_reduce)
     folder = Path(path)
     config = read_json(folder / CONFIG)
     cfg = LlamaConfig.from_hf(config, CONFIG)
@@ -103,12 +103,9 @@ def load_model(
         linears, tensors = {}, read_plain(folder, target, dtype, slicer)
     reduce = None
     if slicer is not None:
-        linears, tensors = wrap_layers(linears, tensors, slicer)
-        cfg = local_config(cfg, slicer.shard.size)
         reduce = AllReduce(target, dtype, ONE_SHOT_BYTES, all_reduce)
-        for module in linears.values():
-            if isinstance(module, RowParallel):
-                module.reduce = reduce
+        linears, tensors = wrap_layers(linears, tensors, slicer, reduce)
+        cfg = local_config(cfg, slicer.shard.size)
     model = CausalLM(
         cfg,
         linears,

@@ -106,11 +106,6 @@ def local_config(cfg: LlamaConfig, size: int) -> LlamaConfig:
     )
 
 
-def nccl_all_reduce(x: torch.Tensor) -> torch.Tensor:
-    dist.all_reduce(x)
-    return x
-
-
 @dataclass(frozen=True)
 class Slicer:
     """The one place that says which part of each weight a rank owns, by module leaf name: the rows
@@ -150,10 +145,10 @@ class Slicer:
 
 
 class RowParallel(nn.Module):
-    """A row-parallel linear: this rank's partial product, summed over the ranks by reduce
-    (load_model gives every RowParallel of a model the one AllReduce it picked)."""
+    """A row-parallel linear: this rank's partial product, summed over the ranks by reduce (the
+    one AllReduce load_model picked for the model)."""
 
-    def __init__(self, linear: nn.Module, reduce: Callable[[torch.Tensor], torch.Tensor] = nccl_all_reduce) -> None:
+    def __init__(self, linear: nn.Module, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
         super().__init__()
         self.linear = linear
         self.reduce = reduce
@@ -183,9 +178,12 @@ class VocabParallelHead(nn.Module):
 
 
 def wrap_layers(
-    linears: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor], slicer: Slicer
+    linears: Mapping[str, nn.Module],
+    tensors: Mapping[str, torch.Tensor],
+    slicer: Slicer,
+    reduce: Callable[[torch.Tensor], torch.Tensor],
 ) -> tuple[dict[str, nn.Module], dict[str, torch.Tensor]]:
-    """The modules a rank runs around the slices it read: o/down in RowParallel, a vocabulary-split
+    """The modules a rank runs around the slices it read: o/down in RowParallel (summed by reduce), a vocabulary-split
     lm_head (a block of the embedding when tied) in VocabParallelHead; the rest as they are."""
     out_linears, out_tensors = dict(linears), dict(tensors)
     split_vocab = "lm_head" in slicer.rows
@@ -202,16 +200,14 @@ def wrap_layers(
     for name, module in out_linears.items():
         leaf = name.rpartition(".")[2]
         if leaf in slicer.columns:
-            out_linears[name] = RowParallel(_bias_once(module, slicer.shard))
+            out_linears[name] = RowParallel(_bias_once(module, slicer.shard), reduce)
         elif leaf == "lm_head" and split_vocab:
             out_linears[name] = VocabParallelHead(module, slicer.shard.size)
     return out_linears, out_tensors
 
 
-def _all_gather(output: torch.Tensor, local: torch.Tensor) -> None:
-    # torch 2.13 renamed all_gather_into_tensor (the old name warns); torch>=2.6 has only the old one.
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(output, local)
+# torch 2.13 renamed all_gather_into_tensor (the old name warns); torch>=2.6 has only the old one.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _block(total: int, shard: Shard) -> slice:
