@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from fp8route.backends.kernels.launcher import DirectLauncher
 from fp8route.backends.kernels.triton_support import tl, triton
 from fp8route.errors import Fp8InputError
 from fp8route.quant import FP8_DTYPE
@@ -39,6 +40,10 @@ if triton is not None:
         x = tl.load(x_ptr + offs, mask=mask, other=0.0)
         tl.store(q_ptr + offs, quantize_e4m3(x, s, tl.math.div_rn(1.0, s)), mask=mask)
 
+    _BLOCK = 1024
+    _META = {"BLOCK": _BLOCK, "num_warps": 4}
+    _LAUNCHER = DirectLauncher(_quantize_kernel, pointers=3)
+
 
 def quantize_fp8(x: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:
     """x quantized with a static scale in one kernel launch (eager torch takes four kernels over
@@ -46,6 +51,8 @@ def quantize_fp8(x: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:
     if not x.is_contiguous():
         raise Fp8InputError("quantize_fp8: x must be contiguous")
     q = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
-    block = 1024
-    _quantize_kernel[(triton.cdiv(x.numel(), block),)](x, q, input_scale, x.numel(), BLOCK=block, num_warps=4)
+    numel = x.numel()
+    # What triton specializes numel on: == 1, % 16, 32 or 64 bits.
+    key = (x.dtype, numel == 1, numel % 16 == 0, numel < 2**31)
+    _LAUNCHER(((numel + _BLOCK - 1) // _BLOCK,), key, (x, q, input_scale, numel), _META)
     return q

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from fp8route.backends.kernels.decode.configs import DecodeConfig, cdiv, choose_config, why_not
 from fp8route.backends.kernels.decode.kernels import decode_cuda_core_kernel, decode_mma_kernel
+from fp8route.backends.kernels.launcher import DirectLauncher
 from fp8route.backends.problem import DeviceInfo
 from fp8route.errors import Fp8InputError, Fp8TypeError
 from fp8route.quant import FP8_DTYPE
 
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 _REDUCE_UNROLL = 8  # partials summed per round by the last CTA (loads in flight)
+_POINTERS = 8  # x, weight, out, bias, workspace, counters, the two scales
+_MMA = DirectLauncher(decode_mma_kernel, _POINTERS)
+_CUDA_CORE = DirectLauncher(decode_cuda_core_kernel, _POINTERS)
 
 # A cache of one zeroed counter buffer per device, kept zero by the kernel itself. Two launches
 # running concurrently on different streams of one device would share it: serialize them (decode does).
@@ -93,6 +99,44 @@ def decode_gemm(
     return launch(x, weight, weight_scale, input_scale, bias, out_dtype, out=out, config=config)
 
 
+@dataclass(frozen=True)
+class _Launch:
+    """What launch derives from a call's shapes and dtypes, once per distinct call."""
+
+    kernel: DirectLauncher
+    grid: tuple[int]
+    split: int
+    k_per_split: int
+    tiles: int
+    meta: dict[str, Any]
+
+
+_LAUNCHES: dict[tuple[Any, ...], _Launch] = {}
+
+
+def _plan_launch(m: int, n: int, k: int, device: torch.device, x_fp8: bool, has_bias: bool,
+                 config: DecodeConfig | None) -> _Launch:  # fmt: skip
+    cfg = config or choose_config(m, n, k, _device(device))
+    if cfg.cuda_core and m > cfg.block_m:
+        raise Fp8InputError(f"decode_gemm: {cfg} takes at most {cfg.block_m} tokens, got M={m}")
+    k_iters = cdiv(k, cfg.block_k)
+    split = max(1, min(cfg.split_k, k_iters))
+    k_per_split = cdiv(k_iters, split) * cfg.block_k
+    split = cdiv(k, k_per_split)  # no empty splits
+    tiles = cdiv(n, cfg.block_n) * cdiv(m, cfg.block_m)
+    meta: dict[str, Any] = dict(
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m,
+        QUANT_X=not x_fp8, HAS_BIAS=has_bias, USE_WS=split > 1,
+        EVEN_K=k_per_split * split == k, EVEN_N=n % cfg.block_n == 0, REDUCE_UNROLL=_REDUCE_UNROLL,
+        num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
+    )  # fmt: skip
+    if cfg.cuda_core:
+        kernel, meta["NUM_STAGES"] = _CUDA_CORE, cfg.num_stages
+    else:
+        kernel, meta["IMPRECISE_ACC"], meta["num_stages"] = _MMA, min(128, cfg.block_k), cfg.num_stages
+    return _Launch(kernel, (tiles * split,), split, k_per_split, tiles, meta)
+
+
 def launch(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -108,37 +152,24 @@ def launch(
     whose forward checked x: the checks cost microseconds of host time on every decode step."""
     m, k = x.shape
     n = weight.shape[0]
-    cfg = config or choose_config(m, n, k, _device(weight.device))
+    stride_xm, stride_wn = x.stride(0), weight.stride(0)
+    # Every integer argument and dtype the kernel specializes on; the launcher adds alignment.
+    key = (m, n, k, stride_xm, stride_wn, x.dtype, out_dtype, bias is None, x.device, config)
+    plan = _LAUNCHES.get(key)
+    if plan is None:
+        plan = _LAUNCHES[key] = _plan_launch(m, n, k, x.device, x.dtype == FP8_DTYPE, bias is not None, config)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=x.device)
-    elif out.shape != (m, n) or out.dtype != out_dtype or out.stride(1) != 1:
-        raise Fp8InputError(f"decode_gemm: out must be [{m}, {n}] {out_dtype} with contiguous rows")
-
-    if cfg.cuda_core and m > cfg.block_m:
-        raise Fp8InputError(f"decode_gemm: {cfg} takes at most {cfg.block_m} tokens, got M={m}")
-    k_iters = cdiv(k, cfg.block_k)
-    split = max(1, min(cfg.split_k, k_iters))
-    k_per_split = cdiv(k_iters, split) * cfg.block_k
-    split = cdiv(k, k_per_split)  # no empty splits
-    tiles = cdiv(n, cfg.block_n) * cdiv(m, cfg.block_m)
-    use_ws = split > 1
-    ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if use_ws else out
-    cnt = _counters(x.device, tiles) if use_ws else out
-
+    elif out.shape != (m, n) or out.dtype != out_dtype or out.stride(0) != n or out.stride(1) != 1:
+        raise Fp8InputError(f"decode_gemm: out must be a contiguous [{m}, {n}] {out_dtype} tensor")
+    if plan.split > 1:
+        ws = torch.empty((plan.split, m, n), dtype=torch.float32, device=x.device)
+        cnt = _counters(x.device, plan.tiles)
+    else:
+        ws = cnt = out
     args = (
         x, weight, out, bias if bias is not None else out, ws, cnt, weight_scale, input_scale,
-        m, n, k, x.stride(0), weight.stride(0), out.stride(0), split, k_per_split,
+        m, n, k, stride_xm, stride_wn, n, plan.split, plan.k_per_split,
     )  # fmt: skip
-    flags = dict(
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m,
-        QUANT_X=x.dtype != FP8_DTYPE, HAS_BIAS=bias is not None, USE_WS=use_ws,
-        EVEN_K=k_per_split * split == k, EVEN_N=n % cfg.block_n == 0, REDUCE_UNROLL=_REDUCE_UNROLL,
-        num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
-    )  # fmt: skip
-    assert decode_cuda_core_kernel is not None and decode_mma_kernel is not None, "launch needs triton"
-    if cfg.cuda_core:
-        decode_cuda_core_kernel[(tiles * split,)](*args, **flags, NUM_STAGES=cfg.num_stages)
-    else:
-        imprecise = min(128, cfg.block_k)
-        decode_mma_kernel[(tiles * split,)](*args, **flags, IMPRECISE_ACC=imprecise, num_stages=cfg.num_stages)
+    plan.kernel(plan.grid, key, args, plan.meta)
     return out

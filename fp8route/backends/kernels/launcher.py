@@ -1,0 +1,74 @@
+"""Launching a Triton kernel again without Triton's per-call argument binding.
+
+`kernel[grid](*args, **meta)` binds every argument to the signature, specializes each one, builds
+a cache key, reads the current device and stream and checks the kernel's globals, on every call.
+For a decode-sized GEMM that host time is longer than the GEMM. A DirectLauncher goes through
+Triton once per key and then calls the compiled kernel's own launcher with the same arguments.
+
+The key replaces Triton's specialization, so it must pin everything Triton specializes on that can
+change between calls: the caller names the dtypes, the integer arguments (their values) and the
+constexprs in its key; the launcher adds each pointer's 16-byte alignment and the device.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable
+from typing import Any
+
+import torch
+
+from fp8route.backends.kernels.triton_support import triton
+
+log = logging.getLogger("fp8route")
+
+# The compiled launcher's calling convention, (grid, stream, function, packed metadata, launch
+# metadata, enter hook, exit hook, *every bound argument constexprs included), is that of Triton
+# 3.4 to 3.6's JITFunction.run. Older Triton passes other arguments; it keeps its own path.
+_TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2]) if triton is not None else (0, 0)
+DIRECT = (3, 4) <= _TRITON_VERSION <= (3, 6)
+
+
+class DirectLauncher:
+    """One Triton kernel, launched straight from its compiled form after the first call per key.
+
+    The kernel's parameters must be the runtime arguments first, pointers (tensors) leading, then
+    the constexprs; `meta` gives every constexpr and launch option by name.
+    """
+
+    def __init__(self, fn: Any, pointers: int) -> None:
+        self.fn = fn
+        self.pointers = pointers
+        self._compiled: dict[Hashable, tuple[Any, tuple[Any, ...]]] = {}
+        self._warned = False
+
+    def __call__(self, grid: tuple[int, ...], key: Hashable, args: tuple[Any, ...], meta: dict[str, Any]) -> None:
+        device = args[0].get_device()
+        misaligned = 0
+        for i in range(self.pointers):
+            if args[i].data_ptr() & 15:
+                misaligned |= 1 << i
+        full_key = (key, misaligned, device)
+        entry = self._compiled.get(full_key)
+        if entry is not None and triton.knobs.runtime.launch_enter_hook is None:
+            kernel, constexprs = entry
+            # The stream Triton itself reads for the current device; a graph being captured records it.
+            stream = torch._C._cuda_getCurrentRawStream(device)
+            grid_y = grid[1] if len(grid) > 1 else 1
+            grid_z = grid[2] if len(grid) > 2 else 1
+            kernel.run(grid[0], grid_y, grid_z, stream, kernel.function, kernel.packed_metadata,
+                       None, None, None, *args, *constexprs)  # fmt: skip
+            return
+        kernel = self.fn[grid](*args, **meta)
+        if not DIRECT:
+            if not self._warned:
+                self._warned = True
+                log.info(
+                    "fp8route: triton %s launches %s through its own path (about 15 us more host time per "
+                    "call than triton 3.4-3.6, whose compiled kernels fp8route launches directly)",
+                    triton.__version__,
+                    self.fn.__name__,
+                )
+            return
+        params = self.fn.params[len(args) :]
+        self._compiled[full_key] = (kernel, tuple(meta[p.name] for p in params))

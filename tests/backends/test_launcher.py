@@ -1,0 +1,105 @@
+"""DirectLauncher's bookkeeping with a fake kernel (the GPU tests run the real ones): Triton's path
+once per key, pointer alignment and device, then the compiled launcher with constexprs in order."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from fp8route.backends.kernels import launcher as launcher_module
+from fp8route.backends.kernels.launcher import DirectLauncher
+
+
+class FakeCompiled:
+    function, packed_metadata = "cufunction", "packed"
+
+    def __init__(self) -> None:
+        self.launches: list[tuple[Any, ...]] = []
+
+    def run(self, *args: Any) -> None:
+        self.launches.append(args)
+
+
+class FakeJit:
+    """Parameters x, y, n, then the constexprs B and C; fn[grid](...) compiles and launches."""
+
+    __name__ = "fake_kernel"
+    params = [SimpleNamespace(name=name) for name in ("x", "y", "n", "B", "C")]
+
+    def __init__(self) -> None:
+        self.jit_calls: list[tuple[Any, ...]] = []
+        self.compiled = FakeCompiled()
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Any:
+        def run(*args: Any, **meta: Any) -> FakeCompiled:
+            self.jit_calls.append((grid, args, meta))
+            return self.compiled
+
+        return run
+
+
+@pytest.fixture
+def fake_triton(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    runtime = SimpleNamespace(launch_enter_hook=None)
+    fake = SimpleNamespace(__version__="3.6.0", knobs=SimpleNamespace(runtime=runtime))
+    monkeypatch.setattr(launcher_module, "triton", fake)
+    monkeypatch.setattr(launcher_module, "DIRECT", True)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: f"stream{device}", raising=False)
+    return fake
+
+
+META = {"C": 3, "num_warps": 4, "B": 2}  # given by name in any order, options among them
+
+
+def test_triton_once_per_key_then_the_compiled_launcher(fake_triton: SimpleNamespace) -> None:
+    fn = FakeJit()
+    launch = DirectLauncher(fn, pointers=2)
+    x, y = torch.zeros(8), torch.zeros(8)
+    for _ in range(3):
+        launch((5,), "key", (x, y, 8), META)
+    assert len(fn.jit_calls) == 1 and fn.jit_calls[0] == ((5,), (x, y, 8), META)
+    # grid padded to 3-D, the stream of the tensors' device, no hooks, then every argument in
+    # parameter order with the constexprs last (B before C, whatever order META gives them in).
+    expected = (5, 1, 1, "stream-1", "cufunction", "packed", None, None, None, x, y, 8, 2, 3)
+    assert fn.compiled.launches == [expected, expected]
+
+
+def test_misaligned_pointer_or_new_key_goes_through_triton_again(fake_triton: SimpleNamespace) -> None:
+    fn = FakeJit()
+    launch = DirectLauncher(fn, pointers=2)
+    buf = torch.zeros(16, dtype=torch.bfloat16)
+    aligned, shifted = buf[:8], buf[1:9]  # 2 bytes apart: one of them is off 16-byte alignment
+    launch((1,), "key", (aligned, aligned, 8), META)
+    launch((1,), "key", (aligned, shifted, 8), META)
+    launch((1,), "other key", (aligned, aligned, 8), META)
+    assert len(fn.jit_calls) == 3 and fn.compiled.launches == []
+    launch((1,), "key", (aligned, shifted, 8), META)
+    assert len(fn.jit_calls) == 3 and len(fn.compiled.launches) == 1
+
+
+def test_a_launch_hook_keeps_triton_path(fake_triton: SimpleNamespace) -> None:
+    fn = FakeJit()
+    launch = DirectLauncher(fn, pointers=2)
+    x = torch.zeros(8)
+    launch((1,), "key", (x, x, 8), META)
+    fake_triton.knobs.runtime.launch_enter_hook = lambda metadata: None  # a profiler listening
+    launch((1,), "key", (x, x, 8), META)
+    assert len(fn.jit_calls) == 2 and fn.compiled.launches == []
+
+
+def test_other_triton_versions_always_use_triton_and_say_so_once(
+    fake_triton: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(launcher_module, "DIRECT", False)
+    fn = FakeJit()
+    launch = DirectLauncher(fn, pointers=2)
+    x = torch.zeros(8)
+    with caplog.at_level(logging.INFO, logger="fp8route"):
+        for _ in range(3):
+            launch((1,), "key", (x, x, 8), META)
+    assert len(fn.jit_calls) == 3 and fn.compiled.launches == []
+    assert len([r for r in caplog.records if "fake_kernel" in r.getMessage()]) == 1
