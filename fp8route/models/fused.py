@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fp8route.backends.kernels.launcher import DirectLauncher
 from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -19,6 +20,10 @@ _HALF = (torch.bfloat16, torch.float16)
 
 def _use_kernel(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype in _HALF and TRITON_IMPORT_ERROR is None and not torch.compiler.is_compiling()
+
+
+def _norm_meta(width: int) -> dict[str, int]:
+    return {"BLOCK": triton.next_power_of_2(width), "num_warps": 4}
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -35,9 +40,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     width = x.shape[-1]
     rows = x.reshape(-1, width)
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
-    _rms_norm_kernel[(rows.shape[0],)](
-        rows, weight, out, rows.stride(0), width, eps, BLOCK=triton.next_power_of_2(width), num_warps=4
-    )
+    args = (rows, weight, out, rows.stride(0), width, eps)
+    _RMS_NORM((rows.shape[0],), (x.dtype, weight.dtype, *args[3:]), args, _norm_meta(width))
     return out.reshape(x.shape)
 
 
@@ -53,10 +57,8 @@ def add_rms_norm(
     rows = x.reshape(-1, width)
     out = torch.empty_like(rows)
     total = torch.empty_like(rows)
-    _add_rms_norm_kernel[(rows.shape[0],)](
-        rows, residual.reshape(-1, width), weight, out, total, width, eps,
-        BLOCK=triton.next_power_of_2(width), num_warps=4,
-    )  # fmt: skip
+    args = (rows, residual.reshape(-1, width), weight, out, total, width, eps)
+    _ADD_RMS_NORM((rows.shape[0],), (x.dtype, weight.dtype, width, eps), args, _norm_meta(width))
     return out.reshape(x.shape), total.reshape(x.shape)
 
 
@@ -78,13 +80,13 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return rope_reference(x.transpose(1, 2), cos, sin)
     out = torch.empty((b, heads, t, dim), dtype=x.dtype, device=x.device)
     per_row = cos.dim() == 3
-    _rope_kernel[(b * t, heads)](
+    args = (
         x, cos, sin, out, t,
         x.stride(0), x.stride(1), x.stride(2),
         cos.stride(0) if per_row else 0, cos.stride(-2),
         out.stride(0), out.stride(1), out.stride(2),
-        HALF=half, num_warps=1,
     )  # fmt: skip
+    _ROPE((b * t, heads), (x.dtype, cos.dtype, sin.dtype, *args[4:]), args, {"HALF": half, "num_warps": 1})
     return out
 
 
@@ -108,13 +110,14 @@ def rope_into_cache(
         k_cache[rows, :, positions] = rope(k, cos, sin)[:, :, 0]
         v_cache[rows, :, positions] = v[:, 0]
         return
-    _rope_store_kernel[(b, heads)](
+    args = (
         k, v, cos, sin, k_cache, v_cache, positions,
         k.stride(0), k.stride(2), v.stride(0), v.stride(2), cos.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        HALF=half, num_warps=1,
     )  # fmt: skip
+    key = (k.dtype, v.dtype, cos.dtype, sin.dtype, k_cache.dtype, v_cache.dtype, positions.dtype, *args[7:])
+    _ROPE_STORE((b, heads), key, args, {"HALF": half, "num_warps": 1})
 
 
 def silu_mul(gate_up: torch.Tensor, width: int) -> torch.Tensor:
@@ -125,10 +128,8 @@ def silu_mul(gate_up: torch.Tensor, width: int) -> torch.Tensor:
         return F.silu(gate) * up
     rows = gate_up.reshape(-1, 2 * width)
     out = torch.empty((rows.shape[0], width), dtype=gate_up.dtype, device=gate_up.device)
-    block = 1024
-    _silu_mul_kernel[(rows.shape[0], triton.cdiv(width, block))](
-        rows, out, rows.stride(0), width, BLOCK=block, num_warps=4
-    )
+    args = (rows, out, rows.stride(0), width)
+    _SILU_MUL((rows.shape[0], triton.cdiv(width, _SILU_BLOCK)), (gate_up.dtype, *args[2:]), args, _SILU_META)
     return out.reshape(*gate_up.shape[:-1], width)
 
 
@@ -217,3 +218,12 @@ if triton is not None:
         up = tl.load(x_ptr + row * stride_row + width + offs, mask=mask, other=0.0).to(tl.float32)
         silu = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
         tl.store(out_ptr + row * width + offs, (silu * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+    # Keys name the dtypes and integer arguments each launch specializes on (launcher.py).
+    _RMS_NORM = DirectLauncher(_rms_norm_kernel, pointers=3)
+    _ADD_RMS_NORM = DirectLauncher(_add_rms_norm_kernel, pointers=5)
+    _ROPE = DirectLauncher(_rope_kernel, pointers=4)
+    _ROPE_STORE = DirectLauncher(_rope_store_kernel, pointers=7)
+    _SILU_MUL = DirectLauncher(_silu_mul_kernel, pointers=2)
+    _SILU_BLOCK = 1024
+    _SILU_META = {"BLOCK": _SILU_BLOCK, "num_warps": 4}

@@ -81,14 +81,25 @@ def test_misaligned_pointer_or_new_key_goes_through_triton_again(fake_triton: Si
     assert len(fn.jit_calls) == 3 and len(fn.compiled.launches) == 1
 
 
-def test_a_launch_hook_keeps_triton_path(fake_triton: SimpleNamespace) -> None:
+@pytest.mark.parametrize("version", ["3.4", "3.6"])
+def test_a_launch_hook_keeps_triton_path(fake_triton: SimpleNamespace, version: str) -> None:
+    # Triton 3.4 holds one hook or None; 3.5 on a chain of hooks, empty by default.
+    idle, listening = (None, lambda metadata: None) if version == "3.4" else (Chain([]), Chain([print]))
+    fake_triton.knobs.runtime.launch_enter_hook = idle
     fn = FakeJit()
     launch = DirectLauncher(fn, pointers=2)
     x = torch.zeros(8)
     launch((1,), "key", (x, x, 8), META)
-    fake_triton.knobs.runtime.launch_enter_hook = lambda metadata: None  # a profiler listening
     launch((1,), "key", (x, x, 8), META)
-    assert len(fn.jit_calls) == 2 and fn.compiled.launches == []
+    assert len(fn.jit_calls) == 1 and len(fn.compiled.launches) == 1
+    fake_triton.knobs.runtime.launch_enter_hook = listening  # a profiler listening
+    launch((1,), "key", (x, x, 8), META)
+    assert len(fn.jit_calls) == 2 and len(fn.compiled.launches) == 1
+
+
+class Chain:
+    def __init__(self, calls: list[Any]) -> None:
+        self.calls = calls
 
 
 def test_other_triton_versions_always_use_triton_and_say_so_once(
