@@ -17,6 +17,7 @@ import torch
 
 import fp8route
 from fp8route.linear.policy import Policy
+from fp8route.routing.fingerprint import Fingerprint
 
 
 def per_call_us(fn, calls: int, reps: int = 5) -> list[float]:
@@ -54,6 +55,7 @@ def main() -> None:
     routed = f"Fp8Linear routed ({layer.plan.backend_for(1, torch.bfloat16).name})"
     arms[routed] = lambda: layer(x)
     arms |= kernel_arms(x, w, scale, layer.input_scale)
+    print(f"on {Fingerprint.of('cuda').summary()}")
     print(f"host µs per eager call at M=1, {args.n}x{args.k}, {args.calls} calls x 5 reps (median [min-max])")
     for name, fn in arms.items():
         times = per_call_us(fn, args.calls)
