@@ -3,7 +3,7 @@ time per policy arm, in one process, with the memory ceiling measured in the sam
 
 An arm is `routed` (the routing table), a backend forced for every layer through FP8ROUTE_FORCE (the
 mechanism a user has), or `bf16` (the same weights unquantized). Times are medians of repeats after
-a warm-up; decode runs from the CUDA graphs generate uses.
+a warm-up of WARMUP_S; decode runs from the CUDA graphs generate uses.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from fp8route.models.load import load_model
 from fp8route.models.parallel import init_from_env
 
 FORCE_ENV = "FP8ROUTE_FORCE"
+WARMUP_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class E2ERow:
     tokens_digest: str = ""  # of the greedy tokens generated: equal digests, equal tokens
     ranks_agree: bool | None = None  # every rank generated the same tokens (None: one rank)
     all_reduce: str = ""  # how row-parallel outputs were summed (tp > 1)
+    ttft_min_ms: float = 0.0  # the spread of the repeats ttft_ms is the median of
+    ttft_max_ms: float = 0.0
 
     @property
     def label(self) -> str:
@@ -65,17 +68,23 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def _timed(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
-    """(median seconds of repeats calls, the last call's result)."""
-    fn()  # untimed: a first call at a new size (a NCCL path, a kernel's first launch) pays set-up
+def _timed(fn: Callable[[], object], repeats: int) -> tuple[list[float], object]:
+    """(seconds of each of repeats calls, the last call's result), after calling fn for WARMUP_S: a
+    first call at a new size pays set-up, and a GPU idle while a model loaded starts at a low clock
+    (the first arm's short prefills measured up to 1.7x slower with a one-call warm-up)."""
+    start = time.perf_counter()
+    while True:
+        fn()
+        torch.cuda.synchronize()
+        if time.perf_counter() - start >= WARMUP_S:
+            break
     times = []
     for _ in range(repeats):
-        torch.cuda.synchronize()
         start = time.perf_counter()
         result = fn()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    return statistics.median(times), result
+    return times, result
 
 
 def bench_arm(
@@ -86,7 +95,7 @@ def bench_arm(
     output: int,
     copy_gbs: float,
     *,
-    repeats: int = 3,
+    repeats: int = 5,
     tp: int = 1,
     all_reduce: str = "nccl",
 ) -> list[E2ERow]:
@@ -122,10 +131,11 @@ def bench_arm(
         for tokens in inputs:
             ids = torch.randint(0, vocab, (batch, tokens), device="cuda", generator=gen)
             lengths = torch.full((batch,), tokens, device="cuda", dtype=torch.int64)
-            ttft, _ = _timed(functools.partial(model.prefill, ids, lengths), repeats)
-            full, generated = _timed(functools.partial(model.generate, ids, output), repeats)
+            ttfts, _ = _timed(functools.partial(model.prefill, ids, lengths), repeats)
+            fulls, generated = _timed(functools.partial(model.generate, ids, output), repeats)
             assert isinstance(generated, torch.Tensor)
-            one, _ = _timed(functools.partial(model.generate, ids, 1), repeats)
+            ones, _ = _timed(functools.partial(model.generate, ids, 1), repeats)
+            ttft, full, one = (statistics.median(t) for t in (ttfts, fulls, ones))
             step = (full - one) / (output - 1)
             floor = nbytes / (copy_gbs * 1e9)
             rows.append(
@@ -146,6 +156,8 @@ def bench_arm(
                     hashlib.sha1(generated.cpu().numpy().tobytes()).hexdigest()[:12],
                     _ranks_agree(generated) if tp > 1 else None,
                     all_reduce if tp > 1 else "",
+                    min(ttfts) * 1e3,
+                    max(ttfts) * 1e3,
                 )  # fmt: skip
             )
     del model
@@ -166,16 +178,21 @@ def as_json(rows: Sequence[E2ERow]) -> list[dict[str, object]]:
 
 def table(rows: Sequence[E2ERow]) -> str:
     head = (
-        f"{'arm':<22}{'batch':>6}{'input':>7}{'TTFT ms':>10}{'prefill tok/s':>15}{'step ms':>9}{'tok/s':>9}"
-        f"{'% floor':>9}{'GB':>7}"
+        f"{'arm':<22}{'batch':>6}{'input':>7}{'TTFT ms':>10}{'spread':>8}{'prefill tok/s':>15}"
+        f"{'step ms':>9}{'tok/s':>9}{'% floor':>9}{'GB':>7}"
     )
     lines = [head]
     for r in rows:
         lines.append(
-            f"{r.label:<22}{r.batch:>6}{r.input_tokens:>7}{r.ttft_ms:>10.1f}{r.prefill_tok_s:>15.0f}"
+            f"{r.label:<22}{r.batch:>6}{r.input_tokens:>7}{r.ttft_ms:>10.1f}{_spread(r):>8}{r.prefill_tok_s:>15.0f}"
             f"{r.decode_step_ms:>9.3f}{r.decode_tok_s:>9.1f}{100 * r.floor_fraction:>8.0f}%{r.peak_gb:>7.1f}"
         )
     return "\n".join(lines)
+
+
+def _spread(row: E2ERow) -> str:
+    """(max - min) / median of the TTFT repeats."""
+    return f"{100 * (row.ttft_max_ms - row.ttft_min_ms) / row.ttft_ms:.0f}%" if row.ttft_ms else "-"
 
 
 def plot(rows: Sequence[E2ERow], path: Path, title: str) -> Path | None:
