@@ -68,7 +68,7 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def _timed(fn: Callable[[], object], repeats: int) -> tuple[list[float], object]:
+def timed_calls(fn: Callable[[], object], repeats: int) -> tuple[list[float], object]:
     """(seconds of each of repeats calls, the last call's result), after calling fn for WARMUP_S: a
     first call at a new size pays set-up, and a GPU idle while a model loaded starts at a low clock
     (the first arm's short prefills measured up to 1.7x slower with a one-call warm-up)."""
@@ -131,10 +131,10 @@ def bench_arm(
         for tokens in inputs:
             ids = torch.randint(0, vocab, (batch, tokens), device="cuda", generator=gen)
             lengths = torch.full((batch,), tokens, device="cuda", dtype=torch.int64)
-            ttfts, _ = _timed(functools.partial(model.prefill, ids, lengths), repeats)
-            fulls, generated = _timed(functools.partial(model.generate, ids, output), repeats)
+            ttfts, _ = timed_calls(functools.partial(model.prefill, ids, lengths), repeats)
+            fulls, generated = timed_calls(functools.partial(model.generate, ids, output), repeats)
             assert isinstance(generated, torch.Tensor)
-            ones, _ = _timed(functools.partial(model.generate, ids, 1), repeats)
+            ones, _ = timed_calls(functools.partial(model.generate, ids, 1), repeats)
             ttft, full, one = (statistics.median(t) for t in (ttfts, fulls, ones))
             step = (full - one) / (output - 1)
             floor = nbytes / (copy_gbs * 1e9)
