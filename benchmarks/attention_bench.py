@@ -1,0 +1,128 @@
+"""Attention on Llama-3.1-8B's heads (32 query, 8 KV, head 128, bf16): fp8route's paths against
+FlashInfer's, each checked against the SDPA reference first.
+
+Decode: fp8route's split-KV Triton kernel against FlashInfer's BatchDecodeWithPagedKVCacheWrapper
+over the same static cache, read as one page per row (HND layout, page size = max_seq_len), timed
+inside a CUDA graph over `--layers` distinct layer caches (so L2 holds none of them). Prefill: SDPA
+(causal, GQA) against FlashInfer's ragged prefill, timed back to back with events.
+
+    python3 benchmarks/attention_bench.py [--max-seq-len 8192] [--layers 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from fp8route.models.attention import decode_attention_torch
+from fp8route.models.decode_attention import decode_attention
+from fp8route.routing.fingerprint import Fingerprint
+from fp8route.tuning.timing import time_graph
+
+H, HKV, D = 32, 8, 128
+BF16 = torch.bfloat16
+
+
+def decode_rows(args: argparse.Namespace, flashinfer) -> list[str]:  # type: ignore[no-untyped-def]
+    rows = []
+    workspace = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
+    for batch in (1, 16):
+        caches = [
+            (torch.randn(batch, HKV, args.max_seq_len, D, device="cuda", dtype=BF16),
+             torch.randn(batch, HKV, args.max_seq_len, D, device="cuda", dtype=BF16))
+            for _ in range(args.layers)
+        ]  # fmt: skip
+        q = torch.randn(batch, H, D, device="cuda", dtype=BF16)
+        for ctx in (1024, 4096):
+            lengths = torch.full((batch,), ctx, device="cuda", dtype=torch.int64)
+            ref = decode_attention_torch(q, *caches[0], lengths)
+            out = decode_attention(q, *caches[0], lengths)
+            wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "HND", use_tensor_cores=True)
+            start = time.perf_counter()
+            plan_args = (
+                torch.arange(batch + 1, dtype=torch.int32, device="cuda"),
+                torch.arange(batch, dtype=torch.int32, device="cuda"),
+                lengths.to(torch.int32), H, HKV, D, args.max_seq_len,
+            )  # fmt: skip
+            wrapper.plan(*plan_args, q_data_type=BF16, kv_data_type=BF16)
+            theirs = wrapper.run(q, caches[0])
+            torch.cuda.synchronize()
+            first_s = time.perf_counter() - start
+            start = time.perf_counter()
+            for _ in range(100):
+                wrapper.plan(*plan_args, q_data_type=BF16, kv_data_type=BF16)
+            plan_us = (time.perf_counter() - start) * 1e4
+            ours = [partial(decode_attention, q, k_cache, v_cache, lengths) for k_cache, v_cache in caches]
+            ours_us = statistics.median(time_graph(ours))
+            theirs_us = statistics.median(time_graph([partial(wrapper.run, q, c) for c in caches]))
+            rows.append(
+                f"decode  b={batch:<3} ctx={ctx:<5} ours {ours_us:7.1f} us  flashinfer {theirs_us:7.1f} us  "
+                f"flashinfer/ours {theirs_us / ours_us:5.2f}  |err| ours {err(out, ref):.1e} "
+                f"flashinfer {err(theirs, ref):.1e}  plan {plan_us:.0f} us/step  first call {first_s:.1f} s"
+            )
+            print(rows[-1], flush=True)
+    return rows
+
+
+def prefill_rows(flashinfer) -> list[str]:  # type: ignore[no-untyped-def]
+    rows = []
+    workspace = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
+    for batch, t in ((1, 1024), (1, 4096), (8, 1024)):
+        q = torch.randn(batch, H, t, D, device="cuda", dtype=BF16)
+        k = torch.randn(batch, HKV, t, D, device="cuda", dtype=BF16)
+        v = torch.randn(batch, HKV, t, D, device="cuda", dtype=BF16)
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        # FlashInfer's ragged layout: [tokens, heads, D] rows of every sequence back to back.
+        qn, kn, vn = (x.transpose(1, 2).reshape(batch * t, -1, D).contiguous() for x in (q, k, v))
+        indptr = torch.arange(0, (batch + 1) * t, t, dtype=torch.int32, device="cuda")
+        wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD")
+        start = time.perf_counter()
+        wrapper.plan(indptr, indptr, H, HKV, D, causal=True, q_data_type=BF16, kv_data_type=BF16)
+        theirs = wrapper.run(qn, kn, vn).reshape(batch, t, H, D).transpose(1, 2)
+        torch.cuda.synchronize()
+        first_s = time.perf_counter() - start
+        sdpa_us = event_us(partial(F.scaled_dot_product_attention, q, k, v, is_causal=True, enable_gqa=True))
+        theirs_us = event_us(partial(wrapper.run, qn, kn, vn))
+        rows.append(
+            f"prefill {batch}x{t:<5}  sdpa {sdpa_us:8.1f} us  flashinfer {theirs_us:8.1f} us  "
+            f"flashinfer/sdpa {theirs_us / sdpa_us:5.2f}  |err| {err(theirs, ref):.1e}  first call {first_s:.1f} s"
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def event_us(fn, repeats: int = 20) -> float:  # type: ignore[no-untyped-def]
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / repeats
+
+
+def err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return (out.float() - ref.float()).abs().max().item()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--max-seq-len", type=int, default=8192)
+    parser.add_argument("--layers", type=int, default=8)
+    args = parser.parse_args()
+    import flashinfer
+
+    print(f"on {Fingerprint.of('cuda').summary()}")
+    rows = decode_rows(args, flashinfer) + prefill_rows(flashinfer)
+    print("\n" + "\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
