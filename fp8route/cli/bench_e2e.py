@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import tempfile
 from pathlib import Path
@@ -15,7 +16,8 @@ from fp8route.checkpoint.random import write_random
 from fp8route.cli.sweep_args import command_line, cuda_device, int_list
 from fp8route.errors import Fp8InputError
 from fp8route.models.collectives import METHODS, check_method
-from fp8route.models.e2e_bench import as_json, bench_arm, plot, table, tp_summary
+from fp8route.models.e2e_bench import E2ERow, as_json, bench_arm, plot, table, tp_summary
+from fp8route.models.flashinfer_attention import ATTENTION, check_attention
 from fp8route.models.shapes import MODELS
 from fp8route.models.spawn import run_ranks
 from fp8route.routing.fingerprint import Fingerprint
@@ -45,11 +47,14 @@ def run(args: argparse.Namespace) -> int:
         raise Fp8InputError(f"--tp {max(sizes)} needs that many GPUs; {torch.cuda.device_count()} are visible")
     if args.output < 2:
         raise Fp8InputError(f"--output must be at least 2 (a decode step is timed), got {args.output}")
+    attentions = [a.strip() for a in args.attention.split(",") if a.strip()]
+    for attention in attentions:
+        check_attention(attention, device)
     fingerprint = Fingerprint.of(device)
     print(f"bench e2e on {fingerprint.summary()}")
     copy_gbs = copy_bandwidth_gbs()
     print(f"copy bandwidth (this run): {copy_gbs:.0f} GB/s")
-    rows = []
+    rows: list[E2ERow] = []
     with tempfile.TemporaryDirectory(prefix="fp8route-e2e-", dir=args.tmp) as tmp:
         folders: dict[str, Path] = {}
         if args.random is not None:
@@ -61,14 +66,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             folders["fp8"] = Path(args.path)
         for tp in sizes:
-            for arm in arms:
+            for arm, attention in itertools.product(arms, attentions):
                 folder = folders["bf16"] if arm == "bf16" else folders["fp8"]
                 for method in methods if tp > 1 else ["nccl"]:
                     run_args = (arm, folder, batches, inputs, args.output, copy_gbs)
-                    if tp == 1:
-                        new = bench_arm(*run_args)
-                    else:
-                        new = run_ranks(tp, functools.partial(bench_arm, tp=tp, all_reduce=method), *run_args)
+                    bench = functools.partial(bench_arm, tp=tp, all_reduce=method, attention=attention)
+                    new = bench(*run_args) if tp == 1 else run_ranks(tp, bench, *run_args)
                     rows += new
                     print(table(new).split("\n", 1)[1], flush=True)
     print("\n" + table(rows))
@@ -101,6 +104,9 @@ def register(kinds: argparse._SubParsersAction) -> None:
     e2e.add_argument("--input", default="1024,4096", help="prompt tokens per row")
     e2e.add_argument("--output", type=int, default=128, help="new tokens per row")
     e2e.add_argument("--policy", default="routed,cublas,rowwise,bf16", help=f"arms: {', '.join(ARMS)}")
+    e2e.add_argument(
+        "--attention", default="builtin", help=f"attention paths to run each arm with: {', '.join(ATTENTION)}"
+    )
     e2e.add_argument("--tp", default="1", help="tensor parallel sizes to run side by side, e.g. 1,2 (one GPU a rank)")
     e2e.add_argument(
         "--all-reduce", default="nccl", help=f"with --tp > 1: {', '.join(METHODS)}, or both to compare (nccl,symm_mem)"

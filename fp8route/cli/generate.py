@@ -20,6 +20,7 @@ from fp8route.checkpoint.gguf_tokenizer import apply_chat_template
 from fp8route.checkpoint.smollm2 import smollm2_folder
 from fp8route.errors import Fp8InputError
 from fp8route.linear.layer import Fp8Linear
+from fp8route.models.flashinfer_attention import ATTENTION
 from fp8route.models.load import load_model
 from fp8route.models.parallel import Shard
 from fp8route.models.spawn import run_ranks
@@ -68,13 +69,18 @@ def run(args: argparse.Namespace) -> int:
     if not ids:
         raise Fp8InputError("--prompt is empty after tokenization")
     dtype = FLOAT_DTYPE_NAMES[args.dtype]
-    model = load_model(folder, args.device, dtype=dtype, max_batch_size=1, max_seq_len=len(ids) + args.max_new_tokens)
+    model = load_model(
+        folder, args.device, dtype=dtype, max_batch_size=1, max_seq_len=len(ids) + args.max_new_tokens,
+        attention=args.attention,
+    )  # fmt: skip
     shard = Shard.current()
     if shard is not None and shard.rank != 0:  # under torchrun every rank runs the step; rank 0 speaks
         sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (for the life of this process)
     print(plan_summary(model, len(ids), dtype), file=sys.stderr)
     if model.parallel:
         print(model.parallel, file=sys.stderr)
+    if model.attention != "builtin":
+        print(f"attention: {model.attention}", file=sys.stderr)
     eos = eos_ids(folder)
     input_ids = torch.tensor([ids], device=model.device)
     new: list[int] = []
@@ -129,6 +135,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--dtype", choices=sorted(FLOAT_DTYPE_NAMES), default="bfloat16")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    parser.add_argument(
+        "--attention", choices=ATTENTION, default="builtin",
+        help="builtin: SDPA prefill and fp8route's decode kernel; flashinfer: FlashInfer's (the extra, CUDA)",
+    )  # fmt: skip
     parser.add_argument(
         "--tp", type=int, default=1, help="tensor parallel ranks to start on this machine (one GPU each; on CPU: gloo)"
     )

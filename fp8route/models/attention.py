@@ -1,5 +1,6 @@
 """Attention over the static KV cache: prefill (SDPA, causal) and decode (the Triton split-KV kernel
-on CUDA, SDPA under a length mask elsewhere and as its reference).
+on CUDA, SDPA under a length mask elsewhere and as its reference), or FlashInfer's for both
+(fp8route.models.flashinfer_attention).
 
 Prompts are right-padded, so every row's real tokens sit at positions 0..len-1 and causal
 attention alone is correct for each of them: a real token never sees the padding after it. The
@@ -10,6 +11,7 @@ any query can reach them.
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +19,9 @@ import torch.nn.functional as F
 from fp8route.models import decode_attention as kernel
 from fp8route.models.fused import rope, rope_into_cache
 from fp8route.models.kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from fp8route.models.flashinfer_attention import FlashInferAttention
 
 
 @functools.cache
@@ -41,17 +46,20 @@ def decode_attention_torch(
 
 
 class PrefillAttention:
-    """Writes each layer's K/V for positions 0..T-1 of rows 0..B-1 and attends causally."""
+    """Writes each layer's K/V for positions 0..T-1 of rows 0..B-1 and attends causally: SDPA, or
+    FlashInfer over the cache when given one (planned by the caller for this B and T)."""
 
-    def __init__(self, cache: KVCache) -> None:
-        self.cache = cache
+    def __init__(self, cache: KVCache, flashinfer: FlashInferAttention | None = None) -> None:
+        self.cache, self.flashinfer = cache, flashinfer
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
-        q, k, v = rope(q, cos, sin), rope(k, cos, sin), v.transpose(1, 2)
+        k, v = rope(k, cos, sin), v.transpose(1, 2)
         self.cache.write_prefill(layer, k, v)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        if self.flashinfer is not None:
+            return self.flashinfer.prefill(layer, rope(q, cos, sin, token_major=True))
+        return F.scaled_dot_product_attention(rope(q, cos, sin), k, v, is_causal=True, enable_gqa=True)
 
 
 class DecodeAttention:
@@ -59,12 +67,18 @@ class DecodeAttention:
 
     positions is a device tensor; limit, when given, is a host bound on positions + 1 that lets
     the torch path read less of the cache (the Triton path reads only each row's filled part
-    anyway, and a captured step passes no limit)."""
+    anyway, and a captured step passes no limit). With a FlashInfer attention (planned for this
+    step by the caller), FlashInfer's decode runs instead of either."""
 
     def __init__(
-        self, cache: KVCache, positions: torch.Tensor, limit: int | None = None, use_triton: bool | None = None
+        self,
+        cache: KVCache,
+        positions: torch.Tensor,
+        limit: int | None = None,
+        use_triton: bool | None = None,
+        flashinfer: FlashInferAttention | None = None,
     ) -> None:
-        self.cache, self.positions, self.limit = cache, positions, limit
+        self.cache, self.positions, self.limit, self.flashinfer = cache, positions, limit, flashinfer
         self.lengths = positions + 1
         self.use_triton = triton_decode_available() if use_triton is None else use_triton
 
@@ -74,7 +88,9 @@ class DecodeAttention:
         k_cache, v_cache = self.cache.views(layer, q.shape[0])
         rope_into_cache(k, v, cos, sin, k_cache, v_cache, self.positions)
         q = rope(q, cos, sin)
-        if self.use_triton and q.is_cuda:
+        if self.flashinfer is not None:
+            out = self.flashinfer.decode(layer, q[:, :, 0])
+        elif self.use_triton and q.is_cuda:
             out = kernel.decode_attention(q[:, :, 0].contiguous(), k_cache, v_cache, self.lengths)
         else:
             out = decode_attention_torch(q[:, :, 0], k_cache, v_cache, self.lengths, self.limit)

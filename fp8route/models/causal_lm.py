@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from fp8route.errors import Fp8InputError
 from fp8route.models.attention import DecodeAttention, PrefillAttention
+from fp8route.models.flashinfer_attention import FlashInferAttention, check_attention
 from fp8route.models.kv_cache import KVCache
 from fp8route.models.llama import LlamaConfig, LlamaForCausalLM, rope_tables
 
@@ -45,6 +47,7 @@ class CausalLM(LlamaForCausalLM):
         dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str | None = None,
         use_cuda_graphs: bool = True,
+        attention: str = "builtin",
     ) -> None:
         super().__init__(cfg, linears, tensors)
         self.dtype = dtype
@@ -68,6 +71,11 @@ class CausalLM(LlamaForCausalLM):
         self.use_triton: bool | None = None  # decode attention: None = Triton on CUDA when it imports
         self._graphs: DecodeGraphs | None = None
         self.parallel: str | None = None  # how this rank shares the model, when it is sharded
+        check_attention(attention, target)
+        self.attention = attention
+        self._flashinfer: FlashInferAttention | None = None
+        if attention == "flashinfer":
+            self._flashinfer = FlashInferAttention(self.cache, cfg.num_attention_heads, dtype, target)
 
     @property
     def device(self) -> torch.device:
@@ -97,7 +105,9 @@ class CausalLM(LlamaForCausalLM):
         positions 0..T-1 and returns the logits [B, vocab] of each row's last real token (lm_head
         runs on those B rows only, not on all B x T)."""
         b, t = input_ids.shape
-        context = PrefillAttention(self.cache)
+        if self._flashinfer is not None:
+            self._flashinfer.plan_prefill(b, t)
+        context = PrefillAttention(self.cache, self._flashinfer)
         h = self.model.embed_tokens(input_ids).to(self.dtype)
         cos, sin = self.rope_cos[:t], self.rope_sin[:t]
         normed = self.model.run_layers(h, cos, sin, context)
@@ -114,19 +124,30 @@ class CausalLM(LlamaForCausalLM):
         h = self.model.embed_tokens(tokens)[:, None].to(self.dtype)
         cos = self.rope_cos[positions][:, None]  # [B, 1, D]: each row at its own position
         sin = self.rope_sin[positions][:, None]
-        context = DecodeAttention(self.cache, positions, limit, self.use_triton)
+        context = DecodeAttention(self.cache, positions, limit, self.use_triton, self._flashinfer)
         logits = self.lm_head(self.model.run_layers(h, cos, sin, context)[:, 0])
         return logits, logits.argmax(-1)
 
     def step(
-        self, tokens: torch.Tensor, positions: torch.Tensor, limit: int | None = None
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        limit: int | None = None,
+        host_positions: Sequence[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """decode_step, replayed from a CUDA graph when on CUDA and use_cuda_graphs is set."""
-        if self.use_cuda_graphs and tokens.is_cuda:
-            if self._graphs is None:
-                from fp8route.models.decode_graphs import DecodeGraphs
+        """decode_step, replayed from a CUDA graph when on CUDA and use_cuda_graphs is set.
+        host_positions (positions, known on the host) is what FlashInfer attention plans from."""
+        graphs = self.use_cuda_graphs and tokens.is_cuda
+        if graphs and self._graphs is None:
+            from fp8route.models.decode_graphs import DecodeGraphs
 
-                self._graphs = DecodeGraphs(self.decode_step, self.max_batch_size, tokens.device)
+            self._graphs = DecodeGraphs(self.decode_step, self.max_batch_size, tokens.device)
+        if self._flashinfer is not None:
+            if host_positions is None:
+                raise Fp8InputError("attention='flashinfer' plans each decode step from host_positions; pass them")
+            size = self._graphs.bucket(tokens.shape[0]) if graphs and self._graphs is not None else tokens.shape[0]
+            self._flashinfer.plan_decode(size, host_positions)
+        if graphs and self._graphs is not None:
             return self._graphs.run(tokens, positions)
         return self.decode_step(tokens, positions, limit)
 

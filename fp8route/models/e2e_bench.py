@@ -50,10 +50,12 @@ class E2ERow:
     all_reduce: str = ""  # how row-parallel outputs were summed (tp > 1)
     ttft_min_ms: float = 0.0  # the spread of the repeats ttft_ms is the median of
     ttft_max_ms: float = 0.0
+    attention: str = "builtin"  # fp8route.models.flashinfer_attention.ATTENTION
 
     @property
     def label(self) -> str:
-        return self.arm if self.tp == 1 else f"{self.arm} tp{self.tp} {self.all_reduce}"
+        label = self.arm if self.attention == "builtin" else f"{self.arm} {self.attention}"
+        return label if self.tp == 1 else f"{label} tp{self.tp} {self.all_reduce}"
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -98,6 +100,7 @@ def bench_arm(
     repeats: int = 5,
     tp: int = 1,
     all_reduce: str = "nccl",
+    attention: str = "builtin",
 ) -> list[E2ERow]:
     """One arm's rows; the FP8ROUTE_FORCE it needs is set for its load only. With tp > 1 this runs
     in every rank (fp8route.models.spawn.run_ranks), load_model joining the group."""
@@ -112,7 +115,7 @@ def bench_arm(
     try:
         model = load_model(
             folder, device, max_batch_size=max(batches), max_seq_len=max(inputs) + output, policy=Policy.from_env(),
-            all_reduce=all_reduce,
+            all_reduce=all_reduce, attention=attention,
         )  # fmt: skip
     finally:
         if saved is None:
@@ -158,6 +161,7 @@ def bench_arm(
                     all_reduce if tp > 1 else "",
                     min(ttfts) * 1e3,
                     max(ttfts) * 1e3,
+                    attention,
                 )  # fmt: skip
             )
     del model

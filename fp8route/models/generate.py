@@ -32,7 +32,11 @@ class Engine(Protocol):
     def prefill(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor: ...
 
     def step(
-        self, tokens: torch.Tensor, positions: torch.Tensor, limit: int | None = None
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        limit: int | None = None,
+        host_positions: Sequence[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -147,7 +151,8 @@ def generate(
     positions = lengths.clone()  # where the token fed to the next step goes
     for step in range(max_new_tokens):
         if step > 0:
-            logits, greedy = model.step(tokens, positions, limit=longest + step)
+            host_positions = [length + step - 1 for length in lengths_list]
+            logits, greedy = model.step(tokens, positions, limit=longest + step, host_positions=host_positions)
             positions += 1
         chosen = greedy if temperature == 0 else sample(logits, temperature, top_p, generator)
         tokens = torch.where(done, pad, chosen)

@@ -21,6 +21,7 @@ from fp8route.errors import CheckpointError, Fp8InputError
 from fp8route.linear.policy import Policy
 from fp8route.models.causal_lm import CausalLM
 from fp8route.models.collectives import ONE_SHOT_BYTES, AllReduce, check_method
+from fp8route.models.flashinfer_attention import check_attention
 from fp8route.models.llama import LlamaConfig
 from fp8route.models.parallel import (
     LmHead,
@@ -71,6 +72,7 @@ def load_model(
     use_cuda_graphs: bool = True,
     all_reduce: str = "nccl",
     tp_lm_head: LmHead = "vocab",
+    attention: str = "builtin",
 ) -> CausalLM:
     """A Llama-family model (Llama, Mistral, Qwen2, Qwen3) from a checkpoint folder, with a KV cache
     for max_batch_size rows of max_seq_len positions (capped at the config's max_position_embeddings).
@@ -81,7 +83,9 @@ def load_model(
     Under torch.distributed (more than one rank) each rank reads its slices of the checkpoint
     (fp8route.models.parallel); tp_lm_head="vocab" splits lm_head over the vocabulary and gathers
     the logits, "replicated" keeps a whole lm_head on every rank. Every rank returns full logits;
-    all_reduce picks how row-parallel outputs are summed (fp8route.models.collectives.METHODS)."""
+    all_reduce picks how row-parallel outputs are summed (fp8route.models.collectives.METHODS).
+    attention="flashinfer" runs FlashInfer's prefill and decode attention over the same cache
+    (the flashinfer extra, CUDA); "builtin" is SDPA for prefill and fp8route's decode kernel."""
     if dtype not in FLOAT_DTYPES:
         raise Fp8InputError(f"load_model: dtype must be bfloat16, float16 or float32, got {dtype}")
     check_lm_head(tp_lm_head)
@@ -93,6 +97,7 @@ def load_model(
     if isinstance(limit, int) and limit > 0:
         max_seq_len = min(max_seq_len, limit)
     target = init_from_env(device) or default_device(device)
+    check_attention(attention, target)
     shard = Shard.current()
     slicer = None if shard is None else Slicer.of(cfg, shard, tp_lm_head)
     if is_quantized(folder, config):
@@ -115,6 +120,7 @@ def load_model(
         dtype=dtype,
         device=target,
         use_cuda_graphs=use_cuda_graphs,
+        attention=attention,
     )
     if shard is not None and reduce is not None:
         model.parallel = f"tensor parallel rank {shard.rank} of {shard.size}; all-reduce {reduce.describe()}"
