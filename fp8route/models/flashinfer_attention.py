@@ -52,6 +52,7 @@ class FlashInferAttention:
         self.pages = torch.arange(rows, dtype=torch.int32, device=device)  # row b reads page b
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "HND")
         self.decoders: dict[int, Any] = {}  # one per batch bucket: a graph keeps its wrapper's buffers
+        self.indptr: dict[int, torch.Tensor] = {}  # per bucket, pinned, never written again
         self.decoding: Any = None  # the decoder planned last, which decode() runs
 
     def plan_prefill(self, batch: int, tokens: int) -> None:
@@ -82,11 +83,13 @@ class FlashInferAttention:
                 paged_kv_indices_buffer=torch.empty(size, dtype=torch.int32, device=self.pages.device),
                 paged_kv_last_page_len_buffer=torch.empty(size, dtype=torch.int32, device=self.pages.device),
             )  # fmt: skip
+            self.indptr[size] = torch.arange(size + 1, dtype=torch.int32).pin_memory()
         lengths = [p + 1 for p in positions] + [1] * (size - len(positions))
-        # Host tensors: the plan reads them on the host and copies them to the wrapper's buffers
-        # in stream order; the page indices are already on the device.
+        # Host tensors, which the plan reads on the host and copies to the wrapper's buffers in
+        # stream order; pinned, since a copy from pageable memory waits for the stream (the step
+        # before). A fresh lengths tensor each step: the last one's copy may not have run yet.
         decoder.plan(
-            torch.arange(size + 1, dtype=torch.int32), self.pages[:size], torch.tensor(lengths, dtype=torch.int32),
+            self.indptr[size], self.pages[:size], torch.tensor(lengths, dtype=torch.int32).pin_memory(),
             self.num_heads, self.kv_heads, self.head_dim, self.page_size,
             q_data_type=self.dtype, kv_data_type=self.dtype,
         )  # fmt: skip
