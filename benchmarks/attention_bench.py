@@ -6,7 +6,7 @@ over the same static cache, read as one page per row (HND layout, page size = ma
 inside a CUDA graph over `--layers` distinct layer caches (so L2 holds none of them). Prefill: SDPA
 (causal, GQA) against FlashInfer's ragged prefill, timed back to back with events.
 
-    python3 benchmarks/attention_bench.py [--max-seq-len 8192] [--layers 8]
+    python3 benchmarks/attention_bench.py [--max-seq-len 8192] [--layers 8] [--splits 128,256,512]
 """
 
 from __future__ import annotations
@@ -69,6 +69,33 @@ def decode_rows(args: argparse.Namespace, flashinfer) -> list[str]:  # type: ign
     return rows
 
 
+def split_rows(args: argparse.Namespace) -> list[str]:
+    """fp8route's decode kernel at each positions-per-program in --splits (no FlashInfer)."""
+    rows = []
+    splits = [int(v) for v in args.splits.split(",")]
+    for batch in (1, 4, 16, 32):
+        caches = [
+            (torch.randn(batch, HKV, args.max_seq_len, D, device="cuda", dtype=BF16),
+             torch.randn(batch, HKV, args.max_seq_len, D, device="cuda", dtype=BF16))
+            for _ in range(args.layers)
+        ]  # fmt: skip
+        q = torch.randn(batch, H, D, device="cuda", dtype=BF16)
+        for ctx in (256, 1024, 4096):
+            lengths = torch.full((batch,), ctx, device="cuda", dtype=torch.int64)
+            ref = decode_attention_torch(q, *caches[0], lengths)
+            times = []
+            for split in splits:
+                assert err(decode_attention(q, *caches[0], lengths, split=split), ref) < 2e-2
+                calls = [partial(decode_attention, q, k, v, lengths, split=split) for k, v in caches]
+                times.append(statistics.median(time_graph(calls)))
+            cells = "  ".join(f"{split}: {t:6.1f}" for split, t in zip(splits, times))
+            best = splits[times.index(min(times))]
+            rows.append(f"split   b={batch:<3} ctx={ctx:<5} us per call by split  {cells}   best {best}")
+            print(rows[-1], flush=True)
+        del caches
+    return rows
+
+
 def prefill_rows(flashinfer) -> list[str]:  # type: ignore[no-untyped-def]
     rows = []
     workspace = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
@@ -116,11 +143,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-seq-len", type=int, default=8192)
     parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--splits", help="instead: fp8route's decode kernel per split size, e.g. 128,256,512")
     args = parser.parse_args()
-    import flashinfer
-
     print(f"on {Fingerprint.of('cuda').summary()}")
-    rows = decode_rows(args, flashinfer) + prefill_rows(flashinfer)
+    if args.splits:
+        rows = split_rows(args)
+    else:
+        import flashinfer
+
+        rows = decode_rows(args, flashinfer) + prefill_rows(flashinfer)
     print("\n" + "\n".join(rows))
 
 

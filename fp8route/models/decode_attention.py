@@ -127,11 +127,17 @@ if TRITON_IMPORT_ERROR is None:
 
 
 def decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, scale: float | None = None
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float | None = None,
+    split: int | None = None,
 ) -> torch.Tensor:
     """q [B, H, D] (one token per row), k_cache/v_cache [B, Hkv, S, D] with unit stride on D,
     lengths [B] int (device; each 1..S) -> [B, H, D] in q's dtype. Reads only the first
-    lengths[b] positions of row b."""
+    lengths[b] positions of row b. split (positions per program, a multiple of BLOCK_N; default
+    split_len(S)) is for benchmarks."""
     if TRITON_IMPORT_ERROR is not None:
         raise RuntimeError(TRITON_IMPORT_ERROR)
     b, h, d = q.shape
@@ -144,8 +150,12 @@ def decode_attention(
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise Fp8InputError("decode_attention: q, k_cache and v_cache need unit stride on the head dim")
     group = h // hkv
-    split = split_len(s)
+    split = split or split_len(s)
     num_splits = triton.cdiv(s, split)
+    if split % BLOCK_N or num_splits > _MAX_SPLITS:
+        raise Fp8InputError(
+            f"decode_attention: split {split} must be a multiple of {BLOCK_N} giving at most {_MAX_SPLITS} splits"
+        )
     partial = torch.empty((b, h, num_splits, d), dtype=torch.float32, device=q.device)
     lse = torch.empty((b, h, num_splits), dtype=torch.float32, device=q.device)
     d_pad = max(16, triton.next_power_of_2(d))
