@@ -70,7 +70,7 @@ def decode_rows(args: argparse.Namespace, flashinfer) -> list[str]:  # type: ign
 
 
 def split_rows(args: argparse.Namespace) -> list[str]:
-    """fp8route's decode kernel at each positions-per-program in --splits (no FlashInfer)."""
+    """fp8route's decode kernel at each positions-per-program in --splits (0: its default; no FlashInfer)."""
     rows = []
     splits = [int(v) for v in args.splits.split(",")]
     for batch in (1, 4, 16, 32):
@@ -85,10 +85,10 @@ def split_rows(args: argparse.Namespace) -> list[str]:
             ref = decode_attention_torch(q, *caches[0], lengths)
             times = []
             for split in splits:
-                assert err(decode_attention(q, *caches[0], lengths, split=split), ref) < 2e-2
-                calls = [partial(decode_attention, q, k, v, lengths, split=split) for k, v in caches]
+                assert err(decode_attention(q, *caches[0], lengths, split=split or None), ref) < 2e-2
+                calls = [partial(decode_attention, q, k, v, lengths, split=split or None) for k, v in caches]
                 times.append(statistics.median(time_graph(calls)))
-            cells = "  ".join(f"{split}: {t:6.1f}" for split, t in zip(splits, times))
+            cells = "  ".join(f"{split or 'default'}: {t:6.1f}" for split, t in zip(splits, times))
             best = splits[times.index(min(times))]
             rows.append(f"split   b={batch:<3} ctx={ctx:<5} us per call by split  {cells}   best {best}")
             print(rows[-1], flush=True)
