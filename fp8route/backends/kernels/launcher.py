@@ -77,5 +77,9 @@ class DirectLauncher:
 def _no_launch_hooks() -> bool:
     """Nobody (a profiler such as proton) listens to launches: the direct path passes no hooks.
     Triton 3.4 keeps a hook or None, 3.5 on a chain of hooks that is empty by default."""
-    hook = triton.knobs.runtime.launch_enter_hook
+    runtime = triton.knobs.runtime
+    return _idle(runtime.launch_enter_hook) and _idle(runtime.launch_exit_hook)
+
+
+def _idle(hook: Any) -> bool:
     return hook is None or not getattr(hook, "calls", True)
