@@ -137,18 +137,19 @@ class CausalLM(LlamaForCausalLM):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """decode_step, replayed from a CUDA graph when on CUDA and use_cuda_graphs is set.
         host_positions (positions, known on the host) is what FlashInfer attention plans from."""
-        graphs = self.use_cuda_graphs and tokens.is_cuda
-        if graphs and self._graphs is None:
-            from fp8route.models.decode_graphs import DecodeGraphs
+        graphs = None
+        if self.use_cuda_graphs and tokens.is_cuda:
+            if self._graphs is None:
+                from fp8route.models.decode_graphs import DecodeGraphs
 
-            self._graphs = DecodeGraphs(self.decode_step, self.max_batch_size, tokens.device)
+                self._graphs = DecodeGraphs(self.decode_step, self.max_batch_size, tokens.device)
+            graphs = self._graphs
         if self._flashinfer is not None:
             if host_positions is None:
                 raise Fp8InputError("attention='flashinfer' plans each decode step from host_positions; pass them")
-            size = self._graphs.bucket(tokens.shape[0]) if graphs and self._graphs is not None else tokens.shape[0]
-            self._flashinfer.plan_decode(size, host_positions)
-        if graphs and self._graphs is not None:
-            return self._graphs.run(tokens, positions)
+            self._flashinfer.plan_decode(graphs.bucket(len(tokens)) if graphs else len(tokens), host_positions)
+        if graphs is not None:
+            return graphs.run(tokens, positions)
         return self.decode_step(tokens, positions, limit)
 
     @torch.no_grad()
