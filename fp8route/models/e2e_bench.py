@@ -226,12 +226,12 @@ def plot(rows: Sequence[E2ERow], path: Path, title: str) -> Path | None:
 
 
 def tp_summary(rows: Sequence[E2ERow]) -> str:
-    """Each sharded row against the one-rank row of the same arm and shape: decode speed-up, TTFT
+    """Each sharded row against the one-rank row of the same arm, attention and shape: decode speed-up, TTFT
     speed-up, memory ratio, and whether the tokens match."""
-    single = {(r.arm, r.batch, r.input_tokens): r for r in rows if r.tp == 1}
+    single = {(r.arm, r.attention, r.batch, r.input_tokens): r for r in rows if r.tp == 1}
     lines = [f"{'':<22}{'batch':>6}{'input':>7}{'decode x':>10}{'TTFT x':>8}{'mem x':>7}  tokens"]
     for r in rows:
-        base = single.get((r.arm, r.batch, r.input_tokens))
+        base = single.get((r.arm, r.attention, r.batch, r.input_tokens))
         if r.tp == 1 or base is None:
             continue
         same = "= tp1" if r.tokens_digest == base.tokens_digest else "differ from tp1"
