@@ -31,12 +31,12 @@ def check_attention(attention: str, device: torch.device) -> None:
         raise Fp8InputError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
     if attention != "flashinfer":
         return
+    if device.type != "cuda":
+        raise Fp8InputError(f"attention='flashinfer' runs on CUDA GPUs; the model is on {device.type}")
     if importlib.util.find_spec("flashinfer") is None:
         raise Fp8InputError(
             "attention='flashinfer' needs FlashInfer: pip install 'fp8route[flashinfer]' (or use the builtin attention)"
         )
-    if device.type != "cuda":
-        raise Fp8InputError(f"attention='flashinfer' runs on CUDA GPUs; the model is on {device.type}")
 
 
 class FlashInferAttention:

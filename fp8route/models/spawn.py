@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from fp8route.errors import Fp8InputError
+from fp8route.errors import Fp8InputError, Fp8RouteError
 from fp8route.models.collectives import keep_multicast_off
 
 
@@ -33,9 +33,15 @@ def run_ranks(size: int, fn: Callable[..., Any], *args: Any, device: str = "cuda
     keep_multicast_off()  # the spawned processes inherit this environment
     with tempfile.TemporaryDirectory(prefix="fp8route-ranks-") as tmp:
         result = Path(tmp) / "rank0.pt"
-        mp.start_processes(
-            _rank_main, args=(size, _free_port(), fn, args, str(result)), nprocs=size, start_method="spawn"
-        )
+        try:
+            mp.start_processes(
+                _rank_main, args=(size, _free_port(), fn, args, str(result)), nprocs=size, start_method="spawn"
+            )
+        except mp.ProcessRaisedException:
+            mistakes = sorted(Path(tmp).glob("mistake*.txt"))
+            if mistakes:  # a user's mistake, seen by a rank: one message, not each rank's traceback
+                raise Fp8InputError(mistakes[0].read_text()) from None
+            raise
         return torch.load(result, weights_only=False)
 
 
@@ -47,6 +53,9 @@ def _rank_main(rank: int, size: int, port: int, fn: Callable[..., Any], args: tu
         value = fn(*args)
         if rank == 0:
             torch.save(value, result)
+    except Fp8RouteError as exc:
+        Path(result).with_name(f"mistake{rank}.txt").write_text(str(exc))
+        raise
     finally:
         # A model's decode graphs (which hold NCCL work) live in a reference cycle until collected;
         # destroying the process group under them hung `generate --tp 2` at exit on two H200s.

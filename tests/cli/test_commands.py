@@ -66,6 +66,7 @@ def test_generate_tp2_starts_two_ranks_and_says_the_same(tiny_fp8):
             ["generate", "{fp8}", "--prompt", "x", "--device", "cpu", "--attention", "flashinfer"],
             "attention='flashinfer'",
         ),  # fmt: skip
+        (["generate", "{fp8}", "--prompt", "x", "--device", "cpu", "--tp", "3"], "does not divide"),  # in the ranks
         (["demo", "--layers", "0"], "--layers must be at least 1"),
         (["inspect", "{fp8}/config.json"], "expected a checkpoint folder"),
         (["bench", "e2e", "--random", "llama-3.1-8b"], "CUDA GPU"),

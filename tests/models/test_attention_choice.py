@@ -17,16 +17,15 @@ def test_unknown_attention_names_the_choices():
         check_attention("flash", torch.device("cpu"))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("flashinfer") is not None, reason="flashinfer is installed here")
-def test_flashinfer_without_the_extra_says_how_to_install_it(tmp_path):
+def test_flashinfer_without_the_extra_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # as if not installed
     with pytest.raises(Fp8InputError, match=r"pip install 'fp8route\[flashinfer\]'"):
-        load_model(modelopt_folder(tmp_path), "cpu", attention="flashinfer")
+        check_attention("flashinfer", torch.device("cuda"))
 
 
-def test_flashinfer_on_cpu_is_refused(monkeypatch):
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # as if installed
+def test_flashinfer_on_cpu_is_refused_first(tmp_path):
     with pytest.raises(Fp8InputError, match="runs on CUDA GPUs; the model is on cpu"):
-        check_attention("flashinfer", torch.device("cpu"))
+        load_model(modelopt_folder(tmp_path), "cpu", attention="flashinfer")
 
 
 def test_generate_gives_each_step_its_positions_on_the_host():
