@@ -27,6 +27,18 @@ def mean_interval(values: Sequence[float]) -> dict[str, float]:
     return {"mean": mean, "low": mean - half, "high": mean + half, "sd": sd, "n": n}
 
 
+def score_interval(values: Sequence[float]) -> dict[str, float]:
+    """mean_interval, except for right/wrong scores (every value 0 or 1): there the Wilson score
+    interval, which stays inside [0, 1] where the normal one runs past it at small n."""
+    if not values or any(v not in (0, 1) for v in values):
+        return mean_interval(values)
+    result = mean_interval(values)
+    n, p, z2 = len(values), result["mean"], Z95 * Z95
+    center = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return result | {"low": center - half, "high": center + half}
+
+
 def paired_difference(reference: Sequence[float], other: Sequence[float]) -> dict[str, float]:
     """other - reference per example, its mean and 95% interval."""
     if len(reference) != len(other):
@@ -48,7 +60,7 @@ def summarize(task: Task, scores: Scores, labels: Sequence[str]) -> dict[str, An
         "source": task.source,
         "prompt": task.prompt,
         "models": {
-            label: {name: mean_interval(values) for name, values in metrics.items()}
+            label: {name: score_interval(values) for name, values in metrics.items()}
             for label, metrics in zip(labels, per_model, strict=True)
         },
         "per_example": {label: metrics for label, metrics in zip(labels, per_model, strict=True)},

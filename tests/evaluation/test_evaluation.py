@@ -12,7 +12,7 @@ import torch
 
 from fp8route.cli import main
 from fp8route.errors import Fp8InputError
-from fp8route.evaluation.compare import mean_interval, paired_difference, pairwise, summarize
+from fp8route.evaluation.compare import mean_interval, paired_difference, pairwise, score_interval, summarize
 from fp8route.evaluation.scoring import encode_pair, encode_pairs, example_metrics, score_requests
 from fp8route.evaluation.tasks import TASKS, Example, Request, Task, hellaswag_preprocess, load_task
 
@@ -122,6 +122,17 @@ def test_paired_interval_by_hand():
     assert d["mean"] == 0 and d["low"] == pytest.approx(-half) and d["high"] == pytest.approx(half)
     m = mean_interval([1.0, 1.0, 1.0])
     assert (m["mean"], m["low"], m["high"]) == (1.0, 1.0, 1.0)
+
+
+def test_right_wrong_scores_get_a_wilson_interval_inside_0_1():
+    few = score_interval([1, 0])  # the normal interval: 0.5 +- 1.39
+    assert 0 < few["low"] < 0.5 < few["high"] < 1 and few["mean"] == 0.5
+    n, k = 400, 300
+    wilson = score_interval([1] * k + [0] * (n - k))
+    normal = mean_interval([1] * k + [0] * (n - k))
+    assert wilson["low"] == pytest.approx(normal["low"], abs=3e-3)
+    assert wilson["high"] == pytest.approx(normal["high"], abs=3e-3)
+    assert score_interval([0.2, 1.7]) == mean_interval([0.2, 1.7])  # not right/wrong: unchanged
 
 
 def test_pairwise_differences_of_every_pair():
