@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"wrote {result.dst} ({result.format}): {len(result.quantized)} FP8 linears, "
-        f"{len(result.excluded)} excluded ({', '.join(result.excluded) or 'none'}), {len(result.shards)} shard(s), "
+        f"{len(result.excluded)} excluded ({_first_names(result.excluded)}), {len(result.shards)} shard(s), "
         f"{result.seconds:.1f}s"
     )
     print(calibration_line(result.record))
@@ -42,6 +42,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 _SHOWN = 8  # kept linears named on the line; config.json lists them all
+
+
+def _first_names(names: list[str]) -> str:
+    more = f", +{len(names) - _SHOWN} more in config.json" if len(names) > _SHOWN else ""
+    return (", ".join(names[:_SHOWN]) or "none") + more
 
 
 def calibration_line(record: dict[str, Any]) -> str:

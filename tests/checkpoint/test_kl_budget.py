@@ -101,6 +101,8 @@ def test_cli_kl_budget_record_and_inspect(source, tmp_path, capsys):
     assert kept and search["achieved_kl"] <= 5e-6 and math.isfinite(search["achieved_kl"])
     line = f"KL budget 5e-06: mean KL {search['achieved_kl']:.4g} on the calibration tokens, "
     assert f"kept in float: {len(kept)} (" in out and line in out
+    excluded = out.split(" excluded (", 1)[1].split("), ", 1)[0]  # at most 8 names, then a count
+    assert excluded.count(", ") <= 8 and (len(kept) + 1 <= 8 or "more in config.json" in excluded)
     assert main(["inspect", str(dst), "--device", "cpu"]) == 0
     shown = capsys.readouterr().out
     assert line in shown and kept[0] in shown
