@@ -28,16 +28,22 @@ H, HKV, D = 32, 8, 128
 BF16 = torch.bfloat16
 
 
+Caches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def decode_operands(batch: int, args: argparse.Namespace) -> tuple[Caches, torch.Tensor]:
+    """--layers distinct (K, V) caches of --max-seq-len positions, so L2 holds none, and one query."""
+    shape = (batch, HKV, args.max_seq_len, D)
+    caches = [(torch.randn(shape, device="cuda", dtype=BF16), torch.randn(shape, device="cuda", dtype=BF16))
+              for _ in range(args.layers)]  # fmt: skip
+    return caches, torch.randn(batch, H, D, device="cuda", dtype=BF16)
+
+
 def decode_rows(args: argparse.Namespace, flashinfer) -> list[str]:  # type: ignore[no-untyped-def]
     rows = []
     workspace = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
     for batch in (1, 16):
-        caches = [
-            (torch.randn(batch, HKV, args.max_seq_len, D, device="cuda", dtype=BF16),
-             torch.randn(batch, HKV, args.max_seq_len, D, device="cuda", dtype=BF16))
-            for _ in range(args.layers)
-        ]  # fmt: skip
-        q = torch.randn(batch, H, D, device="cuda", dtype=BF16)
+        caches, q = decode_operands(batch, args)
         for ctx in (1024, 4096):
             lengths = torch.full((batch,), ctx, device="cuda", dtype=torch.int64)
             ref = decode_attention_torch(q, *caches[0], lengths)
@@ -74,12 +80,7 @@ def split_rows(args: argparse.Namespace) -> list[str]:
     rows = []
     splits = [int(v) for v in args.splits.split(",")]
     for batch in (1, 4, 16, 32):
-        caches = [
-            (torch.randn(batch, HKV, args.max_seq_len, D, device="cuda", dtype=BF16),
-             torch.randn(batch, HKV, args.max_seq_len, D, device="cuda", dtype=BF16))
-            for _ in range(args.layers)
-        ]  # fmt: skip
-        q = torch.randn(batch, H, D, device="cuda", dtype=BF16)
+        caches, q = decode_operands(batch, args)
         for ctx in (256, 1024, 4096):
             lengths = torch.full((batch,), ctx, device="cuda", dtype=torch.int64)
             ref = decode_attention_torch(q, *caches[0], lengths)
