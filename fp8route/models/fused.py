@@ -9,6 +9,8 @@ kernel to (same fp32 arithmetic, same roundings to the activation dtype; sums ma
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -22,6 +24,7 @@ def _use_kernel(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype in _HALF and TRITON_IMPORT_ERROR is None and not torch.compiler.is_compiling()
 
 
+@functools.cache  # one dict per width, not one per call
 def _norm_meta(width: int) -> dict[str, int]:
     return {"BLOCK": triton.next_power_of_2(width), "num_warps": 4}
 
