@@ -63,7 +63,7 @@ class DirectLauncher:
         if not DIRECT:
             if not self._warned:
                 self._warned = True
-                log.info(
+                log.warning(
                     "fp8route: triton %s launches %s through its own path (about 15 us more host time per "
                     "call than triton 3.4-3.6, whose compiled kernels fp8route launches directly)",
                     triton.__version__,
