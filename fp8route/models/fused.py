@@ -143,15 +143,20 @@ def silu_mul(gate_up: torch.Tensor, width: int) -> torch.Tensor:
 if triton is not None:
 
     @triton.jit
+    def _normalize_store(h, w_ptr, out_ptr, offs, mask, width, eps):
+        """out = w * (h / rms(h)) for one row h (fp32), normalized and weighted in the out dtype's roundings."""
+        inv = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / width + eps)
+        normed = (h * inv).to(out_ptr.dtype.element_ty).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(out_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(out_ptr + offs, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_row, width, eps, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
         mask = offs < width
         x = tl.load(x_ptr + row * stride_row + offs, mask=mask, other=0.0).to(tl.float32)
-        inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / width + eps)
-        normed = (x * inv).to(out_ptr.dtype.element_ty).to(tl.float32)
-        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(out_ptr.dtype.element_ty).to(tl.float32)
-        tl.store(out_ptr + row * width + offs, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+        _normalize_store(x, w_ptr, out_ptr + row * width, offs, mask, width, eps)
 
     @triton.jit
     def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, width, eps, BLOCK: tl.constexpr):
@@ -162,11 +167,7 @@ if triton is not None:
         r = tl.load(r_ptr + row * width + offs, mask=mask, other=0.0).to(tl.float32)
         total = (x + r).to(sum_ptr.dtype.element_ty)
         tl.store(sum_ptr + row * width + offs, total, mask=mask)
-        h = total.to(tl.float32)
-        inv = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / width + eps)
-        normed = (h * inv).to(out_ptr.dtype.element_ty).to(tl.float32)
-        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(out_ptr.dtype.element_ty).to(tl.float32)
-        tl.store(out_ptr + row * width + offs, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+        _normalize_store(total.to(tl.float32), w_ptr, out_ptr + row * width, offs, mask, width, eps)
 
     @triton.jit
     def _rope_kernel(
