@@ -19,7 +19,6 @@ from fp8route.models.attention import DecodeAttention, PrefillAttention
 from fp8route.models.flashinfer_attention import FlashInferAttention, check_attention
 from fp8route.models.kv_cache import KVCache
 from fp8route.models.llama import LlamaConfig, LlamaForCausalLM, rope_tables
-from fp8route.models.prefetch import WeightPrefetch
 
 if TYPE_CHECKING:
     from fp8route.models.decode_graphs import DecodeGraphs
@@ -49,7 +48,6 @@ class CausalLM(LlamaForCausalLM):
         device: torch.device | str | None = None,
         use_cuda_graphs: bool = True,
         attention: str = "builtin",
-        prefetch_bytes: int = 0,
     ) -> None:
         super().__init__(cfg, linears, tensors)
         self.dtype = dtype
@@ -78,7 +76,6 @@ class CausalLM(LlamaForCausalLM):
         self._flashinfer: FlashInferAttention | None = None
         if attention == "flashinfer":
             self._flashinfer = FlashInferAttention(self.cache, cfg.num_attention_heads, dtype, target)
-        self.prefetch = WeightPrefetch(self, prefetch_bytes, target)
 
     @property
     def device(self) -> torch.device:
@@ -128,8 +125,7 @@ class CausalLM(LlamaForCausalLM):
         cos = self.rope_cos[positions][:, None]  # [B, 1, D]: each row at its own position
         sin = self.rope_sin[positions][:, None]
         context = DecodeAttention(self.cache, positions, limit, self.use_triton, self._flashinfer)
-        with self.prefetch.around_step():
-            logits = self.lm_head(self.model.run_layers(h, cos, sin, context)[:, 0])
+        logits = self.lm_head(self.model.run_layers(h, cos, sin, context)[:, 0])
         return logits, logits.argmax(-1)
 
     def step(
