@@ -3,6 +3,10 @@ CUDA-graph replays of CausalLM.step on a random checkpoint, summed per kind (FP8
 all-reduce, attention, the rest), per step, on rank 0.
 
     python3 benchmarks/tp_decode_profile.py [--model llama-3.1-8b] [--tp 1,2] [--batch 1] [--out DIR]
+
+--local-tp N adds, on one GPU, a model of one rank's local dimensions under N-way tensor parallelism
+(heads, KV heads, intermediate size and vocabulary divided by N) run alone: the work a rank does
+without its collectives, so what TP N could reach with free all-reduces, measured on one GPU.
 """
 
 from __future__ import annotations
@@ -76,6 +80,17 @@ def profile(folder: str, batch: int, context: int) -> dict[str, object]:
     }
 
 
+def local_config(config: dict[str, object], tp: int) -> dict[str, object]:
+    """A rank's local dimensions under tp-way tensor parallelism, as a model of its own."""
+    local = dict(config)
+    for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size"):
+        local[key] = int(str(config[key])) // tp
+    local["head_dim"] = int(str(config.get("head_dim") or 0)) or int(str(config["hidden_size"])) // int(
+        str(config["num_attention_heads"])
+    )
+    return local
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-3.1-8b", choices=sorted(MODELS))
@@ -83,6 +98,7 @@ def main() -> None:
     parser.add_argument("--tp", default="1,2")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--context", type=int, default=1024, help="tokens already in the cache")
+    parser.add_argument("--local-tp", type=int, default=0, help="also one rank's local model, alone (see above)")
     parser.add_argument("--out")
     args = parser.parse_args()
     results = {}
@@ -92,6 +108,10 @@ def main() -> None:
             run = (folder, args.batch, args.context)
             results[tp] = profile(*run) if tp == 1 else run_ranks(tp, profile, *run)
             torch.cuda.empty_cache()
+        if args.local_tp > 1:
+            config = local_config(dict(MODELS[args.model]), args.local_tp)
+            local = str(write_random(Path(tmp) / f"local{args.local_tp}", config, fp8=True))
+            results[f"{args.local_tp}-local"] = profile(local, args.batch, args.context)
     for tp, r in results.items():
         head = f"tp={tp} batch={args.batch}: step {r['step_ms']:.3f} ms (graph replay)"
         print(f"\n{head}, kernels {r['kernel_ms']:.3f} ms")
