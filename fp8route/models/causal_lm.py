@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from fp8route.backends.kernels.triton_support import pdl_scope
 from fp8route.errors import Fp8InputError
 from fp8route.models.attention import DecodeAttention, PrefillAttention
 from fp8route.models.flashinfer_attention import FlashInferAttention, check_attention
@@ -126,8 +125,7 @@ class CausalLM(LlamaForCausalLM):
         cos = self.rope_cos[positions][:, None]  # [B, 1, D]: each row at its own position
         sin = self.rope_sin[positions][:, None]
         context = DecodeAttention(self.cache, positions, limit, self.use_triton, self._flashinfer)
-        with pdl_scope():  # the step's GEMMs follow norms and attention, never a weight's writer
-            logits = self.lm_head(self.model.run_layers(h, cos, sin, context)[:, 0])
+        logits = self.lm_head(self.model.run_layers(h, cos, sin, context)[:, 0])
         return logits, logits.argmax(-1)
 
     def step(

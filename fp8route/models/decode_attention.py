@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, gdc_launch_dependents, tl, triton, use_pdl
+from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
 from fp8route.errors import Fp8InputError
 
 BLOCK_N = 64  # positions per tile of the inner loop
@@ -112,10 +112,8 @@ if TRITON_IMPORT_ERROR is None:
         stride_ob, stride_oh, stride_os,
         stride_lb, stride_lh,
         stride_rb, stride_rh,
-        SPLIT: tl.constexpr, S_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PDL: tl.constexpr,
+        SPLIT: tl.constexpr, S_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     ):  # fmt: skip
-        if PDL:
-            gdc_launch_dependents()  # the o projection after may load its weight meanwhile
         b = tl.program_id(0)
         h = tl.program_id(1)
         length = tl.load(len_ptr + b).to(tl.int32)
@@ -189,6 +187,6 @@ def decode_attention(
         lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
         SPLIT=split, S_PAD=max(16, triton.next_power_of_2(num_splits)), D=d, D_PAD=d_pad,
-        PDL=use_pdl(q.device), num_warps=4,
+        num_warps=4,
     )  # fmt: skip
     return out

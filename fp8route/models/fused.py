@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from fp8route.backends.kernels.launcher import DirectLauncher
-from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, gdc_launch_dependents, tl, triton, use_pdl
+from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
 
 _HALF = (torch.bfloat16, torch.float16)
 
@@ -25,8 +25,8 @@ def _use_kernel(x: torch.Tensor) -> bool:
 
 
 @functools.cache  # one dict per width, not one per call
-def _norm_meta(width: int, pdl: bool) -> dict[str, int]:
-    return {"BLOCK": triton.next_power_of_2(width), "PDL": pdl, "num_warps": 4}
+def _norm_meta(width: int) -> dict[str, int]:
+    return {"BLOCK": triton.next_power_of_2(width), "num_warps": 4}
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -44,7 +44,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     rows = x.reshape(-1, width)
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     args = (rows, weight, out, rows.stride(0), width, eps)
-    _RMS_NORM((rows.shape[0],), (x.dtype, weight.dtype, *args[3:]), args, _norm_meta(width, use_pdl(x.device)))
+    _RMS_NORM((rows.shape[0],), (x.dtype, weight.dtype, *args[3:]), args, _norm_meta(width))
     return out.reshape(x.shape)
 
 
@@ -61,7 +61,7 @@ def add_rms_norm(
     out = torch.empty_like(rows)
     total = torch.empty_like(rows)
     args = (rows, residual.reshape(-1, width), weight, out, total, width, eps)
-    _ADD_RMS_NORM((rows.shape[0],), (x.dtype, weight.dtype, width, eps), args, _norm_meta(width, use_pdl(x.device)))
+    _ADD_RMS_NORM((rows.shape[0],), (x.dtype, weight.dtype, width, eps), args, _norm_meta(width))
     return out.reshape(x.shape), total.reshape(x.shape)
 
 
@@ -136,8 +136,7 @@ def silu_mul(gate_up: torch.Tensor, width: int) -> torch.Tensor:
     rows = gate_up.reshape(-1, 2 * width)
     out = torch.empty((rows.shape[0], width), dtype=gate_up.dtype, device=gate_up.device)
     args = (rows, out, rows.stride(0), width)
-    grid = (rows.shape[0], triton.cdiv(width, _SILU_BLOCK))
-    _SILU_MUL(grid, (gate_up.dtype, *args[2:]), args, _SILU_META[use_pdl(gate_up.device)])
+    _SILU_MUL((rows.shape[0], triton.cdiv(width, _SILU_BLOCK)), (gate_up.dtype, *args[2:]), args, _SILU_META)
     return out.reshape(*gate_up.shape[:-1], width)
 
 
@@ -152,9 +151,7 @@ if triton is not None:
         tl.store(out_ptr + offs, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_row, width, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        if PDL:
-            gdc_launch_dependents()  # the GEMM after may load its weight meanwhile
+    def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_row, width, eps, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
         mask = offs < width
@@ -162,9 +159,7 @@ if triton is not None:
         _normalize_store(x, w_ptr, out_ptr + row * width, offs, mask, width, eps)
 
     @triton.jit
-    def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, width, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        if PDL:
-            gdc_launch_dependents()
+    def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, width, eps, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
         mask = offs < width
@@ -223,9 +218,7 @@ if triton is not None:
         tl.store(vc_row + HALF + offs, tl.load(v_row + HALF + offs))
 
     @triton.jit
-    def _silu_mul_kernel(x_ptr, out_ptr, stride_row, width, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        if PDL:
-            gdc_launch_dependents()
+    def _silu_mul_kernel(x_ptr, out_ptr, stride_row, width, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < width
@@ -241,4 +234,4 @@ if triton is not None:
     _ROPE_STORE = DirectLauncher(_rope_store_kernel, pointers=7)
     _SILU_MUL = DirectLauncher(_silu_mul_kernel, pointers=2)
     _SILU_BLOCK = 1024
-    _SILU_META = {pdl: {"BLOCK": _SILU_BLOCK, "PDL": pdl, "num_warps": 4} for pdl in (False, True)}
+    _SILU_META = {"BLOCK": _SILU_BLOCK, "num_warps": 4}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fp8route.backends.kernels.triton_support import gdc_wait, tl, triton
+from fp8route.backends.kernels.triton_support import tl, triton
 
 if triton is None:  # CPU-only installs: the module imports, launch.py is never reached
     decode_mma_kernel = decode_cuda_core_kernel = None
@@ -115,14 +115,11 @@ else:
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, REDUCE_UNROLL: tl.constexpr, NUM_STAGES: tl.constexpr,
-        PDL: tl.constexpr,
     ):  # fmt: skip
         """The same product for a few tokens (BLOCK_M <= 8) on the CUDA cores: no shared-memory staging
         of the weight and no MMA padding of the token side to 16. Each weight element is converted once
         (e4m3 -> fp32, exact) and multiplied by every token's x in fp32; the products are exact, so only
-        the fp32 sums round. With PDL each weight tile's load is issued before the wait for the
-        kernel that writes x: a decode GEMM of one or two K steps per CTA then streams its weight
-        while the norm or attention before it finishes."""
+        the fp32 sums round."""
         pid = tl.program_id(0)
         pid_k = pid % split_k
         pid_n = pid // split_k
@@ -139,8 +136,6 @@ else:
         in_scale_rcp = tl.math.div_rn(1.0, in_scale)
 
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        if PDL and NUM_STAGES > 1:
-            gdc_wait()  # a pipelined loop loads x ahead of its body, before the wait in it
         for k in tl.range(0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
             if EVEN_K:
                 k_mask = offs_k < BLOCK_K
@@ -151,8 +146,6 @@ else:
             else:
                 k_mask = (k_lo + k + offs_k) < K
                 w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            if PDL:
-                gdc_wait()  # x, the workspace and the counters belong to the kernels before
             w = w.to(tl.float32)
             # Token by token: a [BLOCK_N, BLOCK_M, BLOCK_K] product would spread K over the threads
             # one element each and move every operand through shared memory.

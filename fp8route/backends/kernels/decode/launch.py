@@ -11,7 +11,6 @@ import torch
 from fp8route.backends.kernels.decode.configs import DecodeConfig, cdiv, choose_config, why_not
 from fp8route.backends.kernels.decode.kernels import decode_cuda_core_kernel, decode_mma_kernel
 from fp8route.backends.kernels.launcher import DirectLauncher
-from fp8route.backends.kernels.triton_support import in_pdl_scope, use_pdl
 from fp8route.backends.problem import DeviceInfo
 from fp8route.errors import Fp8InputError, Fp8TypeError
 from fp8route.quant import FP8_DTYPE
@@ -116,7 +115,7 @@ _LAUNCHES: dict[tuple[Any, ...], _Launch] = {}
 
 
 def _plan_launch(m: int, n: int, k: int, device: torch.device, x_fp8: bool, has_bias: bool,
-                 config: DecodeConfig | None, pdl: bool) -> _Launch:  # fmt: skip
+                 config: DecodeConfig | None) -> _Launch:  # fmt: skip
     cfg = config or choose_config(m, n, k, _device(device))
     if cfg.cuda_core and m > cfg.block_m:
         raise Fp8InputError(f"decode_gemm: {cfg} takes at most {cfg.block_m} tokens, got M={m}")
@@ -133,7 +132,6 @@ def _plan_launch(m: int, n: int, k: int, device: torch.device, x_fp8: bool, has_
     )  # fmt: skip
     if cfg.cuda_core:
         kernel, meta["NUM_STAGES"] = _CUDA_CORE, cfg.num_stages
-        meta["PDL"] = meta["launch_pdl"] = pdl and use_pdl(device)
     else:
         kernel, meta["IMPRECISE_ACC"], meta["num_stages"] = _MMA, min(128, cfg.block_k), cfg.num_stages
     return _Launch(kernel, (tiles * split,), split, k_per_split, tiles, meta)
@@ -156,12 +154,10 @@ def launch(
     n = weight.shape[0]
     stride_xm, stride_wn = x.stride(0), weight.stride(0)
     # Every integer argument and dtype the kernel specializes on; the launcher adds alignment.
-    pdl = in_pdl_scope()
-    key = (m, n, k, stride_xm, stride_wn, x.dtype, out_dtype, bias is None, x.device, config, pdl)
+    key = (m, n, k, stride_xm, stride_wn, x.dtype, out_dtype, bias is None, x.device, config)
     plan = _LAUNCHES.get(key)
     if plan is None:
-        fp8_x, has_bias = x.dtype == FP8_DTYPE, bias is not None
-        plan = _LAUNCHES[key] = _plan_launch(m, n, k, x.device, fp8_x, has_bias, config, pdl)
+        plan = _LAUNCHES[key] = _plan_launch(m, n, k, x.device, x.dtype == FP8_DTYPE, bias is not None, config)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     elif out.shape != (m, n) or out.dtype != out_dtype or out.stride(0) != n or out.stride(1) != 1:
