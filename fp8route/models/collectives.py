@@ -7,22 +7,27 @@ NVLink and sums them: one small kernel), PyTorch's `torch.ops.symm_mem.one_shot_
 which runs without NVLink multicast (kept off: MULTICAST_OFF); larger messages still go to NCCL.
 On two H200s it makes a batch-1 decode step ~3% faster but a 4096-token prefill ~20% slower,
 though the prefill's messages go to NCCL either way (benchmarks/results/h200/tp2/), so it is an
-option, not the default.
+option, not the default. "fused" is "symm_mem" whose all-reduces before a residual add and RMSNorm
+(every one in a decoder layer) run with them as one kernel that pushes each rank's partial into its
+peers' memory (fp8route.models.peer_reduce) for up to ONE_SHOT_BYTES of rows.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from fp8route.errors import Fp8InputError
+from fp8route.models.fused import add_rms_norm
+from fp8route.models.peer_reduce import PHASES, buffer_bytes, push_add_rms_norm
 
 # NVLink multicast (NVLS) can take a host's GPUs out of service; fp8route never asks for it.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
-METHODS = ("nccl", "symm_mem")
+METHODS = ("nccl", "symm_mem", "fused")
 ONE_SHOT_BYTES = 512 * 1024  # up to here the one-shot all-reduce beats NCCL on two H200s
 
 
@@ -41,24 +46,32 @@ class AllReduce:
     """Sums a tensor over the default group, returning the sum (the input is left unchanged when
     the peer-memory path runs, overwritten when NCCL runs).
 
-    method "symm_mem" on CUDA sets up the one-shot path for messages up to one_shot_bytes (a
-    collective: every rank constructs it at the same point), an error when it cannot; on a CPU it
-    is NCCL's (gloo's) path with the reason said. "nccl" never tries it."""
+    method "symm_mem" or "fused" on CUDA sets up the one-shot path for messages up to
+    one_shot_bytes (a collective: every rank constructs it at the same point), an error when it
+    cannot; on a CPU it is NCCL's (gloo's) path with the reason said. "nccl" never tries it.
+    "fused" also sets up add_rms_norm's one-kernel path for rows of `width` values."""
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, one_shot_bytes: int, method: str = "nccl") -> None:
+    def __init__(
+        self, device: torch.device, dtype: torch.dtype, one_shot_bytes: int, method: str = "nccl", width: int = 0
+    ) -> None:
         check_method(method)
         self.method = "nccl"
         self.reason = "asked for nccl" if method == "nccl" else "not a CUDA device"
         self._buffer: torch.Tensor | None = None
         self._group_name = ""
         self._one_shot_numel = one_shot_bytes // torch.empty((), dtype=dtype).element_size()
-        if device.type == "cuda" and method == "symm_mem":
+        self._push: _PushBuffers | None = None
+        if device.type == "cuda" and method != "nccl":
             try:
                 self._buffer, self._group_name = _symmetric_buffer(device, dtype, self._one_shot_numel)
+                if method == "fused":
+                    self._push = _PushBuffers.allocate(device, dtype, one_shot_bytes, width)
             except (RuntimeError, AttributeError, ImportError) as exc:
                 reason = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-                raise Fp8InputError(f"all-reduce symm_mem: symmetric memory unavailable ({reason}); use nccl") from exc
-            self.method, self.reason = "symm_mem", f"one-shot up to {one_shot_bytes} bytes, NCCL above"
+                raise Fp8InputError(f"all-reduce {method}: symmetric memory unavailable ({reason}); use nccl") from exc
+            self.method, self.reason = method, f"one-shot up to {one_shot_bytes} bytes, NCCL above"
+            if self._push is not None:
+                self.reason += f"; fused with the residual add and RMSNorm up to {self._push.rows} rows"
 
     def describe(self) -> str:
         return f"{self.method} ({self.reason})"
@@ -69,6 +82,67 @@ class AllReduce:
             return torch.ops.symm_mem.one_shot_all_reduce_copy(symm, x, "sum", self._group_name)
         dist.all_reduce(x)
         return x
+
+    def add_rms_norm(
+        self, partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """fused.add_rms_norm(sum over ranks of partial, residual, weight, eps), in one kernel
+        where the "fused" path takes these rows."""
+        push = self._push
+        if push is not None and push.takes(partial, residual):
+            shape = partial.shape
+            rows = partial.reshape(-1, shape[-1])
+            normed, total = push_add_rms_norm(
+                rows, residual.reshape(rows.shape), weight, eps, push.addresses, push.rank, push.rows, push.phase()
+            )
+            return normed.view(shape), total.view(shape)
+        return add_rms_norm(self(partial), residual, weight, eps)
+
+
+@dataclass
+class _PushBuffers:
+    """Each rank's buffer for peer_reduce, and where every rank's is."""
+
+    memory: torch.Tensor  # keeps this rank's buffer alive
+    addresses: torch.Tensor  # int64 [world], on this device
+    rank: int
+    rows: int
+    width: int
+    dtype: torch.dtype
+    calls: int = 0
+
+    @classmethod
+    def allocate(cls, device: torch.device, dtype: torch.dtype, one_shot_bytes: int, width: int) -> _PushBuffers:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        if width <= 0:
+            raise RuntimeError("the fused all-reduce needs the width of its rows")
+        rows = max(1, one_shot_bytes // (width * torch.empty((), dtype=dtype).element_size()))
+        world = dist.get_world_size()
+        memory = symm_mem.empty(buffer_bytes(world, rows, width, dtype), dtype=torch.uint8, device=device)
+        memory.zero_()  # the flags start lowered
+        handle = symm_mem.rendezvous(memory, dist.group.WORLD.group_name)  # type: ignore[union-attr]
+        addresses = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)
+        dist.barrier()  # every rank's flags lowered before any rank raises one
+        torch.cuda.synchronize(device)
+        return cls(memory, addresses, dist.get_rank(), rows, width, dtype)
+
+    def takes(self, partial: torch.Tensor, residual: torch.Tensor) -> bool:
+        rows = partial.numel() // max(1, partial.shape[-1])
+        return (
+            partial.shape[-1] == self.width
+            and rows <= self.rows
+            and partial.dtype == residual.dtype == self.dtype
+            and partial.is_contiguous()
+            and residual.is_contiguous()
+            and residual.shape == partial.shape
+        )
+
+    def phase(self) -> int:
+        """Alternates call by call (peer_reduce: why)."""
+        phase = self.calls % PHASES
+        self.calls += 1
+        return phase
 
 
 def _symmetric_buffer(device: torch.device, dtype: torch.dtype, numel: int) -> tuple[torch.Tensor, str]:

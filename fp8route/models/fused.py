@@ -143,7 +143,7 @@ def silu_mul(gate_up: torch.Tensor, width: int) -> torch.Tensor:
 if triton is not None:
 
     @triton.jit
-    def _normalize_store(h, w_ptr, out_ptr, offs, mask, width, eps):
+    def normalize_and_store(h, w_ptr, out_ptr, offs, mask, width, eps):
         """out = w * (h / rms(h)) for one row h (fp32), normalized and weighted in the out dtype's roundings."""
         inv = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / width + eps)
         normed = (h * inv).to(out_ptr.dtype.element_ty).to(tl.float32)
@@ -156,7 +156,7 @@ if triton is not None:
         offs = tl.arange(0, BLOCK)
         mask = offs < width
         x = tl.load(x_ptr + row * stride_row + offs, mask=mask, other=0.0).to(tl.float32)
-        _normalize_store(x, w_ptr, out_ptr + row * width, offs, mask, width, eps)
+        normalize_and_store(x, w_ptr, out_ptr + row * width, offs, mask, width, eps)
 
     @triton.jit
     def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, width, eps, BLOCK: tl.constexpr):
@@ -167,7 +167,7 @@ if triton is not None:
         r = tl.load(r_ptr + row * width + offs, mask=mask, other=0.0).to(tl.float32)
         total = (x + r).to(sum_ptr.dtype.element_ty)
         tl.store(sum_ptr + row * width + offs, total, mask=mask)
-        _normalize_store(total.to(tl.float32), w_ptr, out_ptr + row * width, offs, mask, width, eps)
+        normalize_and_store(total.to(tl.float32), w_ptr, out_ptr + row * width, offs, mask, width, eps)
 
     @triton.jit
     def _rope_kernel(

@@ -186,10 +186,16 @@ class Attention(nn.Module):
         )
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: AttentionContext | None = None
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        context: AttentionContext | None = None,
+        partial: bool = False,
     ) -> torch.Tensor:
         """x [B, T, hidden]; cos/sin [T, D] (positions shared by every row) or [B, T, D] (each row
-        at its own positions). Without a context: causal attention over x alone."""
+        at its own positions). Without a context: causal attention over x alone. partial: a
+        row-parallel o_proj's own product, before its sum over the ranks (see DecoderLayer)."""
         b, t, _ = x.shape
         if hasattr(self, "qkv_proj"):
             q, k, v = self.qkv_proj(x).split(self.widths, dim=-1)
@@ -206,7 +212,8 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
             out = context.attend(self.index, q, k, v, cos, sin)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        o_proj = cast(nn.Module, self.o_proj.linear) if partial else self.o_proj
+        return o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
 class Mlp(nn.Module):
@@ -219,10 +226,12 @@ class Mlp(nn.Module):
             self.gate_proj, self.up_proj = parts.linear(f"{prefix}.gate_proj"), parts.linear(f"{prefix}.up_proj")
         self.down_proj = parts.linear(f"{prefix}.down_proj")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, partial: bool = False) -> torch.Tensor:
+        """partial: a row-parallel down_proj's own product, before its sum over the ranks."""
+        down = cast(nn.Module, self.down_proj.linear) if partial else self.down_proj
         if hasattr(self, "gate_up_proj"):
-            return self.down_proj(silu_mul(self.gate_up_proj(x), self.intermediate))
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return down(silu_mul(self.gate_up_proj(x), self.intermediate))
+        return down(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
@@ -251,12 +260,17 @@ class DecoderLayer(nn.Module):
         context: AttentionContext | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """forward with each residual add fused into the norm after it: takes
-        (input_layernorm(x), x), returns (next_norm(out), out) where out is forward(x)."""
-        normed, h = add_rms_norm(
-            self.self_attn(normed, cos, sin, context), residual, self.post_attention_layernorm.weight,
-            self.post_attention_layernorm.eps,
-        )  # fmt: skip
-        return add_rms_norm(self.mlp(normed), h, next_norm.weight, next_norm.eps)
+        (input_layernorm(x), x), returns (next_norm(out), out) where out is forward(x).
+
+        A row-parallel o_proj or down_proj (tensor parallelism) offers its own add_rms_norm, which
+        sums the ranks' products before the add, or with it in one kernel."""
+        attn_add_norm = getattr(self.self_attn.o_proj, "add_rms_norm", None)
+        attn = self.self_attn(normed, cos, sin, context, partial=attn_add_norm is not None)
+        post = self.post_attention_layernorm
+        normed, h = (attn_add_norm or add_rms_norm)(attn, residual, post.weight, post.eps)
+        mlp_add_norm = getattr(self.mlp.down_proj, "add_rms_norm", None)
+        mlp = self.mlp(normed, partial=mlp_add_norm is not None)
+        return (mlp_add_norm or add_rms_norm)(mlp, h, next_norm.weight, next_norm.eps)
 
 
 class LlamaModel(nn.Module):

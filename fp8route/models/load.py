@@ -108,7 +108,7 @@ def load_model(
         linears, tensors = {}, read_plain(folder, target, dtype, slicer)
     reduce = None
     if slicer is not None:
-        reduce = AllReduce(target, dtype, ONE_SHOT_BYTES, all_reduce)
+        reduce = AllReduce(target, dtype, ONE_SHOT_BYTES, all_reduce, width=cfg.hidden_size)
         linears, tensors = wrap_layers(linears, tensors, slicer, reduce)
         cfg = local_config(cfg, slicer.shard.size)
     model = CausalLM(

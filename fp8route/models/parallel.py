@@ -27,6 +27,7 @@ from fp8route.checkpoint.shards import Index
 from fp8route.errors import Fp8InputError
 from fp8route.linear.layer import Fp8Linear
 from fp8route.models.collectives import keep_multicast_off
+from fp8route.models.fused import add_rms_norm
 from fp8route.models.llama import FloatLinear, LlamaConfig
 
 LmHead = Literal["vocab", "replicated"]
@@ -155,6 +156,16 @@ class RowParallel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.reduce(self.linear(x))
+
+    def add_rms_norm(
+        self, partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a decoder layer does with this layer's output: the sum over ranks of partial (what
+        self.linear gave), plus residual, then RMSNorm; one kernel where the all-reduce fuses them."""
+        fused = getattr(self.reduce, "add_rms_norm", None)
+        if fused is not None:
+            return fused(partial, residual, weight, eps)
+        return add_rms_norm(self.reduce(partial), residual, weight, eps)
 
 
 class VocabParallelHead(nn.Module):

@@ -7,6 +7,7 @@ import torch
 
 from fp8route import Fp8InputError
 from fp8route.models.collectives import MULTICAST_OFF, AllReduce, keep_multicast_off
+from fp8route.models.fused import rms_norm_reference
 
 
 def test_unknown_method_is_one_clear_error():
@@ -14,9 +15,20 @@ def test_unknown_method_is_one_clear_error():
         AllReduce(torch.device("cpu"), torch.bfloat16, 1024, "auto")
 
 
-def test_symm_mem_on_a_cpu_says_why_it_runs_nccl():
-    reduce = AllReduce(torch.device("cpu"), torch.bfloat16, 1024, "symm_mem")
+@pytest.mark.parametrize("method", ["symm_mem", "fused"])
+def test_peer_memory_on_a_cpu_says_why_it_runs_nccl(method):
+    reduce = AllReduce(torch.device("cpu"), torch.bfloat16, 1024, method, width=64)
     assert reduce.method == "nccl" and "not a CUDA device" in reduce.describe()
+
+
+def test_add_rms_norm_without_the_fused_path_is_the_sum_then_the_add_and_norm(monkeypatch):
+    summed = []
+    monkeypatch.setattr(AllReduce, "__call__", lambda self, t: summed.append(t) or t)  # one rank: the sum is t
+    reduce = AllReduce(torch.device("cpu"), torch.float32, 1024, "fused", width=8)
+    x, r, w = torch.randn(3, 8), torch.randn(3, 8), torch.randn(8)
+    normed, total = reduce.add_rms_norm(x, r, w, 1e-5)
+    assert len(summed) == 1 and torch.equal(total, x + r)
+    torch.testing.assert_close(normed, rms_norm_reference(x + r, w, 1e-5))
 
 
 def test_multicast_stays_off_unless_the_user_set_it(monkeypatch):

@@ -1,0 +1,87 @@
+"""The fused all-reduce + residual add + RMSNorm kernel, with two ranks emulated on one GPU: two
+buffers on the device, each "rank" launching on its own stream so that both run at once, as two
+GPUs would. Every rank must get the same bits: the all-reduce's sum rounded, plus the residual,
+normalized."""
+
+import pytest
+import torch
+
+from fp8route.models.fused import rms_norm_reference
+from fp8route.models.peer_reduce import PHASES, buffer_bytes, push_add_rms_norm
+
+pytestmark = pytest.mark.gpu
+
+WORLD = 2
+
+
+def _ranks(rows_max: int, width: int, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
+    size = buffer_bytes(WORLD, rows_max, width, dtype)
+    buffers = [torch.zeros(size, dtype=torch.uint8, device="cuda") for _ in range(WORLD)]
+    addresses = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64, device="cuda")
+    return buffers, addresses
+
+
+def _both(partials, residual, weight, addresses, rows_max, phase, streams):
+    outs = [None] * WORLD
+    for rank, stream in enumerate(streams):
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            outs[rank] = push_add_rms_norm(partials[rank], residual, weight, 1e-5, addresses, rank, rows_max, phase)
+    for stream in streams:
+        torch.cuda.current_stream().wait_stream(stream)
+    return outs
+
+
+def _expected(partials, residual, weight):
+    reduced = (partials[0].float() + partials[1].float()).to(residual.dtype)
+    total = reduced + residual
+    return rms_norm_reference(total, weight, 1e-5), total
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("rows", "rows_max", "width"), [(1, 64, 4096), (5, 64, 4096), (64, 64, 4096), (3, 8, 576)])
+def test_two_ranks_get_the_same_sum_add_and_norm(dtype, rows, rows_max, width):
+    buffers, addresses = _ranks(rows_max, width, dtype)
+    streams = [torch.cuda.Stream() for _ in range(WORLD)]
+    weight = torch.randn(width, device="cuda", dtype=dtype)
+    for call in range(6):  # both phases, each three times: the flags must come down every time
+        partials = [torch.randn(rows, width, device="cuda", dtype=dtype) for _ in range(WORLD)]
+        residual = torch.randn(rows, width, device="cuda", dtype=dtype)
+        outs = _both(partials, residual, weight, addresses, rows_max, call % PHASES, streams)
+        torch.cuda.synchronize()
+        normed, total = _expected(partials, residual, weight)
+        for got_normed, got_total in outs:
+            assert torch.equal(got_total, total)
+            torch.testing.assert_close(got_normed, normed, rtol=1e-2, atol=1e-2)
+        assert torch.equal(outs[0][0], outs[1][0])
+    flags = PHASES * WORLD * rows_max * 4
+    assert all(int(b[:flags].count_nonzero()) == 0 for b in buffers)
+
+
+def test_inside_a_cuda_graph_calls_alternate_phases_replay_after_replay():
+    rows_max, width, dtype = 16, 4096, torch.bfloat16
+    _, addresses = _ranks(rows_max, width, dtype)
+    streams = [torch.cuda.Stream() for _ in range(WORLD)]
+    weight = torch.randn(width, device="cuda", dtype=dtype)
+    partials = [torch.randn(4, width, device="cuda", dtype=dtype) for _ in range(WORLD)]
+    residual = torch.randn(4, width, device="cuda", dtype=dtype)
+
+    def two_layers():
+        outs = _both(partials, residual, weight, addresses, rows_max, 0, streams)
+        return _both([o[1] for o in outs], residual, weight, addresses, rows_max, 1, streams)
+
+    two_layers()  # compiles, outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = two_layers()
+    for _ in range(5):
+        for p in partials:
+            p.copy_(torch.randn_like(p))
+        graph.replay()
+        torch.cuda.synchronize()
+        first = _expected(partials, residual, weight)[1]
+        normed, total = _expected([first, first], residual, weight)
+        for got_normed, got_total in captured:
+            assert torch.equal(got_total, total)
+            torch.testing.assert_close(got_normed, normed, rtol=1e-2, atol=1e-2)
