@@ -1,7 +1,12 @@
 """The fused all-reduce + residual add + RMSNorm kernel, with two ranks emulated on one GPU: two
 buffers on the device, each "rank" launching on its own stream so that both run at once, as two
 GPUs would. Every rank must get the same bits: the all-reduce's sum rounded, plus the residual,
-normalized."""
+normalized.
+
+Both ranks' kernels are first run one after the other (rank 0 finding rank 1's slot and flag
+already written, as if rank 1 had run first): one process loads a kernel only when the GPU is idle
+(CUDA's lazy loading), so a rank spinning on its flag would keep the other rank's first launch from
+ever loading. Two processes on two GPUs do not share that."""
 
 import pytest
 import torch
@@ -38,10 +43,60 @@ def _expected(partials, residual, weight):
     return rms_norm_reference(total, weight, 1e-5), total
 
 
+def _slot(buffer, phase, sender, rows_max, width, dtype):
+    flags = PHASES * WORLD * rows_max * 4
+    offset = (flags + 127) // 128 * 128
+    data = buffer[offset:].view(dtype).view(PHASES, WORLD, rows_max, width)
+    return buffer[:flags].view(torch.int32).view(PHASES, WORLD, rows_max)[phase, sender], data[phase, sender]
+
+
+def _one_after_the_other(partials, residual, weight, buffers, addresses, rows_max, phase):
+    """Rank 0 with rank 1's push already in its buffer, then rank 1; the flag rank 1 raises in
+    rank 0's buffer afterwards, which rank 0 no longer waits for, is lowered by hand."""
+    rows, width = residual.shape
+    flag, slot = _slot(buffers[0], phase, 1, rows_max, width, residual.dtype)
+    slot[:rows].copy_(partials[1])
+    flag[:rows].fill_(1)
+    outs = [push_add_rms_norm(partials[r], residual, weight, 1e-5, addresses, r, rows_max, phase) for r in range(WORLD)]
+    torch.cuda.synchronize()
+    assert bool((flag[:rows] == 1).all())  # raised again by rank 1
+    flag.zero_()
+    return outs
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("rows", "rows_max", "width"), [(1, 64, 4096), (5, 64, 4096), (64, 64, 4096), (3, 8, 576)])
-def test_two_ranks_get_the_same_sum_add_and_norm(dtype, rows, rows_max, width):
+def test_one_after_the_other(dtype, rows, rows_max, width):
     buffers, addresses = _ranks(rows_max, width, dtype)
+    weight = torch.randn(width, device="cuda", dtype=dtype)
+    for phase in range(PHASES):
+        partials = [torch.randn(rows, width, device="cuda", dtype=dtype) for _ in range(WORLD)]
+        residual = torch.randn(rows, width, device="cuda", dtype=dtype)
+        outs = _one_after_the_other(partials, residual, weight, buffers, addresses, rows_max, phase)
+        normed, total = _expected(partials, residual, weight)
+        for got_normed, got_total in outs:
+            assert torch.equal(got_total, total)
+            torch.testing.assert_close(got_normed, normed, rtol=1e-2, atol=1e-2)
+        assert torch.equal(outs[0][0], outs[1][0])
+        assert torch.equal(_slot(buffers[1], phase, 0, rows_max, width, dtype)[1][:rows], partials[0])
+    flags = PHASES * WORLD * rows_max * 4
+    assert all(int(b[:flags].count_nonzero()) == 0 for b in buffers)
+
+
+def _loaded(rows_max, width, dtype):
+    """Both ranks' kernels for both phases, run once one after the other (see the module's doc)."""
+    buffers, addresses = _ranks(rows_max, width, dtype)
+    one = [torch.zeros(1, width, device="cuda", dtype=dtype) for _ in range(WORLD)]
+    weight = torch.ones(width, device="cuda", dtype=dtype)
+    for phase in range(PHASES):
+        _one_after_the_other(one, one[0], weight, buffers, addresses, rows_max, phase)
+    return buffers, addresses
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("rows", "rows_max", "width"), [(1, 64, 4096), (5, 64, 4096), (64, 64, 4096), (3, 8, 576)])
+def test_two_ranks_at_once_get_the_same_sum_add_and_norm(dtype, rows, rows_max, width):
+    buffers, addresses = _loaded(rows_max, width, dtype)
     streams = [torch.cuda.Stream() for _ in range(WORLD)]
     weight = torch.randn(width, device="cuda", dtype=dtype)
     for call in range(6):  # both phases, each three times: the flags must come down every time
@@ -60,7 +115,7 @@ def test_two_ranks_get_the_same_sum_add_and_norm(dtype, rows, rows_max, width):
 
 def test_inside_a_cuda_graph_calls_alternate_phases_replay_after_replay():
     rows_max, width, dtype = 16, 4096, torch.bfloat16
-    _, addresses = _ranks(rows_max, width, dtype)
+    _, addresses = _loaded(rows_max, width, dtype)
     streams = [torch.cuda.Stream() for _ in range(WORLD)]
     weight = torch.randn(width, device="cuda", dtype=dtype)
     partials = [torch.randn(4, width, device="cuda", dtype=dtype) for _ in range(WORLD)]
