@@ -140,3 +140,23 @@ def test_inside_a_cuda_graph_calls_alternate_phases_replay_after_replay():
         for got_normed, got_total in captured:
             assert torch.equal(got_total, total)
             torch.testing.assert_close(got_normed, normed, rtol=1e-2, atol=1e-2)
+
+
+def test_the_fused_method_sets_up_through_symmetric_memory_in_a_one_rank_group():
+    import torch.distributed as dist
+
+    from fp8route.models.collectives import AllReduce
+    from fp8route.models.fused import add_rms_norm
+
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda:0"))
+    try:
+        reduce = AllReduce(torch.device("cuda:0"), torch.bfloat16, 512 * 1024, "fused", width=4096)
+        assert reduce.method == "fused" and "up to 64 rows" in reduce.describe()
+        x, r = (torch.randn(2, 1, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+        for _ in range(3):
+            normed, total = reduce.add_rms_norm(x, r, w, 1e-5)
+            expected = add_rms_norm(x, r, w, 1e-5)
+            assert torch.equal(total, expected[1]) and torch.equal(normed, expected[0])
+    finally:
+        dist.destroy_process_group()
