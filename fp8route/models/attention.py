@@ -86,6 +86,10 @@ class DecodeAttention:
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
         k_cache, v_cache = self.cache.views(layer, q.shape[0])
+        if self.flashinfer is None and self.use_triton and q.is_cuda:
+            new = kernel.NewToken(k[:, 0], v[:, 0], cos[:, 0], sin[:, 0])
+            if kernel.fuses_new_token(q, new):  # RoPE and the cache write inside the attention kernel
+                return kernel.decode_attention(q[:, 0], k_cache, v_cache, self.lengths, new=new)[:, :, None]
         rope_into_cache(k, v, cos, sin, k_cache, v_cache, self.positions)
         q = rope(q, cos, sin)
         if self.flashinfer is not None:

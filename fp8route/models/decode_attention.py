@@ -13,11 +13,16 @@ kernel counts each row's valid splits from its length, so stale partials are nev
 
 Kernel 1, grid (B, Hkv, num_splits): the program loads the G = H / Hkv query heads that share
 its KV head (GQA, padded to 16 rows for tl.dot), streams its split in BLOCK_N-position tiles with
-an fp32 online softmax, and writes the split's normalized output and log-sum-exp.
+an fp32 online softmax, and writes the split's normalized output and log-sum-exp. Given the step's
+new token (`NewToken`), it also applies RoPE to the query heads it loads, and the program whose
+split holds the row's last position rotates the new key and writes it and the new value there
+first: what the RoPE and cache-write kernels did before it, at no extra launch.
 Kernel 2, grid (B, H): combines a row's valid splits weighted by exp(lse - max lse).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -25,6 +30,18 @@ from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, tl, tr
 from fp8route.errors import Fp8InputError
 
 BLOCK_N = 64  # positions per tile of the inner loop
+
+
+class NewToken(NamedTuple):
+    """A decode step's new token for decode_attention: its key and value [B, Hkv, D] before RoPE and
+    the rows' RoPE tables [B, D] (fp32) at their positions, lengths - 1."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
 _MAX_SPLITS = 64  # the combine kernel reads one row of this many partials
 
 
@@ -47,15 +64,16 @@ if TRITON_IMPORT_ERROR is None:
 
     @triton.jit
     def _split_kernel(
-        q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, lse_ptr,
+        q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, lse_ptr, nk_ptr, nv_ptr, cos_ptr, sin_ptr,
         stride_qb, stride_qh,
         stride_kb, stride_kh, stride_ks,
         stride_vb, stride_vh, stride_vs,
         stride_ob, stride_oh, stride_os,
         stride_lb, stride_lh,
+        stride_nkb, stride_nkh, stride_nvb, stride_nvh, stride_cb,
         sm_scale,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-        SPLIT: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr,
+        SPLIT: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr, NEW: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -69,11 +87,25 @@ if TRITON_IMPORT_ERROR is None:
         g_mask = g < G
         d_mask = d < D
         heads = kvh * G + g
-        q = tl.load(
-            q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-            mask=g_mask[:, None] & d_mask[None, :],
-            other=0.0,
-        )
+        q_rows = q_ptr + b * stride_qb + heads[:, None] * stride_qh
+        q = tl.load(q_rows + d[None, :], mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+        if NEW:  # D is a power of two here: D_PAD == D
+            # RoPE, the head's halves as pairs: x * cos + (-x[d + D/2] | x[d - D/2]) * sin.
+            partner = tl.where(d < D // 2, d + D // 2, d - D // 2)
+            sign = tl.where(d < D // 2, -1.0, 1.0)
+            cos = tl.load(cos_ptr + b * stride_cb + d)
+            sin = tl.load(sin_ptr + b * stride_cb + d)
+            q_pair = tl.load(q_rows + partner[None, :], mask=g_mask[:, None], other=0.0)
+            q = (q.to(tl.float32) * cos + sign * q_pair.to(tl.float32) * sin).to(q_ptr.dtype.element_ty)
+            pos = length - 1
+            if (pos >= start) & (pos < start + SPLIT):  # this program's split holds the new position
+                k_row = nk_ptr + b * stride_nkb + kvh * stride_nkh
+                k_new = tl.load(k_row + d).to(tl.float32) * cos + sign * tl.load(k_row + partner).to(tl.float32) * sin
+                k_at = k_ptr + b * stride_kb + kvh * stride_kh + pos * stride_ks
+                tl.store(k_at + d, k_new.to(k_ptr.dtype.element_ty))
+                v_at = v_ptr + b * stride_vb + kvh * stride_vh + pos * stride_vs
+                tl.store(v_at + d, tl.load(nv_ptr + b * stride_nvb + kvh * stride_nvh + d))
+            tl.debug_barrier()  # the writes above before any thread's read of that position
         # exp2 with log2(e) folded into the scale: one multiply fewer per score.
         qk_scale = sm_scale * 1.4426950408889634
         m = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
@@ -133,6 +165,15 @@ if TRITON_IMPORT_ERROR is None:
         tl.store(out_ptr + b * stride_rb + h * stride_rh + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
 
 
+def fuses_new_token(q: torch.Tensor, new: NewToken) -> bool:
+    """Whether decode_attention can take this new token (else: RoPE and the cache write first, then
+    decode_attention without it): a power-of-two head size of 16 or more, unit stride on it everywhere."""
+    d = q.shape[-1]
+    tensors = (new.k, new.v, new.cos, new.sin)
+    unit = all(t.stride(-1) == 1 for t in tensors) and new.cos.stride() == new.sin.stride()
+    return d >= 16 and d & (d - 1) == 0 and unit
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -140,11 +181,13 @@ def decode_attention(
     lengths: torch.Tensor,
     scale: float | None = None,
     split: int | None = None,
+    new: NewToken | None = None,
 ) -> torch.Tensor:
     """q [B, H, D] (one token per row), k_cache/v_cache [B, Hkv, S, D] with unit stride on D,
     lengths [B] int (device; each 1..S) -> [B, H, D] in q's dtype. Reads only the first
     lengths[b] positions of row b. split (positions per program, a multiple of BLOCK_N; default
-    split_len) is for benchmarks."""
+    split_len) is for benchmarks. With `new` (fuses_new_token), q is before RoPE, and the new key
+    (rotated) and value are written at position lengths[b] - 1 of each row first."""
     if TRITON_IMPORT_ERROR is not None:
         raise RuntimeError(TRITON_IMPORT_ERROR)
     b, h, d = q.shape
@@ -163,19 +206,23 @@ def decode_attention(
         raise Fp8InputError(
             f"decode_attention: split {split} must be a multiple of {BLOCK_N} giving at most {_MAX_SPLITS} splits"
         )
+    if new is not None and not fuses_new_token(q, new):
+        raise Fp8InputError("decode_attention: this new token cannot be fused (see fuses_new_token)")
     partial = torch.empty((b, h, num_splits, d), dtype=torch.float32, device=q.device)
     lse = torch.empty((b, h, num_splits), dtype=torch.float32, device=q.device)
     d_pad = max(16, triton.next_power_of_2(d))
+    nk, nv, cos, sin = new if new is not None else (q, q, lse, lse)  # unread without NEW
     _split_kernel[(b, hkv, num_splits)](
-        q, k_cache, v_cache, lengths, partial, lse,
+        q, k_cache, v_cache, lengths, partial, lse, nk, nv, cos, sin,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
+        nk.stride(0), nk.stride(1), nv.stride(0), nv.stride(1), cos.stride(0),
         scale if scale is not None else d**-0.5,
         G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, D_PAD=d_pad,
-        SPLIT=split, BLOCK=BLOCK_N,
+        SPLIT=split, BLOCK=BLOCK_N, NEW=new is not None,
         # An fp32 cache asks for fp32 products (tl.dot would round them to TF32); 16-bit ones are exact.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4,

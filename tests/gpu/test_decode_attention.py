@@ -102,3 +102,37 @@ def test_engine_graphs_and_triton_match_eager_torch_decode(kv_heads):
     reference = model.generate(ids, 24, prompt_lengths=lengths, return_logits=True)
     torch.testing.assert_close(results[True].logits, reference.logits, rtol=1e-3, atol=1e-3)
     assert torch.equal(results[True].tokens, reference.tokens)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(("b", "h", "hkv", "d", "s", "positions"), [
+    (1, 32, 8, 128, 8192, [1099]),
+    (3, 32, 8, 128, 2048, [0, 128, 2047]),
+    (4, 16, 2, 64, 1024, [5, 63, 64, 1000]),
+])  # fmt: skip
+def test_new_token_fused_is_rope_and_the_cache_write_then_attention(b, h, hkv, d, s, positions):
+    from fp8route.models.fused import rope, rope_into_cache
+    from fp8route.models.llama import LlamaConfig, rope_tables
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    width = (h + 2 * hkv) * d
+    qkv = torch.randn(b, 1, width, device="cuda", generator=g).to(torch.bfloat16)  # as the GEMM gives it
+    q, k, v = (t.reshape(b, 1, -1, d) for t in qkv.split([h * d, hkv * d, hkv * d], dim=-1))
+    pos = torch.tensor(positions, device="cuda")
+    cfg = LlamaConfig(h * d, 4 * h * d, h, hkv, 1, 32, rope_theta=500000.0, head_dim=d)
+    cos, sin = (t[:, None] for t in rope_tables(cfg, pos))  # [B, 1, D] fp32, as the engine gathers them
+    caches = [torch.randn(b + 2, hkv, s, d, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2)]
+    fused_k, fused_v = (c.clone() for c in caches)
+    new = da.NewToken(k[:, 0], v[:, 0], cos[:, 0], sin[:, 0])
+    assert da.fuses_new_token(q[:, 0], new)
+    out = da.decode_attention(q[:, 0], fused_k, fused_v, pos + 1, new=new)
+    ref_k, ref_v = (c.clone() for c in caches)
+    rope_into_cache(k, v, cos, sin, ref_k, ref_v, pos)
+    expected = da.decode_attention(rope(q, cos, sin)[:, :, 0].contiguous(), ref_k, ref_v, pos + 1)
+    torch.testing.assert_close(out, expected, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(fused_k, ref_k)  # the rotated key: the same sums, maybe fused apart
+    assert torch.equal(fused_v, ref_v)
+    rows = torch.arange(b, device="cuda")
+    fused_k[rows, :, pos] = ref_k[rows, :, pos]
+    assert torch.equal(fused_k, ref_k)  # nothing written but each row's new position
