@@ -2,7 +2,8 @@
 CUDA-graph replays of CausalLM.step on a random checkpoint, summed per kind (FP8 GEMM, lm_head,
 all-reduce, attention, the rest), per step, on rank 0.
 
-    python3 benchmarks/tp_decode_profile.py [--model llama-3.1-8b] [--tp 1,2] [--batch 1] [--out DIR]
+    python3 benchmarks/tp_decode_profile.py [--model llama-3.1-8b] [--tp 1,2] [--batch 1] [--all-reduce nccl]
+        [--local-tp N] [--out DIR]
 
 --local-tp N adds, on one GPU, a model of one rank's local dimensions under N-way tensor parallelism
 (heads, KV heads, intermediate size and vocabulary divided by N) run alone: the work a rank does
@@ -28,7 +29,7 @@ from fp8route.models.shapes import MODELS
 from fp8route.models.spawn import run_ranks
 
 KINDS = [
-    ("all-reduce", re.compile(r"all_reduce|nccl|AllReduce", re.I)),
+    ("all-reduce", re.compile(r"all_reduce|nccl|AllReduce|push_add_rms_norm", re.I)),  # fused: with its add+norm
     ("fp8_gemv", re.compile(r"decode_mma|decode_cuda_core", re.I)),
     ("attention", re.compile(r"attention|attn|split_kv", re.I)),
     ("gemm (library)", re.compile(r"nvjet|sm90|cutlass|gemm|xmma|cublas", re.I)),
@@ -41,9 +42,11 @@ def kind_of(name: str) -> str:
     return next((kind for kind, pattern in KINDS if pattern.search(name)), "other")
 
 
-def profile(folder: str, batch: int, context: int) -> dict[str, object]:
+def profile(folder: str, batch: int, context: int, all_reduce: str = "nccl") -> dict[str, object]:
     device = init_from_env("cuda") or torch.device("cuda")
-    model = load_model(folder, device, max_batch_size=batch, max_seq_len=context + 64, policy=Policy.from_env())
+    model = load_model(
+        folder, device, max_batch_size=batch, max_seq_len=context + 64, policy=Policy.from_env(), all_reduce=all_reduce
+    )
     ids = torch.randint(0, model.cfg.vocab_size, (batch, context), device=device)
     model.generate(ids, 4)  # prefill and the decode graph of this batch size
     tokens = ids[:, -1].contiguous()
@@ -98,6 +101,7 @@ def main() -> None:
     parser.add_argument("--tp", default="1,2")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--context", type=int, default=1024, help="tokens already in the cache")
+    parser.add_argument("--all-reduce", default="nccl", help="with --tp > 1: nccl, symm_mem or fused")
     parser.add_argument("--local-tp", type=int, default=0, help="also one rank's local model, alone (see above)")
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -105,7 +109,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fp8route-prof-", dir="/tmp") as tmp:
         folder = args.folder or str(write_random(Path(tmp) / "fp8", MODELS[args.model], fp8=True))
         for tp in (int(v) for v in args.tp.split(",")):
-            run = (folder, args.batch, args.context)
+            run = (folder, args.batch, args.context, args.all_reduce)
             results[tp] = profile(*run) if tp == 1 else run_ranks(tp, profile, *run)
             torch.cuda.empty_cache()
         if args.local_tp > 1:
