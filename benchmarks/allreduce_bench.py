@@ -120,11 +120,11 @@ def _add_norm_calls(
     reduce: AllReduce | None, partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
 ) -> Callable[[], None]:
     def body() -> None:
-        for _ in range(CALLS):  # an even number: the fused method's phases alternate across replays
+        for call in range(CALLS):  # the fused method's phases alternate, as a decoder layer's do
             if reduce is None:
                 add_rms_norm(partial, residual, weight, 1e-5)
             else:
-                reduce.add_rms_norm(partial, residual, weight, 1e-5)
+                reduce.add_rms_norm(partial, residual, weight, 1e-5, call % 2)
 
     return body
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from fp8route.errors import Fp8InputError
 from fp8route.models.fused import add_rms_norm
-from fp8route.models.peer_reduce import PHASES, buffer_bytes, push_add_rms_norm
+from fp8route.models.peer_reduce import buffer_bytes, push_add_rms_norm
 
 # NVLink multicast (NVLS) can take a host's GPUs out of service; fp8route never asks for it.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -55,6 +55,8 @@ class AllReduce:
         self, device: torch.device, dtype: torch.dtype, one_shot_bytes: int, method: str = "nccl", width: int = 0
     ) -> None:
         check_method(method)
+        if method == "fused" and width <= 0:
+            raise Fp8InputError("all-reduce fused: pass width, the hidden size its rows have")
         self.method = "nccl"
         self.reason = "asked for nccl" if method == "nccl" else "not a CUDA device"
         self._buffer: torch.Tensor | None = None
@@ -84,16 +86,17 @@ class AllReduce:
         return x
 
     def add_rms_norm(
-        self, partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+        self, partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, phase: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """fused.add_rms_norm(sum over ranks of partial, residual, weight, eps), in one kernel
-        where the "fused" path takes these rows."""
+        where the "fused" path takes these rows. phase (0 or 1) must alternate between consecutive
+        fused calls (fp8route.models.peer_reduce): a decoder layer's o_proj passes 0, its down_proj 1."""
         push = self._push
         if push is not None and push.takes(partial, residual):
             shape = partial.shape
             rows = partial.reshape(-1, shape[-1])
             normed, total = push_add_rms_norm(
-                rows, residual.reshape(rows.shape), weight, eps, push.addresses, push.rank, push.rows, push.phase()
+                rows, residual.reshape(rows.shape), weight, eps, push.addresses, push.rank, push.rows, phase
             )
             return normed.view(shape), total.view(shape)
         return add_rms_norm(self(partial), residual, weight, eps)
@@ -109,14 +112,12 @@ class _PushBuffers:
     rows: int
     width: int
     dtype: torch.dtype
-    calls: int = 0
+    handle: object  # the rendezvous: keeps the peers' mappings
 
     @classmethod
     def allocate(cls, device: torch.device, dtype: torch.dtype, one_shot_bytes: int, width: int) -> _PushBuffers:
         import torch.distributed._symmetric_memory as symm_mem
 
-        if width <= 0:
-            raise RuntimeError("the fused all-reduce needs the width of its rows")
         rows = max(1, one_shot_bytes // (width * torch.empty((), dtype=dtype).element_size()))
         world = dist.get_world_size()
         memory = symm_mem.empty(buffer_bytes(world, rows, width, dtype), dtype=torch.uint8, device=device)
@@ -125,7 +126,7 @@ class _PushBuffers:
         addresses = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)
         dist.barrier()  # every rank's flags lowered before any rank raises one
         torch.cuda.synchronize(device)
-        return cls(memory, addresses, dist.get_rank(), rows, width, dtype)
+        return cls(memory, addresses, dist.get_rank(), rows, width, dtype, handle)
 
     def takes(self, partial: torch.Tensor, residual: torch.Tensor) -> bool:
         rows = partial.numel() // max(1, partial.shape[-1])
@@ -137,12 +138,6 @@ class _PushBuffers:
             and residual.is_contiguous()
             and residual.shape == partial.shape
         )
-
-    def phase(self) -> int:
-        """Alternates call by call (peer_reduce: why)."""
-        phase = self.calls % PHASES
-        self.calls += 1
-        return phase
 
 
 def _symmetric_buffer(device: torch.device, dtype: torch.dtype, numel: int) -> tuple[torch.Tensor, str]:

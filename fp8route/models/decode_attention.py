@@ -168,10 +168,11 @@ if TRITON_IMPORT_ERROR is None:
 def fuses_new_token(q: torch.Tensor, new: NewToken) -> bool:
     """Whether decode_attention can take this new token (else: RoPE and the cache write first, then
     decode_attention without it): a power-of-two head size of 16 or more, unit stride on it everywhere."""
-    d = q.shape[-1]
-    tensors = (new.k, new.v, new.cos, new.sin)
+    b, _, d = q.shape
+    tensors = (q, new.k, new.v, new.cos, new.sin)
     unit = all(t.stride(-1) == 1 for t in tensors) and new.cos.stride() == new.sin.stride()
-    return d >= 16 and d & (d - 1) == 0 and unit
+    shapes = new.k.shape == new.v.shape and new.k.shape[::2] == (b, d) and new.cos.shape == new.sin.shape == (b, d)
+    return d >= 16 and d & (d - 1) == 0 and unit and shapes
 
 
 def decode_attention(
@@ -206,7 +207,7 @@ def decode_attention(
         raise Fp8InputError(
             f"decode_attention: split {split} must be a multiple of {BLOCK_N} giving at most {_MAX_SPLITS} splits"
         )
-    if new is not None and not fuses_new_token(q, new):
+    if new is not None and (not fuses_new_token(q, new) or new.k.shape[1] != hkv):
         raise Fp8InputError("decode_attention: this new token cannot be fused (see fuses_new_token)")
     partial = torch.empty((b, h, num_splits, d), dtype=torch.float32, device=q.device)
     lse = torch.empty((b, h, num_splits), dtype=torch.float32, device=q.device)

@@ -147,12 +147,14 @@ class Slicer:
 
 class RowParallel(nn.Module):
     """A row-parallel linear: this rank's partial product, summed over the ranks by reduce (the
-    one AllReduce load_model picked for the model)."""
+    one AllReduce load_model picked for the model). phase is its place in a decoder layer (0 for
+    o_proj, 1 for down_proj), which a fused all-reduce uses to alternate its buffers call by call."""
 
-    def __init__(self, linear: nn.Module, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    def __init__(self, linear: nn.Module, reduce: Callable[[torch.Tensor], torch.Tensor], phase: int = 0) -> None:
         super().__init__()
         self.linear = linear
         self.reduce = reduce
+        self.phase = phase
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.reduce(self.linear(x))
@@ -164,7 +166,7 @@ class RowParallel(nn.Module):
         self.linear gave), plus residual, then RMSNorm; one kernel where the all-reduce fuses them."""
         fused = getattr(self.reduce, "add_rms_norm", None)
         if fused is not None:
-            return fused(partial, residual, weight, eps)
+            return fused(partial, residual, weight, eps, self.phase)
         return add_rms_norm(self.reduce(partial), residual, weight, eps)
 
 
@@ -211,7 +213,7 @@ def wrap_layers(
     for name, module in out_linears.items():
         leaf = name.rpartition(".")[2]
         if leaf in slicer.columns:
-            out_linears[name] = RowParallel(_bias_once(module, slicer.shard), reduce)
+            out_linears[name] = RowParallel(_bias_once(module, slicer.shard), reduce, int(leaf == "down_proj"))
         elif leaf == "lm_head" and split_vocab:
             out_linears[name] = VocabParallelHead(module, slicer.shard.size)
     return out_linears, out_tensors

@@ -8,10 +8,15 @@ same bits), adds the residual and normalizes: one launch, one flag exchange, no 
 
 Each rank's buffer (PyTorch symmetric memory, or any memory the kernel can address on every rank)
 holds, for two phases, an int32 flag per (sender, row) and a slot of `width` values per (sender,
-row). Consecutive calls alternate phases, so a call never writes the slots or flags a peer may still
-be reading from the call before; a caller keeps the order of calls the same on every rank (a
-decode step always makes an even number, two per layer, so graph replays alternate as eager calls do).
-A waiting flag is set back to 0 by the rank that waited on it.
+row). A waiting flag is set back to 0 by the rank that waited on it. Two consecutive calls use
+different phases, so a call never writes the slots or flags a peer may still be reading from the
+call before: a rank reaches call n + 2 only after its peers raised their flags of call n + 1, which
+they do after finishing call n. That argument needs each rank's calls in stream order (no
+programmatic dependent launch, no second stream) and every rank making the same calls; any other
+collective between two calls of one phase serves as well. A decoder layer gives its o_proj sum phase
+0 and its down_proj sum phase 1, which alternate by construction, in eager steps and graph replays.
+A rank whose peer never arrives waits forever, as in any collective; every program (one per row,
+64 at most) must be resident at once on every rank, which a GPU of tens of SMs always allows.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 
 from fp8route.backends.kernels.launcher import DirectLauncher
 from fp8route.backends.kernels.triton_support import tl, triton
+from fp8route.errors import Fp8InputError
 
 PHASES = 2
 
@@ -51,6 +57,19 @@ def push_add_rms_norm(
     ranks is rounded to partial's dtype before the residual is added, as an all-reduce then
     add_rms_norm would round it."""
     rows, width = partial.shape
+    if not (
+        residual.shape == partial.shape
+        and residual.dtype == partial.dtype
+        and partial.is_contiguous()
+        and residual.is_contiguous()
+        and rows <= rows_max
+        and phase in range(PHASES)
+    ):
+        raise Fp8InputError(
+            f"push_add_rms_norm: partial and residual must be contiguous [rows <= {rows_max}, width] of one "
+            f"dtype and phase 0 or 1, got {tuple(partial.shape)} {partial.dtype}, {tuple(residual.shape)} "
+            f"{residual.dtype}, phase {phase}"
+        )
     world = buffers.numel()
     out = torch.empty_like(partial)
     total = torch.empty_like(partial)

@@ -110,6 +110,7 @@ def test_engine_graphs_and_triton_match_eager_torch_decode(kv_heads):
     (1, 32, 8, 128, 8192, [1099]),
     (3, 32, 8, 128, 2048, [0, 128, 2047]),
     (4, 16, 2, 64, 1024, [5, 63, 64, 1000]),
+    (4, 32, 2, 128, 1024, [127, 128, 255, 256]),  # either side of a split's start (128 positions each)
 ])  # fmt: skip
 def test_new_token_fused_is_rope_and_the_cache_write_then_attention(b, h, hkv, d, s, positions):
     from fp8route.models.fused import rope, rope_into_cache

@@ -23,12 +23,28 @@ def test_peer_memory_on_a_cpu_says_why_it_runs_nccl(method):
 
 def test_add_rms_norm_without_the_fused_path_is_the_sum_then_the_add_and_norm(monkeypatch):
     summed = []
-    monkeypatch.setattr(AllReduce, "__call__", lambda self, t: summed.append(t) or t)  # one rank: the sum is t
+    monkeypatch.setattr(AllReduce, "__call__", lambda self, t: summed.append(t) or 2 * t)  # as if two ranks
     reduce = AllReduce(torch.device("cpu"), torch.float32, 1024, "fused", width=8)
     x, r, w = torch.randn(3, 8), torch.randn(3, 8), torch.randn(8)
-    normed, total = reduce.add_rms_norm(x, r, w, 1e-5)
-    assert len(summed) == 1 and torch.equal(total, x + r)
-    torch.testing.assert_close(normed, rms_norm_reference(x + r, w, 1e-5))
+    normed, total = reduce.add_rms_norm(x, r, w, 1e-5, phase=1)
+    assert len(summed) == 1 and summed[0] is x  # the partial alone is summed, before the residual
+    assert torch.equal(total, 2 * x + r)
+    torch.testing.assert_close(normed, rms_norm_reference(2 * x + r, w, 1e-5))
+
+
+def test_fused_needs_the_width_of_its_rows():
+    with pytest.raises(Fp8InputError, match="width"):
+        AllReduce(torch.device("cpu"), torch.bfloat16, 1024, "fused")
+
+
+def test_push_add_rms_norm_refuses_rows_past_its_buffer_before_any_launch():
+    from fp8route.models.peer_reduce import push_add_rms_norm
+
+    x = torch.zeros(9, 16, dtype=torch.bfloat16)
+    with pytest.raises(Fp8InputError, match="rows <= 8"):
+        push_add_rms_norm(x, x, x[0], 1e-5, torch.zeros(2, dtype=torch.int64), 0, 8, 0)
+    with pytest.raises(Fp8InputError, match="phase 0 or 1"):
+        push_add_rms_norm(x[:8], x[:8], x[0], 1e-5, torch.zeros(2, dtype=torch.int64), 0, 8, 2)
 
 
 def test_multicast_stays_off_unless_the_user_set_it(monkeypatch):

@@ -102,6 +102,7 @@ def run_rank(rank: int, world: int, folder: str, lm_head: str, init: str, out: s
         shapes = {
             "qkv_n": (qkv.out_features if isinstance(qkv, Fp8Linear) else qkv.weight.shape[0]),
             "o_is_row_parallel": isinstance(attn.o_proj, RowParallel),
+            "phases": (attn.o_proj.phase, model.model.layers[0].mlp.down_proj.phase),
             "head_is_vocab_parallel": isinstance(model.lm_head, VocabParallelHead),
             "routes": [m.plan.route_text(torch.float32) for m in fp8],
             "held": sorted((m.out_features, m.in_features) for m in fp8),
@@ -162,7 +163,7 @@ def test_two_ranks_read_their_slices_and_give_the_unsharded_logits_and_tokens(tm
     local_q = TINY["num_attention_heads"] // 2 * hd
     for rank, r in enumerate(ranks):
         assert r["qkv_n"] == (local_q + 2 * max(1, case.kv_heads // 2) * hd if case.kind == "fp8" else local_q)
-        assert r["o_is_row_parallel"]
+        assert r["o_is_row_parallel"] and r["phases"] == (0, 1)  # a fused all-reduce alternates by them
         assert r["head_is_vocab_parallel"] == (case.lm_head == "vocab")
         # Every tensor read once, as this rank's part: no sharded tensor is ever read whole.
         assert r["reads"] == {name: local_shape(name, shape, case) for name, shape in full_shapes.items()}
