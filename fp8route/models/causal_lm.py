@@ -76,6 +76,7 @@ class CausalLM(LlamaForCausalLM):
         self._flashinfer: FlashInferAttention | None = None
         if attention == "flashinfer":
             self._flashinfer = FlashInferAttention(self.cache, cfg.num_attention_heads, dtype, target)
+        self.plans_on_host = self._flashinfer is not None  # step needs host_positions
 
     @property
     def device(self) -> torch.device:

@@ -25,6 +25,7 @@ class Engine(Protocol):
 
     cfg: LlamaConfig
     cache: KVCache
+    plans_on_host: bool  # step wants host_positions (FlashInfer attention plans from them)
 
     @property
     def device(self) -> torch.device: ...
@@ -151,7 +152,7 @@ def generate(
     positions = lengths.clone()  # where the token fed to the next step goes
     for step in range(max_new_tokens):
         if step > 0:
-            host_positions = [length + step - 1 for length in lengths_list]
+            host_positions = [length + step - 1 for length in lengths_list] if model.plans_on_host else None
             logits, greedy = model.step(tokens, positions, limit=longest + step, host_positions=host_positions)
             positions += 1
         chosen = greedy if temperature == 0 else sample(logits, temperature, top_p, generator)

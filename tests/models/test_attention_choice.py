@@ -28,8 +28,9 @@ def test_flashinfer_on_cpu_is_refused_first(tmp_path):
         load_model(modelopt_folder(tmp_path), "cpu", attention="flashinfer")
 
 
-def test_generate_gives_each_step_its_positions_on_the_host():
+def test_generate_gives_each_step_its_positions_on_the_host_when_the_model_plans_from_them():
     model = CausalLM(LlamaConfig.from_hf(TINY), {}, llama_tensors(), max_batch_size=4, max_seq_len=32)
+    model.plans_on_host = True  # as with FlashInfer attention, which needs CUDA
     seen = []
     step = model.step
 
@@ -42,3 +43,17 @@ def test_generate_gives_each_step_its_positions_on_the_host():
     model.generate(ids, 5, prompt_lengths=[6, 2, 4], pad_token_id=0)
     assert len(seen) == 4 and all(device == host for device, host in seen)
     assert seen[0][1] == [6, 2, 4] and seen[-1][1] == [9, 5, 7]
+
+
+def test_a_model_that_does_not_plan_on_the_host_gets_no_host_positions():
+    model = CausalLM(LlamaConfig.from_hf(TINY), {}, llama_tensors(), max_batch_size=4, max_seq_len=32)
+    seen = []
+    step = model.step
+
+    def recording_step(tokens, positions, limit=None, host_positions=None):
+        seen.append(host_positions)
+        return step(tokens, positions, limit, host_positions)
+
+    model.step = recording_step  # type: ignore[method-assign]
+    model.generate(torch.zeros(1, 4, dtype=torch.int64), 3)
+    assert seen == [None, None]
