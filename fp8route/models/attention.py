@@ -81,6 +81,7 @@ class DecodeAttention:
         self.cache, self.positions, self.limit, self.flashinfer = cache, positions, limit, flashinfer
         self.lengths = positions + 1
         self.use_triton = triton_decode_available() if use_triton is None else use_triton
+        self.fuse_new_token: bool | None = None
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -88,7 +89,9 @@ class DecodeAttention:
         k_cache, v_cache = self.cache.views(layer, q.shape[0])
         if self.flashinfer is None and self.use_triton and q.is_cuda:
             new = kernel.NewToken(k[:, 0], v[:, 0], cos[:, 0], sin[:, 0])
-            if kernel.fuses_new_token(q, new):  # RoPE and the cache write inside the attention kernel
+            if self.fuse_new_token is None:  # every layer alike: decided at the first
+                self.fuse_new_token = kernel.fuses_new_token(q[:, 0], new)
+            if self.fuse_new_token:  # RoPE and the cache write inside the attention kernel
                 return kernel.decode_attention(q[:, 0], k_cache, v_cache, self.lengths, new=new)[:, :, None]
         rope_into_cache(k, v, cos, sin, k_cache, v_cache, self.positions)
         q = rope(q, cos, sin)
