@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from fp8route.errors import Fp8InputError
+from fp8route.models import peer_reduce
 from fp8route.models.fused import add_rms_norm
-from fp8route.models.peer_reduce import buffer_bytes, push_add_rms_norm
 
 # NVLink multicast (NVLS) can take a host's GPUs out of service; fp8route never asks for it.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -61,7 +61,7 @@ class AllReduce:
         self.reason = "asked for nccl" if method == "nccl" else "not a CUDA device"
         self._buffer: torch.Tensor | None = None
         self._group_name = ""
-        self._one_shot_numel = one_shot_bytes // torch.empty((), dtype=dtype).element_size()
+        self._one_shot_numel = one_shot_bytes // dtype.itemsize
         self._push: _PushBuffers | None = None
         if device.type == "cuda" and method != "nccl":
             try:
@@ -95,7 +95,7 @@ class AllReduce:
         if push is not None and push.takes(partial, residual):
             shape = partial.shape
             rows = partial.reshape(-1, shape[-1])
-            normed, total = push_add_rms_norm(
+            normed, total = peer_reduce.launch(  # takes() made push_add_rms_norm's checks
                 rows, residual.reshape(rows.shape), weight, eps, push.addresses, push.rank, push.rows, phase
             )
             return normed.view(shape), total.view(shape)
@@ -118,9 +118,9 @@ class _PushBuffers:
     def allocate(cls, device: torch.device, dtype: torch.dtype, one_shot_bytes: int, width: int) -> _PushBuffers:
         import torch.distributed._symmetric_memory as symm_mem
 
-        rows = max(1, one_shot_bytes // (width * torch.empty((), dtype=dtype).element_size()))
+        rows = max(1, one_shot_bytes // (width * dtype.itemsize))
         world = dist.get_world_size()
-        memory = symm_mem.empty(buffer_bytes(world, rows, width, dtype), dtype=torch.uint8, device=device)
+        memory = symm_mem.empty(peer_reduce.buffer_bytes(world, rows, width, dtype), dtype=torch.uint8, device=device)
         memory.zero_()  # the flags start lowered
         handle = symm_mem.rendezvous(memory, dist.group.WORLD.group_name)  # type: ignore[union-attr]
         addresses = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)

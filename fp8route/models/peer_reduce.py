@@ -21,6 +21,8 @@ A rank whose peer never arrives waits forever, as in any collective; every progr
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from fp8route.backends.kernels.launcher import DirectLauncher
@@ -32,7 +34,7 @@ PHASES = 2
 
 def buffer_bytes(world: int, rows: int, width: int, dtype: torch.dtype) -> int:
     """The size of each rank's buffer for up to `rows` rows of `width` values."""
-    return _data_offset(world, rows) + PHASES * world * rows * width * torch.empty((), dtype=dtype).element_size()
+    return _data_offset(world, rows) + PHASES * world * rows * width * dtype.itemsize
 
 
 def _data_offset(world: int, rows: int) -> int:
@@ -70,14 +72,33 @@ def push_add_rms_norm(
             f"dtype and phase 0 or 1, got {tuple(partial.shape)} {partial.dtype}, {tuple(residual.shape)} "
             f"{residual.dtype}, phase {phase}"
         )
+    return launch(partial, residual, weight, eps, buffers, rank, rows_max, phase)
+
+
+def launch(
+    partial: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    buffers: torch.Tensor,
+    rank: int,
+    rows_max: int,
+    phase: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """push_add_rms_norm without its checks, for a caller that has made them (once per model or per call)."""
+    rows, width = partial.shape
     world = buffers.numel()
     out = torch.empty_like(partial)
     total = torch.empty_like(partial)
     args = (partial, residual, weight, out, total, buffers, width, eps, phase, _data_offset(world, rows_max))
     key = (partial.dtype, weight.dtype, width, eps, phase, rank, world, rows_max)
-    meta = {"RANK": rank, "WORLD": world, "ROWS_MAX": rows_max, "BLOCK": triton.next_power_of_2(width), "num_warps": 4}
-    _PUSH((rows,), key, args, meta)
+    _PUSH((rows,), key, args, _meta(rank, world, rows_max, width))
     return out, total
+
+
+@functools.cache  # one dict per layout, not one per call
+def _meta(rank: int, world: int, rows_max: int, width: int) -> dict[str, int]:
+    return {"RANK": rank, "WORLD": world, "ROWS_MAX": rows_max, "BLOCK": triton.next_power_of_2(width), "num_warps": 4}
 
 
 if triton is not None:
