@@ -30,6 +30,7 @@ from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, tl, tr
 from fp8route.errors import Fp8InputError
 
 BLOCK_N = 64  # positions per tile of the inner loop
+_MAX_SPLITS = 64  # the combine kernel reads one row of this many partials
 
 
 class NewToken(NamedTuple):
@@ -40,9 +41,6 @@ class NewToken(NamedTuple):
     v: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
-
-
-_MAX_SPLITS = 64  # the combine kernel reads one row of this many partials
 
 
 def split_len(max_seq_len: int, pairs: int = 1) -> int:
