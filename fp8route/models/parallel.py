@@ -15,7 +15,7 @@ peer-memory all-reduce or NCCL on GPUs; gloo on CPUs, eager only).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -26,8 +26,7 @@ from torch import nn
 from fp8route.checkpoint.shards import Index
 from fp8route.errors import Fp8InputError
 from fp8route.linear.layer import Fp8Linear
-from fp8route.models.collectives import keep_multicast_off
-from fp8route.models.fused import add_rms_norm
+from fp8route.models.collectives import AllReduce, keep_multicast_off
 from fp8route.models.llama import FloatLinear, LlamaConfig
 
 LmHead = Literal["vocab", "replicated"]
@@ -150,7 +149,7 @@ class RowParallel(nn.Module):
     one AllReduce load_model picked for the model). phase is its place in a decoder layer (0 for
     o_proj, 1 for down_proj), which a fused all-reduce uses to alternate its buffers call by call."""
 
-    def __init__(self, linear: nn.Module, reduce: Callable[[torch.Tensor], torch.Tensor], phase: int = 0) -> None:
+    def __init__(self, linear: nn.Module, reduce: AllReduce, phase: int = 0) -> None:
         super().__init__()
         self.linear = linear
         self.reduce = reduce
@@ -164,10 +163,7 @@ class RowParallel(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """What a decoder layer does with this layer's output: the sum over ranks of partial (what
         self.linear gave), plus residual, then RMSNorm; one kernel where the all-reduce fuses them."""
-        fused = getattr(self.reduce, "add_rms_norm", None)
-        if fused is not None:
-            return fused(partial, residual, weight, eps, self.phase)
-        return add_rms_norm(self.reduce(partial), residual, weight, eps)
+        return self.reduce.add_rms_norm(partial, residual, weight, eps, self.phase)
 
 
 class VocabParallelHead(nn.Module):
@@ -194,7 +190,7 @@ def wrap_layers(
     linears: Mapping[str, nn.Module],
     tensors: Mapping[str, torch.Tensor],
     slicer: Slicer,
-    reduce: Callable[[torch.Tensor], torch.Tensor],
+    reduce: AllReduce,
 ) -> tuple[dict[str, nn.Module], dict[str, torch.Tensor]]:
     """The modules a rank runs around the slices it read: o/down in RowParallel (summed by reduce), a vocabulary-split
     lm_head (a block of the embedding when tied) in VocabParallelHead; the rest as they are."""
