@@ -1,9 +1,9 @@
 """Attention on Llama-3.1-8B's heads (32 query, 8 KV, head 128, bf16): fp8route's paths against
 FlashInfer's, each checked against the SDPA reference first.
 
-Decode: fp8route's split-KV Triton kernel against FlashInfer's BatchDecodeWithPagedKVCacheWrapper
-over the same static cache, read as one page per row (HND layout, page size = max_seq_len), timed
-inside a CUDA graph over `--layers` distinct layer caches (so L2 holds none of them). Prefill: SDPA
+Decode: fp8route's paged split-KV Triton kernel against FlashInfer's BatchDecodeWithPagedKVCacheWrapper
+over the same paged pool (NHD blocks of PAGE tokens, each row's blocks in its table), timed inside a
+CUDA graph over `--layers` distinct layer pools (so L2 holds none of them). Prefill: SDPA
 (causal, GQA) against FlashInfer's ragged prefill, timed back to back with events.
 
     python3 benchmarks/attention_bench.py [--max-seq-len 8192] [--layers 8] [--splits 128,256,512]
@@ -19,24 +19,32 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from fp8route.models.attention import decode_attention_torch
-from fp8route.models.decode_attention import decode_attention
+from fp8route.engine.attention import decode_attention_torch
+from fp8route.engine.paged_decode import Pages, decode_attention
 from fp8route.routing.fingerprint import Fingerprint
 from fp8route.tuning.timing import time_graph
 
 H, HKV, D = 32, 8, 128
+PAGE = 16
 BF16 = torch.bfloat16
 
 
-Caches = list[tuple[torch.Tensor, torch.Tensor]]
+def decode_operands(batch: int, args: argparse.Namespace) -> tuple[list[Pages], torch.Tensor]:
+    """--layers distinct paged pools of --max-seq-len positions per row (block 0 left as scratch), so
+    L2 holds none, and one query."""
+    per_row = args.max_seq_len // PAGE
+    tables = (1 + torch.arange(batch * per_row, dtype=torch.int32, device="cuda")).view(batch, per_row)
+    rows = torch.arange(batch, device="cuda")
+    shape = (1 + batch * per_row, PAGE, HKV, D)
+    pools = [Pages(torch.randn(shape, device="cuda", dtype=BF16), torch.randn(shape, device="cuda", dtype=BF16),
+                   tables, rows) for _ in range(args.layers)]  # fmt: skip
+    return pools, torch.randn(batch, H, D, device="cuda", dtype=BF16)
 
 
-def decode_operands(batch: int, args: argparse.Namespace) -> tuple[Caches, torch.Tensor]:
-    """--layers distinct (K, V) caches of --max-seq-len positions, so L2 holds none, and one query."""
-    shape = (batch, HKV, args.max_seq_len, D)
-    caches = [(torch.randn(shape, device="cuda", dtype=BF16), torch.randn(shape, device="cuda", dtype=BF16))
-              for _ in range(args.layers)]  # fmt: skip
-    return caches, torch.randn(batch, H, D, device="cuda", dtype=BF16)
+def reference(q: torch.Tensor, pages: Pages, lengths: torch.Tensor) -> torch.Tensor:
+    index = pages.tables[pages.rows].long()
+    k, v = (x[index].flatten(1, 2).transpose(1, 2) for x in (pages.k, pages.v))
+    return decode_attention_torch(q, k, v, lengths)
 
 
 def decode_rows(args: argparse.Namespace, flashinfer) -> list[str]:  # type: ignore[no-untyped-def]
@@ -46,26 +54,28 @@ def decode_rows(args: argparse.Namespace, flashinfer) -> list[str]:  # type: ign
         caches, q = decode_operands(batch, args)
         for ctx in (1024, 4096):
             lengths = torch.full((batch,), ctx, device="cuda", dtype=torch.int64)
-            ref = decode_attention_torch(q, *caches[0], lengths)
-            out = decode_attention(q, *caches[0], lengths)
-            wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "HND", use_tensor_cores=True)
+            ref = reference(q, caches[0], lengths)
+            out = decode_attention(q, caches[0], lengths)
+            wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
             start = time.perf_counter()
+            pages = -(-ctx // PAGE)
             plan_args = (
-                torch.arange(batch + 1, dtype=torch.int32, device="cuda"),
-                torch.arange(batch, dtype=torch.int32, device="cuda"),
-                lengths.to(torch.int32), H, HKV, D, args.max_seq_len,
+                torch.arange(0, (batch + 1) * pages, pages, dtype=torch.int32, device="cuda"),
+                caches[0].tables[:, :pages].flatten().contiguous(),
+                torch.full((batch,), ctx - (pages - 1) * PAGE, dtype=torch.int32, device="cuda"),
+                H, HKV, D, PAGE,
             )  # fmt: skip
             wrapper.plan(*plan_args, q_data_type=BF16, kv_data_type=BF16)
-            theirs = wrapper.run(q, caches[0])
+            theirs = wrapper.run(q, (caches[0].k, caches[0].v))
             torch.cuda.synchronize()
             first_s = time.perf_counter() - start
             start = time.perf_counter()
             for _ in range(100):
                 wrapper.plan(*plan_args, q_data_type=BF16, kv_data_type=BF16)
             plan_us = (time.perf_counter() - start) * 1e4
-            ours = [partial(decode_attention, q, k_cache, v_cache, lengths) for k_cache, v_cache in caches]
+            ours = [partial(decode_attention, q, pages, lengths) for pages in caches]
             ours_us = statistics.median(time_graph(ours))
-            theirs_us = statistics.median(time_graph([partial(wrapper.run, q, c) for c in caches]))
+            theirs_us = statistics.median(time_graph([partial(wrapper.run, q, (c.k, c.v)) for c in caches]))
             rows.append(
                 f"decode  b={batch:<3} ctx={ctx:<5} ours {ours_us:7.1f} us  flashinfer {theirs_us:7.1f} us  "
                 f"flashinfer/ours {theirs_us / ours_us:5.2f}  |err| ours {err(out, ref):.1e} "
@@ -83,11 +93,11 @@ def split_rows(args: argparse.Namespace) -> list[str]:
         caches, q = decode_operands(batch, args)
         for ctx in (256, 1024, 4096):
             lengths = torch.full((batch,), ctx, device="cuda", dtype=torch.int64)
-            ref = decode_attention_torch(q, *caches[0], lengths)
+            ref = reference(q, caches[0], lengths)
             times = []
             for split in splits:
-                assert err(decode_attention(q, *caches[0], lengths, split=split or None), ref) < 2e-2
-                calls = [partial(decode_attention, q, k, v, lengths, split=split or None) for k, v in caches]
+                assert err(decode_attention(q, caches[0], lengths, split=split or None), ref) < 2e-2
+                calls = [partial(decode_attention, q, pages, lengths, split=split or None) for pages in caches]
                 times.append(statistics.median(time_graph(calls)))
             cells = "  ".join(f"{split or 'default'}: {t:6.1f}" for split, t in zip(splits, times))
             best = splits[times.index(min(times))]

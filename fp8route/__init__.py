@@ -10,6 +10,7 @@ from fp8route.backends import BACKENDS, Backend, get_backend
 from fp8route.backends.problem import DeviceInfo, GemmProblem
 from fp8route.checkpoint.load import Checkpoint, load_checkpoint
 from fp8route.checkpoint.quantize import quantize_checkpoint
+from fp8route.engine import LLM, RequestOutput, SamplingParams, load_model
 from fp8route.errors import (
     BackendUnavailableError,
     CheckpointError,
@@ -22,13 +23,13 @@ from fp8route.linear.explain import explain
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.plan import M_BOUNDS, Plan, make_plan
 from fp8route.linear.policy import Policy
-from fp8route.models.load import load_model
 from fp8route.quant import dequantize, quantize_per_tensor, requantize_shards, sqnr_db
 from fp8route.routing import RoutingTable, load_table, route
 from fp8route.version import __version__
 
 __all__ = [
     "BACKENDS",
+    "LLM",
     "M_BOUNDS",
     "Backend",
     "BackendUnavailableError",
@@ -42,7 +43,9 @@ __all__ = [
     "GemmProblem",
     "Plan",
     "Policy",
+    "RequestOutput",
     "RoutingTable",
+    "SamplingParams",
     "StrictModeError",
     "__version__",
     "dequantize",

@@ -188,3 +188,21 @@ def synthetic_gguf_metadata(pre: str = "smollm") -> dict:
         "tokenizer.ggml.unknown_token_id": 0,
         "tokenizer.chat_template": SMOLLM2_TEMPLATE,
     }
+
+
+TEXT_VOCAB = 262  # synthetic_gguf_metadata's tokens: 3 specials, 256 bytes, 3 merges
+
+
+def text_model_folder(folder: Path, fp8: bool = True, seed: int = 0, max_positions: int = 256) -> Path:
+    """A tiny Llama checkpoint with a real byte-level BPE tokenizer and a chat template (EOS id 2):
+    what the text-in, text-out entry points (LLM, the server) need, on a CPU in seconds."""
+    from fp8route.checkpoint.gguf_tokenizer import write_tokenizer
+
+    config = {**TINY, "vocab_size": TEXT_VOCAB, "eos_token_id": 2, "max_position_embeddings": max_positions}
+    tensors = llama_tensors(config, seed=seed)
+    if fp8:
+        write_checkpoint(folder, fp8_llama(config=config), config, **{"hf_quant_config.json": MODELOPT_HF_QUANT})
+    else:
+        write_checkpoint(folder, tensors, config)
+    write_tokenizer(synthetic_gguf_metadata(), folder)
+    return folder

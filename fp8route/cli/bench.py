@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fp8route.backends import BACKENDS
 from fp8route.backends.problem import DeviceInfo
-from fp8route.cli import bench_e2e
+from fp8route.cli import bench_e2e, bench_serve
 from fp8route.cli.sweep_args import (
     DTYPES,
     add_sweep_args,
@@ -99,7 +99,7 @@ def _policies(text: str | None, device: DeviceInfo) -> list[str]:
 
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
-        "bench", help="benchmarks: gemm (routed vs every single GEMM backend), e2e (a whole model per arm)"
+        "bench", help="benchmarks: gemm (routed vs every single GEMM backend), e2e (a whole model per arm), serve (a serving load)"
     )
     kinds = parser.add_subparsers(dest="bench", required=True)
     gemm = kinds.add_parser(
@@ -120,3 +120,4 @@ def register(commands: argparse._SubParsersAction) -> None:
     gemm.add_argument("--out", help="directory for the JSON and PNGs (default: ./bench-results/<device>/)")
     gemm.set_defaults(run=run_gemm)
     bench_e2e.register(kinds)
+    bench_serve.register(kinds)

@@ -18,10 +18,10 @@ import torch
 from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.gguf_tokenizer import apply_chat_template
 from fp8route.checkpoint.smollm2 import smollm2_folder
+from fp8route.engine.flashinfer_attention import ATTENTION
+from fp8route.engine.load import load_model
 from fp8route.errors import Fp8InputError
 from fp8route.linear.layer import Fp8Linear
-from fp8route.models.flashinfer_attention import ATTENTION
-from fp8route.models.load import load_model
 from fp8route.models.parallel import Shard
 from fp8route.models.spawn import run_ranks
 from fp8route.models.tokenizer import load_tokenizer

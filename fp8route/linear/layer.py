@@ -24,6 +24,14 @@ from fp8route.quant import (
 
 ScaleLike = torch.Tensor | float
 
+_epoch = [0]  # bumped by every replan or move of any Fp8Linear
+
+
+def plans_epoch() -> int:
+    """A number that changes whenever some Fp8Linear's plan or prepared operands are rebuilt: what
+    captured CUDA graphs replay is stale once it moves (fp8route.engine.decode_graphs)."""
+    return _epoch[0]
+
 
 class Fp8Linear(nn.Module):
     """y = (quant(x / input_scale) @ weight.T) * input_scale * weight_scale + bias, in x's dtype.
@@ -146,6 +154,7 @@ class Fp8Linear(nn.Module):
         for backend in self._plan.backends:
             backend.prepare(self.weight.device)
         self.prepared = self.operands(self._plan.layouts)
+        _epoch[0] += 1
         return self._plan
 
     def operands(self, layouts: frozenset[str] = LAYOUTS) -> LinearOperands:
@@ -206,6 +215,7 @@ class Fp8Linear(nn.Module):
             self.replan()
         else:
             self.prepared = self.operands(self._plan.layouts)
+            _epoch[0] += 1
         return self
 
     def extra_repr(self) -> str:

@@ -1,8 +1,6 @@
-"""Compact model runners: the Llama-family definition, and the engine that generates with it."""
+"""The Llama-family model definition: config, layers, fused elementwise kernels, shapes, tensor-parallel
+sharding. What runs it (KV pool, decode graphs, schedulers) is fp8route.engine."""
 
-from fp8route.models.causal_lm import CausalLM
-from fp8route.models.generate import Generation
 from fp8route.models.llama import LlamaConfig, LlamaForCausalLM
-from fp8route.models.load import load_model
 
-__all__ = ["CausalLM", "Generation", "LlamaConfig", "LlamaForCausalLM", "load_model"]
+__all__ = ["LlamaConfig", "LlamaForCausalLM"]

@@ -102,28 +102,26 @@ def rope_into_cache(
     v: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    positions: torch.Tensor,
+    k_slots: torch.Tensor,
+    v_slots: torch.Tensor,
+    slots: torch.Tensor,
 ) -> None:
     """Decode's new keys and values into the cache in one launch: row b's k [B, 1, Hkv, D] rotated
-    with its cos/sin [B, 1, D] and its v, written at positions[b] of k_cache/v_cache [B', Hkv, S, D].
-    (Eager torch: the rotation's kernels, then an index for each write.)"""
+    with its cos/sin [B, 1, D] and its v, written at slot slots[b] of k_slots/v_slots [S, Hkv, D]
+    (a paged cache viewed by slot). (Eager torch: the rotation's kernels, then an index for each write.)"""
     b, _, heads, dim = k.shape
     half = dim // 2
-    usable = _use_kernel(k) and k.stride(-1) == v.stride(-1) == 1 and k_cache.stride(-1) == v_cache.stride(-1) == 1
+    usable = _use_kernel(k) and k.stride(-1) == v.stride(-1) == 1 and k_slots.stride(-1) == v_slots.stride(-1) == 1
     if not usable or half & (half - 1) or cos.stride(-1) != 1:
-        rows = torch.arange(b, device=k.device)
-        k_cache[rows, :, positions] = rope(k, cos, sin)[:, :, 0]
-        v_cache[rows, :, positions] = v[:, 0]
+        k_slots[slots] = rope(k, cos, sin)[:, :, 0]
+        v_slots[slots] = v[:, 0]
         return
     args = (
-        k, v, cos, sin, k_cache, v_cache, positions,
+        k, v, cos, sin, k_slots, v_slots, slots,
         k.stride(0), k.stride(2), v.stride(0), v.stride(2), cos.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        k_slots.stride(0), k_slots.stride(1), v_slots.stride(0), v_slots.stride(1),
     )  # fmt: skip
-    key = (k.dtype, v.dtype, cos.dtype, sin.dtype, k_cache.dtype, v_cache.dtype, positions.dtype, *args[7:])
+    key = (k.dtype, v.dtype, cos.dtype, sin.dtype, k_slots.dtype, v_slots.dtype, slots.dtype, *args[7:])
     _ROPE_STORE((b, heads), key, args, {"HALF": half, "num_warps": 1})
 
 
@@ -152,7 +150,7 @@ if triton is not None:
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_row, width, eps, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
+        row = tl.program_id(0).to(tl.int64)  # row * width passes 2^31 in a large prefill
         offs = tl.arange(0, BLOCK)
         mask = offs < width
         x = tl.load(x_ptr + row * stride_row + offs, mask=mask, other=0.0).to(tl.float32)
@@ -160,7 +158,7 @@ if triton is not None:
 
     @triton.jit
     def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, width, eps, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
+        row = tl.program_id(0).to(tl.int64)  # row * width passes 2^31 in a large prefill
         offs = tl.arange(0, BLOCK)
         mask = offs < width
         x = tl.load(x_ptr + row * width + offs, mask=mask, other=0.0).to(tl.float32)
@@ -175,7 +173,7 @@ if triton is not None:
         sxb, sxt, sxh, scb, sct, sob, soh, sot,
         HALF: tl.constexpr,
     ):  # fmt: skip
-        bt = tl.program_id(0)
+        bt = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         b = bt // T
         t = bt % T
@@ -194,14 +192,14 @@ if triton is not None:
 
     @triton.jit
     def _rope_store_kernel(
-        k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr,
-        skb, skh, svb, svh, scb, skcb, skch, skcs, svcb, svch, svcs,
+        k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr,
+        skb, skh, svb, svh, scb, skcs, skch, svcs, svch,
         HALF: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         h = tl.program_id(1)
         offs = tl.arange(0, HALF)
-        pos = tl.load(pos_ptr + b)
+        slot = tl.load(slot_ptr + b).to(tl.int64)
         k_row = k_ptr + b * skb + h * skh
         k1 = tl.load(k_row + offs).to(tl.float32)
         k2 = tl.load(k_row + HALF + offs).to(tl.float32)
@@ -209,17 +207,17 @@ if triton is not None:
         c2 = tl.load(cos_ptr + b * scb + HALF + offs)
         s1 = tl.load(sin_ptr + b * scb + offs)
         s2 = tl.load(sin_ptr + b * scb + HALF + offs)
-        kc_row = kc_ptr + b * skcb + h * skch + pos * skcs
+        kc_row = kc_ptr + slot * skcs + h * skch
         tl.store(kc_row + offs, (k1 * c1 - k2 * s1).to(kc_ptr.dtype.element_ty))
         tl.store(kc_row + HALF + offs, (k2 * c2 + k1 * s2).to(kc_ptr.dtype.element_ty))
         v_row = v_ptr + b * svb + h * svh
-        vc_row = vc_ptr + b * svcb + h * svch + pos * svcs
+        vc_row = vc_ptr + slot * svcs + h * svch
         tl.store(vc_row + offs, tl.load(v_row + offs))
         tl.store(vc_row + HALF + offs, tl.load(v_row + HALF + offs))
 
     @triton.jit
     def _silu_mul_kernel(x_ptr, out_ptr, stride_row, width, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
+        row = tl.program_id(0).to(tl.int64)  # row * width passes 2^31 in a large prefill
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < width
         gate = tl.load(x_ptr + row * stride_row + offs, mask=mask, other=0.0).to(tl.float32)

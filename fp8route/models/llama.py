@@ -3,8 +3,8 @@
 Module names follow Hugging Face's (`model.layers.0.self_attn.q_proj`), so checkpoint tensors
 and Fp8Linear layers drop in by name; fused `qkv_proj` / `gate_up_proj` layers replace their
 members. This module is the model definition and its full (no-cache) forward; attention over a
-KV cache comes in through an AttentionContext (fp8route.models.attention), and the engine that
-owns the cache is fp8route.models.causal_lm.
+KV cache comes in through an AttentionContext (fp8route.engine.attention); the runtime that owns
+the cache is fp8route.engine.
 """
 
 from __future__ import annotations

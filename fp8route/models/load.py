@@ -1,13 +1,17 @@
-"""load_model: a checkpoint folder -> a CausalLM ready to generate, FP8 or not.
+"""A checkpoint folder -> the Llama-family model's parts (config, linears, tensors), FP8 or not.
 
 Per-tensor FP8 checkpoints (ModelOpt, compressed-tensors) load through load_checkpoint, their
 linears routed for this GPU; plain bf16/fp16/fp32 Hugging Face checkpoints run unquantized, as
 the baseline the FP8 model is compared against. Either way the float tensors end up in dtype.
+Under torch.distributed each rank gets its shard (fp8route.models.parallel). What runs them
+(KV pool, decode graphs, the serving engine) is fp8route.engine.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,9 +23,7 @@ from fp8route.checkpoint.load import load_checkpoint
 from fp8route.checkpoint.shards import ShardSet, Slices
 from fp8route.errors import CheckpointError, Fp8InputError
 from fp8route.linear.policy import Policy
-from fp8route.models.causal_lm import CausalLM
 from fp8route.models.collectives import ONE_SHOT_BYTES, AllReduce, check_method
-from fp8route.models.flashinfer_attention import check_attention
 from fp8route.models.llama import LlamaConfig
 from fp8route.models.parallel import (
     LmHead,
@@ -61,31 +63,32 @@ def read_plain(
     return tensors
 
 
-def load_model(
+@dataclass
+class ModelParts:
+    """What a model is built from: its (local, when sharded) config, FP8 linears and other tensors."""
+
+    cfg: LlamaConfig
+    linears: dict[str, nn.Module]
+    tensors: dict[str, torch.Tensor]
+    device: torch.device
+    max_positions: int | None  # config.json's max_position_embeddings
+    parallel: str | None  # how this rank shares the model, when it is sharded
+
+
+def load_parts(
     path: str | os.PathLike[str],
     device: str | torch.device | None = None,
     *,
     dtype: torch.dtype = torch.bfloat16,
-    max_batch_size: int = 16,
-    max_seq_len: int = 8192,
     policy: Policy | None = None,
-    use_cuda_graphs: bool = True,
     all_reduce: str = "nccl",
     tp_lm_head: LmHead = "vocab",
-    attention: str = "builtin",
-) -> CausalLM:
-    """A Llama-family model (Llama, Mistral, Qwen2, Qwen3) from a checkpoint folder, with a KV cache
-    for max_batch_size rows of max_seq_len positions (capped at the config's max_position_embeddings).
-
-    device defaults to CUDA when available. FP8 linears stay FP8 (planned by policy); every
-    float tensor (embeddings, norms, unquantized linears, the KV cache) is kept in dtype.
-
-    Under torch.distributed (more than one rank) each rank reads its slices of the checkpoint
-    (fp8route.models.parallel); tp_lm_head="vocab" splits lm_head over the vocabulary and gathers
-    the logits, "replicated" keeps a whole lm_head on every rank. Every rank returns full logits;
-    all_reduce picks how row-parallel outputs are summed (fp8route.models.collectives.METHODS).
-    attention="flashinfer" runs FlashInfer's prefill and decode attention over the same cache
-    (the flashinfer extra, CUDA); "builtin" is SDPA for prefill and fp8route's decode kernel."""
+    before_weights: Callable[[torch.device], None] | None = None,
+) -> ModelParts:
+    """Read a Llama-family checkpoint folder onto device (default: CUDA when available), FP8
+    linears planned by policy, float tensors in dtype; sharded over the default process group
+    when there is one (tp_lm_head and all_reduce as load_model takes them). before_weights(device)
+    runs once the config is read and the device known, before any weight is: a caller's checks."""
     if dtype not in FLOAT_DTYPES:
         raise Fp8InputError(f"load_model: dtype must be bfloat16, float16 or float32, got {dtype}")
     check_lm_head(tp_lm_head)
@@ -94,10 +97,9 @@ def load_model(
     config = read_json(folder / CONFIG)
     cfg = LlamaConfig.from_hf(config, CONFIG)
     limit = config.get("max_position_embeddings")
-    if isinstance(limit, int) and limit > 0:
-        max_seq_len = min(max_seq_len, limit)
     target = init_from_env(device) or default_device(device)
-    check_attention(attention, target)
+    if before_weights is not None:
+        before_weights(target)
     shard = Shard.current()
     slicer = None if shard is None else Slicer.of(cfg, shard, tp_lm_head)
     if is_quantized(folder, config):
@@ -106,22 +108,11 @@ def load_model(
         tensors = {n: t.to(dtype) if t.is_floating_point() else t for n, t in checkpoint.tensors.items()}
     else:
         linears, tensors = {}, read_plain(folder, target, dtype, slicer)
-    reduce = None
-    if slicer is not None:
+    parallel = None
+    if slicer is not None and shard is not None:
         reduce = AllReduce(target, dtype, ONE_SHOT_BYTES, all_reduce, width=cfg.hidden_size)
         linears, tensors = wrap_layers(linears, tensors, slicer, reduce)
         cfg = local_config(cfg, slicer.shard.size)
-    model = CausalLM(
-        cfg,
-        linears,
-        tensors,
-        max_batch_size=max_batch_size,
-        max_seq_len=max_seq_len,
-        dtype=dtype,
-        device=target,
-        use_cuda_graphs=use_cuda_graphs,
-        attention=attention,
-    )
-    if shard is not None and reduce is not None:
-        model.parallel = f"tensor parallel rank {shard.rank} of {shard.size}; all-reduce {reduce.describe()}"
-    return model
+        parallel = f"tensor parallel rank {shard.rank} of {shard.size}; all-reduce {reduce.describe()}"
+    positions = limit if isinstance(limit, int) and limit > 0 else None
+    return ModelParts(cfg, linears, tensors, target, positions, parallel)

@@ -11,7 +11,7 @@ from fp8route import Fp8InputError, load_checkpoint, quantize_checkpoint
 from fp8route.checkpoint.calibration import read_text, text_token_ids
 from fp8route.checkpoint.gguf_tokenizer import write_tokenizer
 from fp8route.cli import main
-from fp8route.models import load_model
+from fp8route.engine import load_model
 from fp8route.models.tokenizer import load_tokenizer
 
 TEXT = (

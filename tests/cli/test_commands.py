@@ -14,7 +14,7 @@ from fp8route import quantize_checkpoint
 from fp8route.checkpoint.gguf_tokenizer import write_tokenizer
 from fp8route.checkpoint.random import write_random
 from fp8route.cli import main
-from fp8route.models.load import load_model
+from fp8route.engine.load import load_model
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,8 @@ gpu = pytest.mark.skipif(
 def test_flashinfer_is_as_close_to_the_fp32_forward_as_builtin(graphs: bool) -> None:
     from checkpoint_helpers import TINY, llama_tensors
 
-    from fp8route.models import CausalLM, LlamaConfig
+    from fp8route.engine import CausalLM
+    from fp8route.models import LlamaConfig
 
     # FlashInfer's kernels are built for head sizes 64, 128, 256: 4 heads of 128, 2 KV heads.
     config = {**TINY, "hidden_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2}

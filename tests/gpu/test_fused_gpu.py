@@ -55,19 +55,18 @@ def test_silu_mul(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_rope_into_cache_writes_each_row_at_its_position(dtype):
-    b, heads, dim, seq = 3, 8, 128, 50
+def test_rope_into_cache_writes_each_row_at_its_slot(dtype):
+    b, heads, dim, slots = 3, 8, 128, 50
     kv = torch.randn(b, 1, 2 * heads * dim, device="cuda", dtype=dtype)
     k = kv[..., : heads * dim].reshape(b, 1, heads, dim)
     v = kv[..., heads * dim :].reshape(b, 1, heads, dim)
     angles = torch.rand(b, 1, dim // 2, device="cuda") * 100
     cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
-    positions = torch.tensor([0, 17, 49], device="cuda")
-    k_cache = torch.full((b + 1, heads, seq, dim), float("nan"), device="cuda", dtype=dtype)
+    where = torch.tensor([0, 17, 49], device="cuda")
+    k_cache = torch.full((slots, heads, dim), float("nan"), device="cuda", dtype=dtype)  # a pool viewed by slot
     v_cache = k_cache.clone()
-    rope_into_cache(k, v, cos, sin, k_cache, v_cache, positions)
-    rows = torch.arange(b, device="cuda")
+    rope_into_cache(k, v, cos, sin, k_cache, v_cache, where)
     expected_k = rope_reference(k.transpose(1, 2), cos[:, None], sin[:, None])[:, :, 0]
-    torch.testing.assert_close(k_cache[rows, :, positions], expected_k, rtol=1e-2, atol=1e-2)
-    torch.testing.assert_close(v_cache[rows, :, positions], v[:, 0], rtol=0, atol=0)
+    torch.testing.assert_close(k_cache[where], expected_k, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(v_cache[where], v[:, 0], rtol=0, atol=0)
     assert int((~k_cache.isnan()).sum()) == b * heads * dim  # nothing else written

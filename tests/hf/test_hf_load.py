@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 import fp8route
 import fp8route.hf
+from fp8route.engine.load import load_model
 from fp8route.errors import CheckpointError
-from fp8route.models.load import load_model
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 IDS = torch.tensor([[1, 17, 200, 45, 3, 99, 128, 7, 64, 250]])

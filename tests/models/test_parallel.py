@@ -15,8 +15,8 @@ from safetensors import safe_open
 import fp8route.checkpoint.shards as shards_module
 import fp8route.linear.layer as layer_module
 from fp8route import Fp8InputError, Fp8Linear, explain
+from fp8route.engine.load import load_model
 from fp8route.models.llama import LlamaConfig
-from fp8route.models.load import load_model
 from fp8route.models.parallel import RowParallel, Shard, Slicer, VocabParallelHead, check_divisible
 
 HF_QUANT = "hf_quant_config.json"

@@ -34,7 +34,7 @@ if triton is not None:
 
     @triton.jit
     def _quantize_kernel(x_ptr, q_ptr, scale_ptr, numel, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # a prefill passes 2^31 elements
         mask = offs < numel
         s = tl.load(scale_ptr)
         x = tl.load(x_ptr + offs, mask=mask, other=0.0)

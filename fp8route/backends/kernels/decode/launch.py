@@ -25,6 +25,8 @@ _CUDA_CORE = DirectLauncher(decode_cuda_core_kernel, _POINTERS)
 # running concurrently on different streams of one device would share it: serialize them (decode does).
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _COUNTERS_MIN = 1 << 14
+# Buffers a larger one replaced: a captured CUDA graph may still launch on them, so they are kept.
+_RETIRED: list[torch.Tensor] = []
 
 
 def reserve_counters(device: torch.device) -> None:
@@ -40,6 +42,8 @@ def _counters(device: torch.device, tiles: int) -> torch.Tensor:
                 "decode_gemm: run each shape once outside CUDA-graph capture first "
                 "(its split-K counter buffer is allocated on first use)"
             )
+        if buf is not None:
+            _RETIRED.append(buf)
         buf = torch.zeros(max(tiles, _COUNTERS_MIN), dtype=torch.int32, device=device)
         _COUNTERS[device] = buf
     return buf

@@ -5,8 +5,8 @@ import importlib.util
 from checkpoint_helpers import TINY
 
 from fp8route.checkpoint.random import write_random
-from fp8route.models.e2e_bench import E2ERow, as_json, plot, table, weight_bytes
-from fp8route.models.load import load_model
+from fp8route.engine.e2e_bench import E2ERow, as_json, plot, table, weight_bytes
+from fp8route.engine.load import load_model
 
 ROWS = [
     E2ERow("routed", 1, 1024, 26.0, 39384.0, 3.078, 324.9, 8.03, 2609.0, 0.612),

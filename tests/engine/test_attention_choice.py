@@ -8,8 +8,10 @@ import torch
 from checkpoint_helpers import TINY, llama_tensors, modelopt_folder
 
 from fp8route import Fp8InputError
-from fp8route.models import CausalLM, LlamaConfig, load_model
-from fp8route.models.flashinfer_attention import check_attention
+from fp8route.engine import CausalLM, load_model
+from fp8route.engine.flashinfer_attention import check_attention
+from fp8route.engine.runner import ModelRunner
+from fp8route.models import LlamaConfig
 
 
 def test_unknown_attention_names_the_choices():
@@ -28,31 +30,33 @@ def test_flashinfer_on_cpu_is_refused_first(tmp_path):
         load_model(modelopt_folder(tmp_path), "cpu", attention="flashinfer")
 
 
-def test_generate_gives_each_step_its_positions_on_the_host_when_the_model_plans_from_them():
+def test_generate_gives_each_step_its_lengths_and_blocks_on_the_host_when_the_model_plans_from_them(monkeypatch):
     model = CausalLM(LlamaConfig.from_hf(TINY), {}, llama_tensors(), max_batch_size=4, max_seq_len=32)
-    model.plans_on_host = True  # as with FlashInfer attention, which needs CUDA
+    monkeypatch.setattr(ModelRunner, "plans_on_host", property(lambda self: True))  # as FlashInfer's, on CUDA
     seen = []
     step = model.step
 
-    def recording_step(tokens, positions, limit=None, host_positions=None):
-        seen.append((positions.tolist(), list(host_positions)))
-        return step(tokens, positions, limit, host_positions)
+    def recording_step(tokens, positions, rows, limit=None, host_lengths=None, host_blocks=None):
+        tables = model.pool.tables[rows, : len(host_blocks[0])].tolist()
+        seen.append(((positions + 1).tolist(), list(host_lengths), tables, [list(b) for b in host_blocks]))
+        return step(tokens, positions, rows, limit, host_lengths, host_blocks)
 
     model.step = recording_step  # type: ignore[method-assign]
     ids = torch.randint(0, TINY["vocab_size"], (3, 6), generator=torch.Generator().manual_seed(0))
     model.generate(ids, 5, prompt_lengths=[6, 2, 4], pad_token_id=0)
-    assert len(seen) == 4 and all(device == host for device, host in seen)
-    assert seen[0][1] == [6, 2, 4] and seen[-1][1] == [9, 5, 7]
+    assert len(seen) == 4 and all(device == host for device, host, _, _ in seen)
+    assert all(tables == blocks for _, _, tables, blocks in seen)  # the host blocks are the device table's
+    assert seen[0][1] == [7, 3, 5] and seen[-1][1] == [10, 6, 8]
 
 
-def test_a_model_that_does_not_plan_on_the_host_gets_no_host_positions():
+def test_a_model_that_does_not_plan_on_the_host_gets_no_host_lengths():
     model = CausalLM(LlamaConfig.from_hf(TINY), {}, llama_tensors(), max_batch_size=4, max_seq_len=32)
     seen = []
     step = model.step
 
-    def recording_step(tokens, positions, limit=None, host_positions=None):
-        seen.append(host_positions)
-        return step(tokens, positions, limit, host_positions)
+    def recording_step(tokens, positions, rows, limit=None, host_lengths=None, host_blocks=None):
+        seen.append(host_lengths)
+        return step(tokens, positions, rows, limit, host_lengths, host_blocks)
 
     model.step = recording_step  # type: ignore[method-assign]
     model.generate(torch.zeros(1, 4, dtype=torch.int64), 3)

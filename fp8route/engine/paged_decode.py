@@ -1,22 +1,23 @@
-"""Split-KV decode attention in Triton (flash-decoding): one query token per row over a static KV cache.
+"""Split-KV decode attention in Triton (flash-decoding) over the paged KV cache: one query token per row.
 
-    out[b, h] = softmax(q[b, h] . K[b, h // G, :len[b]] * scale) @ V[b, h // G, :len[b]]
+    out[b, h] = softmax(q[b, h] . K_b[h // G, :len[b]] * scale) @ V_b[h // G, :len[b]]
 
-Why a kernel of our own: the cache is preallocated for max_seq_len (say 8192) while a row may
-have 1100 positions filled; attention that reads all of it would, at batch 1, read more bytes
-than the weights. Why split-KV: one program per (row, KV head) leaves most SMs idle at small
-batch; splitting the sequence puts cdiv(len, SPLIT) programs on each.
+where row b's position p is read from block tables[rows[b], p // BS] at offset p % BS of the
+layer's blocks [num_blocks, BS, Hkv, D]. Why a kernel of our own: it reads only each row's filled
+positions, wherever their blocks are. Why split-KV: one program per (row, KV head) leaves most
+SMs idle at small batch; splitting the sequence puts cdiv(len, SPLIT) programs on each.
 
-CUDA-graph safe: the lengths are a device tensor read inside the kernel, the grid is fixed by
-max_seq_len (not by the lengths), and splits past a row's length store nothing; the combine
-kernel counts each row's valid splits from its length, so stale partials are never read.
+CUDA-graph safe: the lengths, table rows and tables are device tensors read inside the kernel,
+the grid is fixed by the table's width (not by the lengths), and splits past a row's length store
+nothing; the combine kernel counts each row's valid splits from its length, so stale partials are
+never read. Offsets are int64: a pool of many blocks passes 2^31 elements.
 
 Kernel 1, grid (B, Hkv, num_splits): the program loads the G = H / Hkv query heads that share
 its KV head (GQA, padded to 16 rows for tl.dot), streams its split in BLOCK_N-position tiles with
 an fp32 online softmax, and writes the split's normalized output and log-sum-exp. Given the step's
 new token (`NewToken`), it also applies RoPE to the query heads it loads, and the program whose
 split holds the row's last position rotates the new key and writes it and the new value there
-first: what the RoPE and cache-write kernels did before it, at no extra launch.
+first: what the RoPE and cache-write kernels would do, at no extra launch.
 Kernel 2, grid (B, H): combines a row's valid splits weighted by exp(lse - max lse).
 """
 
@@ -43,6 +44,20 @@ class NewToken(NamedTuple):
     sin: torch.Tensor
 
 
+class Pages(NamedTuple):
+    """Where the rows' positions live: one layer's K and V blocks [num_blocks, BS, Hkv, D] (unit
+    stride on D), the block tables [rows, max_blocks] (int32) and each batch row's table row [B]."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    tables: torch.Tensor
+    rows: torch.Tensor
+
+    @property
+    def max_len(self) -> int:
+        return self.tables.shape[1] * self.k.shape[1]
+
+
 def split_len(max_seq_len: int, pairs: int = 1) -> int:
     """Positions per program for `pairs` (row, KV head) pairs: 128 for up to 8 pairs (one row of
     Llama-3.1-8B), twice that for each 4x more pairs (sqrt(pairs / 8), rounded up to a power of
@@ -62,21 +77,23 @@ if TRITON_IMPORT_ERROR is None:
 
     @triton.jit
     def _split_kernel(
-        q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, lse_ptr, nk_ptr, nv_ptr, cos_ptr, sin_ptr,
+        q_ptr, k_ptr, v_ptr, tab_ptr, row_ptr, len_ptr, o_ptr, lse_ptr, nk_ptr, nv_ptr, cos_ptr, sin_ptr,
         stride_qb, stride_qh,
-        stride_kb, stride_kh, stride_ks,
-        stride_vb, stride_vh, stride_vs,
+        stride_kblk, stride_ks, stride_kh,
+        stride_vblk, stride_vs, stride_vh,
+        stride_tab,
         stride_ob, stride_oh, stride_os,
         stride_lb, stride_lh,
         stride_nkb, stride_nkh, stride_nvb, stride_nvh, stride_cb,
         sm_scale,
-        G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+        G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr,
         SPLIT: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr, NEW: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
         length = tl.load(len_ptr + b).to(tl.int32)
+        table = tab_ptr + tl.load(row_ptr + b).to(tl.int64) * stride_tab
         start = split * SPLIT
         end = tl.minimum(start + SPLIT, length)
 
@@ -85,7 +102,7 @@ if TRITON_IMPORT_ERROR is None:
         g_mask = g < G
         d_mask = d < D
         heads = kvh * G + g
-        q_rows = q_ptr + b * stride_qb + heads[:, None] * stride_qh
+        q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh
         q = tl.load(q_rows + d[None, :], mask=g_mask[:, None] & d_mask[None, :], other=0.0)
         if NEW:  # D is a power of two here: D_PAD == D
             # RoPE, the head's halves as pairs: x * cos + (-x[d + D/2] | x[d - D/2]) * sin.
@@ -97,11 +114,12 @@ if TRITON_IMPORT_ERROR is None:
             q = (q.to(tl.float32) * cos + sign * q_pair.to(tl.float32) * sin).to(q_ptr.dtype.element_ty)
             pos = length - 1
             if (pos >= start) & (pos < start + SPLIT):  # this program's split holds the new position
+                block = tl.load(table + pos // PAGE).to(tl.int64)
                 k_row = nk_ptr + b * stride_nkb + kvh * stride_nkh
                 k_new = tl.load(k_row + d).to(tl.float32) * cos + sign * tl.load(k_row + partner).to(tl.float32) * sin
-                k_at = k_ptr + b * stride_kb + kvh * stride_kh + pos * stride_ks
+                k_at = k_ptr + block * stride_kblk + (pos % PAGE) * stride_ks + kvh * stride_kh
                 tl.store(k_at + d, k_new.to(k_ptr.dtype.element_ty))
-                v_at = v_ptr + b * stride_vb + kvh * stride_vh + pos * stride_vs
+                v_at = v_ptr + block * stride_vblk + (pos % PAGE) * stride_vs + kvh * stride_vh
                 tl.store(v_at + d, tl.load(nv_ptr + b * stride_nvb + kvh * stride_nvh + d))
             tl.debug_barrier()  # the writes above before any thread's read of that position
         # exp2 with log2(e) folded into the scale: one multiply fewer per score.
@@ -109,19 +127,23 @@ if TRITON_IMPORT_ERROR is None:
         m = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
         s_sum = tl.zeros([G_PAD], dtype=tl.float32)
         acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
-        k_base = k_ptr + b * stride_kb + kvh * stride_kh
-        v_base = v_ptr + b * stride_vb + kvh * stride_vh
+        k_head = k_ptr + kvh * stride_kh
+        v_head = v_ptr + kvh * stride_vh
         for n0 in range(start, end, BLOCK):
             n = n0 + tl.arange(0, BLOCK)
             n_mask = n < end
+            blocks = tl.load(table + n // PAGE, mask=n_mask, other=0).to(tl.int64)
+            within = n % PAGE
             kv_mask = n_mask[:, None] & d_mask[None, :]
-            k = tl.load(k_base + n[:, None] * stride_ks + d[None, :], mask=kv_mask, other=0.0)
+            k_at = k_head + blocks * stride_kblk + within * stride_ks
+            k = tl.load(k_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
             s = tl.where(n_mask[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
             p = tl.exp2(s - m_new[:, None])
             alpha = tl.exp2(m - m_new)
-            v = tl.load(v_base + n[:, None] * stride_vs + d[None, :], mask=kv_mask, other=0.0)
+            v_at = v_head + blocks * stride_vblk + within * stride_vs
+            v = tl.load(v_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             s_sum = s_sum * alpha + tl.sum(p, 1)
             m = m_new
@@ -175,32 +197,32 @@ def fuses_new_token(q: torch.Tensor, new: NewToken) -> bool:
 
 def decode_attention(
     q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    pages: Pages,
     lengths: torch.Tensor,
     scale: float | None = None,
     split: int | None = None,
     new: NewToken | None = None,
 ) -> torch.Tensor:
-    """q [B, H, D] (one token per row), k_cache/v_cache [B, Hkv, S, D] with unit stride on D,
-    lengths [B] int (device; each 1..S) -> [B, H, D] in q's dtype. Reads only the first
-    lengths[b] positions of row b. split (positions per program, a multiple of BLOCK_N; default
-    split_len) is for benchmarks. With `new` (fuses_new_token), q is before RoPE, and the new key
-    (rotated) and value are written at position lengths[b] - 1 of each row first."""
+    """q [B, H, D] (one token per row) over the first lengths[b] positions (each 1..the table's
+    reach) of the row pages.rows[b] -> [B, H, D] in q's dtype. split (positions per program, a
+    multiple of BLOCK_N; default split_len) is for benchmarks. With `new` (fuses_new_token), q is
+    before RoPE, and the new key (rotated) and value are written at position lengths[b] - 1 first."""
     if TRITON_IMPORT_ERROR is not None:
         raise RuntimeError(TRITON_IMPORT_ERROR)
     b, h, d = q.shape
-    _, hkv, s, _ = k_cache.shape
-    if h % hkv != 0 or k_cache.shape[0] < b or k_cache.shape[-1] != d or v_cache.shape != k_cache.shape:
+    k, v, tables, rows = pages
+    _, page, hkv, _ = k.shape
+    if h % hkv != 0 or k.shape[-1] != d or v.shape != k.shape or rows.shape != (b,) or page & (page - 1):
         raise Fp8InputError(
-            f"decode_attention: q {tuple(q.shape)} does not fit k/v caches {tuple(k_cache.shape)} / "
-            f"{tuple(v_cache.shape)} (need H a multiple of Hkv, the same D, at least B rows)"
+            f"decode_attention: q {tuple(q.shape)} does not fit K/V blocks {tuple(k.shape)} / {tuple(v.shape)} "
+            f"and rows {tuple(rows.shape)} (need H a multiple of Hkv, the same D, one row each, power-of-two pages)"
         )
-    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise Fp8InputError("decode_attention: q, k_cache and v_cache need unit stride on the head dim")
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise Fp8InputError("decode_attention: q and the K/V blocks need unit stride on the head dim")
     group = h // hkv
-    split = split or split_len(s, b * hkv)
-    num_splits = triton.cdiv(s, split)
+    reach = pages.max_len
+    split = split or split_len(reach, b * hkv)
+    num_splits = triton.cdiv(reach, split)
     if split % BLOCK_N or num_splits > _MAX_SPLITS:
         raise Fp8InputError(
             f"decode_attention: split {split} must be a multiple of {BLOCK_N} giving at most {_MAX_SPLITS} splits"
@@ -212,15 +234,16 @@ def decode_attention(
     d_pad = max(16, triton.next_power_of_2(d))
     nk, nv, cos, sin = new if new is not None else (q, q, lse, lse)  # unread without NEW
     _split_kernel[(b, hkv, num_splits)](
-        q, k_cache, v_cache, lengths, partial, lse, nk, nv, cos, sin,
+        q, k, v, tables, rows, lengths, partial, lse, nk, nv, cos, sin,
         q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        tables.stride(0),
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
         nk.stride(0), nk.stride(1), nv.stride(0), nv.stride(1), cos.stride(0),
         scale if scale is not None else d**-0.5,
-        G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, D_PAD=d_pad,
+        G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, D_PAD=d_pad, PAGE=page,
         SPLIT=split, BLOCK=BLOCK_N, NEW=new is not None,
         # An fp32 cache asks for fp32 products (tl.dot would round them to TF32); 16-bit ones are exact.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

@@ -1,44 +1,28 @@
-"""generate: right-padded prompts -> prefill -> one decode step per new token, greedy or sampled.
+"""generate: a static batch of right-padded prompts -> chunked prefill -> one decode step per new
+token, greedy or sampled, over the same runner, pool and decode graphs the serving engine uses.
 
-The loop keeps everything per step on the device: next tokens, finished rows and the output are
-updated with tensor ops, and the host learns nothing it has to wait for except, when an EOS id is
-given, whether every row has finished (one sync every eos_check_every steps). Each row's new
-tokens follow its own prompt; what comes after a row's last token is pad (the EOS id if none).
+Row b takes table row b and, for the call's life, the blocks its prompt plus max_new_tokens need.
+The decode loop keeps everything per step on the device: next tokens, finished rows and the
+output are updated with tensor ops, and the host learns nothing it has to wait for except, when
+an EOS id is given, whether every row has finished (one sync every eos_check_every steps). Each
+row's new tokens follow its own prompt; what comes after a row's last token is pad.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from types import TracebackType
+from typing import TYPE_CHECKING
 
 import torch
 
+from fp8route.engine.kv_pool import blocks_for
 from fp8route.errors import Fp8InputError
-from fp8route.models.kv_cache import KVCache
-from fp8route.models.llama import LlamaConfig
 from fp8route.models.parallel import shared_seed
 
-
-class Engine(Protocol):
-    """What the loop needs of a model (fp8route.models.CausalLM is one)."""
-
-    cfg: LlamaConfig
-    cache: KVCache
-    plans_on_host: bool  # step wants host_positions (FlashInfer attention plans from them)
-
-    @property
-    def device(self) -> torch.device: ...
-
-    def prefill(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor: ...
-
-    def step(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        limit: int | None = None,
-        host_positions: Sequence[int] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+if TYPE_CHECKING:
+    from fp8route.engine.causal_lm import CausalLM
 
 
 @dataclass
@@ -62,6 +46,74 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: to
     return (probs / noise).argmax(dim=-1)
 
 
+class Rows:
+    """Table rows 0..B-1 and the blocks for these many tokens each, taken from the model's block
+    manager for a `with` block and given back at its end."""
+
+    def __init__(self, model: CausalLM, tokens: Sequence[int]) -> None:
+        self.model, self.tokens = model, list(tokens)
+        self.blocks: list[list[int]] = []
+
+    def __enter__(self) -> list[list[int]]:
+        page = self.model.pool.block_size
+        for n in self.tokens:
+            taken = self.model.blocks.allocate(blocks_for(n, page))
+            if taken is None:
+                self.__exit__(None, None, None)
+                raise Fp8InputError(
+                    f"generate: the KV cache has {self.model.blocks.free_blocks} free blocks of {page} tokens, too "
+                    f"few for {len(self.tokens)} rows of up to {max(self.tokens)} tokens; load the model with a "
+                    "larger max_batch_size or max_seq_len, or free the engine using it"
+                )
+            self.blocks.append(taken)
+        self.model.pool.set_rows(list(range(len(self.blocks))), self.blocks)
+        return self.blocks
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        for taken in self.blocks:
+            self.model.blocks.free(taken)
+        self.blocks = []
+
+
+def prefill_rows(
+    model: CausalLM, input_ids: torch.Tensor, lengths: Sequence[int], blocks: Sequence[Sequence[int]]
+) -> torch.Tensor:
+    """Row b's first lengths[b] tokens into its blocks (table row b), in forwards of at most
+    model.max_prefill_tokens tokens (a row longer than that spans several); the logits [B, vocab]
+    of each row's last token."""
+    prompts = [row[:n] for row, n in zip(input_ids.tolist(), lengths, strict=True)]
+    budget = model.max_prefill_tokens
+    logits: list[torch.Tensor | None] = [None] * len(prompts)
+    chunk: list[tuple[int, int, int]] = []  # (row, start, length)
+    used = 0
+
+    def run() -> None:
+        nonlocal chunk, used
+        tokens = [prompts[r][s : s + n] for r, s, n in chunk]
+        ending = [i for i, (r, s, n) in enumerate(chunk) if s + n == lengths[r]]
+        out = model.runner.prefill(
+            tokens, [s for _, s, _ in chunk], [r for r, _, _ in chunk], [blocks[r] for r, _, _ in chunk], ending
+        )
+        for i, row_logits in zip(ending, out, strict=True):
+            logits[chunk[i][0]] = row_logits
+        chunk, used = [], 0
+
+    for row, n in enumerate(lengths):
+        start = 0
+        while start < n:
+            take = min(n - start, budget - used)
+            chunk.append((row, start, take))
+            used += take
+            start += take
+            if used == budget:
+                run()
+    if chunk:
+        run()
+    return torch.stack([t for t in logits if t is not None])
+
+
 def _prompt_lengths(lengths: Sequence[int] | torch.Tensor | None, batch: int, width: int) -> list[int]:
     if lengths is None:
         return [width] * batch
@@ -81,7 +133,7 @@ def _eos_ids(eos_token_id: int | Sequence[int] | None) -> list[int]:
 
 
 def generate(
-    model: Engine,
+    model: CausalLM,
     input_ids: torch.Tensor,
     max_new_tokens: int,
     *,
@@ -120,7 +172,7 @@ def generate(
     if eos_check_every < 1:
         raise Fp8InputError(f"generate: eos_check_every must be >= 1, got {eos_check_every}")
     lengths_list = _prompt_lengths(prompt_lengths, batch, width)
-    model.cache.check_request(batch, lengths_list, max_new_tokens)
+    model.check_request(batch, lengths_list, max_new_tokens)
     vocab = model.cfg.vocab_size
     low, high = int(input_ids.min()), int(input_ids.max())
     if low < 0 or high >= vocab:
@@ -131,7 +183,6 @@ def generate(
     device = model.device
     ids = input_ids.to(device=device, dtype=torch.int64)
     lengths = torch.tensor(lengths_list, device=device)
-    longest = max(lengths_list)
     real = torch.arange(width, device=device)[None, :] < lengths[:, None]
     out = torch.full((batch, width + max_new_tokens), pad, dtype=torch.int64, device=device)
     out[:, :width] = torch.where(real, ids, pad)
@@ -146,26 +197,36 @@ def generate(
     eos_ids = torch.tensor(eos, device=device) if eos else None
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     kept: list[torch.Tensor] = []
+    rows = torch.arange(batch, device=device)
+    longest = max(lengths_list)
 
-    logits = model.prefill(ids[:, :longest], lengths)
-    greedy = tokens = logits.argmax(-1)
-    positions = lengths.clone()  # where the token fed to the next step goes
-    for step in range(max_new_tokens):
-        if step > 0:
-            host_positions = [length + step - 1 for length in lengths_list] if model.plans_on_host else None
-            logits, greedy = model.step(tokens, positions, limit=longest + step, host_positions=host_positions)
-            positions += 1
-        chosen = greedy if temperature == 0 else sample(logits, temperature, top_p, generator)
-        tokens = torch.where(done, pad, chosen)
-        out.scatter_(1, (lengths + step)[:, None], tokens[:, None])
-        if return_logits:
-            kept.append(logits.float().clone())
-        if on_token is not None:
-            on_token(step, tokens)
-        if eos_ids is not None:
-            done |= torch.isin(tokens, eos_ids)
-            if (step + 1) % eos_check_every == 0 and bool(done.all()):
-                break
+    with Rows(model, [n + max_new_tokens for n in lengths_list]) as blocks:
+        logits = prefill_rows(model, input_ids, lengths_list, blocks)
+        greedy = tokens = logits.argmax(-1)
+        positions = lengths.clone()  # where the token fed to the next step goes
+        for step in range(max_new_tokens):
+            if step > 0:
+                host = [n + step for n in lengths_list] if model.plans_on_host else None
+                logits, greedy = model.step(
+                    tokens,
+                    positions,
+                    rows,
+                    limit=longest + step,
+                    host_lengths=host,
+                    host_blocks=blocks if host else None,
+                )
+                positions += 1
+            chosen = greedy if temperature == 0 else sample(logits, temperature, top_p, generator)
+            tokens = torch.where(done, pad, chosen)
+            out.scatter_(1, (lengths + step)[:, None], tokens[:, None])
+            if return_logits:
+                kept.append(logits.float().clone())
+            if on_token is not None:
+                on_token(step, tokens)
+            if eos_ids is not None:
+                done |= torch.isin(tokens, eos_ids)
+                if (step + 1) % eos_check_every == 0 and bool(done.all()):
+                    break
     if return_logits:
         return Generation(out, torch.stack(kept, dim=1))
     return out

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from fp8route.engine.load import load_model
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.policy import Policy
-from fp8route.models.load import load_model
 from fp8route.models.parallel import init_from_env
 
 FORCE_ENV = "FP8ROUTE_FORCE"
@@ -50,7 +50,7 @@ class E2ERow:
     all_reduce: str = ""  # how row-parallel outputs were summed (tp > 1)
     ttft_min_ms: float = 0.0  # the spread of the repeats ttft_ms is the median of
     ttft_max_ms: float = 0.0
-    attention: str = "builtin"  # fp8route.models.flashinfer_attention.ATTENTION
+    attention: str = "builtin"  # fp8route.engine.flashinfer_attention.ATTENTION
 
     @property
     def label(self) -> str:

@@ -1,14 +1,16 @@
-"""The generation engine on CPU: cached decode equals the full forward, batches equal single rows,
-EOS, overflow, determinism, and load_model on FP8 and bf16 checkpoints."""
+"""The static generate on CPU, over the paged KV pool: cached decode equals the full forward, batches
+equal single rows, chunked prefill equals one forward, EOS, overflow, determinism, and load_model on
+FP8 and bf16 checkpoints."""
 
 import pytest
 import torch
 from checkpoint_helpers import TINY, llama_tensors, modelopt_folder, write_checkpoint
 
 from fp8route import Fp8InputError, load_checkpoint
-from fp8route.models import CausalLM, Generation, LlamaConfig, LlamaForCausalLM, load_model
-from fp8route.models.attention import decode_attention_torch
-from fp8route.models.decode_graphs import buckets
+from fp8route.engine import CausalLM, Generation, load_model
+from fp8route.engine.attention import decode_attention_torch
+from fp8route.engine.decode_graphs import buckets
+from fp8route.models import LlamaConfig, LlamaForCausalLM
 
 CFG = LlamaConfig.from_hf(TINY)
 VOCAB = TINY["vocab_size"]
@@ -68,7 +70,7 @@ def test_decode_reads_only_each_rows_filled_positions():
     poisoned_k, poisoned_v = k.clone(), v.clone()
     for b, n in enumerate(lengths.tolist()):
         poisoned_k[b, :, n:], poisoned_v[b, :, n:] = 1e4, -1e4
-    torch.testing.assert_close(decode_attention_torch(q, poisoned_k, poisoned_v, lengths, limit=40), out)
+    torch.testing.assert_close(decode_attention_torch(q, poisoned_k, poisoned_v, lengths), out)
     for b, n in enumerate(lengths.tolist()):
         for h in range(4):
             kk, vv = k[b, h // 2, :n], v[b, h // 2, :n]
@@ -98,7 +100,7 @@ def test_overflow_raises_before_any_work(model, monkeypatch):
     def no_prefill(*args, **kwargs):
         raise AssertionError("prefill ran")
 
-    monkeypatch.setattr(model, "prefill", no_prefill)
+    monkeypatch.setattr(model.runner, "prefill", no_prefill)
     with pytest.raises(Fp8InputError, match="5 rows exceed the KV cache's max_batch_size=4"):
         model.generate(prompts(5, 3), 2)
     with pytest.raises(
@@ -127,7 +129,7 @@ def test_bf16_engine_tracks_its_full_forward():
     model = tiny(dtype=torch.bfloat16)
     ids = prompts(2, 8, seed=6)
     result = model.generate(ids, 4, return_logits=True)
-    assert model.cache.k.dtype == torch.bfloat16
+    assert model.pool.k.dtype == torch.bfloat16
     with torch.no_grad():
         full = model(result.tokens[:, :-1]).float()[:, 7:]
     rel = ((result.logits - full).norm() / full.norm()).item()
@@ -136,6 +138,26 @@ def test_bf16_engine_tracks_its_full_forward():
 
 def test_buckets():
     assert buckets(16) == [1, 2, 4, 8, 16] and buckets(12) == [1, 2, 4, 8, 12] and buckets(1) == [1]
+    assert buckets(100) == [1, 2, 4, 8, 16, 32, 64, 96, 100] and buckets(64) == [1, 2, 4, 8, 16, 32, 64]
+
+
+def test_chunked_prefill_and_small_blocks_give_the_same_tokens_and_logits():
+    """Prompts split over forwards of 5 tokens (later chunks attend to their earlier blocks through
+    the table) against whole-prompt prefill, with 4-token blocks against 16."""
+    whole = tiny()
+    chunked = CausalLM(
+        CFG, {}, {k: v.float() for k, v in llama_tensors().items()}, max_batch_size=4, max_seq_len=64,
+        dtype=torch.float32, max_prefill_tokens=5, block_size=4,
+    )  # fmt: skip
+    ids = prompts(3, 19, seed=14)
+    lengths = [19, 7, 12]
+    a = whole.generate(ids, 8, prompt_lengths=lengths, return_logits=True)
+    b = chunked.generate(ids, 8, prompt_lengths=lengths, return_logits=True)
+    assert torch.equal(a.tokens, b.tokens)
+    torch.testing.assert_close(a.logits, b.logits, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        assert torch.equal(whole(ids), chunked(ids))  # the full forward in groups of rows: the same
+    assert whole.blocks.check_empty() is None and chunked.blocks.check_empty() is None
 
 
 def test_load_model_fp8_checkpoint_equals_the_llama_forward(tmp_path):
@@ -161,7 +183,7 @@ def test_load_model_bf16_checkpoint_and_max_position_embeddings(tmp_path):
     with torch.no_grad():
         assert torch.equal(model(ids), LlamaForCausalLM(CFG, {}, tensors)(ids))
     fp32 = load_model(folder, "cpu", dtype=torch.float32, max_seq_len=16)
-    assert fp32.max_seq_len == 16 and fp32.cache.k.dtype == torch.float32
+    assert fp32.max_seq_len == 16 and fp32.pool.k.dtype == torch.float32
     with pytest.raises(Fp8InputError, match="dtype must be bfloat16, float16 or float32"):
         load_model(folder, "cpu", dtype=torch.int8)
 
@@ -187,7 +209,7 @@ def test_qwen_style_biases_and_head_norms_decode_like_the_full_forward():
 
 
 def test_the_attention_kernel_takes_the_engines_new_token_and_refuses_other_shapes():
-    from fp8route.models.decode_attention import NewToken, fuses_new_token
+    from fp8route.engine.paged_decode import NewToken, fuses_new_token
 
     b, h, hkv, d = 3, 8, 2, 64
     qkv = torch.zeros(b, 1, (h + 2 * hkv) * d)  # as the projection gives it: q, k, v strided views

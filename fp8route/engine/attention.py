@@ -1,0 +1,154 @@
+"""Attention over the paged KV cache, one context per forward: prefill (packed tokens of several
+sequences, each a chunk starting at some position) and decode (one new token per row).
+
+Prefill writes each token's K/V into its slot first, then attends per sequence: a chunk that
+starts at position 0 attends to its own keys (SDPA, causal); one that continues a sequence (a
+later chunk, or a prompt whose head was found in the prefix cache) gathers the sequence's K/V from
+its blocks and attends with the causal mask aligned to its end. FlashInfer's paged kernels do
+both in one call per layer when asked for (fp8route.engine.flashinfer_attention).
+
+Decode runs the split-KV Triton kernel on CUDA (fp8route.engine.paged_decode), which also rotates
+and writes the new key; elsewhere (and as its reference) SDPA over each row's gathered positions.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+from fp8route.engine import paged_decode as kernel
+from fp8route.engine.kv_pool import KVPool
+from fp8route.models.fused import rope, rope_into_cache
+
+if TYPE_CHECKING:
+    from fp8route.engine.flashinfer_attention import FlashInferAttention
+
+
+@functools.cache
+def triton_decode_available() -> bool:
+    return kernel.TRITON_IMPORT_ERROR is None and torch.cuda.is_available()
+
+
+def decode_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The reference: q [B, H, D] over the first lengths[b] positions of k/v [B, Hkv, S, D]."""
+    visible = torch.arange(k.shape[2], device=q.device)[None, :] < lengths[:, None]
+    out = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=visible[:, None, None, :], enable_gqa=True)
+    return out[:, :, 0]
+
+
+def gather_rows(
+    pool: KVPool, layer: int, rows: torch.Tensor | int, blocks: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first `blocks` blocks of each table row's K and V (rows [B] on the device, or one row
+    number, read without a host-to-device copy), as [B, Hkv, blocks * BS, D]."""
+    k, v = pool.layer(layer)
+    index = pool.tables[rows, :blocks].long()
+    shape = (index.shape[0] if index.dim() == 2 else 1, -1, *k.shape[2:])
+    return k[index].reshape(shape).transpose(1, 2), v[index].reshape(shape).transpose(1, 2)
+
+
+@dataclass(frozen=True)
+class PrefillSeq:
+    """One sequence's chunk in a packed prefill: tokens [offset, offset + length) of the batch,
+    at positions start .. start + length - 1, its blocks in table row `row`."""
+
+    offset: int
+    length: int
+    start: int
+    row: int
+
+
+class PrefillAttention:
+    def __init__(
+        self,
+        pool: KVPool,
+        seqs: list[PrefillSeq],
+        slots: torch.Tensor,
+        flashinfer: FlashInferAttention | None = None,
+    ) -> None:
+        self.pool, self.seqs, self.slots, self.flashinfer = pool, seqs, slots, flashinfer
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        """q [1, N, H, D], k and v [1, N, Hkv, D] (the packed tokens), cos/sin [1, N, D] -> [1, H, N, D]."""
+        k = rope(k, cos, sin, token_major=True)  # [1, Hkv, N, D] over [1, N, Hkv, D] storage
+        k_flat, v_flat = self.pool.flat(layer)
+        k_flat.index_copy_(0, self.slots, k[0].transpose(0, 1))
+        v_flat.index_copy_(0, self.slots, v[0])
+        if self.flashinfer is not None:
+            return self.flashinfer.prefill(layer, rope(q, cos, sin, token_major=True))
+        q = rope(q, cos, sin)
+        v = v.transpose(1, 2)
+        outs = []
+        for seq in self.seqs:
+            part = slice(seq.offset, seq.offset + seq.length)
+            q_i = q[:, :, part]
+            if seq.start == 0:
+                out = F.scaled_dot_product_attention(q_i, k[:, :, part], v[:, :, part], is_causal=True, enable_gqa=True)
+            else:
+                end = seq.start + seq.length
+                k_i, v_i = gather_rows(self.pool, layer, seq.row, -(-end // self.pool.block_size))
+                mask = causal_lower_right(seq.length, end)
+                out = F.scaled_dot_product_attention(
+                    q_i, k_i[:, :, :end], v_i[:, :, :end], attn_mask=mask, enable_gqa=True
+                )
+            outs.append(out)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+
+class DecodeAttention:
+    """One new token per row: row b writes its K/V at positions[b] of table row rows[b] and attends
+    to positions 0..positions[b]. positions and rows are device tensors; limit, when given, is a
+    host bound on positions + 1 that lets the torch path gather less (a captured step passes none).
+    With a FlashInfer attention (planned for this step by the caller), FlashInfer's decode runs."""
+
+    def __init__(
+        self,
+        pool: KVPool,
+        positions: torch.Tensor,
+        rows: torch.Tensor,
+        limit: int | None = None,
+        use_triton: bool | None = None,
+        flashinfer: FlashInferAttention | None = None,
+    ) -> None:
+        self.pool, self.positions, self.rows, self.limit, self.flashinfer = pool, positions, rows, limit, flashinfer
+        self.lengths = positions + 1
+        self.use_triton = triton_decode_available() if use_triton is None else use_triton
+        self.fuse_new_token: bool | None = None
+        self._slots: torch.Tensor | None = None
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        """q [B, 1, H, D], k and v [B, 1, Hkv, D], cos/sin [B, 1, D] -> [B, H, 1, D]."""
+        triton = self.flashinfer is None and self.use_triton and q.is_cuda
+        if triton:
+            k_blocks, v_blocks = self.pool.layer(layer)
+            pages = kernel.Pages(k_blocks, v_blocks, self.pool.tables, self.rows)
+            new = kernel.NewToken(k[:, 0], v[:, 0], cos[:, 0], sin[:, 0])
+            if self.fuse_new_token is None:  # every layer alike: decided at the first
+                self.fuse_new_token = kernel.fuses_new_token(q[:, 0], new)
+            if self.fuse_new_token:  # RoPE and the cache write inside the attention kernel
+                return kernel.decode_attention(q[:, 0], pages, self.lengths, new=new)[:, :, None]
+        if self._slots is None:
+            self._slots = self.pool.slots(self.rows, self.positions)
+        k_flat, v_flat = self.pool.flat(layer)
+        rope_into_cache(k, v, cos, sin, k_flat, v_flat, self._slots)
+        q = rope(q, cos, sin)[:, :, 0]
+        if self.flashinfer is not None:
+            out = self.flashinfer.decode(layer, q)
+        elif triton:
+            out = kernel.decode_attention(q.contiguous(), pages, self.lengths)
+        else:
+            blocks = self.pool.max_blocks_per_seq
+            if self.limit is not None:
+                blocks = min(blocks, -(-self.limit // self.pool.block_size))
+            k_rows, v_rows = gather_rows(self.pool, layer, self.rows, blocks)
+            out = decode_attention_torch(q, k_rows, v_rows, self.lengths)
+        return out[:, :, None]

@@ -1,0 +1,115 @@
+"""FlashInfer attention over fp8route's paged KV cache: `load_model(..., attention="flashinfer")`.
+
+The pool's blocks [num_blocks, BS, Hkv, D] per layer are FlashInfer's paged cache in NHD layout
+with page size BS, so no K/V is copied. Prefill runs FlashInfer's paged prefill for every sequence
+of a packed batch in one call per layer (a chunk continuing a sequence attends to its earlier
+pages, causally aligned to its end); decode its paged decode, captured in the CUDA graph of each
+batch bucket.
+
+FlashInfer plans on the host from each sequence's blocks and length: prefill once per forward,
+decode once per step before the graph replays (every layer shares the plan). The caller passes
+those host lists (it keeps them anyway), so planning adds host time per step but no sync.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from fp8route.engine.kv_pool import SCRATCH_BLOCK, KVPool
+from fp8route.errors import Fp8InputError
+
+ATTENTION = ("builtin", "flashinfer")  # builtin: SDPA prefill, fp8route's Triton decode kernel
+_WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-KV partials)
+
+
+def check_attention(attention: str, device: torch.device) -> None:
+    """Raise Fp8InputError unless `attention` can run on `device`."""
+    if attention not in ATTENTION:
+        raise Fp8InputError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
+    if attention != "flashinfer":
+        return
+    if device.type != "cuda":
+        raise Fp8InputError(f"attention='flashinfer' runs on CUDA GPUs; the model is on {device.type}")
+    if importlib.util.find_spec("flashinfer") is None:
+        raise Fp8InputError(
+            "attention='flashinfer' needs FlashInfer: pip install 'fp8route[flashinfer]' (or use the builtin attention)"
+        )
+
+
+def _paged(
+    blocks: Sequence[Sequence[int]], lengths: Sequence[int], page: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashInfer's (indptr, indices, last page length) for sequences of these lengths (host, int32)."""
+    counts = [-(-n // page) for n in lengths]
+    indptr = torch.zeros(len(counts) + 1, dtype=torch.int32)
+    indptr[1:] = torch.tensor(counts, dtype=torch.int32).cumsum(0)
+    indices = torch.tensor([b for seq, c in zip(blocks, counts, strict=True) for b in seq[:c]], dtype=torch.int32)
+    last = torch.tensor([n - (c - 1) * page for n, c in zip(lengths, counts, strict=True)], dtype=torch.int32)
+    return indptr, indices, last
+
+
+class FlashInferAttention:
+    """The plans and wrappers one model's attention shares across its layers."""
+
+    def __init__(self, pool: KVPool, num_heads: int, dtype: torch.dtype, device: torch.device) -> None:
+        import flashinfer
+
+        self.flashinfer = flashinfer
+        self.pool, self.num_heads, self.dtype = pool, num_heads, dtype
+        _, _, self.page_size, self.kv_heads, self.head_dim = pool.k.shape
+        self.workspace = torch.zeros(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+        self.decoders: dict[int, Any] = {}  # one per batch bucket: a graph keeps its wrapper's buffers
+        self.decoding: Any = None  # the decoder planned last, which decode() runs
+
+    def plan_prefill(self, lengths: Sequence[int], ends: Sequence[int], blocks: Sequence[Sequence[int]]) -> None:
+        """Sequences of `lengths` new tokens each (packed in that order), the i-th ending at position
+        ends[i] - 1 of the sequence whose blocks are blocks[i]; causal."""
+        qo_indptr = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+        qo_indptr[1:] = torch.tensor(list(lengths), dtype=torch.int32).cumsum(0)
+        indptr, indices, last = _paged(blocks, ends, self.page_size)
+        self.prefill_wrapper.plan(
+            qo_indptr, indptr, indices, last, self.num_heads, self.kv_heads, self.head_dim, self.page_size,
+            causal=True, q_data_type=self.dtype, kv_data_type=self.dtype,
+        )  # fmt: skip
+
+    def prefill(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """q [1, H, N, D] whose storage is token-major ([1, N, H, D]) -> [1, H, N, D]."""
+        _, h, n, d = q.shape
+        out = self.prefill_wrapper.run(q.transpose(1, 2).reshape(n, h, d), self.pool.layer(layer))
+        return out.view(1, n, h, d).transpose(1, 2)
+
+    def plan_decode(self, size: int, lengths: Sequence[int], blocks: Sequence[Sequence[int]]) -> None:
+        """Before a step of `size` rows (a graph bucket, or the batch when eager): row b attends to
+        lengths[b] positions of blocks[b]; rows past len(lengths) are padding (the scratch block)."""
+        decoder = self.decoders.get(size)
+        if decoder is None:
+            device = self.pool.device
+            decoder = self.decoders[size] = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=True,
+                paged_kv_indptr_buffer=torch.empty(size + 1, dtype=torch.int32, device=device),
+                paged_kv_indices_buffer=torch.empty(
+                    size * self.pool.max_blocks_per_seq, dtype=torch.int32, device=device
+                ),
+                paged_kv_last_page_len_buffer=torch.empty(size, dtype=torch.int32, device=device),
+            )  # fmt: skip
+        pad = size - len(lengths)
+        indptr, indices, last = _paged([*blocks, *[[SCRATCH_BLOCK]] * pad], [*lengths, *[1] * pad], self.page_size)
+        # Pinned host tensors, which the plan copies to the wrapper's buffers in stream order; a
+        # copy from pageable memory would wait for the step before.
+        decoder.plan(
+            indptr.pin_memory(), indices.pin_memory(), last.pin_memory(),
+            self.num_heads, self.kv_heads, self.head_dim, self.page_size,
+            q_data_type=self.dtype, kv_data_type=self.dtype,
+        )  # fmt: skip
+        self.decoding = decoder
+
+    def decode(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """q [B, H, D], one token per row -> [B, H, D]."""
+        if self.decoding is None:
+            raise RuntimeError("FlashInferAttention.decode before plan_decode")
+        return self.decoding.run(q, self.pool.layer(layer))

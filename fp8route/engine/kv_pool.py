@@ -1,0 +1,115 @@
+"""The paged KV cache: every layer's K and V in fixed-size blocks, and the block tables that map a
+sequence's positions onto them.
+
+k and v are [layers, num_blocks, block_size, kv_heads, head_dim] (vLLM's and FlashInfer's NHD
+layout): position p of a sequence lives in block table[row][p // block_size] at offset
+p % block_size. Block 0 is scratch: it is never handed out, and the padded rows of a decode
+graph's bucket read and write only there, so a replay cannot touch a block some request owns.
+
+Tables are rows of a device tensor [max_rows + 1, max_blocks_per_seq] (int32); the last row is
+the padding rows' (all zeros: the scratch block). A running sequence keeps one row for its life,
+so a decode step only says which row each batch entry uses, never copies whole tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from fp8route.errors import Fp8InputError
+
+SCRATCH_BLOCK = 0
+
+
+def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on device without stalling the host: a copy from pageable memory waits
+    for everything queued on the stream before it, one from pinned memory does not."""
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+class KVPool:
+    def __init__(
+        self,
+        layers: int,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        max_rows: int,
+        max_seq_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        if block_size < 1 or block_size & (block_size - 1):
+            raise Fp8InputError(f"KV cache: block_size must be a power of two, got {block_size}")
+        if num_blocks < 2 or max_rows < 1 or max_seq_len < 1:
+            raise Fp8InputError(
+                f"KV cache: need at least 2 blocks (one is scratch), 1 row and 1 position; got {num_blocks} "
+                f"blocks, {max_rows} rows, max_seq_len={max_seq_len}"
+            )
+        shape = (layers, num_blocks, block_size, kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.block_size, self.num_blocks, self.max_rows = block_size, num_blocks, max_rows
+        self.max_seq_len = max_seq_len
+        self.max_blocks_per_seq = blocks_for(max_seq_len, block_size)
+        self.tables = torch.zeros((max_rows + 1, self.max_blocks_per_seq), dtype=torch.int32, device=device)
+        self.pad_row = max_rows
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k.dtype
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens the pool can hold, scratch block left out."""
+        return (self.num_blocks - 1) * self.block_size
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+    @staticmethod
+    def bytes_per_block(layers: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * layers * block_size * kv_heads * head_dim * dtype.itemsize
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's K and V blocks: [num_blocks, block_size, kv_heads, head_dim]."""
+        return self.k[layer], self.v[layer]
+
+    def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's K and V by slot (block * block_size + offset): [num_blocks * block_size, kv_heads, head_dim]."""
+        k, v = self.k[layer], self.v[layer]
+        return k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:])
+
+    def set_rows(self, rows: Sequence[int], tables: Sequence[Sequence[int]]) -> None:
+        """Write whole block tables (zero-padded) for these rows: one copy to the device."""
+        if not rows:
+            return
+        host = torch.zeros((len(rows), self.max_blocks_per_seq), dtype=torch.int32)
+        for i, blocks in enumerate(tables):
+            host[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        self.tables[upload(torch.tensor(rows, dtype=torch.int64), self.device)] = upload(host, self.device)
+
+    def set_entries(self, rows: Sequence[int], columns: Sequence[int], blocks: Sequence[int]) -> None:
+        """tables[rows[i], columns[i]] = blocks[i], for the blocks sequences gained this step: one copy."""
+        if not rows:
+            return
+        packed = upload(torch.tensor([rows, columns, blocks], dtype=torch.int64), self.device)
+        self.tables[packed[0], packed[1]] = packed[2].to(torch.int32)
+
+    def slots(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Each (row, position)'s slot in flat(): device ops only, graph-safe."""
+        blocks = self.tables[rows, positions // self.block_size].to(torch.int64)
+        return blocks * self.block_size + positions % self.block_size

@@ -1,0 +1,214 @@
+"""LLM: the offline API, in the form vLLM and SGLang users know.
+
+    llm = fp8route.LLM("path/to/Llama-3.1-8B-Instruct-FP8")
+    outputs = llm.generate(["The capital of France is"], fp8route.SamplingParams(max_tokens=32, temperature=0))
+    print(outputs[0].text)
+
+The KV pool takes what is left of gpu_memory_utilization x the GPU's memory once the weights are
+loaded and a prefill of max_num_batched_tokens has been run to measure its activations.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fp8route.engine.causal_lm import BLOCK_SIZE, CausalLM
+from fp8route.engine.flashinfer_attention import check_attention
+from fp8route.engine.kv_pool import KVPool, blocks_for
+from fp8route.engine.llm_engine import LLMEngine
+from fp8route.engine.request import CompletionOutput, Request, RequestOutput
+from fp8route.engine.sampling import SamplingParams
+from fp8route.errors import Fp8InputError
+from fp8route.linear.policy import Policy
+from fp8route.models.load import load_parts
+from fp8route.models.tokenizer import load_tokenizer
+from fp8route.progress import TextProgress
+
+CPU_KV_TOKENS = 32768  # a CPU pool's default size: no device memory to size it from
+_GRAPH_RESERVE = 1 << 30  # decode graphs' own memory (logits and activations per bucket), kept free
+
+
+def resolve_model(model: str | os.PathLike[str]) -> Path:
+    """A checkpoint folder, or `smollm2` for the packaged SmolLM2-135M-Instruct in FP8."""
+    if str(model) == "smollm2":
+        from fp8route.checkpoint.smollm2 import smollm2_folder
+
+        return smollm2_folder(progress=TextProgress("preparing smollm2"))
+    return Path(model)
+
+
+def eos_token_ids(config: dict[str, Any]) -> list[int]:
+    value = config.get("eos_token_id")
+    return [value] if isinstance(value, int) else [v for v in value or [] if isinstance(v, int)]
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str | os.PathLike[str],
+        *,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        gpu_memory_utilization: float = 0.9,
+        enable_prefix_caching: bool = True,
+        policy: Policy | None = None,
+        max_model_len: int | None = None,
+        dtype: torch.dtype = torch.bfloat16,
+        device: str | torch.device | None = None,
+        block_size: int = BLOCK_SIZE,
+        num_kv_blocks: int | None = None,
+        attention: str = "builtin",
+        use_cuda_graphs: bool = True,
+        record_stats: bool = False,
+    ) -> None:
+        if not 0 < gpu_memory_utilization <= 1:
+            raise Fp8InputError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        if max_num_seqs < 1 or max_num_batched_tokens < max_num_seqs:
+            raise Fp8InputError(
+                f"need max_num_seqs >= 1 and max_num_batched_tokens >= max_num_seqs, got {max_num_seqs} and "
+                f"{max_num_batched_tokens}"
+            )
+        folder = resolve_model(model)
+        from fp8route.checkpoint.formats import CONFIG, read_json
+
+        config = read_json(folder / CONFIG)
+        self.tokenizer = load_tokenizer(folder)
+        parts = load_parts(
+            folder, device, dtype=dtype, policy=policy, before_weights=lambda target: check_attention(attention, target)
+        )
+        context = parts.max_positions or 8192
+        if max_model_len is not None and max_model_len > context:
+            raise Fp8InputError(f"max_model_len={max_model_len} exceeds the model's context of {context} tokens")
+        self.max_model_len = max_model_len or context
+        self.model = CausalLM(
+            parts.cfg, parts.linears, parts.tensors, max_batch_size=max_num_seqs, max_seq_len=self.max_model_len,
+            dtype=dtype, device=parts.device, use_cuda_graphs=use_cuda_graphs, attention=attention,
+            num_blocks=2, block_size=block_size, enable_prefix_caching=enable_prefix_caching,
+            max_prefill_tokens=max_num_batched_tokens,
+        )  # fmt: skip
+        if num_kv_blocks is None:
+            num_kv_blocks = self._fit_pool(gpu_memory_utilization, max_num_batched_tokens)
+        self.model.resize_pool(num_kv_blocks)
+        pool = self.model.pool
+        print(
+            f"fp8route: KV cache {pool.capacity_tokens} tokens ({pool.num_blocks - 1} blocks of {pool.block_size}, "
+            f"{pool.nbytes / 2**30:.2f} GiB {str(dtype).removeprefix('torch.')}) on {pool.device}",
+            file=sys.stderr,
+        )
+        self.engine = LLMEngine(
+            self.model, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            eos_token_ids=eos_token_ids(config), record_stats=record_stats,
+        )  # fmt: skip
+        if use_cuda_graphs and self.model.device.type == "cuda":
+            self._capture_graphs(max_num_seqs)
+
+    def _fit_pool(self, utilization: float, prefill_tokens: int) -> int:
+        """Blocks that fit what is left after the weights and one largest prefill's activations."""
+        model = self.model
+        cfg = model.cfg
+        per_block = KVPool.bytes_per_block(
+            cfg.num_hidden_layers, model.pool.block_size, cfg.num_key_value_heads, cfg.head_size, model.dtype
+        )
+        if model.device.type != "cuda":
+            tokens = min(CPU_KV_TOKENS, model.max_batch_size * self.max_model_len)
+            return 1 + blocks_for(tokens, model.pool.block_size)
+        device = model.device
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        # A profile prefill of the largest step: every token's K/V goes to the scratch block.
+        tokens = min(prefill_tokens, self.max_model_len)
+        model.runner.prefill([[0] * tokens], [0], [model.pool.pad_row], [[0] * model.pool.max_blocks_per_seq], [0])
+        torch.cuda.synchronize(device)
+        activations = torch.cuda.max_memory_allocated(device) - before
+        free, total = torch.cuda.mem_get_info(device)
+        budget = int(total * utilization) - (total - free) - activations - _GRAPH_RESERVE
+        blocks = budget // per_block
+        if blocks < 2:
+            raise Fp8InputError(
+                f"no GPU memory left for the KV cache: {budget / 2**30:.2f} GiB after the weights and a "
+                f"{tokens}-token prefill at gpu_memory_utilization={utilization}; raise it, or lower "
+                "max_num_batched_tokens"
+            )
+        return int(blocks) + 1
+
+    def _capture_graphs(self, max_num_seqs: int) -> None:
+        """Every decode bucket's graph now, so the first requests do not wait for captures."""
+        runner = self.model.runner
+        device = self.model.device
+        start = time.perf_counter()
+        from fp8route.engine.decode_graphs import buckets
+
+        sizes = buckets(max_num_seqs)
+        for size in sizes:
+            pad = torch.full((size,), self.model.pool.pad_row, dtype=torch.int64, device=device)
+            zeros = torch.zeros(size, dtype=torch.int64, device=device)
+            runner.decode(zeros, zeros, pad, host_lengths=[1] * size, host_blocks=[[0]] * size)
+        torch.cuda.synchronize(device)
+        print(f"fp8route: captured {len(sizes)} decode graphs in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.tokenizer.encode(prompt, add_special_tokens=False).ids)
+        if isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
+            return list(prompt)
+        raise Fp8InputError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
+
+    def generate(
+        self,
+        prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """One output per prompt, in order: each a string or a list of token ids; one SamplingParams
+        for all of them or one each. Every prompt is checked before any runs."""
+        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise Fp8InputError(f"{len(params)} SamplingParams for {len(prompts)} prompts: give one, or one each")
+        encoded = [self.encode(p) for p in prompts]
+        for i, (ids, p) in enumerate(zip(encoded, params, strict=True)):
+            try:
+                self.engine.check_prompt(ids, p)
+            except Fp8InputError as e:
+                raise Fp8InputError(f"prompt {i}: {e}") from None
+        engine = self.engine
+        requests = [
+            engine.add_request(ids, p, prompt=prompt if isinstance(prompt, str) else None)
+            for ids, p, prompt in zip(encoded, params, prompts, strict=True)
+        ]
+        progress = TextProgress("generate") if use_tqdm and len(requests) > 1 else None
+        done = 0
+        try:
+            while engine.has_unfinished:
+                for update in engine.step():
+                    done += update.finished
+                if progress is not None:
+                    progress(done, len(requests), f"{engine.num_running} running")
+        except BaseException:
+            for request in requests:
+                engine.abort(request.request_id)
+            raise
+        return [self.output(r) for r in requests]
+
+    def output(self, request: Request) -> RequestOutput:
+        ids = request.output_token_ids
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        completion = CompletionOutput(0, text, ids, request.finish_reason, request.stop_reason)
+        return RequestOutput(
+            request.request_id, request.prompt, request.prompt_token_ids, [completion], request.finished,
+            request.metrics, request.num_cached_tokens,
+        )  # fmt: skip

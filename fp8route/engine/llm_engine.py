@@ -1,0 +1,265 @@
+"""LLMEngine: requests in, one scheduled step at a time, tokens out.
+
+A step is the scheduler's plan run as at most two forwards: the prefill chunks packed into one
+eager forward, and every decoding request's next token from the CUDA graph of its batch bucket.
+The tokens chosen from both are copied to the host together: one sync per step, which the
+bookkeeping that follows (appending tokens, stop checks, new blocks) needs anyway.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from fp8route.engine.causal_lm import CausalLM
+from fp8route.engine.kv_pool import blocks_for, upload
+from fp8route.engine.request import Request, RequestMetrics, Status
+from fp8route.engine.sampling import SamplingParams, mask_tokens, sample
+from fp8route.engine.scheduler import Scheduler, Step
+from fp8route.errors import Fp8InputError
+
+
+@dataclass
+class StepStats:
+    """One step, for benchmarks: what ran, and where its time went (host clock, seconds)."""
+
+    decodes: int
+    prefill_tokens: int
+    decode_context: int  # positions the decodes attend to, summed: the KV they read
+    used_blocks: int  # the pool's blocks in use during the step
+    host_s: float  # the step's own Python work: scheduling, inputs, launches, bookkeeping
+    wall_s: float  # the whole step, the wait for the GPU included
+
+
+@dataclass
+class Update:
+    """What one step did for one request: the tokens it gained (0 or 1), and whether it ended."""
+
+    request: Request
+    new_token_ids: list[int]
+    finished: bool
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        model: CausalLM,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        eos_token_ids: Sequence[int] = (),
+        record_stats: bool = False,
+    ) -> None:
+        if max_num_seqs < 1 or max_num_seqs > model.max_batch_size:
+            raise Fp8InputError(
+                f"max_num_seqs must be in 1..{model.max_batch_size} (the model's table rows), got {max_num_seqs}"
+            )
+        if max_num_batched_tokens < max_num_seqs:
+            raise Fp8InputError(
+                f"max_num_batched_tokens ({max_num_batched_tokens}) must be at least max_num_seqs ({max_num_seqs}): "
+                "every running request takes a token of each step's budget"
+            )
+        self.model = model
+        self.max_model_len = model.max_seq_len
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.scheduler = Scheduler(model.blocks, model.pool, max_num_seqs, max_num_batched_tokens)
+        self.requests: dict[str, Request] = {}
+        self._ids = itertools.count()
+        self._seeds = random.Random(0)
+        self.record_stats = record_stats
+        self.stats: list[StepStats] = []
+
+    def add_request(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        prompt: str | None = None,
+        arrival_time: float | None = None,
+    ) -> Request:
+        """Queue a request; anything that could never run is refused here, before any work."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise Fp8InputError(f"expected SamplingParams, got {type(params).__name__}")
+        ids = list(prompt_token_ids)
+        self.check_prompt(ids, params)
+        limit = self.max_model_len - len(ids)
+        max_tokens = limit if params.max_tokens is None else params.max_tokens
+        request_id = str(next(self._ids)) if request_id is None else request_id
+        if request_id in self.requests:
+            raise Fp8InputError(f"request id {request_id!r} is already in use")
+        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+        metrics = RequestMetrics(arrival_time if arrival_time is not None else time.monotonic())
+        request = Request(request_id, ids, params, seed, metrics, prompt=prompt, max_tokens=max_tokens)
+        self.requests[request_id] = request
+        self.scheduler.add(request)
+        return request
+
+    def check_prompt(self, ids: Sequence[int], params: SamplingParams) -> None:
+        """Raise Fp8InputError unless these prompt ids with these params can ever run here."""
+        if not ids:
+            raise Fp8InputError("the prompt is empty: give at least one token")
+        vocab = self.model.cfg.vocab_size
+        bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
+        if bad:
+            raise Fp8InputError(f"prompt token ids must be integers in 0..{vocab - 1} (the vocabulary), got {bad[0]!r}")
+        wanted = len(ids) + (params.max_tokens or 1)
+        if wanted > self.max_model_len:
+            raise Fp8InputError(
+                f"a prompt of {len(ids)} tokens + max_tokens={params.max_tokens} = {wanted} exceeds the model's "
+                f"context of {self.max_model_len} tokens; shorten the prompt or lower max_tokens"
+            )
+        need = blocks_for(wanted, self.model.pool.block_size)
+        if need > self.model.blocks.usable_blocks:
+            raise Fp8InputError(
+                f"a prompt of {len(ids)} tokens + max_tokens={params.max_tokens} needs {need} KV blocks but the "
+                f"pool has {self.model.blocks.usable_blocks} ({self.model.pool.capacity_tokens} tokens); lower "
+                "max_tokens or give the engine more memory (gpu_memory_utilization)"
+            )
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its blocks; False if it is unknown or already finished."""
+        request = self.requests.pop(request_id, None)
+        if request is None or request.finished:
+            return False
+        self.scheduler.finish(request, "abort")
+        request.metrics.finished_time = time.monotonic()
+        return True
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.scheduler.waiting or self.scheduler.running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def step(self) -> list[Update]:
+        """Schedule and run one step; returns what it did for each request it ran."""
+        start = time.perf_counter()
+        now = time.monotonic()
+        plan = self.scheduler.schedule()
+        if plan.empty:
+            return []
+        self.scheduler.flush_tables()
+        for request, _ in plan.prefills:
+            if request.metrics.first_scheduled_time is None:
+                request.metrics.first_scheduled_time = now
+        sampled, sampling = self._run(plan)
+        waited = time.perf_counter()
+        tokens = sampled.tolist() if sampled is not None else []  # the step's one sync
+        synced = time.perf_counter()
+        used = self.model.blocks.used_blocks
+        context = sum(r.num_computed + 1 for r in plan.decodes)  # before finished requests let go
+        updates = self._advance(plan, sampling, tokens)
+        if self.record_stats:
+            end = time.perf_counter()
+            self.stats.append(
+                StepStats(
+                    len(plan.decodes), sum(n for _, n in plan.prefills), context,
+                    used, (waited - start) + (end - synced), end - start,
+                )  # fmt: skip
+            )
+        return updates
+
+    def _run(self, plan: Step) -> tuple[torch.Tensor | None, list[Request]]:
+        """Launch the step's forwards and sampling; (the chosen tokens on the device, whom they are for)."""
+        runner, device = self.model.runner, self.model.device
+        logits, greedy, sampling = [], [], []
+        if plan.decodes:
+            batch = plan.decodes
+            packed = torch.tensor(
+                [[r.token_ids[-1] for r in batch], [r.num_computed for r in batch], [r.row for r in batch]],
+                dtype=torch.int64,
+            )
+            tokens, positions, rows = upload(packed, device)
+            host_lengths = [r.num_computed + 1 for r in batch] if runner.plans_on_host else None
+            host_blocks = [r.blocks for r in batch] if runner.plans_on_host else None
+            out, argmax = runner.decode(
+                tokens, positions, rows, limit=max(r.num_computed for r in batch) + 1,
+                host_lengths=host_lengths, host_blocks=host_blocks,
+            )  # fmt: skip
+            logits.append(out)
+            greedy.append(argmax)
+            sampling += batch
+        if plan.prefills:
+            chunks = [(r, r.token_ids[r.num_computed : r.num_computed + n]) for r, n in plan.prefills]
+            wanted = [i for i, (r, n) in enumerate(plan.prefills) if r.num_computed + n == len(r.token_ids)]
+            out = runner.prefill(
+                [t for _, t in chunks], [r.num_computed for r, _ in chunks], [r.row for r, _ in chunks],  # type: ignore[misc]
+                [r.blocks for r, _ in chunks], wanted,
+            )  # fmt: skip
+            if wanted:
+                logits.append(out)
+                greedy.append(out.argmax(-1))
+                sampling += [plan.prefills[i][0] for i in wanted]
+        if not sampling:
+            return None, []
+        masked = [i for i, r in enumerate(sampling) if r.num_output_tokens < r.params.min_tokens]
+        if all(r.params.greedy for r in sampling) and not masked:
+            return torch.cat(greedy) if len(greedy) > 1 else greedy[0], sampling
+        rows = torch.cat(logits) if len(logits) > 1 else logits[0]
+        if masked:
+            rows = mask_tokens(rows, masked, [self._banned(sampling[i]) for i in masked])
+        params = [r.params for r in sampling]
+        chosen = sample(
+            rows, [p.temperature for p in params], [p.top_p for p in params], [r.seed for r in sampling],
+            [r.num_output_tokens for r in sampling],
+        )  # fmt: skip
+        return chosen, sampling
+
+    def _banned(self, request: Request) -> list[int]:
+        """Ids that may not come before min_tokens: the stop ids, and EOS unless it is ignored."""
+        eos = () if request.params.ignore_eos else self.eos_token_ids
+        return [*eos, *request.params.stop_token_ids]
+
+    def _advance(self, plan: Step, sampling: list[Request], tokens: list[int]) -> list[Update]:
+        scheduler = self.scheduler
+        for request in plan.decodes:
+            scheduler.computed(request, 1)
+        for request, n in plan.prefills:
+            scheduler.computed(request, n)
+        updates = {id(r): Update(r, [], False) for r in plan.decodes}
+        updates.update({id(r): Update(r, [], False) for r, _ in plan.prefills})
+        now = time.monotonic()
+        for request, token in zip(sampling, tokens, strict=True):
+            request.token_ids.append(token)
+            if request.metrics.first_token_time is None:
+                request.metrics.first_token_time = now
+            updates[id(request)].new_token_ids.append(token)
+            reason, stop = self._stop(request, token)
+            if reason is not None:
+                scheduler.finish(request, reason, stop)
+                request.metrics.finished_time = now
+                updates[id(request)].finished = True
+                self.requests.pop(request.request_id, None)
+        return list(updates.values())
+
+    def _stop(self, request: Request, token: int) -> tuple[str | None, int | None]:
+        params = request.params
+        if not params.ignore_eos and token in self.eos_token_ids:
+            return "stop", None
+        if token in params.stop_token_ids:
+            return "stop", token
+        if request.num_output_tokens >= request.max_tokens or len(request.token_ids) >= self.max_model_len:
+            return "length", None
+        return None, None
+
+    def leaked(self) -> str | None:
+        """None when nothing is running or waiting and every block is back in the pool."""
+        if self.has_unfinished:
+            return f"{self.num_running} running and {self.num_waiting} waiting requests"
+        return self.model.blocks.check_empty()
+
+
+__all__ = ["LLMEngine", "Status", "StepStats", "Update"]

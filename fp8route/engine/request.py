@@ -1,0 +1,107 @@
+"""A request's state inside the engine, and the outputs users read (in vLLM's shape)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from fp8route.engine.blocks import ROOT
+from fp8route.engine.sampling import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # queued, holds nothing
+    RUNNING = "running"  # holds a table row and blocks
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestMetrics:
+    """Host clock times (time.monotonic()) as vLLM's RequestOutput.metrics names them."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int  # params.seed, or one drawn at arrival: each request samples from its own stream
+    metrics: RequestMetrics
+    prompt: str | None = None
+    max_tokens: int = 0  # params.max_tokens, or what the context leaves
+    token_ids: list[int] = field(default_factory=list)  # prompt, then output
+    num_computed: int = 0  # tokens whose K/V are in the cache
+    blocks: list[int] = field(default_factory=list)
+    num_cached_blocks: int = 0  # blocks[:n] are registered in the prefix cache
+    last_key: int = ROOT  # the key id of blocks[num_cached_blocks - 1]
+    row: int | None = None  # table row while running
+    status: Status = Status.WAITING
+    finish_reason: str | None = None  # "stop", "length" or "abort"
+    stop_reason: int | None = None  # the stop token id that ended it, if one did
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at the last admission
+    num_preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still to compute before the next one can be sampled (1 when decoding)."""
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None  # "stop", "length", "abort"; None while running
+    stop_reason: int | None = None
+
+
+@dataclass
+class RequestOutput:
+    """One prompt's result: vLLM's RequestOutput (outputs[0] holds the completion), with its
+    text, token ids and finish reason also at the top level."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics
+    num_cached_tokens: int = 0
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason

@@ -1,0 +1,140 @@
+"""ModelRunner: a Llama-family model over a paged KV pool. It runs two kinds of forward:
+
+- prefill: packed tokens of several sequences, each a chunk at its own positions, eager; its
+  K/V go into the sequences' blocks and only the logits asked for (each sequence's last token,
+  where its prompt ends) reach lm_head;
+- decode: one token per row, from a CUDA graph per batch bucket on a GPU.
+
+Who owns which blocks and table rows is the caller's business (the scheduler, or the static
+generate); the runner only reads and writes what the tables say.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from fp8route.engine.attention import DecodeAttention, PrefillAttention, PrefillSeq
+from fp8route.engine.decode_graphs import DecodeGraphs
+from fp8route.engine.flashinfer_attention import FlashInferAttention, check_attention
+from fp8route.engine.kv_pool import KVPool, upload
+from fp8route.errors import Fp8InputError
+from fp8route.models.llama import LlamaForCausalLM, rope_tables
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        pool: KVPool,
+        *,
+        dtype: torch.dtype,
+        use_cuda_graphs: bool = True,
+        attention: str = "builtin",
+    ) -> None:
+        check_attention(attention, pool.device)
+        self.model, self.dtype = model, dtype
+        self.use_cuda_graphs = use_cuda_graphs
+        self.use_triton: bool | None = None  # decode attention: None = Triton on CUDA when it imports
+        self.attention = attention
+        # Computed once for every position the cache can hold, then indexed: the same values
+        # rope_tables gives for any positions, without per-step host work.
+        self.rope_cos, self.rope_sin = rope_tables(model.cfg, torch.arange(pool.max_seq_len, device=pool.device))
+        self.set_pool(pool)
+
+    def set_pool(self, pool: KVPool | None) -> None:
+        """Run over another pool (before serving: the engine sizes the real one after a profile run;
+        None lets the old one go first). The decode graphs captured the old pool's addresses, so they go."""
+        self.graphs: DecodeGraphs | None = None
+        self.flashinfer: FlashInferAttention | None = None
+        if pool is None:
+            del self.pool
+            return
+        self.pool = pool
+        if self.attention == "flashinfer":
+            self.flashinfer = FlashInferAttention(pool, self.model.cfg.num_attention_heads, self.dtype, pool.device)
+
+    @property
+    def plans_on_host(self) -> bool:
+        """Whether decode needs each row's host lengths and blocks (FlashInfer plans from them)."""
+        return self.flashinfer is not None
+
+    def prefill(
+        self,
+        tokens: Sequence[Sequence[int]],
+        starts: Sequence[int],
+        rows: Sequence[int],
+        blocks: Sequence[Sequence[int]],
+        wanted: Sequence[int],
+    ) -> torch.Tensor:
+        """One packed forward: sequence i computes tokens[i] at positions starts[i].., its K/V going
+        into blocks[i] (table row rows[i], already holding those blocks). Returns the logits of the
+        last token of each sequence listed in wanted: [len(wanted), vocab]."""
+        lengths = [len(t) for t in tokens]
+        if not lengths or min(lengths) < 1:
+            raise Fp8InputError("prefill: every sequence needs at least one token")
+        page = self.pool.block_size
+        offsets = np.cumsum([0, *lengths])
+        positions = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths, strict=True)])
+        slots = np.concatenate(
+            [
+                np.asarray(b, dtype=np.int64)[pos // page] * page + pos % page
+                for b, pos in zip(blocks, np.split(positions, offsets[1:-1]), strict=True)
+            ]
+        )
+        flat = [t for seq in tokens for t in seq]
+        packed = torch.from_numpy(np.stack([np.asarray(flat, dtype=np.int64), positions, slots]))
+        device = self.pool.device
+        ids, pos, slot = upload(packed, device)
+        seqs = [PrefillSeq(int(o), n, s, r) for o, n, s, r in zip(offsets, lengths, starts, rows, strict=False)]
+        if self.flashinfer is not None:
+            ends = [s + n for s, n in zip(starts, lengths, strict=True)]
+            self.flashinfer.plan_prefill(lengths, ends, blocks)
+        h = self.model.model.embed_tokens(ids)[None].to(self.dtype)
+        cos, sin = self.rope_cos[pos][None], self.rope_sin[pos][None]
+        context = PrefillAttention(self.pool, seqs, slot, self.flashinfer)
+        normed = self.model.model.run_layers(h, cos, sin, context)
+        last = upload(torch.tensor([int(offsets[i + 1]) - 1 for i in wanted], dtype=torch.int64), device)
+        return self.model.lm_head(normed[0, last])
+
+    def decode_step(
+        self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, limit: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per row: tokens [B] at positions [B] of table rows [B] (device) -> (logits
+        [B, vocab], argmax [B]). Reads its inputs only from device tensors and never syncs the host,
+        so a CUDA graph can capture it. limit (a host bound on positions + 1) narrows the eager torch
+        attention's read; a captured step passes None."""
+        h = self.model.model.embed_tokens(tokens)[:, None].to(self.dtype)
+        cos = self.rope_cos[positions][:, None]  # [B, 1, D]: each row at its own position
+        sin = self.rope_sin[positions][:, None]
+        context = DecodeAttention(self.pool, positions, rows, limit, self.use_triton, self.flashinfer)
+        logits = self.model.lm_head(self.model.model.run_layers(h, cos, sin, context)[:, 0])
+        return logits, logits.argmax(-1)
+
+    def decode(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        rows: torch.Tensor,
+        *,
+        limit: int | None = None,
+        host_lengths: Sequence[int] | None = None,
+        host_blocks: Sequence[Sequence[int]] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """decode_step, replayed from a CUDA graph when on CUDA and use_cuda_graphs is set.
+        host_lengths (positions + 1) and host_blocks (each row's blocks) are what FlashInfer plans from."""
+        graphs = None
+        if self.use_cuda_graphs and tokens.is_cuda:
+            if self.graphs is None:
+                self.graphs = DecodeGraphs(self.decode_step, self.pool.max_rows, self.pool.pad_row, tokens.device)
+            graphs = self.graphs
+        if self.flashinfer is not None:
+            if host_lengths is None or host_blocks is None:
+                raise Fp8InputError("attention='flashinfer' plans each decode step from host lengths and blocks")
+            size = graphs.bucket(len(tokens)) if graphs is not None else len(tokens)
+            self.flashinfer.plan_decode(size, host_lengths, host_blocks)
+        if graphs is not None:
+            return graphs.run(tokens, positions, rows)
+        return self.decode_step(tokens, positions, rows, limit)

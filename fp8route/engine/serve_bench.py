@@ -1,0 +1,178 @@
+"""`fp8route bench serve` on the offline engine: one arm (a policy, with or without prefix caching)
+run in its own process over a load, with what the must-show figures compare it to measured in the
+same process: a lone prefill's speed, the static generate's output speed at a fixed batch, and the
+floor of every decode step (weights plus the KV it reads, over the copy bandwidth of this run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fp8route.engine.e2e_bench import FORCE_ENV, timed_calls, weight_bytes
+from fp8route.engine.generate import Rows
+from fp8route.engine.kv_pool import KVPool
+from fp8route.engine.llm import LLM
+from fp8route.engine.llm_engine import StepStats
+from fp8route.engine.request import Request
+from fp8route.engine.sampling import SamplingParams
+from fp8route.engine.workload import LoadRequest, RequestResult, ServeReport, summarize
+from fp8route.linear.policy import Policy
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str  # shown in the report
+    policy: str  # routed, bf16, or a backend forced for every layer
+    folder: Path
+    prefix_caching: bool = True
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    lone_prefill: int = 0  # tokens of the lone prefill to time (0: none)
+    static_batch: int = 0  # rows of the static generate to time (0: none)
+
+
+def drive(llm: LLM, load: list[LoadRequest]) -> tuple[list[RequestResult], float, list[str]]:
+    """Run the load through the engine, each request added at its arrival time; (results, duration,
+    a digest of each request's output tokens)."""
+    engine = llm.engine
+    pending = deque(sorted(enumerate(load), key=lambda item: item[1].arrival_s))
+    times: dict[str, list[float]] = {}
+    arrivals: dict[str, float] = {}
+    done: dict[str, Request] = {}
+    start = time.monotonic()
+    while pending or engine.has_unfinished:
+        now = time.monotonic()
+        while pending and start + pending[0][1].arrival_s <= now:
+            index, item = pending.popleft()
+            params = SamplingParams(max_tokens=item.output_len, temperature=0, ignore_eos=True)
+            arrival = start + item.arrival_s  # as the client saw it, even if a step ran meanwhile
+            request = engine.add_request(item.prompt_ids, params, request_id=str(index), arrival_time=arrival)
+            arrivals[request.request_id], times[request.request_id] = arrival, []
+        if not engine.has_unfinished:
+            time.sleep(max(0.0, start + pending[0][1].arrival_s - time.monotonic()))
+            continue
+        updates = engine.step()
+        stamp = time.monotonic()
+        for update in updates:
+            times[update.request.request_id] += [stamp] * len(update.new_token_ids)
+            if update.finished:
+                done[update.request.request_id] = update.request
+    duration = time.monotonic() - start
+    results, digests = [], []
+    for index, item in enumerate(load):
+        rid = str(index)
+        request, stamps = done.get(rid), times.get(rid, [])
+        if request is None or not stamps:
+            results.append(RequestResult(len(item.prompt_ids), 0, item.output_len, 0.0, 0.0, error="never finished"))
+            digests.append("")
+            continue
+        itl = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+        results.append(
+            RequestResult(
+                len(item.prompt_ids), len(stamps), item.output_len, stamps[0] - arrivals[rid],
+                stamps[-1] - arrivals[rid], itl, cached_tokens=request.num_cached_tokens,
+            )  # fmt: skip
+        )
+        digests.append(hashlib.sha1(str(request.output_token_ids).encode()).hexdigest()[:12])
+    return results, duration, digests
+
+
+def _lone_prefill_tok_s(llm: LLM, tokens: int) -> float:
+    """One prompt of `tokens` through one prefill forward, as the engine runs it: tokens/s."""
+    model = llm.model
+    ids = torch.randint(0, model.cfg.vocab_size, (tokens,)).tolist()
+    with Rows(model, [tokens]) as blocks:
+        times, _ = timed_calls(lambda: model.runner.prefill([ids], [0], [0], blocks, [0]), repeats=5)
+    return tokens / statistics.median(times)
+
+
+def _static_generate(llm: LLM, batch: int, input_len: int, output_len: int) -> dict[str, float]:
+    """The static generate at this batch: output tokens/s over the whole call (prefill included,
+    as a served load's output tokens/s is) and its decode step."""
+    model = llm.model
+    ids = torch.randint(0, model.cfg.vocab_size, (batch, input_len), device=model.device)
+    fulls, _ = timed_calls(lambda: model.generate(ids, output_len), repeats=3)
+    ones, _ = timed_calls(lambda: model.generate(ids, 1), repeats=3)
+    full, one = statistics.median(fulls), statistics.median(ones)
+    return {"output_tok_s": batch * output_len / full, "step_ms": 1e3 * (full - one) / max(1, output_len - 1)}
+
+
+def _step_floors(llm: LLM, stats: list[StepStats], copy_gbs: float) -> dict[str, float]:
+    """Pure decode steps against their floor: (weights + the KV they read) / copy bandwidth."""
+    model = llm.model
+    cfg = model.cfg
+    per_token = KVPool.bytes_per_block(cfg.num_hidden_layers, 1, cfg.num_key_value_heads, cfg.head_size, model.dtype)
+    weights = weight_bytes(model)
+    decode = [s for s in stats if s.prefill_tokens == 0 and s.decodes]
+    if not decode:
+        return {}
+    floors = [(weights + s.decode_context * per_token) / (copy_gbs * 1e9) for s in decode]
+    walls = [s.wall_s for s in decode]
+    return {
+        "decode_steps": len(decode),
+        "steps": len(stats),
+        "decode_step_ms": 1e3 * statistics.fmean(walls),
+        "decode_floor_ms": 1e3 * statistics.fmean(floors),
+        "decode_over_floor": statistics.fmean(w / f for w, f in zip(walls, floors, strict=True)),
+        "decode_batch_mean": statistics.fmean(s.decodes for s in decode),
+        "host_ms_mean": 1e3 * statistics.fmean(s.host_s for s in stats),
+        "decode_host_ms_mean": 1e3 * statistics.fmean(s.host_s for s in decode),
+    }
+
+
+def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tuple[ServeReport, list[str]]:
+    """One arm, in this process: load the model under the arm's policy, warm up, measure."""
+    forced = arm.policy not in ("routed", "bf16")
+    if forced:
+        os.environ[FORCE_ENV] = arm.policy
+    else:
+        os.environ.pop(FORCE_ENV, None)
+    llm = LLM(
+        arm.folder, max_num_seqs=arm.max_num_seqs, max_num_batched_tokens=arm.max_num_batched_tokens,
+        gpu_memory_utilization=arm.gpu_memory_utilization, enable_prefix_caching=arm.prefix_caching,
+        policy=Policy.from_env(), max_model_len=arm.max_model_len, record_stats=True,
+    )  # fmt: skip
+    engine = llm.engine
+    cuda = llm.model.device.type == "cuda"
+    extra: dict[str, object] = {"policy": arm.policy, "prefix_caching": arm.prefix_caching}
+    drive(llm, warmup)  # kernels' first calls, at the sizes the load brings
+    engine.stats.clear()
+    if arm.lone_prefill:
+        extra["lone_prefill_tokens"] = arm.lone_prefill
+        extra["lone_prefill_tok_s"] = _lone_prefill_tok_s(llm, arm.lone_prefill)
+    if arm.static_batch:
+        mean_in = round(statistics.fmean(len(r.prompt_ids) for r in load))
+        mean_out = max(2, round(statistics.fmean(r.output_len for r in load)))
+        extra["static_batch"] = arm.static_batch
+        extra.update({f"static_{k}": v for k, v in _static_generate(llm, arm.static_batch, mean_in, mean_out).items()})
+    llm.model.blocks.reset_prefix_cache()  # the load starts with an empty prefix cache
+    engine.scheduler.preemptions = 0
+    results, duration, digests = drive(llm, load)
+    stats = engine.stats
+    pool = llm.model.pool
+    extra.update(
+        {
+            "kv_pool_tokens": pool.capacity_tokens,
+            "kv_pool_peak_use": max((s.used_blocks for s in stats), default=0) / max(1, pool.num_blocks - 1),
+            "prefix_hit_rate": llm.model.blocks.stats.hit_rate,
+            "leaked": engine.leaked() or "",
+            "preemptions": engine.scheduler.preemptions,
+        }
+    )
+    if cuda:
+        from fp8route.tuning.timing import copy_bandwidth_gbs
+
+        copy_gbs = copy_bandwidth_gbs()
+        extra["copy_gbs"] = copy_gbs
+        extra.update(_step_floors(llm, stats, copy_gbs))
+    return summarize(arm.name, results, duration, **extra), digests

@@ -1,0 +1,197 @@
+"""The serving engine on CPU: under continuous batching (staggered arrivals, mixed lengths, chunked
+prefill, preemption forced by a small pool, prefix hits) each request's greedy tokens equal the
+same request computed alone by a plain full forward; aborts free their blocks; nothing leaks."""
+
+import pytest
+import torch
+from checkpoint_helpers import TINY, llama_tensors
+
+from fp8route import Fp8InputError, SamplingParams
+from fp8route.engine import CausalLM
+from fp8route.engine.llm_engine import LLMEngine
+from fp8route.models import LlamaConfig, LlamaForCausalLM
+
+CFG = LlamaConfig.from_hf(TINY)
+VOCAB = TINY["vocab_size"]
+TENSORS = {k: v.float() for k, v in llama_tensors().items()}
+GREEDY = SamplingParams(max_tokens=6, temperature=0)
+
+
+def engine(num_blocks=200, block_size=4, budget=16, max_num_seqs=8, prefix=True, max_seq_len=64):
+    model = CausalLM(
+        CFG, {}, TENSORS, max_batch_size=max_num_seqs, max_seq_len=max_seq_len, dtype=torch.float32,
+        num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=prefix, max_prefill_tokens=budget,
+    )  # fmt: skip
+    return LLMEngine(model, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+
+
+REFERENCE = LlamaForCausalLM(CFG, {}, TENSORS)
+
+
+def alone(prompt: list[int], n: int) -> list[int]:
+    """Greedy continuation from the full forward, no cache: the independent reference."""
+    seq = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(n):
+            seq = torch.cat([seq, REFERENCE(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return seq[0, len(prompt) :].tolist()
+
+
+def last():
+    return list(FINISHED.values())[-1]
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    return torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+FINISHED: dict[str, object] = {}  # request id -> its Request, as the last run() saw it finish
+
+
+def run(eng: LLMEngine, arrivals: dict[int, list], max_steps: int = 500) -> dict[str, list[int]]:
+    """Step the engine, adding arrivals[step] (a list of (id, prompt, params)) before that step."""
+    outputs: dict[str, list[int]] = {}
+    FINISHED.clear()
+    step = 0
+    while step < max_steps and (eng.has_unfinished or any(s >= step for s in arrivals)):
+        for rid, ids, params in arrivals.get(step, []):
+            eng.add_request(ids, params, request_id=rid)
+        for update in eng.step():
+            outputs.setdefault(update.request.request_id, []).extend(update.new_token_ids)
+            if update.finished:
+                FINISHED[update.request.request_id] = update.request
+        step += 1
+    assert not eng.has_unfinished, "the engine did not finish in time"
+    return outputs
+
+
+def test_staggered_mixed_lengths_and_chunked_prefill_equal_each_request_alone():
+    eng = engine(budget=8)  # prompts of up to 23 tokens take three or more steps of prefill
+    lengths = [3, 23, 9, 1, 17, 5, 12, 30]
+    requests = {f"r{i}": prompt(n, i) for i, n in enumerate(lengths)}
+    arrivals: dict[int, list] = {}
+    for i, (rid, ids) in enumerate(requests.items()):
+        arrivals.setdefault(2 * i, []).append((rid, ids, GREEDY))
+    outputs = run(eng, arrivals)
+    for rid, ids in requests.items():
+        assert outputs[rid] == alone(ids, 6), rid
+    assert eng.leaked() is None
+
+
+def test_a_small_pool_preempts_and_recomputes_without_changing_any_output():
+    eng = engine(num_blocks=14, block_size=4, budget=32, prefix=False)  # 13 usable blocks, 52 tokens
+    params = SamplingParams(max_tokens=12, temperature=0)
+    requests = {f"r{i}": prompt(8 + i, 10 + i) for i in range(6)}  # each needs 5 blocks at its end
+    outputs = run(eng, {0: [(rid, ids, params) for rid, ids in requests.items()]})
+    preemptions = sum(r.num_preemptions for r in FINISHED.values())
+    assert preemptions > 0
+    for rid, ids in requests.items():
+        assert outputs[rid] == alone(ids, 12), rid
+    assert eng.leaked() is None
+
+
+def test_a_shared_prefix_is_computed_once_and_changes_nothing():
+    eng = engine(block_size=4, budget=64)
+    shared = prompt(20, 99)
+    first = {"a": shared + prompt(3, 1)}
+    later = {"b": shared + prompt(5, 2), "c": shared + prompt(2, 3), "d": [*shared]}
+    arrivals = {0: [(rid, ids, GREEDY) for rid, ids in first.items()]}
+    arrivals[3] = [(rid, ids, GREEDY) for rid, ids in later.items()]
+    outputs = run(eng, arrivals)
+    cached = {r.request_id: r.num_cached_tokens for r in FINISHED.values()}
+    assert cached["a"] == 0 and cached["b"] == cached["c"] == 20
+    assert cached["d"] == 16  # the last token is always computed, so its block is not taken whole
+    for rid, ids in {**first, **later}.items():
+        assert outputs[rid] == alone(ids, 6), rid
+    stats = eng.model.blocks.stats
+    assert stats.hit_tokens == 56 and 0 < stats.hit_rate < 1
+    assert eng.leaked() is None
+
+
+def test_an_abort_frees_its_blocks_at_once_and_the_others_finish():
+    eng = engine(budget=64)
+    free = eng.model.blocks.free_blocks
+    long = SamplingParams(max_tokens=40, temperature=0)
+    eng.add_request(prompt(10, 5), long, request_id="x")
+    eng.add_request(prompt(6, 6), GREEDY, request_id="y")
+    for _ in range(3):
+        eng.step()
+    held = free - eng.model.blocks.free_blocks
+    assert held > 0 and eng.abort("x") and not eng.abort("x") and not eng.abort("unknown")
+    assert free - eng.model.blocks.free_blocks < held  # x's blocks are back before the next step
+    outputs = run(eng, {})
+    assert "x" not in outputs and len(last().output_token_ids) == 6
+    assert eng.leaked() is None
+
+
+def test_a_request_that_can_never_fit_is_refused_before_any_work():
+    eng = engine(num_blocks=6, block_size=4)  # 5 usable blocks: 20 tokens
+    with pytest.raises(Fp8InputError, match=r"needs 6 KV blocks but the pool has 5 \(20 tokens\)"):
+        eng.add_request(prompt(16, 1), SamplingParams(max_tokens=5))
+    with pytest.raises(Fp8InputError, match="exceeds the model's context of 64 tokens"):
+        eng.add_request(prompt(60, 1), SamplingParams(max_tokens=5))
+    with pytest.raises(Fp8InputError, match="the prompt is empty"):
+        eng.add_request([], SamplingParams())
+    with pytest.raises(Fp8InputError, match=f"integers in 0..{VOCAB - 1}"):
+        eng.add_request([1, VOCAB], SamplingParams())
+    assert not eng.has_unfinished and eng.step() == [] and eng.leaked() is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_tokens": 0}, "max_tokens must be an integer >= 1"),
+        ({"temperature": -1}, r"temperature must be a number in \[0, 100\]"),
+        ({"temperature": float("nan")}, "temperature must be a number"),
+        ({"top_p": 0}, r"top_p must be in \(0, 1\]"),
+        ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+        ({"seed": 1.5}, "seed must be an integer or None"),
+        ({"min_tokens": -1}, "min_tokens must be an integer >= 0"),
+        ({"min_tokens": 9, "max_tokens": 3}, r"min_tokens \(9\) must not exceed max_tokens \(3\)"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids must be a list of token ids"),
+    ],
+)
+def test_sampling_params_errors_are_one_line_each(kwargs, message):
+    with pytest.raises(Fp8InputError, match=message) as caught:
+        SamplingParams(**kwargs)
+    assert "\n" not in str(caught.value) and str(caught.value).startswith("SamplingParams: ")
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch():
+    params = SamplingParams(max_tokens=8, temperature=1.5, top_p=0.9, seed=7)
+    ids = prompt(6, 3)
+    solo = run(engine(), {0: [("s", ids, params)]})["s"]
+    unseeded = SamplingParams(max_tokens=8, temperature=1.5)
+    others = [(f"o{i}", prompt(4 + i, 20 + i), unseeded) for i in range(5)]
+    crowd = run(engine(budget=9), {0: [*others[:2], ("s", ids, params)], 1: others[2:]})
+    assert crowd["s"] == solo
+    other_seed = run(engine(), {0: [("s", ids, SamplingParams(max_tokens=8, temperature=1.5, seed=8))]})["s"]
+    assert other_seed != solo
+    greedy_like = run(engine(), {0: [("s", ids, SamplingParams(max_tokens=8, temperature=1.0, top_p=1e-6, seed=1))]})
+    assert greedy_like["s"] == alone(ids, 8)  # a nucleus of one token is greedy
+
+
+def test_stop_ids_min_tokens_ignore_eos_and_the_context_limit():
+    ids = prompt(5, 4)
+    free = alone(ids, 10)
+    stop = free[3]
+    first = free.index(stop)
+    eng = engine()
+    eng.eos_token_ids = (stop,)
+    out = run(eng, {0: [("eos", ids, SamplingParams(max_tokens=10, temperature=0))]})["eos"]
+    assert out == free[: first + 1] and last().finish_reason == "stop"
+    out = run(eng, {0: [("ign", ids, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))]})["ign"]
+    assert out == free and last().finish_reason == "length"
+    eng.eos_token_ids = ()
+    params = SamplingParams(max_tokens=10, temperature=0, stop_token_ids=[stop])
+    out = run(eng, {0: [("id", ids, params)]})["id"]
+    done = last()
+    assert out == free[: first + 1] and done.finish_reason == "stop" and done.stop_reason == stop
+    # min_tokens masks the stop id until it is reached: the output runs past it.
+    params = SamplingParams(max_tokens=10, temperature=0, stop_token_ids=[stop], min_tokens=first + 2)
+    out = run(eng, {0: [("min", ids, params)]})["min"]
+    assert len(out) >= first + 2 and stop not in out[: first + 2]
+    # max_tokens=None runs to the end of the context.
+    out = run(eng, {0: [("ctx", prompt(60, 8), SamplingParams(max_tokens=None, temperature=0))]})["ctx"]
+    assert len(out) == 4 and last().finish_reason == "length"
+    assert eng.leaked() is None

@@ -1,0 +1,138 @@
+"""The serving engine on the GPU: Triton paged decode from CUDA graphs, chunked prefill, preemption
+and prefix hits, checked against an independent fp32 full forward of the same weights; padded graph
+rows touch only the scratch block; FP8 layers and FlashInfer attention too."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+CONFIG = {  # 128-wide heads, as the 8B's, so FlashInfer's kernels take them
+    "architectures": ["LlamaForCausalLM"], "hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 512, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "tie_word_embeddings": False, "hidden_act": "silu",
+}  # fmt: skip
+
+
+def make_engine(dtype, *, num_blocks=400, budget=48, attention="builtin", linears=None, tensors=None, prefix=True):
+    from fp8route.engine import CausalLM
+    from fp8route.engine.llm_engine import LLMEngine
+    from fp8route.models import LlamaConfig
+
+    cfg = LlamaConfig.from_hf(CONFIG)
+    model = CausalLM(
+        cfg, linears or {}, {n: t.to("cuda", dtype) for n, t in tensors.items()}, max_batch_size=8,
+        max_seq_len=256, dtype=dtype, device="cuda", num_blocks=num_blocks, block_size=16,
+        enable_prefix_caching=prefix, max_prefill_tokens=budget, attention=attention,
+    )  # fmt: skip
+    return LLMEngine(model, max_num_seqs=8, max_num_batched_tokens=budget)
+
+
+def run(engine, requests, params, stagger=2):
+    outputs, step = {}, 0
+    items = list(requests.items())
+    while items or engine.has_unfinished:
+        if items and step % stagger == 0:
+            rid, ids = items.pop(0)
+            engine.add_request(ids, params, request_id=rid)
+        for update in engine.step():
+            outputs.setdefault(update.request.request_id, []).extend(update.new_token_ids)
+        step += 1
+    assert engine.leaked() is None
+    return outputs
+
+
+def reference_model(tensors, linears=None):
+    from fp8route.models import LlamaConfig, LlamaForCausalLM
+
+    float_tensors = {n: t.float().cuda() for n, t in tensors.items()}
+    return LlamaForCausalLM(LlamaConfig.from_hf(CONFIG), linears or {}, float_tensors)
+
+
+def prompts(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {f"r{i}": torch.randint(0, CONFIG["vocab_size"], (5 + 13 * i % 70,), generator=g).tolist() for i in range(n)}
+
+
+def assert_near_argmax(reference, prompt, output, tol=0.05):
+    """Every chosen token is the fp32 reference's argmax or within tol of its logit range from it (a
+    near-tie that bf16 may break either way); a wrong kernel picks tokens far from it."""
+    seq = torch.tensor([prompt + output], device="cuda")
+    with torch.no_grad():
+        logits = reference(seq, dtype=torch.float32)[0, len(prompt) - 1 : -1].float()
+    chosen = logits.gather(1, torch.tensor(output, device="cuda")[:, None])[:, 0]
+    gap = (logits.max(-1).values - chosen) / (logits.max(-1).values - logits.min(-1).values)
+    assert gap.max().item() <= tol, gap.tolist()
+
+
+@pytest.mark.gpu
+@gpu
+def test_fp32_engine_equals_the_full_forward_under_batching_chunking_preemption_and_prefix_hits():
+    from checkpoint_helpers import llama_tensors
+
+    from fp8route import SamplingParams
+
+    tensors = llama_tensors(CONFIG)
+    reference = reference_model(tensors)
+    shared = prompts(1, seed=9)["r0"] * 3
+    requests = {**prompts(10), **{f"p{i}": shared + [i + 1] * (i + 1) for i in range(4)}}
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    engine = make_engine(torch.float32, num_blocks=24, tensors=tensors)  # 23 blocks: preemption guaranteed
+    outputs = run(engine, requests, params)
+    assert engine.scheduler.preemptions > 0 and engine.model.blocks.stats.hit_tokens > 0
+    for rid, ids in requests.items():
+        seq = torch.tensor([ids], device="cuda")
+        with torch.no_grad():
+            for _ in range(20):
+                seq = torch.cat([seq, reference(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+        assert outputs[rid] == seq[0, len(ids) :].tolist(), rid
+
+
+@pytest.mark.gpu
+@gpu
+def test_padded_graph_rows_write_only_the_scratch_block():
+    from checkpoint_helpers import llama_tensors
+
+    from fp8route import SamplingParams
+
+    engine = make_engine(torch.bfloat16, tensors=llama_tensors(CONFIG))
+    pool = engine.model.pool
+    for rid, ids in prompts(3).items():  # three rows: the bucket of 4 pads one
+        engine.add_request(ids, SamplingParams(max_tokens=30, temperature=0, ignore_eos=True), request_id=rid)
+    engine.step()  # the prefills
+    owned = {b for r in engine.scheduler.running for b in r.blocks}
+    free = [b for b in range(1, pool.num_blocks) if b not in owned]
+    pool.k[:, free], pool.v[:, free] = float("nan"), float("nan")
+    while engine.has_unfinished:
+        engine.step()
+        owned |= {b for r in engine.scheduler.running for b in r.blocks}
+    untouched = [b for b in free if b not in owned]
+    assert untouched and pool.k[:, untouched].isnan().all() and pool.v[:, untouched].isnan().all()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(
+    "attention",
+    ["builtin", pytest.param("flashinfer", marks=pytest.mark.skipif(
+        importlib.util.find_spec("flashinfer") is None, reason="needs flashinfer"))],
+)  # fmt: skip
+def test_fp8_engine_picks_what_an_fp32_forward_of_its_weights_picks(attention, tmp_path):
+    from checkpoint_helpers import MODELOPT_HF_QUANT, fp8_llama, write_checkpoint
+
+    from fp8route import Fp8Linear, SamplingParams
+    from fp8route.checkpoint.load import load_checkpoint
+
+    quant = {"hf_quant_config.json": MODELOPT_HF_QUANT}
+    folder = write_checkpoint(tmp_path / "fp8", fp8_llama(config=CONFIG), CONFIG, **quant)
+    checkpoint = load_checkpoint(folder, "cuda")
+    assert all(isinstance(m, Fp8Linear) for m in checkpoint.linears.values())
+    reference = reference_model(checkpoint.tensors, checkpoint.linears)  # the same FP8 layers, fp32 activations
+    engine = make_engine(torch.bfloat16, linears=checkpoint.linears, tensors=checkpoint.tensors, attention=attention)
+    requests = prompts(8, seed=3)
+    outputs = run(engine, requests, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+    for rid, ids in requests.items():
+        assert_near_argmax(reference, ids, outputs[rid])
