@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from fp8route.checkpoint.random import write_random
-from fp8route.models.e2e_bench import timed_calls
-from fp8route.models.load import load_model
+from fp8route.engine.e2e_bench import timed_calls
+from fp8route.engine.load import load_model
 from fp8route.models.shapes import MODELS
 from fp8route.routing.fingerprint import Fingerprint
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from fp8route.checkpoint.random import write_random
+from fp8route.engine.load import load_model
 from fp8route.linear.policy import Policy
-from fp8route.models.load import load_model
 from fp8route.models.parallel import init_from_env
 from fp8route.models.shapes import MODELS
 from fp8route.models.spawn import run_ranks
