@@ -41,9 +41,7 @@ def decode_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, le
     return out[:, :, 0]
 
 
-def gather_rows(
-    pool: KVPool, layer: int, rows: torch.Tensor | int, blocks: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_rows(pool: KVPool, layer: int, rows: torch.Tensor | int, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first `blocks` blocks of each table row's K and V (rows [B] on the device, or one row
     number, read without a host-to-device copy), as [B, Hkv, blocks * BS, D]."""
     k, v = pool.layer(layer)

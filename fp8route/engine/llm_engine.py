@@ -166,8 +166,12 @@ class LLMEngine:
             end = time.perf_counter()
             self.stats.append(
                 StepStats(
-                    len(plan.decodes), sum(n for _, n in plan.prefills), context,
-                    used, (waited - start) + (end - synced), end - start,
+                    len(plan.decodes),
+                    sum(n for _, n in plan.prefills),
+                    context,
+                    used,
+                    (waited - start) + (end - synced),
+                    end - start,
                 )  # fmt: skip
             )
         return updates

@@ -79,8 +79,13 @@ def drive(llm: LLM, load: list[LoadRequest]) -> tuple[list[RequestResult], float
         itl = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
         results.append(
             RequestResult(
-                len(item.prompt_ids), len(stamps), item.output_len, stamps[0] - arrivals[rid],
-                stamps[-1] - arrivals[rid], itl, cached_tokens=request.num_cached_tokens,
+                len(item.prompt_ids),
+                len(stamps),
+                item.output_len,
+                stamps[0] - arrivals[rid],
+                stamps[-1] - arrivals[rid],
+                itl,
+                cached_tokens=request.num_cached_tokens,
             )  # fmt: skip
         )
         digests.append(hashlib.sha1(str(request.output_token_ids).encode()).hexdigest()[:12])

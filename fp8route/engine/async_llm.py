@@ -1,0 +1,219 @@
+"""AsyncLLM: the engine on a thread of its own, for a server.
+
+`async for out in engine.generate(ids, params)` yields each step's new tokens as they come; leaving
+the loop early (a client gone, a stop string found) aborts the request, which frees its blocks
+before the next step. Requests and aborts reach the engine thread through a queue it drains
+before every step; its outputs reach each request's asyncio queue through the event loop. An
+exception inside a step fails the requests that step ran (their iterators raise EngineError
+naming it) and the engine goes on with the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from fp8route.engine.llm import LLM
+from fp8route.engine.request import Request
+from fp8route.engine.sampling import SamplingParams
+from fp8route.errors import Fp8RouteError
+
+log = logging.getLogger("fp8route")
+
+
+class EngineError(Fp8RouteError, RuntimeError):
+    """The engine failed while running a request; the message names the exception."""
+
+
+@dataclass
+class StreamOutput:
+    """One step's news for one request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None = None
+    stop_reason: int | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class EngineStats:
+    """Counters since start, and the state now: what /metrics reports."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_used_blocks: int = 0
+    kv_total_blocks: int = 0
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: dict[str, int] = field(default_factory=dict)  # finish reason -> requests
+    preemptions: int = 0
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[StreamOutput | BaseException]
+
+
+class AsyncLLM:
+    def __init__(self, llm: LLM) -> None:
+        self.llm = llm
+        self.engine = llm.engine
+        self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}
+        self._ids = itertools.count()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # guards stats against the reader
+        self.stats = EngineStats(kv_total_blocks=llm.model.blocks.usable_blocks)
+        self.on_finished: list[object] = []  # callbacks(request) for metrics, run on the engine thread
+        self._thread = threading.Thread(target=self._loop, name="fp8route-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def tokenizer(self):  # type: ignore[no-untyped-def]
+        return self.llm.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raise Fp8InputError now if the request could never run (the server's 400)."""
+        self.engine.check_prompt(list(prompt_ids), params)
+
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None
+    ) -> AsyncIterator[StreamOutput]:
+        """Each step's news for this request until it finishes; abandoning the iterator aborts it."""
+        ids = list(prompt_ids)
+        self.check(ids, params)
+        request_id = request_id or f"req-{next(self._ids)}"
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        self._streams[request_id] = stream
+        self._send("add", (request_id, ids, params, time.monotonic()))
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._send("abort", request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._send("abort", request_id)
+
+    def snapshot(self) -> EngineStats:
+        with self._lock:
+            return EngineStats(**{**self.stats.__dict__, "finished": dict(self.stats.finished)})
+
+    @property
+    def idle(self) -> bool:
+        return not self._streams and not self.engine.has_unfinished
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def _send(self, kind: str, payload: object) -> None:
+        self._inbox.put((kind, payload))
+        self._wake.set()
+
+    def _deliver(self, request_id: str, item: StreamOutput | BaseException) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "abort":
+                self.engine.abort(str(payload))
+                continue
+            request_id, ids, params, arrival = payload  # type: ignore[misc]
+            try:
+                self.engine.add_request(ids, params, request_id=request_id, arrival_time=arrival)
+            except Exception as exc:  # checked before queueing; anything left is the engine's own fault
+                self._deliver(request_id, EngineError(f"request {request_id} was refused: {exc}"))
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._drain()
+            self._count()
+            if not self.engine.has_unfinished:
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            ran = list(self.engine.scheduler.running)
+            try:
+                updates = self.engine.step()
+            except Exception as exc:  # noqa: BLE001: one bad step must not take the server down
+                log.exception("engine step failed")
+                touched = {id(r): r for r in [*ran, *self.engine.scheduler.running]}  # admitted by this step too
+                self._fail(list(touched.values()), exc)
+                continue
+            self._count()  # before the news goes out: a client that reads /metrics next sees this step
+            for update in updates:
+                self._publish(update.request, update.new_token_ids, update.finished)
+
+    def _publish(self, request: Request, new: list[int], finished: bool) -> None:
+        with self._lock:
+            self.stats.generation_tokens += len(new)
+            if finished:
+                self.stats.prompt_tokens += request.num_prompt_tokens
+                reason = request.finish_reason or "unknown"
+                self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
+        if finished:
+            for callback in self.on_finished:
+                callback(request)  # type: ignore[operator]
+        self._deliver(
+            request.request_id,
+            StreamOutput(
+                request.request_id,
+                new,
+                finished,
+                request.finish_reason,
+                request.stop_reason,
+                request.num_prompt_tokens,
+                request.num_output_tokens,
+                request.num_cached_tokens,
+            ),  # fmt: skip
+        )
+
+    def _fail(self, requests: list[Request], exc: Exception) -> None:
+        for request in requests:
+            self.engine.abort(request.request_id)
+            error = EngineError(f"the engine failed running request {request.request_id}: {type(exc).__name__}: {exc}")
+            self._deliver(request.request_id, error)
+
+    def _count(self) -> None:
+        engine, blocks = self.engine, self.llm.model.blocks
+        with self._lock:
+            self.stats.running, self.stats.waiting = engine.num_running, engine.num_waiting
+            self.stats.kv_used_blocks = blocks.used_blocks
+            self.stats.prefix_queried_tokens = blocks.stats.queried_tokens
+            self.stats.prefix_hit_tokens = blocks.stats.hit_tokens
+            self.stats.preemptions = engine.scheduler.preemptions
