@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -25,6 +24,7 @@ from fp8route.models.shapes import MODELS
 from fp8route.routing.fingerprint import Fingerprint
 
 POLICIES = ("routed", "bf16", *BACKENDS)
+LOAD_OPTIONS = ("num_prompts", "input_len", "output_len", "request_rate", "shared_prefix")
 
 
 def _arms(args: argparse.Namespace, folders: dict[str, Path]) -> list[Arm]:
@@ -41,9 +41,16 @@ def _arms(args: argparse.Namespace, folders: dict[str, Path]) -> list[Arm]:
             name = policy if len(modes) == 1 else f"{policy} prefix-{mode}"
             arms.append(
                 Arm(
-                    name, policy, folders["bf16" if policy == "bf16" else "fp8"], mode == "on", args.max_num_seqs,
-                    args.max_num_batched_tokens, args.gpu_memory_utilization, args.max_model_len,
-                    args.lone_prefill, args.static_batch,
+                    name,
+                    policy,
+                    folders["bf16" if policy == "bf16" else "fp8"],
+                    mode == "on",
+                    args.max_num_seqs,
+                    args.max_num_batched_tokens,
+                    args.gpu_memory_utilization,
+                    args.max_model_len,
+                    args.lone_prefill,
+                    args.static_batch,
                 )  # fmt: skip
             )
     return arms
@@ -108,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     doc = {
         "command": command_line(),
         "fingerprint": fingerprint.to_json() if device == "cuda" else {"device": "cpu"},
-        "load": {k: getattr(args, k) for k in ("num_prompts", "input_len", "output_len", "request_rate", "shared_prefix")},
+        "load": {k: getattr(args, k) for k in LOAD_OPTIONS},
         "reports": [r.to_json() for r in reports],
     }
     path = out / f"{stem}.json"

@@ -13,16 +13,46 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-from fp8route.engine.kv_pool import blocks_for
+from fp8route.engine.blocks import BlockManager
+from fp8route.engine.kv_pool import KVPool, blocks_for
+from fp8route.engine.runner import ModelRunner
 from fp8route.errors import Fp8InputError
+from fp8route.models.llama import LlamaConfig
 from fp8route.models.parallel import shared_seed
 
-if TYPE_CHECKING:
-    from fp8route.engine.causal_lm import CausalLM
+
+class CausalLM(Protocol):
+    """What generate needs of a model (fp8route.engine.CausalLM is one)."""
+
+    cfg: LlamaConfig
+    runner: ModelRunner
+    blocks: BlockManager
+    max_prefill_tokens: int
+
+    @property
+    def pool(self) -> KVPool: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def plans_on_host(self) -> bool: ...
+
+    def check_request(self, batch: int, prompt_lengths: Sequence[int], max_new_tokens: int) -> None: ...
+
+    def step(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        rows: torch.Tensor | None = None,
+        limit: int | None = None,
+        host_lengths: Sequence[int] | None = None,
+        host_blocks: Sequence[Sequence[int]] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass

@@ -7,10 +7,13 @@ layer's blocks [num_blocks, BS, Hkv, D]. Why a kernel of our own: it reads only 
 positions, wherever their blocks are. Why split-KV: one program per (row, KV head) leaves most
 SMs idle at small batch; splitting the sequence puts cdiv(len, SPLIT) programs on each.
 
-CUDA-graph safe: the lengths, table rows and tables are device tensors read inside the kernel,
-the grid is fixed by the table's width (not by the lengths), and splits past a row's length store
-nothing; the combine kernel counts each row's valid splits from its length, so stale partials are
-never read. Offsets are int64: a pool of many blocks passes 2^31 elements.
+CUDA-graph safe: the lengths, table rows and tables are device tensors read inside the kernel, and
+the grid is fixed (at most 64 splits a row). Each row's split length is computed in the kernel from
+its own length: the tuned length for the batch's (row, KV head) pairs, or longer where the row would
+need more than 64 splits. So a cache of 128k positions costs a short row nothing, splits past a
+row's length store nothing, and the combine kernel counts each row's valid splits from its length
+the same way, never reading a stale partial. Offsets are int64: a pool of many blocks passes 2^31
+elements.
 
 Kernel 1, grid (B, Hkv, num_splits): the program loads the G = H / Hkv query heads that share
 its KV head (GQA, padded to 16 rows for tl.dot), streams its split in BLOCK_N-position tiles with
@@ -58,22 +61,24 @@ class Pages(NamedTuple):
         return self.tables.shape[1] * self.k.shape[1]
 
 
-def split_len(max_seq_len: int, pairs: int = 1) -> int:
-    """Positions per program for `pairs` (row, KV head) pairs: 128 for up to 8 pairs (one row of
-    Llama-3.1-8B), twice that for each 4x more pairs (sqrt(pairs / 8), rounded up to a power of
-    two), and more for caches longer than 64 splits. Measured on the H200 over 8192 positions
-    (benchmarks/results/h200/flashinfer_attention/): a row of 16 at 1024 filled took 47 us with 128
-    positions per program, 26 us with 512."""
+def split_len(pairs: int = 1) -> int:
+    """Positions per program for `pairs` (row, KV head) pairs, at least: 128 for up to 8 pairs (one
+    row of Llama-3.1-8B), twice that for each 4x more pairs (sqrt(pairs / 8), rounded up to a power
+    of two); a row longer than 64 of them takes longer splits (in the kernel). Measured on the H200
+    over 8192 positions (benchmarks/results/h200/flashinfer_attention/): a row of 16 at 1024 filled
+    took 47 us with 128 positions per program, 26 us with 512."""
     scale = 1
     while scale * scale * 8 < pairs:
         scale *= 2
-    length = 2 * BLOCK_N * scale
-    while length * _MAX_SPLITS < max_seq_len:
-        length *= 2
-    return length
+    return 2 * BLOCK_N * scale
 
 
 if TRITON_IMPORT_ERROR is None:
+
+    @triton.jit
+    def _row_split(length, SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+        """A row's positions per program: SPLIT, or whole tiles enough to cover it in MAX_SPLITS."""
+        return tl.maximum(SPLIT, ((length + MAX_SPLITS * BLOCK - 1) // (MAX_SPLITS * BLOCK)) * BLOCK)
 
     @triton.jit
     def _split_kernel(
@@ -87,15 +92,17 @@ if TRITON_IMPORT_ERROR is None:
         stride_nkb, stride_nkh, stride_nvb, stride_nvh, stride_cb,
         sm_scale,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr,
-        SPLIT: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr, NEW: tl.constexpr,
+        SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr,
+        NEW: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
         length = tl.load(len_ptr + b).to(tl.int32)
         table = tab_ptr + tl.load(row_ptr + b).to(tl.int64) * stride_tab
-        start = split * SPLIT
-        end = tl.minimum(start + SPLIT, length)
+        size = _row_split(length, SPLIT, MAX_SPLITS, BLOCK)
+        start = split * size
+        end = tl.minimum(start + size, length)
 
         g = tl.arange(0, G_PAD)
         d = tl.arange(0, D_PAD)
@@ -113,7 +120,7 @@ if TRITON_IMPORT_ERROR is None:
             q_pair = tl.load(q_rows + partner[None, :], mask=g_mask[:, None], other=0.0)
             q = (q.to(tl.float32) * cos + sign * q_pair.to(tl.float32) * sin).to(q_ptr.dtype.element_ty)
             pos = length - 1
-            if (pos >= start) & (pos < start + SPLIT):  # this program's split holds the new position
+            if (pos >= start) & (pos < start + size):  # this program's split holds the new position
                 block = tl.load(table + pos // PAGE).to(tl.int64)
                 k_row = nk_ptr + b * stride_nkb + kvh * stride_nkh
                 k_new = tl.load(k_row + d).to(tl.float32) * cos + sign * tl.load(k_row + partner).to(tl.float32) * sin
@@ -164,12 +171,14 @@ if TRITON_IMPORT_ERROR is None:
         stride_ob, stride_oh, stride_os,
         stride_lb, stride_lh,
         stride_rb, stride_rh,
-        SPLIT: tl.constexpr, S_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+        SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr, S_PAD: tl.constexpr,
+        D: tl.constexpr, D_PAD: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         h = tl.program_id(1)
         length = tl.load(len_ptr + b).to(tl.int32)
-        splits = (length + SPLIT - 1) // SPLIT
+        size = _row_split(length, SPLIT, MAX_SPLITS, BLOCK)
+        splits = (length + size - 1) // size
         s = tl.arange(0, S_PAD)
         d = tl.arange(0, D_PAD)
         s_mask = s < splits
@@ -204,8 +213,8 @@ def decode_attention(
     new: NewToken | None = None,
 ) -> torch.Tensor:
     """q [B, H, D] (one token per row) over the first lengths[b] positions (each 1..the table's
-    reach) of the row pages.rows[b] -> [B, H, D] in q's dtype. split (positions per program, a
-    multiple of BLOCK_N; default split_len) is for benchmarks. With `new` (fuses_new_token), q is
+    reach) of the row pages.rows[b] -> [B, H, D] in q's dtype. split (the least positions per
+    program, a multiple of BLOCK_N; default split_len) is for benchmarks. With `new` (fuses_new_token), q is
     before RoPE, and the new key (rotated) and value are written at position lengths[b] - 1 first."""
     if TRITON_IMPORT_ERROR is not None:
         raise RuntimeError(TRITON_IMPORT_ERROR)
@@ -220,13 +229,10 @@ def decode_attention(
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise Fp8InputError("decode_attention: q and the K/V blocks need unit stride on the head dim")
     group = h // hkv
-    reach = pages.max_len
-    split = split or split_len(reach, b * hkv)
-    num_splits = triton.cdiv(reach, split)
-    if split % BLOCK_N or num_splits > _MAX_SPLITS:
-        raise Fp8InputError(
-            f"decode_attention: split {split} must be a multiple of {BLOCK_N} giving at most {_MAX_SPLITS} splits"
-        )
+    split = split or split_len(b * hkv)
+    if split % BLOCK_N or split < BLOCK_N:
+        raise Fp8InputError(f"decode_attention: split {split} must be a positive multiple of {BLOCK_N}")
+    num_splits = min(_MAX_SPLITS, triton.cdiv(pages.max_len, split))
     if new is not None and (not fuses_new_token(q, new) or new.k.shape[1] != hkv):
         raise Fp8InputError("decode_attention: this new token cannot be fused (see fuses_new_token)")
     partial = torch.empty((b, h, num_splits, d), dtype=torch.float32, device=q.device)
@@ -244,7 +250,7 @@ def decode_attention(
         nk.stride(0), nk.stride(1), nv.stride(0), nv.stride(1), cos.stride(0),
         scale if scale is not None else d**-0.5,
         G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, D_PAD=d_pad, PAGE=page,
-        SPLIT=split, BLOCK=BLOCK_N, NEW=new is not None,
+        SPLIT=split, MAX_SPLITS=num_splits, BLOCK=BLOCK_N, NEW=new is not None,
         # An fp32 cache asks for fp32 products (tl.dot would round them to TF32); 16-bit ones are exact.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4,
@@ -255,7 +261,7 @@ def decode_attention(
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
-        SPLIT=split, S_PAD=max(16, triton.next_power_of_2(num_splits)), D=d, D_PAD=d_pad,
-        num_warps=4,
+        SPLIT=split, MAX_SPLITS=num_splits, BLOCK=BLOCK_N, S_PAD=max(16, triton.next_power_of_2(num_splits)),
+        D=d, D_PAD=d_pad, num_warps=4,
     )  # fmt: skip
     return out
