@@ -1,7 +1,8 @@
 """The static generate at the sizes that used to stop with an illegal memory access (a SiLU x up
 kernel's int32 offsets past 2^31 elements): 256 prompts of 1024 tokens, and 16 of 8192 (load_model's
-default capacity). Each must complete, and its tokens must be those of the same rows run in smaller
-batches (the first 4 rows, alone).
+default capacity). Each must complete; its first 4 rows' prompt logits are compared with those rows
+prefilled alone (the same within the rounding of other GEMM sizes: random weights make near-ties of
+every token, so the generated tokens themselves need not agree).
 
     python3 benchmarks/generate_large.py CHECKPOINT
 """
@@ -24,14 +25,17 @@ def main(folder: str) -> None:
         out = model.generate(ids, new)
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-        few = model.generate(ids[:4], new)
-        same = torch.equal(out[:4], few)
+        lengths = torch.full((batch,), length, device="cuda")
+        many = model.prefill(ids, lengths)[:4].float()
+        few = model.prefill(ids[:4], lengths[:4]).float()
+        rel = ((many - few).norm() / few.norm()).item()
         print(
-            f"generate {batch} x {length} + {new}: completed in {seconds:.2f} s "
-            f"({batch * length / seconds:.0f} prompt tok/s); first 4 rows equal to running them alone: {same}",
+            f"generate {batch} x {length} + {new}: completed in {seconds:.2f} s ({batch * length / seconds:.0f} "
+            f"prompt tok/s, first call); {out.shape[1] - length} new tokens a row; first 4 rows' logits vs alone: "
+            f"relative difference {rel:.1e}",
             flush=True,
         )
-        del model, out, few
+        del model, out
         torch.cuda.empty_cache()
 
 

@@ -25,8 +25,10 @@ serve() {  # name, then bench serve's options
     grep -A20 "^arm " "$OUT/$name.log" | tee -a "$log"
 }
 if [ "$PHASE" = check ]; then
-    timeout 240 python3 -m pytest -q tests/gpu/test_decode_attention.py tests/gpu/test_large_prefill.py \
-        tests/gpu/test_engine_gpu.py tests/gpu/test_fused_gpu.py -n 4 -rfEs --tb=short > "$OUT/gpu_tests.log" 2>&1
+    tests=${TESTS:-"tests/gpu/test_decode_attention.py tests/gpu/test_large_prefill.py tests/gpu/test_engine_gpu.py \
+tests/gpu/test_fused_gpu.py"}
+    # shellcheck disable=SC2086
+    timeout 240 python3 -m pytest -q $tests -n 4 -rfEs --tb=short > "$OUT/gpu_tests.log" 2>&1
     tail -3 "$OUT/gpu_tests.log" | tee -a "$log"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -20 | tee -a "$log"
     timeout 120 python3 benchmarks/generate_large.py "$ckpt" 2>&1 | grep -v Warning | tee -a "$log"
     serve prefill --policy routed,cublas,rowwise --num-prompts 512 --input-len 1024:4096 --output-len 16:64 \

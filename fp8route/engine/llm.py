@@ -66,6 +66,7 @@ class LLM:
         num_kv_blocks: int | None = None,
         attention: str = "builtin",
         use_cuda_graphs: bool = True,
+        skip_tokenizer_init: bool = False,
         record_stats: bool = False,
     ) -> None:
         if not 0 < gpu_memory_utilization <= 1:
@@ -79,7 +80,8 @@ class LLM:
         from fp8route.checkpoint.formats import CONFIG, read_json
 
         config = read_json(folder / CONFIG)
-        self.tokenizer = load_tokenizer(folder)
+        # skip_tokenizer_init (vLLM's name): token ids in and out, for a folder without tokenizer.json.
+        self.tokenizer = None if skip_tokenizer_init else load_tokenizer(folder)
         parts = load_parts(
             folder, device, dtype=dtype, policy=policy, before_weights=lambda target: check_attention(attention, target)
         )
@@ -156,6 +158,8 @@ class LLM:
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise Fp8InputError("a text prompt needs the tokenizer: give token ids (skip_tokenizer_init=True)")
             return list(self.tokenizer.encode(prompt, add_special_tokens=False).ids)
         if isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
             return list(prompt)
@@ -206,7 +210,7 @@ class LLM:
 
     def output(self, request: Request) -> RequestOutput:
         ids = request.output_token_ids
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        text = "" if self.tokenizer is None else self.tokenizer.decode(ids, skip_special_tokens=True)
         completion = CompletionOutput(0, text, ids, request.finish_reason, request.stop_reason)
         return RequestOutput(
             request.request_id, request.prompt, request.prompt_token_ids, [completion], request.finished,

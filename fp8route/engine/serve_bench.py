@@ -145,7 +145,7 @@ def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tup
     llm = LLM(
         arm.folder, max_num_seqs=arm.max_num_seqs, max_num_batched_tokens=arm.max_num_batched_tokens,
         gpu_memory_utilization=arm.gpu_memory_utilization, enable_prefix_caching=arm.prefix_caching,
-        policy=Policy.from_env(), max_model_len=arm.max_model_len, record_stats=True,
+        policy=Policy.from_env(), max_model_len=arm.max_model_len, skip_tokenizer_init=True, record_stats=True,
     )  # fmt: skip
     engine = llm.engine
     cuda = llm.model.device.type == "cuda"
