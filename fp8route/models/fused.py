@@ -14,7 +14,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from fp8route.backends.kernels.launcher import DirectLauncher
+from fp8route.backends.kernels.launcher import DirectLauncher, int_key
 from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -93,7 +93,8 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, token_major: boo
         cos.stride(0) if per_row else 0, cos.stride(-2),
         out.stride(0), out.stride(1), out.stride(2),
     )  # fmt: skip
-    _ROPE((b * t, heads), (x.dtype, cos.dtype, sin.dtype, *args[4:]), args, {"HALF": half, "num_warps": 1})
+    # The token count and the strides that follow it change with every prefill: keyed by class.
+    _ROPE((b * t, heads), (x.dtype, cos.dtype, sin.dtype, *int_key(*args[4:])), args, {"HALF": half, "num_warps": 1})
     return out
 
 

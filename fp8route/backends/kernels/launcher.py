@@ -29,6 +29,12 @@ _TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2]) if tr
 DIRECT = (3, 4) <= _TRITON_VERSION <= (3, 6)
 
 
+def int_key(*values: int) -> tuple[tuple[bool, bool, bool], ...]:
+    """What Triton specializes an integer argument on (== 1, divisible by 16, fits in 32 bits), for a
+    key whose arguments take many values: one entry per class, not per value (a prefill's token count)."""
+    return tuple((v == 1, v % 16 == 0, -(2**31) <= v < 2**31) for v in values)
+
+
 class DirectLauncher:
     """One Triton kernel, launched straight from its compiled form after the first call per key.
 
