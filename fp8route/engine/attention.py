@@ -61,6 +61,23 @@ class PrefillSeq:
     row: int
 
 
+# SDPA on CUDA picks cuDNN's attention, the fastest here, which builds a plan for each new sequence
+# length: ~1.4 ms of host time a call, per layer and sequence, more than the GPU work of a serving
+# step's chunks (benchmarks/results/h200/serve/). Lengths padded to a multiple of this reuse a few plans.
+_LENGTH_CLASS = 128
+
+
+def _causal_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal SDPA of one chunk over its own keys, [1, H, T, D]; on CUDA with T padded to a length
+    class (the padding comes after every real token, so no real query sees it)."""
+    t = q.shape[2]
+    pad = -t % _LENGTH_CLASS if q.is_cuda else 0
+    if pad:
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    return out[:, :, :t] if pad else out
+
+
 class PrefillAttention:
     def __init__(
         self,
@@ -88,7 +105,7 @@ class PrefillAttention:
             part = slice(seq.offset, seq.offset + seq.length)
             q_i = q[:, :, part]
             if seq.start == 0:
-                out = F.scaled_dot_product_attention(q_i, k[:, :, part], v[:, :, part], is_causal=True, enable_gqa=True)
+                out = _causal_self_attention(q_i, k[:, :, part], v[:, :, part])
             else:
                 end = seq.start + seq.length
                 k_i, v_i = gather_rows(self.pool, layer, seq.row, -(-end // self.pool.block_size))

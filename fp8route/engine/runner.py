@@ -15,7 +15,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fp8route.engine.attention import DecodeAttention, PrefillAttention, PrefillSeq
 from fp8route.engine.decode_graphs import DecodeGraphs
@@ -23,11 +22,6 @@ from fp8route.engine.flashinfer_attention import FlashInferAttention, check_atte
 from fp8route.engine.kv_pool import KVPool, upload
 from fp8route.errors import Fp8InputError
 from fp8route.models.llama import LlamaForCausalLM, rope_tables
-
-# SDPA without cuDNN's attention: it builds a plan for every new sequence length, about 1 ms of host
-# time per call on the H200 (benchmarks/results/h200/serve/), and a serving step's chunks bring new
-# lengths every step. Flash attention takes any length at no such cost.
-_PREFILL_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class ModelRunner:
@@ -101,8 +95,7 @@ class ModelRunner:
         h = self.model.model.embed_tokens(ids)[None].to(self.dtype)
         cos, sin = self.rope_cos[pos][None], self.rope_sin[pos][None]
         context = PrefillAttention(self.pool, seqs, slot, self.flashinfer)
-        with sdpa_kernel(_PREFILL_SDPA):
-            normed = self.model.model.run_layers(h, cos, sin, context)
+        normed = self.model.model.run_layers(h, cos, sin, context)
         last = upload(torch.tensor([int(offsets[i + 1]) - 1 for i in wanted], dtype=torch.int64), device)
         return self.model.lm_head(normed[0, last])
 
