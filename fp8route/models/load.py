@@ -14,7 +14,9 @@ import torch
 from torch import nn
 
 from fp8route.backends.problem import default_device
+from fp8route.checkpoint.config_check import check_config
 from fp8route.checkpoint.formats import CONFIG, modelopt, read_json
+from fp8route.checkpoint.hub import resolve_model_path
 from fp8route.checkpoint.load import load_checkpoint
 from fp8route.checkpoint.shards import ShardSet, Slices
 from fp8route.errors import CheckpointError, Fp8InputError
@@ -46,8 +48,10 @@ def read_plain(
     folder: Path, device: torch.device, dtype: torch.dtype | None, slices: Slices | None = None
 ) -> dict[str, torch.Tensor]:
     """Every tensor of an unquantized checkpoint on device, floats in dtype (None: as stored), one
-    shard at a time; only the part slices names of a tensor it has an index for."""
+    shard at a time; only the part slices names of a tensor it has an index for. config.json is
+    checked against the tensors' header shapes first."""
     shards = ShardSet.open(folder)
+    check_config(read_json(folder / CONFIG), shards.tensors)
     tensors: dict[str, torch.Tensor] = {}
     for file, names in shards.by_file().items():
         for name, tensor in shards.read(file, names, slices):
@@ -74,8 +78,11 @@ def load_model(
     tp_lm_head: LmHead = "vocab",
     attention: str = "builtin",
 ) -> CausalLM:
-    """A Llama-family model (Llama, Mistral, Qwen2, Qwen3) from a checkpoint folder, with a KV cache
-    for max_batch_size rows of max_seq_len positions (capped at the config's max_position_embeddings).
+    """A Llama-family model (Llama, Mistral, Qwen2, Qwen3) from a checkpoint folder, or a Hugging Face
+    repository id ("org/name") in the local hub cache (fp8route.checkpoint.hub.resolve_model_path),
+    with a KV cache for max_batch_size rows of max_seq_len positions (capped at the config's
+    max_position_embeddings). config.json is checked against the tensors' header shapes (layers,
+    sizes, heads, vocabulary, tied embeddings) before any weight is read.
 
     device defaults to CUDA when available. FP8 linears stay FP8 (planned by policy); every
     float tensor (embeddings, norms, unquantized linears, the KV cache) is kept in dtype.
@@ -90,7 +97,7 @@ def load_model(
         raise Fp8InputError(f"load_model: dtype must be bfloat16, float16 or float32, got {dtype}")
     check_lm_head(tp_lm_head)
     check_method(all_reduce)
-    folder = Path(path)
+    folder = resolve_model_path(path)
     config = read_json(folder / CONFIG)
     cfg = LlamaConfig.from_hf(config, CONFIG)
     limit = config.get("max_position_embeddings")
