@@ -196,6 +196,7 @@ def check_config(
                     f"{prefix}{options[0]} is in no shard, but {file} has num_hidden_layers={dims.layers}, "
                     f"which includes layer {index}"
                     + (f" (nor is {prefix}{options[1]}, which would hold it)" if len(options) > 1 else "")
+                    + ": the checkpoint is incomplete (a shard missing?) or num_hidden_layers is wrong"
                 )
         for suffix, sizes in shapes.items():
             if suffix in present:
@@ -218,10 +219,11 @@ def _check_layer_count(count: int, layers: dict[int, list[TensorInfo]], file: st
     if extra:
         first = sorted(layers[extra[0]], key=lambda info: info.name)[0]
         others = sum(len(layers[i]) for i in extra) - 1
+        more = f", and {others} more tensors" if others > 1 else ", and 1 more tensor" if others else ""
         which = f"layer {extra[0]}" if len(extra) == 1 else f"layers {', '.join(map(str, extra))}"
         raise CheckpointError(
             f"{file} has num_hidden_layers={count}, but the checkpoint holds {which} too ({first.where}, shape "
-            f"{list(first.shape)}, and {others} more tensors; it holds {holds}): {fix} in {file}"
+            f"{list(first.shape)}{more}; it holds {holds}): {fix} in {file}"
         )
     missing = [i for i in range(count) if i not in layers]
     if missing:

@@ -141,7 +141,7 @@ def test_a_missing_tensor_of_a_layer_the_config_has(tmp_path):
         load_model(folder, "cpu")
     assert str(info.value) == (
         "model.layers.1.self_attn.o_proj.weight is in no shard, but config.json has num_hidden_layers=2, "
-        "which includes layer 1"
+        "which includes layer 1: the checkpoint is incomplete (a shard missing?) or num_hidden_layers is wrong"
     )
 
 
