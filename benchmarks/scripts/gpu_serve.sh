@@ -46,7 +46,7 @@ tests/gpu/test_fused_gpu.py"}
         serve decode --policy routed --num-prompts 1024 --input-len 512:1536 --output-len 128:512 --static-batch 16 ;;
     poisson)
         serve poisson --policy routed --num-prompts "${POISSON_PROMPTS:-400}" --input-len 512:1536 \
-            --output-len 128:512 --request-rate "${RATE:-8}" ;;
+            --output-len 128:512 --request-rate "${RATE:-8}" --max-num-batched-tokens "${POISSON_BUDGET:-2048}" ;;
     prefix)
         serve prefix --policy routed --prefix-caching on,off --num-prompts 256 --shared-prefix 2048 \
             --input-len 64:64 --output-len 16:16 ;;

@@ -10,7 +10,9 @@ from typing import Any
 import torch
 
 from fp8route.backends.problem import default_device
+from fp8route.checkpoint.config_check import ModelDims, check_config
 from fp8route.checkpoint.formats import CONFIG, QuantScheme, detect_scheme, read_json
+from fp8route.checkpoint.hub import resolve_model_path
 from fp8route.checkpoint.layout import Layout, layout, natural_key
 from fp8route.checkpoint.shards import ShardSet, Slices, TensorInfo
 from fp8route.errors import CheckpointError, Fp8InputError, Fp8TypeError
@@ -33,6 +35,7 @@ class Checkpoint:
     kv_scales: dict[str, torch.Tensor]  # `<attn>.k_scale` / `<attn>.v_scale`, fp32 scalars
     excluded: tuple[str, ...]  # modules the config leaves unquantized
     fused: dict[str, tuple[str, ...]]  # fused layer -> the checkpoint modules it replaces
+    dims: ModelDims | None = None  # the config's sizes, checked against the tensors (None: not a checked architecture)
 
     @property
     def format(self) -> str:
@@ -48,7 +51,9 @@ def load_checkpoint(
     preference: Preference | None = None,
     slices: Slices | None = None,
 ) -> Checkpoint:
-    """Read a ModelOpt or compressed-tensors FP8 checkpoint (config.json + *.safetensors).
+    """Read a ModelOpt or compressed-tensors FP8 checkpoint (config.json + *.safetensors): a folder,
+    or a Hugging Face repository id in the local hub cache (fp8route.checkpoint.hub.resolve_model_path).
+    config.json is checked against the tensors' header shapes before any tensor data is read.
 
     device defaults to CUDA when available. Shards are read one at a time and each tensor goes
     to the device as it is read, so host memory peaks near one shard, not the model. With fuse,
@@ -60,11 +65,12 @@ def load_checkpoint(
     tensor to read: the layers are built, fused and planned from those parts alone, with their
     per-tensor scales read whole, so every rank fuses to the same scales.
     """
-    folder = Path(path)
+    folder = resolve_model_path(path)
     config = read_json(folder / CONFIG)
     scheme = detect_scheme(folder, config)
     shards = ShardSet.open(folder)
     lay = layout(shards, scheme, fuse)
+    dims = check_config(config, shards.tensors)
     target = default_device(device)
     policy = policy or Policy.from_env()
     if preference is None and target.type == "cuda":
@@ -78,7 +84,9 @@ def load_checkpoint(
     unfinished = sorted(set(loader.waiting) - set(loader.linears))
     assert not unfinished, f"layers never completed: {unfinished}"
     linears = {name: loader.linears[name] for name in sorted(loader.linears, key=natural_key)}
-    return Checkpoint(folder, scheme, config, linears, loader.tensors, loader.kv_scales, lay.excluded, dict(lay.fused))
+    return Checkpoint(
+        folder, scheme, config, linears, loader.tensors, loader.kv_scales, lay.excluded, dict(lay.fused), dims
+    )
 
 
 class _Loader:

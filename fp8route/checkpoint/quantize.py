@@ -27,7 +27,9 @@ import torch
 from fp8route.backends.problem import default_device
 from fp8route.checkpoint import estimators
 from fp8route.checkpoint.calibration import generated_token_ids, load_token_ids, read_text, text_token_ids
+from fp8route.checkpoint.config_check import check_config
 from fp8route.checkpoint.formats import CONFIG, FORMATS, QuantScheme, compressed_tensors, modelopt, read_json
+from fp8route.checkpoint.hub import resolve_model_path
 from fp8route.checkpoint.observer import SAMPLE_ROWS, InputObserver, ScaleChoice, observe
 from fp8route.checkpoint.sensitivity import KlSearch, TrialModel, check_budget, search_budget
 from fp8route.checkpoint.shards import INDEX, ShardSet, ShardWriter
@@ -112,7 +114,7 @@ def quantize_checkpoint(
     check_budget(kl_budget)
     if kl_budget is not None and keep_float:
         raise Fp8InputError("give keep_float (a count) or kl_budget (a KL), not both")
-    src, dst = Path(src), Path(dst)
+    src, dst = resolve_model_path(src), Path(dst)
     config = read_json(src / CONFIG)
     if config.get("quantization_config") or (src / modelopt.HF_QUANT_CONFIG).exists():
         raise CheckpointError(
@@ -120,6 +122,7 @@ def quantize_checkpoint(
         )
     cfg = LlamaConfig.from_hf(config)
     shards = ShardSet.open(src)
+    check_config(config, shards.tensors)
     for info in shards.tensors.values():
         if info.torch_dtype not in (torch.bfloat16, torch.float16, torch.float32):
             raise CheckpointError(

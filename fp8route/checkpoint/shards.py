@@ -17,6 +17,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from fp8route.checkpoint.hub import repository_of
 from fp8route.errors import CheckpointError
 from fp8route.quant import dtype_name
 
@@ -189,8 +190,17 @@ def _inside(root: Path, file: str, named_by: str) -> Path:
             f"{named_by} names shard {file!r}, outside the checkpoint folder {root}; only plain file names are allowed"
         )
     path = root / candidate
-    if not path.resolve().is_relative_to(root.resolve()):
-        raise CheckpointError(f"shard {file} in {root} links to {path.resolve()}, outside the checkpoint folder")
+    target = path.resolve()
+    if not target.is_relative_to(root.resolve()):
+        # A hub-cache snapshot's files are links into its own repository's blobs/, and only there.
+        repository = repository_of(root)
+        if repository is None:
+            raise CheckpointError(f"shard {file} in {root} links to {target}, outside the checkpoint folder")
+        if not target.is_relative_to(repository / "blobs"):
+            raise CheckpointError(
+                f"shard {file} in {root} links to {target}, outside the checkpoint folder and outside "
+                f"{repository / 'blobs'}, where its hub-cache repository keeps its files"
+            )
     if not path.is_file():
         raise CheckpointError(f"{named_by} names shard {file}, which is not in {root}")
     if not file.endswith(".safetensors"):

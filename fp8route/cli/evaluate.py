@@ -80,6 +80,7 @@ def _backend_names(value: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from fp8route.checkpoint.hub import resolve_model_path
     from fp8route.errors import BackendUnavailableError
     from fp8route.evaluation.compare import format_summary, pairwise, summarize
     from fp8route.evaluation.loading import load_for_eval, routes
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
                 label += "-2"
             models.append(model)
             labels.append(label)
-            paths[label] = str(Path(path).resolve())
+            paths[label] = str(resolve_model_path(path).resolve())
             planned[label] = routes(model)
         if not models:
             raise Fp8InputError(f"--backends {args.backends}: none of them can run {args.path} on {device}")
@@ -189,7 +190,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "eval", help="log-likelihood accuracy on real benchmark data (hellaswag, arc, piqa, winogrande, gsm8k bpb)"
     )
     parser.add_argument(
-        "path", help="checkpoint folder: FP8 (ModelOpt/compressed-tensors) or bf16, with tokenizer.json"
+        "path",
+        help="checkpoint folder: FP8 (ModelOpt/compressed-tensors) or bf16, with tokenizer.json; or a repository id "
+        "in the Hugging Face hub cache",
     )
     # Checked by run(), not argparse, so a wrong name is one line on stderr and exit code 2.
     parser.add_argument("--task", action="append", help=f"one of {', '.join(TASKS)} (repeatable)")

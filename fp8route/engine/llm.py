@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from fp8route.checkpoint.hub import resolve_model_path
 from fp8route.engine.causal_lm import BLOCK_SIZE, CausalLM
 from fp8route.engine.flashinfer_attention import check_attention
 from fp8route.engine.kv_pool import KVPool, blocks_for
@@ -36,12 +37,13 @@ _GRAPH_RESERVE = 1 << 30  # decode graphs' own memory (logits and activations pe
 
 
 def resolve_model(model: str | os.PathLike[str]) -> Path:
-    """A checkpoint folder, or `smollm2` for the packaged SmolLM2-135M-Instruct in FP8."""
+    """A checkpoint folder, a repository id in the local Hugging Face hub cache, or `smollm2` for
+    the packaged SmolLM2-135M-Instruct in FP8."""
     if str(model) == "smollm2":
         from fp8route.checkpoint.smollm2 import smollm2_folder
 
         return smollm2_folder(progress=TextProgress("preparing smollm2"))
-    return Path(model)
+    return resolve_model_path(model)
 
 
 def eos_token_ids(config: dict[str, Any]) -> list[int]:

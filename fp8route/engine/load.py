@@ -26,8 +26,11 @@ def load_model(
     tp_lm_head: LmHead = "vocab",
     attention: str = "builtin",
 ) -> CausalLM:
-    """A Llama-family model (Llama, Mistral, Qwen2, Qwen3) from a checkpoint folder, with a KV pool
-    for max_batch_size rows of max_seq_len positions (capped at the config's max_position_embeddings).
+    """A Llama-family model (Llama, Mistral, Qwen2, Qwen3) from a checkpoint folder, or a Hugging Face
+    repository id ("org/name") in the local hub cache (fp8route.checkpoint.hub.resolve_model_path),
+    with a KV pool for max_batch_size rows of max_seq_len positions (capped at the config's
+    max_position_embeddings). config.json is checked against the tensors' header shapes (layers,
+    sizes, heads, vocabulary, tied embeddings) before any weight is read.
 
     device defaults to CUDA when available. FP8 linears stay FP8 (planned by policy); every
     float tensor (embeddings, norms, unquantized linears, the KV cache) is kept in dtype.

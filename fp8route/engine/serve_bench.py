@@ -135,6 +135,19 @@ def _step_floors(llm: LLM, stats: list[StepStats], copy_gbs: float) -> dict[str,
     }
 
 
+def _unloaded(llm: LLM, load: list[LoadRequest], probes: int = 5) -> dict[str, float]:
+    """TTFT and inter-token latency of a request of the load's mean length, alone: what a loaded
+    run's latencies are compared with."""
+    mean_in = round(statistics.fmean(len(r.prompt_ids) for r in load))
+    ttft, itl = [], []
+    for i in range(probes):
+        alone = [LoadRequest(load[i % len(load)].prompt_ids[:mean_in] or [0], 16, 0.0)]
+        results, _, _ = drive(llm, alone)
+        ttft.append(results[0].ttft_s)
+        itl += results[0].itl_s
+    return {"unloaded_ttft_ms": 1e3 * statistics.median(ttft), "unloaded_itl_ms": 1e3 * statistics.median(itl)}
+
+
 def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tuple[ServeReport, list[str]]:
     """One arm, in this process: load the model under the arm's policy, warm up, measure."""
     forced = arm.policy not in ("routed", "bf16")
@@ -151,6 +164,7 @@ def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tup
     cuda = llm.model.device.type == "cuda"
     extra: dict[str, object] = {"policy": arm.policy, "prefix_caching": arm.prefix_caching}
     drive(llm, warmup)  # kernels' first calls, at the sizes the load brings
+    extra.update(_unloaded(llm, load))
     engine.stats.clear()
     if arm.lone_prefill:
         extra["lone_prefill_tokens"] = arm.lone_prefill

@@ -10,12 +10,12 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from fp8route.checkpoint.formats import CONFIG, read_json
+from fp8route.checkpoint.hub import resolve_model_path
 from fp8route.errors import Fp8InputError
 from fp8route.linear.plan import fallback_lines
 from fp8route.linear.policy import Policy
@@ -29,14 +29,15 @@ def load_for_eval(
     dtype: torch.dtype | None = None,
     policy: Policy | None = None,
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], Any]:
-    """(model, tokenizer) for a checkpoint folder: `model(input_ids[B, T]) -> logits[B, T, V]`,
+    """(model, tokenizer) for a checkpoint folder (or a repository id in the Hugging Face hub cache):
+    `model(input_ids[B, T]) -> logits[B, T, V]`,
     computed in dtype (None: the embedding's, bf16 for these folders). FP8 layers quantize their
     inputs to FP8 whatever dtype the activations are carried in; policy (e.g. a forced backend)
     plans them, FP8ROUTE_* from the environment when None."""
     from fp8route.checkpoint.load import load_checkpoint
     from fp8route.models.llama import LlamaConfig, LlamaForCausalLM
 
-    folder = Path(path)
+    folder = resolve_model_path(path)
     if not folder.is_dir():
         raise Fp8InputError(f"{folder}: no such checkpoint folder")
     config = read_json(folder / CONFIG)

@@ -3,28 +3,34 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
+from fp8route.checkpoint.config_check import check_config
 from fp8route.checkpoint.formats import CONFIG, detect_scheme, read_json
+from fp8route.checkpoint.hub import resolve_model_path
+from fp8route.checkpoint.shards import ShardSet
 from fp8route.errors import Fp8InputError
 from fp8route.hf.config import Fp8RouteConfig
 
 
 def from_pretrained(path: str | os.PathLike[str], **kwargs: Any) -> PreTrainedModel:
-    """AutoModelForCausalLM.from_pretrained for a local ModelOpt or compressed-tensors FP8 folder,
-    every FP8 linear an fp8route.Fp8Linear (q/k/v and gate/up stay separate modules, as
-    transformers has them) and every other tensor loaded by transformers.
+    """AutoModelForCausalLM.from_pretrained for a local ModelOpt or compressed-tensors FP8 folder
+    (or a repository id already in the Hugging Face hub cache: fp8route.checkpoint.hub.resolve_model_path;
+    never downloaded), every FP8 linear an fp8route.Fp8Linear (q/k/v and gate/up stay separate
+    modules, as transformers has them) and every other tensor loaded by transformers.
 
     kwargs go to transformers (dtype, device_map, attn_implementation, ...). The checkpoint's
     own quantization_config is set aside and Fp8RouteConfig given instead, so this works for
     both formats whatever quantizer transformers has registered for them. A folder that is not
-    a per-tensor FP8 checkpoint raises CheckpointError before transformers runs.
+    a per-tensor FP8 checkpoint, or whose config.json contradicts its tensors' shapes, raises
+    CheckpointError before transformers runs.
     """
-    folder = Path(path)
-    detect_scheme(folder, read_json(folder / CONFIG))
+    folder = resolve_model_path(path)
+    config_json = read_json(folder / CONFIG)
+    detect_scheme(folder, config_json)
+    check_config(config_json, ShardSet.open(folder).tensors)
     given = kwargs.pop("quantization_config", None)
     if given is not None and not isinstance(given, Fp8RouteConfig):
         raise Fp8InputError(

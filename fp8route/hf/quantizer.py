@@ -21,6 +21,7 @@ from torch import nn
 from transformers.quantizers.auto import AUTO_QUANTIZER_MAPPING, register_quantizer
 from transformers.quantizers.base import HfQuantizer
 
+from fp8route.checkpoint.config_check import check_config
 from fp8route.checkpoint.formats import CONFIG, detect_scheme, read_json
 from fp8route.checkpoint.layout import layout
 from fp8route.checkpoint.load import load_checkpoint
@@ -53,8 +54,11 @@ class Fp8RouteHfQuantizer(HfQuantizer):
                 "files (to quantize a float model, load it as usual and call fp8route.hf.quantize_model)"
             )
         folder = Path(checkpoint_files[0]).parent
-        scheme = detect_scheme(folder, read_json(folder / CONFIG))
-        lay = layout(ShardSet.open(folder), scheme, fuse=False)
+        config = read_json(folder / CONFIG)
+        scheme = detect_scheme(folder, config)
+        shards = ShardSet.open(folder)
+        lay = layout(shards, scheme, fuse=False)
+        check_config(config, shards.tensors)
         for name, record in lay.linears.items():
             current = get_module(model, name, "the checkpoint's FP8 linear")
             if not isinstance(current, nn.Linear):

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fp8route.checkpoint.config_check import ARCHITECTURES
 from fp8route.errors import CheckpointError
 from fp8route.models.fused import add_rms_norm, rms_norm, rope, silu_mul
 
@@ -34,9 +35,6 @@ class AttentionContext(Protocol):
         """q [B, T, H, D] and the new k, v [B, T, Hkv, D], before RoPE (cos/sin as Attention.forward
         takes them: the context applies it, fused with its cache write where it can) -> [B, H, T, D]."""
         ...
-
-
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 
 @dataclass(frozen=True)

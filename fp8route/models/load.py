@@ -18,7 +18,9 @@ import torch
 from torch import nn
 
 from fp8route.backends.problem import default_device
+from fp8route.checkpoint.config_check import check_config
 from fp8route.checkpoint.formats import CONFIG, modelopt, read_json
+from fp8route.checkpoint.hub import resolve_model_path
 from fp8route.checkpoint.load import load_checkpoint
 from fp8route.checkpoint.shards import ShardSet, Slices
 from fp8route.errors import CheckpointError, Fp8InputError
@@ -48,8 +50,10 @@ def read_plain(
     folder: Path, device: torch.device, dtype: torch.dtype | None, slices: Slices | None = None
 ) -> dict[str, torch.Tensor]:
     """Every tensor of an unquantized checkpoint on device, floats in dtype (None: as stored), one
-    shard at a time; only the part slices names of a tensor it has an index for."""
+    shard at a time; only the part slices names of a tensor it has an index for. config.json is
+    checked against the tensors' header shapes first."""
     shards = ShardSet.open(folder)
+    check_config(read_json(folder / CONFIG), shards.tensors)
     tensors: dict[str, torch.Tensor] = {}
     for file, names in shards.by_file().items():
         for name, tensor in shards.read(file, names, slices):
@@ -85,15 +89,18 @@ def load_parts(
     tp_lm_head: LmHead = "vocab",
     before_weights: Callable[[torch.device], None] | None = None,
 ) -> ModelParts:
-    """Read a Llama-family checkpoint folder onto device (default: CUDA when available), FP8
-    linears planned by policy, float tensors in dtype; sharded over the default process group
-    when there is one (tp_lm_head and all_reduce as load_model takes them). before_weights(device)
-    runs once the config is read and the device known, before any weight is: a caller's checks."""
+    """Read a Llama-family checkpoint folder, or a Hugging Face repository id ("org/name") in the
+    local hub cache (fp8route.checkpoint.hub.resolve_model_path), onto device (default: CUDA when
+    available): config.json checked against the tensors' header shapes (layers, sizes, heads,
+    vocabulary, tied embeddings) before any weight is read, FP8 linears planned by policy, float
+    tensors in dtype; sharded over the default process group when there is one (tp_lm_head and
+    all_reduce as load_model takes them). before_weights(device) runs once the config is read and
+    the device known, before any weight is: a caller's checks."""
     if dtype not in FLOAT_DTYPES:
         raise Fp8InputError(f"load_model: dtype must be bfloat16, float16 or float32, got {dtype}")
     check_lm_head(tp_lm_head)
     check_method(all_reduce)
-    folder = Path(path)
+    folder = resolve_model_path(path)
     config = read_json(folder / CONFIG)
     cfg = LlamaConfig.from_hf(config, CONFIG)
     limit = config.get("max_position_embeddings")

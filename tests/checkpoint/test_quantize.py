@@ -7,6 +7,7 @@ import torch
 from checkpoint_helpers import TINY, llama_tensors, write_checkpoint
 
 from fp8route import CheckpointError, Fp8InputError, load_checkpoint, quantize_checkpoint, sqnr_db
+from fp8route.checkpoint import quantize as quantize_module
 from fp8route.checkpoint.calibration import generated_token_ids, load_token_ids
 from fp8route.checkpoint.formats import compressed_tensors, modelopt
 from fp8route.checkpoint.shards import ShardSet
@@ -201,13 +202,29 @@ def test_inspect_lists_shapes_that_fail_a_gate(tmp_path, capsys):
     assert "N=64 K=64" not in out.split("plans on this device")[0]
 
 
-def test_a_failure_midway_leaves_no_output(tmp_path):
-    # The weights are checked layer by layer as calibration reaches them: a missing one is found
-    # after writing began, and the half-written folder must not stay behind.
+def test_a_missing_weight_is_refused_before_anything_is_written(tmp_path):
     tensors = llama_tensors()
     del tensors["model.layers.1.mlp.down_proj.weight"]
     src = write_checkpoint(tmp_path / "src", tensors, TINY)
-    with pytest.raises(CheckpointError, match="down_proj"):
+    with pytest.raises(CheckpointError, match=r"^model\.layers\.1\.mlp\.down_proj\.weight is in no shard"):
         quantize_checkpoint(src, tmp_path / "out" / "fp8", format="modelopt", device="cpu")
-    assert not (tmp_path / "out" / "fp8").exists()
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failure_midway_leaves_no_output(tmp_path, monkeypatch):
+    # A failure after shards were written (here, quantizing layer 1's first linear) must not leave
+    # the half-written folder behind.
+    real, calls = quantize_module.quantize_per_tensor, []
+
+    def fails_in_layer_1(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append(weight.shape)
+        if len(calls) > 7:
+            raise CheckpointError("made to fail in layer 1")
+        return real(weight)
+
+    monkeypatch.setattr(quantize_module, "quantize_per_tensor", fails_in_layer_1)
+    src = write_checkpoint(tmp_path / "src", llama_tensors(), TINY)
+    with pytest.raises(CheckpointError, match="made to fail in layer 1"):
+        quantize_checkpoint(src, tmp_path / "out" / "fp8", format="modelopt", device="cpu", max_shard_bytes=4096)
+    assert len(calls) == 8
     assert list((tmp_path / "out").iterdir()) == []

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from checkpoint_helpers import hub_snapshot
 from hf_helpers import FORMATS, float_checkpoint, modelopt_config_json
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
@@ -77,6 +78,31 @@ def test_a_float_folder_is_one_clear_checkpoint_error(tmp_path):
 def test_a_missing_folder_is_a_checkpoint_error(tmp_path):
     with pytest.raises(CheckpointError, match="expected a checkpoint folder"):
         fp8route.hf.from_pretrained(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
+def test_a_config_that_contradicts_the_tensors_is_refused_before_transformers_runs(tmp_path, fmt):
+    folder = FORMATS[fmt](tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
+    message = "config.json has num_hidden_layers=1, but the checkpoint holds layer 1 too"
+    with pytest.raises(CheckpointError, match=f"^{message}"):
+        fp8route.hf.from_pretrained(folder)
+    if fmt == "modelopt":  # the registered quantizer checks it too
+        with pytest.raises(CheckpointError, match=f"^{message}"):
+            AutoModelForCausalLM.from_pretrained(folder)
+
+
+def test_a_repository_id_in_the_hub_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    folder = FORMATS["modelopt"](tmp_path)
+    expected = fp8route.hf.from_pretrained(folder, dtype=torch.float32)(IDS).logits
+    hub_snapshot(tmp_path / "hub", "acme/tiny-fp8", folder)
+    with torch.no_grad():
+        logits = fp8route.hf.from_pretrained("acme/tiny-fp8", dtype=torch.float32)(IDS).logits
+    torch.testing.assert_close(logits, expected)
+    with pytest.raises(CheckpointError, match="^acme/elsewhere is neither a local folder nor in the Hugging Face"):
+        fp8route.hf.from_pretrained("acme/elsewhere")
 
 
 def test_other_quantization_configs_are_refused(tmp_path):
