@@ -139,8 +139,10 @@ def _checks(reports: list[ServeReport], digests: dict[str, list[str]], arms: lis
         by_policy.setdefault(arm.policy, []).append(arm)
     for policy, group in by_policy.items():
         if len(group) == 2:
-            same = digests[group[0].name] == digests[group[1].name]
-            lines.append(f"{policy}: tokens with and without the prefix cache {'equal' if same else 'DIFFER'}")
+            pairs = list(zip(digests[group[0].name], digests[group[1].name], strict=True))
+            same = sum(a == b for a, b in pairs)
+            verdict = "equal" if same == len(pairs) else f"DIFFER for {len(pairs) - same} of {len(pairs)} requests"
+            lines.append(f"{policy}: tokens with and without the prefix cache {verdict}")
     return lines
 
 

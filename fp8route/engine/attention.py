@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from fp8route.engine import paged_decode as kernel
-from fp8route.engine.kv_pool import KVPool
+from fp8route.engine.kv_pool import KVPool, upload
 from fp8route.models.fused import rope, rope_into_cache
 
 if TYPE_CHECKING:
@@ -78,6 +78,17 @@ def _causal_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     return out[:, :, :t] if pad else out
 
 
+@dataclass(frozen=True)
+class _Continuations:
+    """Chunks that continue their sequences with the same length and the same end: one attention call
+    for all of them (prompts behind a shared cached prefix come this way, many to a step)."""
+
+    length: int
+    end: int
+    rows: torch.Tensor  # [G] table rows, on the device
+    tokens: torch.Tensor  # [G * length] their tokens' places in the packed batch, on the device
+
+
 class PrefillAttention:
     def __init__(
         self,
@@ -87,6 +98,21 @@ class PrefillAttention:
         flashinfer: FlashInferAttention | None = None,
     ) -> None:
         self.pool, self.seqs, self.slots, self.flashinfer = pool, seqs, slots, flashinfer
+        self.fresh = [seq for seq in seqs if seq.start == 0]
+        groups: dict[tuple[int, int], list[PrefillSeq]] = {}
+        for seq in seqs:
+            if seq.start:
+                groups.setdefault((seq.length, seq.start + seq.length), []).append(seq)
+        device = slots.device
+        self.continuations = [
+            _Continuations(
+                length,
+                end,
+                upload(torch.tensor([seq.row for seq in members]), device),
+                upload(torch.tensor([seq.offset + i for seq in members for i in range(length)]), device),
+            )  # fmt: skip
+            for (length, end), members in groups.items()
+        ]
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -100,21 +126,21 @@ class PrefillAttention:
             return self.flashinfer.prefill(layer, rope(q, cos, sin, token_major=True))
         q = rope(q, cos, sin)
         v = v.transpose(1, 2)
-        outs = []
-        for seq in self.seqs:
+        if len(self.fresh) == len(self.seqs) == 1:
+            return _causal_self_attention(q, k, v)
+        out = torch.empty_like(q)
+        for seq in self.fresh:
             part = slice(seq.offset, seq.offset + seq.length)
-            q_i = q[:, :, part]
-            if seq.start == 0:
-                out = _causal_self_attention(q_i, k[:, :, part], v[:, :, part])
-            else:
-                end = seq.start + seq.length
-                k_i, v_i = gather_rows(self.pool, layer, seq.row, -(-end // self.pool.block_size))
-                mask = causal_lower_right(seq.length, end)
-                out = F.scaled_dot_product_attention(
-                    q_i, k_i[:, :, :end], v_i[:, :, :end], attn_mask=mask, enable_gqa=True
-                )
-            outs.append(out)
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+            out[:, :, part] = _causal_self_attention(q[:, :, part], k[:, :, part], v[:, :, part])
+        for group in self.continuations:
+            k_i, v_i = gather_rows(self.pool, layer, group.rows, -(-group.end // self.pool.block_size))
+            q_i = q[0][:, group.tokens].unflatten(1, (-1, group.length)).transpose(0, 1)  # [G, H, length, D]
+            mask = causal_lower_right(group.length, group.end)
+            o = F.scaled_dot_product_attention(
+                q_i, k_i[:, :, : group.end], v_i[:, :, : group.end], attn_mask=mask, enable_gqa=True
+            )
+            out[0].index_copy_(1, group.tokens, o.transpose(0, 1).flatten(1, 2))
+        return out
 
 
 class DecodeAttention:

@@ -195,3 +195,15 @@ def test_stop_ids_min_tokens_ignore_eos_and_the_context_limit():
     out = run(eng, {0: [("ctx", prompt(60, 8), SamplingParams(max_tokens=None, temperature=0))]})["ctx"]
     assert len(out) == 4 and last().finish_reason == "length"
     assert eng.leaked() is None
+
+
+def test_chunks_behind_one_cached_prefix_attend_in_one_group_and_equal_each_alone():
+    eng = engine(block_size=4, budget=64)
+    shared = prompt(20, 77)
+    tails = {f"t{i}": shared + prompt(3, 200 + i) for i in range(4)}  # the same length and end: one group
+    arrivals = {0: [("seed", shared + [1], GREEDY)], 4: [(rid, ids, GREEDY) for rid, ids in tails.items()]}
+    outputs = run(eng, arrivals)
+    assert all(FINISHED[rid].num_cached_tokens == 20 for rid in tails)
+    for rid, ids in tails.items():
+        assert outputs[rid] == alone(ids, 6), rid
+    assert eng.leaked() is None
