@@ -40,7 +40,7 @@ tests/gpu/test_fused_gpu.py"}
         ;;
     generate) timeout 120 python3 benchmarks/generate_large.py "$ckpt" 2>&1 | grep -v Warning | tee -a "$log" ;;
     prefill)
-        serve prefill --policy routed,cublas,rowwise --num-prompts 512 --input-len 1024:4096 --output-len 16:64 \
+        serve prefill --policy "${PREFILL_POLICY:-routed,cublas,rowwise}" --num-prompts 512 --input-len 1024:4096 --output-len 16:64 \
             --lone-prefill 4096 ;;
     decode)
         serve decode --policy routed --num-prompts 1024 --input-len 512:1536 --output-len 128:512 --static-batch 16 ;;
