@@ -1,5 +1,5 @@
-"""Where `quantize` writes: a destination it cannot use is one line before any work, a failure
-while writing leaves nothing behind.
+"""Where `quantize` writes: a destination it cannot use is one line before any work, a failure or a
+SIGTERM while writing leaves nothing behind.
 
 Root ignores permission bits, and CI runs as root: the read-only cases drop the capabilities that
 let root write anywhere (setpriv) or make the folder immutable (chattr +i), so the kernel really
@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections import namedtuple
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from fp8route import CheckpointError, Fp8InputError, quantize_checkpoint
 from fp8route.checkpoint import destination, shards
 from fp8route.checkpoint.calibration import generated_token_ids
 from fp8route.checkpoint.destination import write_folder, write_into
+from fp8route.checkpoint.random import write_random
 from fp8route.cli import main
 
 CALIB = generated_token_ids(TINY["vocab_size"], sequences=2, length=16, seed=1)
@@ -112,6 +115,16 @@ def test_not_enough_space_is_one_line_before_any_work(source, tmp_path, monkeypa
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("gb", ["0", "-1", "inf", "nan"])
+def test_max_shard_gb_must_be_positive(source, tmp_path, capsys, gb):
+    argv = ["quantize", str(source), str(tmp_path / "q"), "--format", "modelopt", "--max-shard-gb", gb]
+    assert main(argv) == 2
+    assert f"--max-shard-gb must be a positive number of GiB, got {float(gb)}" in one_line(capsys.readouterr().err)
+    with pytest.raises(Fp8InputError, match="max_shard_bytes must be a positive number of bytes, got 0"):
+        quantize_checkpoint(source, tmp_path / "q", calib=CALIB, max_shard_bytes=0)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_destinations_the_rename_could_not_take(source, tmp_path, monkeypatch):
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
@@ -159,6 +172,27 @@ def test_an_os_error_while_writing_is_one_line_and_leaves_nothing(tmp_path, monk
     assert err.startswith(f"fp8route quantize: cannot write {dst}: No space left on device (")
     assert message in err and err.endswith("; the partial output was removed")
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_sigterm_while_quantizing_leaves_nothing(tmp_path):
+    # Big enough that calibration takes seconds on a CPU; the hidden folder appears before it starts.
+    config = {**TINY, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 6, "vocab_size": 4096}
+    src = write_random(tmp_path / "src", config, fp8=False, device="cpu")
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [str(src), str(out / "fp8"), "--format", "modelopt", "--device", "cpu", "--quiet"]
+    process = subprocess.Popen(
+        command(*argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment()
+    )
+    deadline = time.monotonic() + 120
+    while not any(out.iterdir()) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [p.name.startswith(".fp8.partial-") for p in out.iterdir()] == [True]
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143 and stdout == ""
+    assert one_line(stderr) == "fp8route quantize: terminated (SIGTERM)"
+    assert list(out.iterdir()) == []
 
 
 def test_write_folder_and_write_into_clean_up_after_any_failure(tmp_path):
