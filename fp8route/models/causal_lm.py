@@ -19,6 +19,7 @@ from fp8route.models.attention import DecodeAttention, PrefillAttention
 from fp8route.models.flashinfer_attention import FlashInferAttention, check_attention
 from fp8route.models.kv_cache import KVCache
 from fp8route.models.llama import LlamaConfig, LlamaForCausalLM, rope_tables
+from fp8route.models.token_ids import check_token_ids
 
 if TYPE_CHECKING:
     from fp8route.models.decode_graphs import DecodeGraphs
@@ -97,6 +98,7 @@ class CausalLM(LlamaForCausalLM):
 
     def forward(self, input_ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Logits [B, T, vocab] for token ids [B, T]: the full causal forward, no cache."""
+        check_token_ids("model(input_ids)", input_ids, self.cfg.vocab_size, self.cfg.max_position_embeddings)
         h = self.model.embed_tokens(input_ids).to(dtype or self.dtype)
         cos, sin = self._tables(input_ids.shape[-1])
         return self.lm_head(self.model.run_layers(h, cos, sin))
