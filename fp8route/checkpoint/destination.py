@@ -8,8 +8,8 @@ read-only file systems and immutable folders, rather than reading the mode.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,13 +84,14 @@ def check_writable(folder: Path, what: str) -> None:
 def write_folder(dst: Path, write: Callable[[Path], T], *, replace: bool = False) -> T:
     """write(tmp) into a hidden folder beside dst, then renamed to dst; returns what write returned.
 
-    Any failure, an interrupt included, removes the hidden folder: nothing is left behind. An OSError becomes one
-    CheckpointError naming the path and the reason. dst must be absent or an empty folder (the
-    rename replaces it) unless replace, which removes an existing dst first."""
+    Any failure, an interrupt included, removes the hidden folder: nothing is left behind. An
+    OSError becomes one CheckpointError naming the path and the reason. dst must be absent or an
+    empty folder (the rename replaces it) unless replace, which removes an existing dst first."""
     with _one_line_os_errors(dst):
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
+        staging = _hidden(dst.parent, f".{dst.name}.partial-")
         try:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            staging.mkdir()
             result = write(staging)
             if replace and dst.exists():
                 shutil.rmtree(dst)
@@ -109,9 +110,10 @@ def write_into(folder: Path, write: Callable[[Path], T]) -> T:
     made it; an OSError becomes one CheckpointError naming the path and the reason."""
     made = not folder.exists()
     with _one_line_os_errors(folder):
-        folder.mkdir(parents=True, exist_ok=True)
+        staging = _hidden(folder, ".fp8route-partial-")
         try:
-            staging = Path(tempfile.mkdtemp(prefix=".fp8route-partial-", dir=folder))
+            folder.mkdir(parents=True, exist_ok=True)
+            staging.mkdir()
             try:
                 result = write(staging)
                 for path in sorted(staging.iterdir()):
@@ -123,6 +125,12 @@ def write_into(folder: Path, write: Callable[[Path], T]) -> T:
                 shutil.rmtree(folder, ignore_errors=True)
             raise
     return result
+
+
+def _hidden(parent: Path, prefix: str) -> Path:
+    # Named before it is made (mkdtemp names and makes it at once): an interrupt that lands just
+    # after the mkdir still finds the name, inside the try that removes it.
+    return parent / f"{prefix}{secrets.token_hex(8)}"
 
 
 @contextmanager

@@ -184,13 +184,16 @@ def test_sigterm_while_quantizing_leaves_nothing(tmp_path):
     process = subprocess.Popen(
         command(*argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment()
     )
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while not any(out.iterdir()) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
+    if process.poll() is not None or not any(out.iterdir()):
+        process.kill()
+        pytest.fail(f"quantize did not start writing (exit {process.returncode}): {process.communicate()[1][-3000:]}")
     assert [p.name.startswith(".fp8.partial-") for p in out.iterdir()] == [True]
     process.send_signal(signal.SIGTERM)
-    stdout, stderr = process.communicate(timeout=120)
-    assert process.returncode == 143 and stdout == ""
+    stdout, stderr = process.communicate(timeout=300)
+    assert (process.returncode, stdout) == (143, ""), stderr[-3000:]
     assert one_line(stderr) == "fp8route quantize: terminated (SIGTERM)"
     assert list(out.iterdir()) == []
 
@@ -220,3 +223,18 @@ def test_write_folder_and_write_into_clean_up_after_any_failure(tmp_path):
     ]
     assert write_into(tmp_path / "hf", lambda folder: (folder / "config.json").write_text("{}")) == 2
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "tokenizer.json"]
+
+
+def test_an_interrupt_just_after_the_hidden_folder_is_made_still_removes_it(tmp_path, monkeypatch):
+    make = Path.mkdir
+
+    def mkdir_then_interrupt(self, *args, **kwargs):
+        make(self, *args, **kwargs)
+        if "partial-" in self.name:
+            raise KeyboardInterrupt  # as a signal handler would, at the next bytecode
+
+    monkeypatch.setattr(Path, "mkdir", mkdir_then_interrupt)
+    for write in (write_folder, write_into):
+        with pytest.raises(KeyboardInterrupt):
+            write(tmp_path / "out", lambda folder: None)
+    assert list(tmp_path.iterdir()) == []
