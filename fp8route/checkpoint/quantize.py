@@ -225,7 +225,8 @@ def _quantize_into(
         quantizer.linears.update(f"{prefix}.{n}" for n, m in layer.named_modules() if isinstance(m, FloatLinear))
         with torch.no_grad():
             hidden = [layer(h, *rope_tables(cfg, torch.arange(h.shape[1], device=target))) for h in hidden]
-        report.choices.update((name, o.choose(tensors[f"{name}.weight"])) for name, o in observers.items())
+        for name, o in observers.items():
+            report.choices[name] = o.choose(tensors[f"{name}.weight"], shards.tensors[f"{name}.weight"].where)
         del layer, tensors, observers
         if progress:
             progress(i + 1, total, f"layer {i + 1}/{cfg.num_hidden_layers}")
@@ -237,7 +238,7 @@ def _quantize_into(
         norm = RMSNorm(rest["model.norm.weight"], cfg.rms_norm_eps)
         for h in hidden:
             observer.update(norm(h))
-        report.choices["lm_head"] = observer.choose(rest["lm_head.weight"])
+        report.choices["lm_head"] = observer.choose(rest["lm_head.weight"], shards.tensors["lm_head.weight"].where)
     if settings.keep_float > len(report.choices):
         raise Fp8InputError(f"keep_float={settings.keep_float} but only {len(report.choices)} linears are quantized")
     ranked = sorted(report.choices, key=lambda n: report.choices[n].rel_error, reverse=True)
@@ -360,7 +361,7 @@ class _Quantizer:
             self.written.add(name)
 
     def _write_fp8(self, module: str, weight: torch.Tensor, choice: ScaleChoice) -> None:
-        qweight, scale = quantize_per_tensor(weight.float())
+        qweight, scale = quantize_per_tensor(weight.float(), name=f"{module}.weight")
         input_scale = torch.tensor(choice.scale, dtype=torch.float32)
         # ModelOpt writes scalar scales as shape [], compressed-tensors as [1].
         shape = (1,) if self.report.format == compressed_tensors.FORMAT else ()

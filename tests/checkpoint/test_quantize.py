@@ -211,3 +211,15 @@ def test_a_failure_midway_leaves_no_output(tmp_path):
         quantize_checkpoint(src, tmp_path / "out" / "fp8", format="modelopt", device="cpu")
     assert not (tmp_path / "out" / "fp8").exists()
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_nan_in_the_source_names_the_tensor_and_leaves_no_output(tmp_path):
+    tensors = llama_tensors()
+    tensors["model.layers.1.mlp.up_proj.weight"][3, 3] = float("inf")
+    src = write_checkpoint(tmp_path / "src", tensors, TINY)
+    with pytest.raises(
+        Fp8InputError,
+        match=r"^model\.layers\.1\.mlp\.up_proj\.weight in model\.safetensors: 1 NaN or Inf value\(s\); expected",
+    ):
+        quantize_checkpoint(src, tmp_path / "out" / "fp8", format="modelopt", calib=CALIB, device="cpu")
+    assert list((tmp_path / "out").iterdir()) == []
