@@ -14,6 +14,8 @@ FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448.0
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # A zero tensor still needs a usable scale; any positive value quantizes it to zeros.
 _MIN_SCALE = 1e-12
+# e4m3fn has no infinities; S.1111.111 is its only NaN encoding.
+E4M3_NAN_BITS = 0x7F
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -38,6 +40,19 @@ def check_fp8_weight(name: str, w: torch.Tensor) -> None:
         raise Fp8TypeError(f"{name}: expected dtype float8_e4m3fn, got {w.dtype}")
     if w.dim() != 2:
         raise Fp8InputError(f"{name}: expected a 2-D [N, K] weight, got shape {tuple(w.shape)}")
+
+
+def check_fp8_finite(name: str, w: torch.Tensor) -> None:
+    """Raise Fp8InputError if the e4m3 tensor w holds NaN. Reads on the host: load time only."""
+    nan = (w.view(torch.uint8) & E4M3_NAN_BITS) == E4M3_NAN_BITS
+    if bool(nan.any()):
+        raise Fp8InputError(f"{name}: {int(nan.sum())} NaN value(s) in the FP8 weight")
+
+
+def check_finite(name: str, t: torch.Tensor) -> None:
+    """Raise Fp8InputError if the float tensor t holds NaN or Inf. Reads on the host: load time only."""
+    if not bool(torch.isfinite(t).all()):
+        raise Fp8InputError(f"{name}: {int((~torch.isfinite(t)).sum())} NaN or Inf value(s); expected finite values")
 
 
 def as_scale(name: str, scale: torch.Tensor | float, device: torch.device | None = None) -> torch.Tensor:
@@ -70,10 +85,21 @@ def dynamic_scale(x: torch.Tensor) -> torch.Tensor:
     return (x.detach().abs().amax().float() / FP8_MAX).clamp(min=_MIN_SCALE)
 
 
-def quantize_per_tensor(x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantize a float tensor to e4m3 with one scale (amax/448 when none is given)."""
-    check_float("x", x)
-    scale = dynamic_scale(x) if scale is None else scale.float().reshape(())
+def quantize_per_tensor(
+    x: torch.Tensor, scale: torch.Tensor | None = None, *, name: str = "x"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize a float tensor to e4m3 with one scale (amax/448 when none is given); name is what
+    an error calls x. Checks x is finite on the host: for weights at load time, not activations."""
+    check_float(name, x)
+    if scale is None:
+        scale = dynamic_scale(x)
+        # amax propagates NaN and Inf, so a finite scale vouches for every element without another pass.
+        finite = bool(torch.isfinite(scale))
+    else:
+        scale = as_scale(f"{name} scale", scale, x.device)
+        finite = bool(torch.isfinite(x).all())
+    if not finite:
+        check_finite(name, x)
     return quantize(x, scale), scale
 
 

@@ -72,9 +72,9 @@ def percentile_scale(tail_min: float, amax: float) -> float:
     return max_scale(min(tail_min, amax))
 
 
-def quantized_weight(weight: torch.Tensor) -> torch.Tensor:
+def quantized_weight(weight: torch.Tensor, name: str = "weight") -> torch.Tensor:
     """The weight as the checkpoint stores it (e4m3, per-tensor amax/448), dequantized to fp32."""
-    q, scale = quantize_per_tensor(weight.float())
+    q, scale = quantize_per_tensor(weight.float(), name=name)
     return dequantize(q, scale)
 
 

@@ -19,10 +19,7 @@ from fp8route.errors import CheckpointError, Fp8InputError, Fp8TypeError
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.plan import Preference
 from fp8route.linear.policy import Policy
-from fp8route.quant import as_scale
-
-# e4m3fn has no infinities; S.1111.111 is its only NaN encoding.
-_E4M3_NAN_BITS = 0x7F
+from fp8route.quant import as_scale, check_finite, check_fp8_finite
 
 
 @dataclass
@@ -157,12 +154,13 @@ def _checked(info: TensorInfo, tensor: torch.Tensor) -> torch.Tensor:
                 f"unsupported: {info.where} is {tensor.float().flatten()[0].item()}; symmetric FP8 has zero points of 0"
             )
         return tensor
-    if leaf == "weight":
-        nan = (tensor.view(torch.uint8) & _E4M3_NAN_BITS) == _E4M3_NAN_BITS
-        if bool(nan.any()):
-            raise CheckpointError(f"{info.where}: {int(nan.sum())} NaN value(s) in the FP8 weight (corrupt shard?)")
-    elif leaf == "bias" and not bool(torch.isfinite(tensor).all()):
-        raise CheckpointError(f"{info.where}: bias has NaN or Inf values")
+    try:
+        if leaf == "weight":
+            check_fp8_finite(info.where, tensor)
+        elif leaf == "bias":
+            check_finite(info.where, tensor)
+    except Fp8InputError as e:
+        raise CheckpointError(f"{e} (corrupt shard?)") from None
     return tensor
 
 

@@ -67,12 +67,12 @@ class InputObserver:
         kept = keys.topk(min(self.sample_rows, keys.numel()), largest=False).indices
         self.sample, self.keys = torch.cat([self.sample, rows])[kept], keys[kept]
 
-    def choose(self, weight: torch.Tensor) -> ScaleChoice:
-        """The input scale for this linear's weight [N, K], and its output error."""
+    def choose(self, weight: torch.Tensor, name: str = "weight") -> ScaleChoice:
+        """The input scale for this linear's weight [N, K] (name: what an error calls it), and its output error."""
         if self.rows_seen == 0:
             return ScaleChoice(estimators.max_scale(0.0), 0.0, 0.0, 1.0)
         base = estimators.max_scale(self.amax)
-        wq = estimators.quantized_weight(weight)
+        wq = estimators.quantized_weight(weight, name)
         if self.estimator == "max":
             scale = base
         elif self.estimator == "percentile":

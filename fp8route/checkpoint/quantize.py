@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,11 +27,12 @@ from fp8route.backends.problem import default_device
 from fp8route.checkpoint import estimators
 from fp8route.checkpoint.calibration import generated_token_ids, load_token_ids, read_text, text_token_ids
 from fp8route.checkpoint.config_check import check_config
+from fp8route.checkpoint.destination import check_destination, write_folder
 from fp8route.checkpoint.formats import CONFIG, FORMATS, QuantScheme, compressed_tensors, modelopt, read_json
 from fp8route.checkpoint.hub import resolve_model_path
 from fp8route.checkpoint.observer import SAMPLE_ROWS, InputObserver, ScaleChoice, observe
 from fp8route.checkpoint.sensitivity import KlSearch, TrialModel, check_budget, search_budget
-from fp8route.checkpoint.shards import INDEX, ShardSet, ShardWriter
+from fp8route.checkpoint.shards import INDEX, ShardSet, ShardWriter, check_shard_bytes
 from fp8route.errors import CheckpointError, Fp8InputError
 from fp8route.models.llama import DecoderLayer, FloatLinear, LlamaConfig, Parts, RMSNorm, rope_tables
 from fp8route.progress import Progress
@@ -112,6 +112,7 @@ def quantize_checkpoint(
     if not isinstance(keep_float, int) or keep_float < 0:
         raise Fp8InputError(f"keep_float must be a non-negative number of linears, got {keep_float!r}")
     check_budget(kl_budget)
+    check_shard_bytes(max_shard_bytes)
     if kl_budget is not None and keep_float:
         raise Fp8InputError("give keep_float (a count) or kl_budget (a KL), not both")
     src, dst = resolve_model_path(src), Path(dst)
@@ -128,7 +129,6 @@ def quantize_checkpoint(
             raise CheckpointError(
                 f"{info.where}: expected bfloat16/float16/float32 weights to quantize, got {info.dtype_name}"
             )
-    _check_destination(dst, src)
     matcher = QuantScheme(format, "--exclude", tuple(exclude))
     quantizable = [
         n.removesuffix(".weight")
@@ -138,23 +138,17 @@ def quantize_checkpoint(
     quantizable = [n for n in quantizable if not matcher.excludes(n)]
     if keep_float > len(quantizable):
         raise Fp8InputError(f"keep_float={keep_float} but only {len(quantizable)} linears would be quantized")
+    check_destination(dst, src, _output_bytes(src, shards, quantizable))
     target = default_device(device)
     sequences, source = _calibration_ids(src, cfg, calib, calib_text, calib_seq_len, calib_tokens)
     budget = None if kl_budget is None else float(kl_budget)
     settings = _Settings(format, tuple(exclude), input_scale, float(percentile), keep_float, source, budget)
-    # Written into a hidden folder beside dst and renamed at the end: a failure leaves nothing behind.
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
-    try:
-        report = _quantize_into(
-            staging, src, config, cfg, shards, sequences, settings, target, max_shard_bytes, progress
-        )
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if dst.exists():
-        dst.rmdir()  # empty, as _check_destination made sure
-    staging.rename(dst)
+    report = write_folder(
+        dst,
+        lambda folder: _quantize_into(
+            folder, src, config, cfg, shards, sequences, settings, target, max_shard_bytes, progress
+        ),
+    )
     report.dst = dst
     report.seconds = time.perf_counter() - start
     return report
@@ -234,7 +228,8 @@ def _quantize_into(
         quantizer.linears.update(f"{prefix}.{n}" for n, m in layer.named_modules() if isinstance(m, FloatLinear))
         with torch.no_grad():
             hidden = [layer(h, *rope_tables(cfg, torch.arange(h.shape[1], device=target))) for h in hidden]
-        report.choices.update((name, o.choose(tensors[f"{name}.weight"])) for name, o in observers.items())
+        for name, o in observers.items():
+            report.choices[name] = o.choose(tensors[f"{name}.weight"], shards.tensors[f"{name}.weight"].where)
         del layer, tensors, observers
         if progress:
             progress(i + 1, total, f"layer {i + 1}/{cfg.num_hidden_layers}")
@@ -246,7 +241,7 @@ def _quantize_into(
         norm = RMSNorm(rest["model.norm.weight"], cfg.rms_norm_eps)
         for h in hidden:
             observer.update(norm(h))
-        report.choices["lm_head"] = observer.choose(rest["lm_head.weight"])
+        report.choices["lm_head"] = observer.choose(rest["lm_head.weight"], shards.tensors["lm_head.weight"].where)
     if settings.keep_float > len(report.choices):
         raise Fp8InputError(f"keep_float={settings.keep_float} but only {len(report.choices)} linears are quantized")
     ranked = sorted(report.choices, key=lambda n: report.choices[n].rel_error, reverse=True)
@@ -281,6 +276,17 @@ def _quantize_into(
     if progress:
         progress(total, total, "written")
     return report
+
+
+def _output_bytes(src: Path, shards: ShardSet, quantizable: list[str]) -> int:
+    """About what the folder will take: one byte per quantized weight, the rest as it is now."""
+    fp8 = {f"{n}.weight" for n in quantizable}
+    size = 0
+    for name, info in shards.tensors.items():
+        dtype = info.torch_dtype
+        size += info.numel * (1 if name in fp8 or dtype is None else dtype.itemsize)
+    copied = [p for p in src.iterdir() if p.is_file() and not p.name.endswith(_NOT_COPIED)]
+    return size + sum(p.stat().st_size for p in copied)
 
 
 def _layer_names(shards: ShardSet, prefix: str) -> list[str]:
@@ -358,7 +364,7 @@ class _Quantizer:
             self.written.add(name)
 
     def _write_fp8(self, module: str, weight: torch.Tensor, choice: ScaleChoice) -> None:
-        qweight, scale = quantize_per_tensor(weight.float())
+        qweight, scale = quantize_per_tensor(weight.float(), name=f"{module}.weight")
         input_scale = torch.tensor(choice.scale, dtype=torch.float32)
         # ModelOpt writes scalar scales as shape [], compressed-tensors as [1].
         shape = (1,) if self.report.format == compressed_tensors.FORMAT else ()
@@ -368,15 +374,6 @@ class _Quantizer:
         self.written.add(f"{module}.weight")
         self.report.quantized.append(module)
         self.report.input_amax[module] = choice.amax
-
-
-def _check_destination(dst: Path, src: Path) -> None:
-    if dst.resolve() == src.resolve():
-        raise Fp8InputError(f"destination {dst} is the source folder; choose a new folder")
-    if dst.exists() and not dst.is_dir():
-        raise Fp8InputError(f"destination {dst} is a file; choose a new folder")
-    if dst.exists() and any(dst.iterdir()):
-        raise Fp8InputError(f"destination {dst} exists and is not empty; choose a new or empty folder")
 
 
 def _write_configs(

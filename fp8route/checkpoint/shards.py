@@ -6,8 +6,10 @@ Headers are cheap to read, so every shard's header is checked before any tensor 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +20,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from fp8route.checkpoint.hub import repository_of
-from fp8route.errors import CheckpointError
+from fp8route.errors import CheckpointError, Fp8InputError
 from fp8route.quant import dtype_name
 
 INDEX = "model.safetensors.index.json"
@@ -222,10 +224,16 @@ def _header(path: Path, file: str) -> list[TensorInfo]:
         ) from None
 
 
+def check_shard_bytes(max_bytes: object) -> None:
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise Fp8InputError(f"max_shard_bytes must be a positive number of bytes, got {max_bytes!r}")
+
+
 class ShardWriter:
     """Writes tensors into shards of at most max_bytes each, then the index if there is more than one."""
 
     def __init__(self, folder: Path, max_bytes: int = 5 * 2**30) -> None:
+        check_shard_bytes(max_bytes)
         self.folder, self.max_bytes = folder, max_bytes
         self._pending: dict[str, torch.Tensor] = {}
         self._pending_bytes = 0
@@ -242,7 +250,14 @@ class ShardWriter:
 
     def _flush(self) -> None:
         path = self.folder / f".part-{len(self._written):05d}.safetensors"
-        save_file(self._pending, str(path), metadata={"format": "pt"})
+        try:
+            save_file(self._pending, str(path), metadata={"format": "pt"})
+        except SafetensorError as e:
+            # safetensors reports a full disk or a refused write as its own error, with the OS's
+            # errno in the text: made an OSError again, so callers handle every failed write alike.
+            found = re.search(r"os error (\d+)", str(e))
+            code = int(found.group(1)) if found else errno.EIO
+            raise OSError(code, os.strerror(code) if found else str(e), str(path)) from None
         self._written.append((path, list(self._pending)))
         self._pending, self._pending_bytes = {}, 0
 

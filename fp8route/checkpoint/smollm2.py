@@ -7,12 +7,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from fp8route.checkpoint.destination import write_folder
 from fp8route.checkpoint.gguf import gguf_to_hf
 from fp8route.checkpoint.quantize import quantize_checkpoint
 from fp8route.errors import Fp8InputError
@@ -54,7 +53,7 @@ def smollm2_folder(fp8: bool = True, progress: Progress | None = None) -> Path:
     root = cache_dir() / "models"
     bf16 = root / f"{NAME}-bf16"
     if not (bf16 / "config.json").is_file():
-        _atomically(bf16, lambda tmp: gguf_to_hf(gguf, tmp))
+        write_folder(bf16, lambda tmp: gguf_to_hf(gguf, tmp), replace=True)
     if not fp8:
         return bf16
     quantized = root / f"{NAME}-fp8"
@@ -66,16 +65,3 @@ def smollm2_folder(fp8: bool = True, progress: Progress | None = None) -> Path:
         shutil.rmtree(quantized, ignore_errors=True)
         quantize_checkpoint(bf16, quantized, format="modelopt", calib=calib, device="cpu", progress=progress)
     return quantized
-
-
-def _atomically(folder: Path, write: Callable[[Path], object]) -> None:
-    """write(tmp) into a hidden folder beside `folder`, renamed to it once complete."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
-    try:
-        write(tmp)
-        shutil.rmtree(folder, ignore_errors=True)
-        tmp.rename(folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

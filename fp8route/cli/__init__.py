@@ -2,19 +2,33 @@
 
 A user's mistake (a bad argument, a missing file, an environment variable naming no backend) ends
 in one line on stderr naming what was wrong and what to do, and exit code 2, never a traceback.
+SIGTERM unwinds like Ctrl-C, so what a command was writing is removed either way.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
+from types import FrameType
 
 from fp8route.cli import bench, demo, evaluate, generate, inspect, quantize, tune
 from fp8route.errors import Fp8RouteError
 from fp8route.version import __version__
 
 COMMANDS = (generate, demo, inspect, quantize, tune, bench, evaluate)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so every cleanup that Ctrl-C runs runs for it too."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    # A second SIGTERM must not cut the cleanup of the first short; SIGKILL still ends us.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,15 +41,23 @@ def main(argv: list[str] | None = None) -> int:
     for command in COMMANDS:
         command.register(commands)
     args = parser.parse_args(argv)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     try:
         return int(args.run(args))
     except Fp8RouteError as exc:
         # Every error fp8route raises on purpose names the problem and the fix: one line is enough.
         print(f"fp8route {args.command}: {exc}", file=sys.stderr)
         return 2
+    except Terminated:
+        print(f"fp8route {args.command}: terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print(f"fp8route {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 if __name__ == "__main__":

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from fp8route.checkpoint.estimators import DEFAULT_PERCENTILE, ESTIMATORS
 from fp8route.checkpoint.formats import FORMATS
 from fp8route.checkpoint.quantize import quantize_checkpoint
+from fp8route.errors import Fp8InputError
 from fp8route.progress import TextProgress
 
 
 def run(args: argparse.Namespace) -> int:
+    if not 0 < args.max_shard_gb < math.inf:
+        raise Fp8InputError(f"--max-shard-gb must be a positive number of GiB, got {args.max_shard_gb}")
     exclude = list(args.exclude or [])
     if not args.quantize_lm_head and "lm_head" not in exclude:
         exclude.append("lm_head")
@@ -22,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
         calib=args.calib,
         exclude=exclude,
         device=args.device,
-        max_shard_bytes=int(args.max_shard_gb * 2**30),
+        max_shard_bytes=max(1, int(args.max_shard_gb * 2**30)),
         progress=None if args.quiet else TextProgress("quantize"),
         calib_text=args.calib_text,
         calib_seq_len=args.calib_seq_len,

@@ -19,6 +19,7 @@ from fp8route.engine.kv_pool import KVPool, blocks_for
 from fp8route.engine.runner import ModelRunner
 from fp8route.errors import Fp8InputError
 from fp8route.models.llama import LlamaConfig, LlamaForCausalLM
+from fp8route.models.token_ids import check_token_ids
 
 if TYPE_CHECKING:
     from fp8route.engine.generate import Generation
@@ -143,9 +144,10 @@ class CausalLM(LlamaForCausalLM):
     def forward(self, input_ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Logits [B, T, vocab] for token ids [B, T]: the full causal forward, no cache, run over
         groups of rows of at most max_prefill_tokens tokens (a larger batch is safe, not one launch)."""
+        check_token_ids("model(input_ids)", input_ids, self.cfg.vocab_size, self.cfg.max_position_embeddings)
         dtype = dtype or self.dtype
-        rows = max(1, self.max_prefill_tokens // max(1, input_ids.shape[-1]))
-        parts = [super(CausalLM, self).forward(ids, dtype) for ids in input_ids.split(rows)]
+        rows = max(1, self.max_prefill_tokens // input_ids.shape[-1])
+        parts = [self.logits(ids, dtype) for ids in input_ids.split(rows)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def prefill(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

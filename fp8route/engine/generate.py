@@ -23,6 +23,7 @@ from fp8route.engine.runner import ModelRunner
 from fp8route.errors import Fp8InputError
 from fp8route.models.llama import LlamaConfig
 from fp8route.models.parallel import shared_seed
+from fp8route.models.token_ids import check_token_ids
 
 
 class CausalLM(Protocol):
@@ -187,12 +188,7 @@ def generate(
     finished rows); reading it on the host is a sync the caller chooses to pay. return_logits
     gives a Generation with the logits of every step as well.
     """
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
-        got = f"{input_ids.dtype} {tuple(input_ids.shape)}" if isinstance(input_ids, torch.Tensor) else input_ids
-        raise Fp8InputError(f"generate: input_ids must be an integer tensor [B, T], got {got}")
-    batch, width = input_ids.shape
-    if batch == 0 or width == 0:
-        raise Fp8InputError(f"generate: input_ids {tuple(input_ids.shape)} has no prompt to continue")
+    batch, width = check_token_ids("generate", input_ids, model.cfg.vocab_size)
     if max_new_tokens < 0:
         raise Fp8InputError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
     if temperature < 0 or not 0.0 < top_p <= 1.0:
@@ -204,9 +200,6 @@ def generate(
     lengths_list = _prompt_lengths(prompt_lengths, batch, width)
     model.check_request(batch, lengths_list, max_new_tokens)
     vocab = model.cfg.vocab_size
-    low, high = int(input_ids.min()), int(input_ids.max())
-    if low < 0 or high >= vocab:
-        raise Fp8InputError(f"generate: token ids must be in 0..{vocab - 1} (the vocabulary), got {low}..{high}")
     eos = _eos_ids(eos_token_id)
     pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
 

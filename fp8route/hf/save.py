@@ -16,8 +16,9 @@ from pathlib import Path
 from torch import nn
 from transformers import PreTrainedModel
 
+from fp8route.checkpoint.destination import check_room, write_into
 from fp8route.checkpoint.formats import modelopt
-from fp8route.checkpoint.shards import ShardWriter
+from fp8route.checkpoint.shards import ShardWriter, check_shard_bytes
 from fp8route.errors import Fp8InputError
 from fp8route.hf.config import Fp8RouteConfig
 from fp8route.linear.layer import Fp8Linear
@@ -33,14 +34,20 @@ def save_pretrained(model: PreTrainedModel, path: str | os.PathLike[str], *, max
         raise Fp8InputError(
             "save_pretrained: the model has no Fp8Linear layers; quantize it first (fp8route.hf.quantize_model)"
         )
+    check_shard_bytes(max_shard_bytes)
     dynamic = [name for name, m in fp8.items() if m.input_scale is None]
     if dynamic:
         raise Fp8InputError(
             f"save_pretrained: {', '.join(dynamic[:4])} compute their input scale per call; a static FP8 "
             "checkpoint needs one input_scale per linear (quantize_model calibrates them)"
         )
-    folder.mkdir(parents=True, exist_ok=True)
-    writer = ShardWriter(folder, max_shard_bytes)
+    check_room(folder, _state_bytes(model), f"save_pretrained: {folder}")
+    write_into(folder, lambda tmp: _write(model, fp8, tmp, max_shard_bytes))
+    return folder
+
+
+def _write(model: PreTrainedModel, fp8: dict[str, Fp8Linear], out: Path, max_shard_bytes: int) -> None:
+    writer = ShardWriter(out, max_shard_bytes)
     seen: set[tuple[object, ...]] = set()
     for name, tensor in model.state_dict().items():
         module, _, leaf = name.rpartition(".")
@@ -59,9 +66,14 @@ def save_pretrained(model: PreTrainedModel, path: str | os.PathLike[str], *, max
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     config = Fp8RouteConfig(exclude=[*kept, *(["lm_head"] if tied and "lm_head" not in kept else [])])
     model.config.quantization_config = config  # config.json's quantization_config: ModelOpt's form
-    model.config.save_pretrained(folder)
-    (folder / modelopt.HF_QUANT_CONFIG).write_text(json.dumps(config.hf_quant_config(), indent=2) + "\n")
+    model.config.save_pretrained(out)
+    (out / modelopt.HF_QUANT_CONFIG).write_text(json.dumps(config.hf_quant_config(), indent=2) + "\n")
     generation = getattr(model, "generation_config", None)
     if generation is not None:
-        generation.save_pretrained(folder)
-    return folder
+        generation.save_pretrained(out)
+
+
+def _state_bytes(model: nn.Module) -> int:
+    """What the shards will take, about: each distinct tensor once."""
+    tensors = {t.data_ptr(): t for t in model.state_dict().values() if t.numel()}
+    return sum(t.numel() * t.element_size() for t in tensors.values())

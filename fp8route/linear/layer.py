@@ -16,7 +16,9 @@ from fp8route.quant import (
     FLOAT_DTYPES,
     FP8_DTYPE,
     as_scale,
+    check_finite,
     check_float,
+    check_fp8_finite,
     check_fp8_weight,
     quantize_per_tensor,
     requantize_shards,
@@ -38,7 +40,10 @@ class Fp8Linear(nn.Module):
 
     weight is float8_e4m3fn [N, K]; weight_scale and input_scale are fp32 scalars (input_scale
     None means a dynamic per-tensor scale computed from each x). The plan is made when the
-    layer is built and again when it moves to another device, never in forward.
+    layer is built and again when it moves to another device, never in forward. The constructor
+    checks the scales' values but not the weight's or the bias's (a placeholder may be filled
+    later); from_quantized and from_float, the entry points for tensors from elsewhere, refuse
+    NaN and Inf in those too.
     """
 
     weight: torch.Tensor
@@ -97,9 +102,13 @@ class Fp8Linear(nn.Module):
         """A layer from checkpoint tensors. Per-shard scales (one per logical width) are
         requantized to their max, and the max of per-shard input scales is taken."""
         name = str(kwargs.get("name", "fp8_linear"))
+        check_fp8_weight(f"{name}.weight", qweight)
+        check_fp8_finite(f"{name}.weight", qweight)
+        if bias is not None:
+            check_float(f"{name}.bias", bias)
+            check_finite(f"{name}.bias", bias)
         requant_error = 0.0
         if isinstance(weight_scale, (list, tuple)):
-            check_fp8_weight(f"{name}.weight", qweight)
             if logical_widths is None:
                 raise Fp8InputError(
                     f"{name}: {len(weight_scale)} shard weight scales need logical_widths (the rows of each shard)"
@@ -129,7 +138,10 @@ class Fp8Linear(nn.Module):
         check_float("weight", weight)
         if weight.dim() != 2:
             raise Fp8InputError(f"from_float: expected a 2-D [N, K] weight, got shape {tuple(weight.shape)}")
-        qweight, scale = quantize_per_tensor(weight.detach())
+        name = str(kwargs.get("name", "fp8_linear"))
+        qweight, scale = quantize_per_tensor(weight.detach(), name=f"{name}.weight")
+        if bias is not None:
+            check_finite(f"{name}.bias", bias.detach())
         return cls(qweight, scale, input_scale, None if bias is None else bias.detach(), **kwargs)  # type: ignore[arg-type]
 
     @property
@@ -163,7 +175,7 @@ class Fp8Linear(nn.Module):
         return LinearOperands.prepare(self.weight, self.weight_scale, self.input_scale, self.bias, layouts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.in_features:
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise Fp8InputError(
                 f"{self.name}: x's last dim must be K={self.in_features}, got x of shape {tuple(x.shape)}"
             )
@@ -189,7 +201,7 @@ class Fp8Linear(nn.Module):
             raise Fp8TypeError(f"{self.name}: forward_quantized takes float8_e4m3fn x, got {x_q.dtype}")
         if out_dtype not in FLOAT_DTYPES:
             raise Fp8TypeError(f"{self.name}: out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
-        if x_q.shape[-1] != self.in_features:
+        if x_q.dim() == 0 or x_q.shape[-1] != self.in_features:
             raise Fp8InputError(
                 f"{self.name}: x's last dim must be K={self.in_features}, got x of shape {tuple(x_q.shape)}"
             )

@@ -21,6 +21,7 @@ from torch import nn
 from fp8route.checkpoint.config_check import ARCHITECTURES
 from fp8route.errors import CheckpointError
 from fp8route.models.fused import add_rms_norm, rms_norm, rope, silu_mul
+from fp8route.models.token_ids import check_token_ids
 
 if TYPE_CHECKING:
     from fp8route.checkpoint.load import Checkpoint
@@ -50,6 +51,7 @@ class LlamaConfig:
     tie_word_embeddings: bool = False
     head_dim: int = 0  # 0: hidden_size // num_attention_heads
     rope_scaling: tuple[tuple[str, Any], ...] = ()
+    max_position_embeddings: int = 0  # 0: the config does not say
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any], file: str = "config.json") -> LlamaConfig:
@@ -81,6 +83,7 @@ class LlamaConfig:
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             head_dim=int(config.get("head_dim") or 0),
             rope_scaling=tuple(sorted(scaling.items())),
+            max_position_embeddings=int(config.get("max_position_embeddings") or 0),
         )
 
     @property
@@ -312,6 +315,11 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Logits [B, T, vocab] for token ids [B, T], computed in dtype (default: the embedding's)."""
+        check_token_ids("model(input_ids)", input_ids, self.cfg.vocab_size, self.cfg.max_position_embeddings)
+        return self.logits(input_ids, dtype)
+
+    def logits(self, input_ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """forward without the check of input_ids (for callers that made it)."""
         h = self.model.embed_tokens(input_ids)
         h = h.to(dtype or h.dtype)
         cos, sin = rope_tables(self.cfg, torch.arange(input_ids.shape[-1], device=input_ids.device))

@@ -216,15 +216,27 @@ def test_a_failure_midway_leaves_no_output(tmp_path, monkeypatch):
     # the half-written folder behind.
     real, calls = quantize_module.quantize_per_tensor, []
 
-    def fails_in_layer_1(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def fails_in_layer_1(weight: torch.Tensor, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
         calls.append(weight.shape)
         if len(calls) > 7:
             raise CheckpointError("made to fail in layer 1")
-        return real(weight)
+        return real(weight, **kwargs)
 
     monkeypatch.setattr(quantize_module, "quantize_per_tensor", fails_in_layer_1)
     src = write_checkpoint(tmp_path / "src", llama_tensors(), TINY)
     with pytest.raises(CheckpointError, match="made to fail in layer 1"):
         quantize_checkpoint(src, tmp_path / "out" / "fp8", format="modelopt", device="cpu", max_shard_bytes=4096)
     assert len(calls) == 8
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_nan_in_the_source_names_the_tensor_and_leaves_no_output(tmp_path):
+    tensors = llama_tensors()
+    tensors["model.layers.1.mlp.up_proj.weight"][3, 3] = float("inf")
+    src = write_checkpoint(tmp_path / "src", tensors, TINY)
+    with pytest.raises(
+        Fp8InputError,
+        match=r"^model\.layers\.1\.mlp\.up_proj\.weight in model\.safetensors: 1 NaN or Inf value\(s\); expected",
+    ):
+        quantize_checkpoint(src, tmp_path / "out" / "fp8", format="modelopt", calib=CALIB, device="cpu")
     assert list((tmp_path / "out").iterdir()) == []

@@ -109,3 +109,30 @@ def test_the_models_own_save_pretrained_writes_a_modelopt_checkpoint(float_model
 def test_save_pretrained_needs_fp8_layers(float_model, tmp_path):
     with pytest.raises(fp8route.Fp8InputError, match="quantize_model"):
         fp8route.hf.save_pretrained(float_model, tmp_path / "out")
+
+
+def test_save_pretrained_fails_cleanly(float_model, tmp_path, monkeypatch):
+    from fp8route.checkpoint import destination, shards
+
+    fp8route.hf.quantize_model(float_model, calibration())
+    folder = tmp_path / "fp8"
+    with pytest.raises(fp8route.Fp8InputError, match="max_shard_bytes must be a positive number of bytes, got -1"):
+        fp8route.hf.save_pretrained(float_model, folder, max_shard_bytes=-1)
+    usage = destination.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(destination.shutil, "disk_usage", lambda path: usage._replace(free=1000))
+    with pytest.raises(
+        fp8route.Fp8InputError, match=rf"save_pretrained: {folder}: the checkpoint needs about 0\.\d MB"
+    ):
+        fp8route.hf.save_pretrained(float_model, folder)
+    monkeypatch.undo()
+
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("{}")  # saved by the user first: a failed save keeps it
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device", "shard")
+
+    monkeypatch.setattr(shards, "save_file", full_disk)
+    with pytest.raises(fp8route.CheckpointError, match=f"cannot write {folder}: No space left on device"):
+        fp8route.hf.save_pretrained(float_model, folder)
+    assert [p.name for p in folder.iterdir()] == ["tokenizer.json"]

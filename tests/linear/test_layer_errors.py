@@ -71,3 +71,54 @@ def test_fused_shards_keep_their_values_within_the_reported_error():
     assert layer.input_scale.item() == pytest.approx(0.02)
     assert layer.weight_scale.item() == pytest.approx(max(qs.item(), ks.item()))
     assert 0 < layer.requant_error < 0.1
+
+
+def test_a_0d_x_names_the_layer(qweight):
+    layer = Fp8Linear(qweight, 1.0, 0.1, name="layers.3.o_proj")
+    with pytest.raises(Fp8InputError, match=r"layers\.3\.o_proj: x's last dim must be K=64, got x of shape \(\)$"):
+        layer(torch.tensor(1.0))
+    with pytest.raises(Fp8InputError, match=r"layers\.3\.o_proj: x's last dim must be K=64, got x of shape \(\)$"):
+        layer.forward_quantized(torch.tensor(1.0).to(torch.float8_e4m3fn))
+
+
+def nan_bytes(qweight: torch.Tensor, *where: tuple[int, int]) -> torch.Tensor:
+    w = qweight.clone()
+    for row, col in where:
+        w.view(torch.uint8)[row, col] = 0xFF  # -NaN: the sign bit does not make it a number
+    return w
+
+
+def test_from_quantized_refuses_nan_weights_and_nan_or_inf_bias(qweight):
+    bad = nan_bytes(qweight, (0, 0), (31, 63))
+    with pytest.raises(Fp8InputError, match=r"^layers\.0\.q_proj\.weight: 2 NaN value\(s\) in the FP8 weight$"):
+        Fp8Linear.from_quantized(bad, 1.0, 1.0, name="layers.0.q_proj")
+    with pytest.raises(Fp8InputError, match=r"^qkv\.weight: 2 NaN value\(s\)"):  # shards fused: checked before
+        Fp8Linear.from_quantized(bad, [1.0, 2.0], [1.0, 1.0], logical_widths=[16, 16], name="qkv")
+    for value in (float("nan"), float("inf")):
+        bias = torch.zeros(32)
+        bias[7] = value
+        with pytest.raises(Fp8InputError, match=r"^qkv\.bias: 1 NaN or Inf value\(s\); expected finite values$"):
+            Fp8Linear.from_quantized(qweight, 1.0, 1.0, bias, name="qkv")
+    with pytest.raises(Fp8InputError, match=r"^qkv\.weight_scale: a scale must be finite and > 0, got nan$"):
+        Fp8Linear.from_quantized(qweight, float("nan"), 1.0, name="qkv")
+    with pytest.raises(Fp8InputError, match=r"^qkv\.input_scale\[1\]: a scale must be finite and > 0, got inf$"):
+        Fp8Linear.from_quantized(qweight, 1.0, [1.0, float("inf")], name="qkv")
+    assert Fp8Linear.from_quantized(nan_bytes(qweight), 1.0, 1.0, torch.zeros(32)).out_features == 32
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_quantizing_refuses_nan_and_inf(value):
+    linear = nn.Linear(64, 32)
+    with torch.no_grad():
+        linear.weight[3, 4] = value
+    with pytest.raises(Fp8InputError, match=r"^down\.weight: 1 NaN or Inf value\(s\); expected finite values$"):
+        Fp8Linear.from_float(linear, name="down")
+    with pytest.raises(Fp8InputError, match=r"^x: 1 NaN or Inf value\(s\)"):
+        quantize_per_tensor(linear.weight.detach())
+    with pytest.raises(Fp8InputError, match=r"^w: 1 NaN or Inf value\(s\)"):
+        quantize_per_tensor(linear.weight.detach(), torch.tensor(0.01), name="w")
+    with torch.no_grad():
+        linear.weight[3, 4] = 0.0
+        linear.bias[5] = value
+    with pytest.raises(Fp8InputError, match=r"^down\.bias: 1 NaN or Inf value\(s\)"):
+        Fp8Linear.from_float(linear, name="down")
