@@ -9,6 +9,8 @@ import pytest
 from serve_helpers import API_KEY, MODEL, Server, metrics, request, wait_for
 
 from fp8route import LLM, SamplingParams
+from fp8route.engine.workload import make_load
+from fp8route.serve.http_bench import run_http_load
 
 openai = pytest.importorskip("openai")
 
@@ -145,6 +147,11 @@ def test_a_full_queue_answers_503_at_once_and_loses_nothing(tiny_folder, tmp_pat
         assert after['fp8route:request_rejected_total{status="503"}'] == len(refused)
         assert after['fp8route:request_success_total{finished_reason="length"}'] == len(done)
         assert after["fp8route:kv_cache_used_blocks"] == 0
+        # bench serve --url's client counts the same: each request completed, or refused with a 503
+        load = make_load(16, (4, 8), (16, 16), 262, special_ids=[2])
+        run, _, after, _ = asyncio.run(run_http_load(server.url, load, api_key=API_KEY))
+        assert run.outcomes["http_503"] >= 1 and run.outcomes["completed"] >= 4 and run.lost == 0, run.outcomes
+        assert sum(run.outcomes.values()) == 16 and after["fp8route:kv_cache_used_blocks"] == 0
     finally:
         assert server.stop() == 0, server.log()
 
