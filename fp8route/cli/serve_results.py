@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 from fp8route.cli.sweep_args import command_line
@@ -42,7 +43,7 @@ def loads(args: argparse.Namespace, vocab: int, specials: list[int]) -> tuple[li
 
 
 def write_results(
-    args: argparse.Namespace, reports: list[ServeReport], out: Path, stem: str, title: str, where: dict[str, object]
+    args: argparse.Namespace, reports: list[ServeReport], out: Path, stem: str, title: str, where: Mapping[str, object]
 ) -> None:
     """stem.json (the command, where it ran, the load, every report) and stem.png in out."""
     out.mkdir(parents=True, exist_ok=True)

@@ -117,27 +117,40 @@ class _Formats:
         self.first = True
 
     def chunk(self, piece: Piece) -> BaseModel:
-        usage = piece.usage if self.continuous_usage else None
-        common = {"id": self.job.request_id, "created": self.job.created, "model": self.model, "usage": usage}
-        ends = {"finish_reason": piece.finish_reason, "stop_reason": piece.stop_reason}
+        job, usage = self.job, piece.usage if self.continuous_usage else None
         if not self.chat:
-            return CompletionResponse(**common, choices=[CompletionChoice(text=piece.text, **ends)])
+            choice = CompletionChoice(text=piece.text, finish_reason=piece.finish_reason, stop_reason=piece.stop_reason)
+            return CompletionResponse(
+                id=job.request_id, created=job.created, model=self.model, choices=[choice], usage=usage
+            )
         delta = Delta(role="assistant" if self.first else None, content=piece.text)
         self.first = False
-        return ChatCompletionChunk(**common, choices=[ChatChunkChoice(delta=delta, **ends)])
+        chunk = ChatChunkChoice(delta=delta, finish_reason=piece.finish_reason, stop_reason=piece.stop_reason)
+        return ChatCompletionChunk(
+            id=job.request_id, created=job.created, model=self.model, choices=[chunk], usage=usage
+        )
 
     def usage_chunk(self, piece: Piece) -> BaseModel:
-        common = {"id": self.job.request_id, "created": self.job.created, "model": self.model}
-        return (ChatCompletionChunk if self.chat else CompletionResponse)(**common, choices=[], usage=piece.usage)
+        job = self.job
+        if self.chat:
+            return ChatCompletionChunk(
+                id=job.request_id, created=job.created, model=self.model, choices=[], usage=piece.usage
+            )
+        return CompletionResponse(
+            id=job.request_id, created=job.created, model=self.model, choices=[], usage=piece.usage
+        )
 
     def whole(self, text: str, last: Piece) -> BaseModel:
-        common = {"id": self.job.request_id, "created": self.job.created, "model": self.model, "usage": last.usage}
-        ends = {"finish_reason": last.finish_reason, "stop_reason": last.stop_reason}
+        job, reason, stop = self.job, last.finish_reason, last.stop_reason
         if self.chat:
+            message = ChatChoice(message=AssistantMessage(content=text), finish_reason=reason, stop_reason=stop)
             return ChatCompletionResponse(
-                **common, choices=[ChatChoice(message=AssistantMessage(content=text), **ends)]
+                id=job.request_id, created=job.created, model=self.model, choices=[message], usage=last.usage
             )
-        return CompletionResponse(**common, choices=[CompletionChoice(text=text, **ends)])
+        choice = CompletionChoice(text=text, finish_reason=reason, stop_reason=stop)
+        return CompletionResponse(
+            id=job.request_id, created=job.created, model=self.model, choices=[choice], usage=last.usage
+        )
 
 
 def build_app(serving: Serving, *, api_key: str | None, max_request_bytes: int) -> FastAPI:
@@ -157,6 +170,12 @@ def build_app(serving: Serving, *, api_key: str | None, max_request_bytes: int) 
             exc.status_code, str(exc.detail)
         )
         return JSONResponse(APIError(exc.status_code, message).body(), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette logs the traceback after this answers; the client gets the exception's name in one line.
+        error = APIError(500, f"internal error: {type(exc).__name__}: {exc}".splitlines()[0], code="internal_error")
+        return JSONResponse(error.body(), status_code=500)
 
     async def authorize(request: Request) -> None:
         if api_key is None:
@@ -197,7 +216,8 @@ def build_app(serving: Serving, *, api_key: str | None, max_request_bytes: int) 
                 return JSONResponse(formats.whole(text, last).model_dump())
             first = await until_disconnect(request, anext(pieces))
             streaming = True
-            return _EventStream(_events(formats, first, pieces, include_usage), media_type="text/event-stream")
+            events = _events(formats, first, pieces, include_usage)
+            return _EventStream(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         except EngineError as exc:
             raise engine_failure(exc) from None
         except ClientGone:
@@ -211,11 +231,12 @@ def build_app(serving: Serving, *, api_key: str | None, max_request_bytes: int) 
 
     @app.get("/health")
     async def health() -> Response:
+        down = None
         if serving.draining:
-            raise APIError(503, "the server is shutting down", code="shutting_down")
-        if not serving.engine.alive:
-            raise APIError(503, "the engine thread has stopped; restart the server", code="engine_stopped")
-        return JSONResponse({"status": "ok"})
+            down = APIError(503, "the server is shutting down", code="shutting_down")
+        elif not serving.engine.alive:
+            down = APIError(503, "the engine thread has stopped; restart the server", code="engine_stopped")
+        return JSONResponse(down.body(), status_code=503) if down else JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
     async def prometheus() -> Response:

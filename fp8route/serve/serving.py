@@ -173,5 +173,5 @@ class Serving:
             outcome = "failed"
             raise
         finally:
-            await stream.aclose()
+            await stream.aclose()  # type: ignore[attr-defined]  # generate is an async generator
             self.release(job, outcome)
