@@ -14,11 +14,11 @@ import sys
 import threading
 from types import FrameType
 
-from fp8route.cli import bench, demo, evaluate, generate, inspect, quantize, tune
+from fp8route.cli import bench, demo, evaluate, generate, inspect, quantize, serve, tune
 from fp8route.errors import Fp8RouteError
 from fp8route.version import __version__
 
-COMMANDS = (generate, demo, inspect, quantize, tune, bench, evaluate)
+COMMANDS = (generate, demo, inspect, quantize, tune, bench, evaluate, serve)
 
 
 class Terminated(KeyboardInterrupt):

@@ -100,7 +100,8 @@ def _policies(text: str | None, device: DeviceInfo) -> list[str]:
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "bench",
-        help="benchmarks: gemm (routed vs every single GEMM backend), e2e (a whole model per arm), serve (a load)",
+        help="benchmarks: gemm (routed vs every single GEMM backend), e2e (a whole model per arm), "
+        "serve (a serving load, in-process or over HTTP)",
     )
     kinds = parser.add_subparsers(dest="bench", required=True)
     gemm = kinds.add_parser(

@@ -4,7 +4,6 @@ its own process; the report SGLang's and vLLM's serving benchmarks give, as a ta
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
@@ -15,16 +14,16 @@ import torch
 from fp8route.backends import BACKENDS
 from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.random import write_random
-from fp8route.cli.sweep_args import command_line
+from fp8route.cli import bench_serve_http
+from fp8route.cli.serve_results import load_options, loads, write_results
 from fp8route.engine.llm import eos_token_ids, resolve_model
 from fp8route.engine.serve_bench import Arm, run_arm
-from fp8route.engine.workload import LoadRequest, ServeReport, make_load, parse_range, parse_rate, table
+from fp8route.engine.workload import LoadRequest, ServeReport, table
 from fp8route.errors import Fp8InputError
 from fp8route.models.shapes import MODELS
 from fp8route.routing.fingerprint import Fingerprint
 
 POLICIES = ("routed", "bf16", *BACKENDS)
-LOAD_OPTIONS = ("num_prompts", "input_len", "output_len", "request_rate", "shared_prefix")
 
 
 def _arms(args: argparse.Namespace, folders: dict[str, Path]) -> list[Arm]:
@@ -51,7 +50,7 @@ def _arms(args: argparse.Namespace, folders: dict[str, Path]) -> list[Arm]:
                     args.max_model_len,
                     args.lone_prefill,
                     args.static_batch,
-                )  # fmt: skip
+                )
             )
     return arms
 
@@ -63,14 +62,13 @@ def _run_in_child(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) 
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.url is not None:
+        return bench_serve_http.run(args)
     if (args.path is None) == (args.random is None):
         raise Fp8InputError("give a checkpoint folder or --random MODEL (one of them)")
     if args.random is not None and args.random not in MODELS:
         raise Fp8InputError(f"--random: unknown model {args.random!r}; known: {', '.join(MODELS)}")
-    input_len, output_len = parse_range(args.input_len, "--input-len"), parse_range(args.output_len, "--output-len")
-    rate = parse_rate(args.request_rate)
-    if args.shared_prefix < 0:
-        raise Fp8InputError(f"--shared-prefix must be >= 0, got {args.shared_prefix}")
+    load_options(args)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     fingerprint = Fingerprint.of(device)
     print(f"bench serve on {fingerprint.summary() if device == 'cuda' else 'cpu'}")
@@ -85,21 +83,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             folders["fp8"] = folders["bf16"] = resolve_model(args.path)
         config = read_json(folders["fp8"] / CONFIG)
-        vocab = int(config["vocab_size"])
         arms = _arms(args, folders)
-        specials = eos_token_ids(config)
-        load = make_load(
-            args.num_prompts, input_len, output_len, vocab, request_rate=rate, shared_prefix=args.shared_prefix,
-            seed=args.seed, special_ids=specials,
-        )  # fmt: skip
-        warmup = make_load(
-            min(8, args.num_prompts), input_len, (2, 4), vocab, shared_prefix=args.shared_prefix,
-            seed=args.seed + 1, special_ids=specials,
-        )  # fmt: skip
-        print(
-            f"load: {args.num_prompts} prompts of {args.input_len} tokens (+{args.shared_prefix} shared), "
-            f"{args.output_len} out, request rate {args.request_rate}"
-        )
+        load, warmup = loads(args, int(config["vocab_size"]), eos_token_ids(config))
         reports: list[ServeReport] = []
         digests: dict[str, list[str]] = {}
         for arm in arms:
@@ -110,20 +95,9 @@ def run(args: argparse.Namespace) -> int:
     print("\n" + table(reports))
     print("\n" + "\n".join(_checks(reports, digests, arms)))
     out = Path(args.out).expanduser() if args.out else Path("bench-results") / fingerprint.slug
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"serve-{args.random or Path(args.path).name}"
-    doc = {
-        "command": command_line(),
-        "fingerprint": fingerprint.to_json() if device == "cuda" else {"device": "cpu"},
-        "load": {k: getattr(args, k) for k in LOAD_OPTIONS},
-        "reports": [r.to_json() for r in reports],
-    }
-    path = out / f"{stem}.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {path}")
-    png = _plot(reports, out / f"{stem}.png", f"{args.random or args.path}: {args.num_prompts} requests")
-    if png is not None:
-        print(f"wrote {png}")
+    where = {"fingerprint": fingerprint.to_json() if device == "cuda" else {"device": "cpu"}}
+    title = f"{args.random or args.path}: {args.num_prompts} requests"
+    write_results(args, reports, out, f"serve-{args.random or Path(args.path).name}", title, where)
     return 0 if all(r.failed == 0 and not r.extra.get("leaked") for r in reports) else 1
 
 
@@ -146,30 +120,9 @@ def _checks(reports: list[ServeReport], digests: dict[str, list[str]], arms: lis
     return lines
 
 
-def _plot(reports: list[ServeReport], path: Path, title: str) -> Path | None:
-    """TTFT and ITL percentiles per arm; None without matplotlib."""
-    from fp8route.tuning.plot import pyplot, save
-
-    plt = pyplot()
-    if plt is None or not reports:
-        return None
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for ax, key, label in zip(axes, ("ttft_ms", "itl_ms", "e2e_ms"), ("TTFT", "ITL", "end to end"), strict=True):
-        names = [r.arm for r in reports]
-        for offset, stat in enumerate(("mean", "p50", "p99")):
-            xs = [i + 0.25 * offset for i in range(len(reports))]
-            ax.bar(xs, [getattr(r, key)[stat] for r in reports], 0.25, label=stat)
-        ax.set_xticks([i + 0.25 for i in range(len(reports))], names, rotation=20, fontsize=8)
-        ax.set_title(f"{label} ms (lower is better)")
-        ax.grid(axis="y", alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(title)
-    return save(fig, plt, path)
-
-
 def register(kinds: argparse._SubParsersAction) -> None:
     serve = kinds.add_parser("serve", help="a serving load on the engine per arm: throughput, TTFT, TPOT, ITL")
-    serve.add_argument("path", nargs="?", help="a checkpoint folder (or smollm2)")
+    serve.add_argument("path", nargs="?", help="a checkpoint folder (or smollm2); with --url, the served one's")
     serve.add_argument("--random", help=f"write and serve a random checkpoint of {' | '.join(MODELS)}")
     serve.add_argument("--policy", default="routed", help=f"arms: {', '.join(POLICIES)} (comma-separated)")
     serve.add_argument("--prefix-caching", default="on", help="on, off, or on,off (both, as arms)")
@@ -187,4 +140,5 @@ def register(kinds: argparse._SubParsersAction) -> None:
     serve.add_argument("--seed", type=int, default=0)
     serve.add_argument("--tmp", help="where random checkpoints are written (default: the system's temp)")
     serve.add_argument("--out", help="directory for the JSON and PNG (default: ./bench-results/<device>/)")
+    bench_serve_http.add_args(serve)
     serve.set_defaults(run=run)

@@ -127,6 +127,11 @@ class AsyncLLM:
             return EngineStats(**{**self.stats.__dict__, "finished": dict(self.stats.finished)})
 
     @property
+    def alive(self) -> bool:
+        """False once the engine thread has stopped: shut down, or died outside a step."""
+        return self._thread.is_alive()
+
+    @property
     def idle(self) -> bool:
         return not self._streams and not self.engine.has_unfinished
 

@@ -1,0 +1,177 @@
+"""A validated request through the engine: its prompt ids and SamplingParams, refused with a 400
+before any work if it can never run (or a 503 if the queue is full), then each step's text as it
+comes, detokenized and cut at a stop string, with what happened to it counted.
+
+The admission limit counts the server's own in-flight requests as well as the engine's queue: the
+engine only learns of a request at its next step, so a burst arriving within one step would
+otherwise all see an empty queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fp8route.checkpoint.gguf_tokenizer import apply_chat_template
+from fp8route.engine.async_llm import AsyncLLM, EngineError
+from fp8route.engine.detokenize import TextStream
+from fp8route.engine.sampling import SamplingParams
+from fp8route.errors import Fp8InputError
+from fp8route.serve.errors import APIError
+from fp8route.serve.metrics import Metrics
+from fp8route.serve.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    PromptTokensDetails,
+    Usage,
+)
+
+log = logging.getLogger("fp8route")
+RETRY_AFTER_S = 1
+
+
+@dataclass
+class Job:
+    """One admitted request: what the engine runs, and whether its place in the queue was given back."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    stop: list[str]
+    created: int = field(default_factory=lambda: int(time.time()))
+    released: bool = False
+
+
+@dataclass
+class Piece:
+    """One step's news for one request: the text it lets out, and on the last piece why it ended."""
+
+    text: str
+    usage: Usage
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class Serving:
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        model_name: str,
+        folder: Path,
+        *,
+        max_num_seqs: int,
+        max_queue: int,
+        tokenizer_config: dict[str, Any] | None = None,
+    ) -> None:
+        self.engine, self.model_name, self.folder = engine, model_name, folder
+        self.tokenizer = engine.tokenizer
+        self.max_num_seqs, self.max_queue = max_num_seqs, max_queue
+        self.tokenizer_config = tokenizer_config
+        self.in_flight = 0
+        self.draining = False
+        self.started = int(time.time())
+        self.metrics = Metrics(engine, lambda: self.in_flight)
+
+    def models(self) -> ModelList:
+        card = ModelCard(
+            id=self.model_name, created=self.started, root=str(self.folder), max_model_len=self.engine.max_model_len
+        )
+        return ModelList(data=[card])
+
+    def check_model(self, name: str) -> None:
+        if name != self.model_name:
+            raise APIError(
+                404, f"the model '{name}' does not exist here; this server serves '{self.model_name}' (GET /v1/models)",
+                param="model", code="model_not_found",
+            )  # fmt: skip
+
+    def completion_job(self, request: CompletionRequest) -> Job:
+        self.check_model(request.model)
+        prompt = request.prompt
+        ids = list(self.tokenizer.encode(prompt, add_special_tokens=False).ids) if isinstance(prompt, str) else prompt
+        return self._admit("cmpl", ids, request.sampling_params(), request.stop)
+
+    def chat_job(self, request: ChatCompletionRequest) -> Job:
+        self.check_model(request.model)
+        if not self.tokenizer_config or not self.tokenizer_config.get("chat_template"):
+            raise APIError(
+                400, "this model has no chat template (its tokenizer_config.json has none); use /v1/completions"
+            )
+        try:
+            text = apply_chat_template(self.tokenizer_config, [m.model_dump() for m in request.messages])
+        except Fp8InputError as exc:
+            raise APIError(400, str(exc), param="messages") from None
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        return self._admit("chatcmpl", ids, request.sampling_params(), request.stop)
+
+    def _admit(self, kind: str, ids: list[int], params: SamplingParams, stop: list[str]) -> Job:
+        try:
+            self.engine.check(ids, params)
+        except Fp8InputError as exc:
+            raise APIError(400, str(exc)) from None
+        if self.draining:
+            raise APIError(503, "the server is shutting down; send the request elsewhere or retry later",
+                           code="shutting_down", headers={"Retry-After": str(RETRY_AFTER_S)})  # fmt: skip
+        waiting = max(self.in_flight - self.max_num_seqs, self.engine.snapshot().waiting)
+        if waiting >= self.max_queue:
+            raise APIError(
+                503, f"the server is at capacity: {waiting} requests already wait (--max-queue {self.max_queue}); "
+                f"retry in {RETRY_AFTER_S} s", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)},
+            )  # fmt: skip
+        self.in_flight += 1
+        return Job(f"{kind}-{uuid.uuid4().hex}", ids, params, stop)
+
+    def release(self, job: Job, outcome: str) -> None:
+        """Give the job's place back and count how it ended; only its first call counts."""
+        if job.released:
+            return
+        job.released = True
+        self.in_flight -= 1
+        if outcome == "failed":
+            self.metrics.failed.inc()
+        elif outcome in ("aborted", "abort"):
+            self.metrics.aborted.inc()
+        else:
+            self.metrics.success.labels(outcome).inc()
+
+    async def pieces(self, job: Job) -> AsyncIterator[Piece]:
+        """Each step's text for this job until it ends; leaving early aborts it, which frees its blocks."""
+        text = TextStream(self.tokenizer, job.prompt_ids, job.stop)
+        stream = self.engine.generate(job.prompt_ids, job.params, job.request_id)
+        outcome, last = "aborted", None
+        try:
+            async for out in stream:
+                if not out.new_token_ids and not out.finished:
+                    continue  # a prefill chunk that sampled nothing
+                now = time.monotonic()
+                if last is not None:
+                    self.metrics.itl.observe(now - last)
+                last = now
+                delta = text.push(out.new_token_ids, final=out.finished)
+                usage = Usage(
+                    prompt_tokens=out.num_prompt_tokens, completion_tokens=out.num_output_tokens,
+                    total_tokens=out.num_prompt_tokens + out.num_output_tokens,
+                    prompt_tokens_details=PromptTokensDetails(cached_tokens=out.num_cached_tokens),
+                )  # fmt: skip
+                if text.stop_reason is not None:
+                    outcome = "stop"
+                    yield Piece(delta, usage, "stop", text.stop_reason)
+                    return  # leaving the engine's stream aborts the request before its next step
+                if out.finished:
+                    outcome = out.finish_reason or "unknown"
+                    yield Piece(delta, usage, out.finish_reason, out.stop_reason)
+                    return
+                yield Piece(delta, usage)
+        except EngineError:
+            outcome = "failed"
+            raise
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]  # generate is an async generator
+            self.release(job, outcome)

@@ -1,0 +1,61 @@
+"""The request models alone: what serving benchmarks and clients send at neutral values is accepted,
+and each refusal names its parameter in one sentence."""
+
+import pytest
+import serve_helpers  # noqa: F401  (the serve extra, or the skip / CI failure)
+from pydantic import ValidationError
+
+from fp8route.serve.errors import from_validation
+from fp8route.serve.protocol import ChatCompletionRequest, CompletionRequest
+
+
+def refusal(model, body):
+    with pytest.raises(ValidationError) as caught:
+        model.model_validate(body)
+    return from_validation(caught.value)
+
+
+def test_what_vllms_serving_benchmark_sends_is_accepted():
+    body = {
+        "model": "m", "prompt": "hi", "temperature": 0.0, "repetition_penalty": 1.0, "max_tokens": 8,
+        "logprobs": None, "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
+    }  # fmt: skip
+    request = CompletionRequest.model_validate(body)
+    params = request.sampling_params()
+    assert (params.max_tokens, params.temperature, params.ignore_eos) == (8, 0.0, True)
+    assert request.include_usage and not request.continuous_usage
+
+
+def test_unimplemented_parameters_at_their_neutral_values_change_nothing_and_are_accepted():
+    neutral = {"n": 1, "best_of": 1, "echo": False, "presence_penalty": 0, "frequency_penalty": 0.0, "top_k": -1,
+               "min_p": 0.0, "logit_bias": {}, "suffix": None, "user": "someone"}  # fmt: skip
+    assert CompletionRequest.model_validate({"model": "m", "prompt": [1, 2], **neutral}).prompt == [1, 2]
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [], "tool_choice": "none",
+            "response_format": {"type": "text"}, "logprobs": False, "top_logprobs": 0}  # fmt: skip
+    assert ChatCompletionRequest.model_validate(chat).max_tokens is None  # chat: until the context is full
+
+
+def test_a_value_that_would_change_the_output_is_refused_by_name():
+    error = refusal(CompletionRequest, {"model": "m", "prompt": "x", "presence_penalty": 0.5})
+    assert (error.status, error.param, error.code) == (400, "presence_penalty", "unsupported_parameter")
+    assert (
+        error.message
+        == "'presence_penalty'=0.5 is not supported (no penalties are applied); leave it out or set it to 0"
+    )
+    assert refusal(CompletionRequest, {"model": "m", "prompt": "x", "n": True}).param == "n"  # True is not 1 here
+
+
+def test_chat_text_parts_are_joined_and_max_completion_tokens_is_max_tokens():
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    request = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": parts}], "max_completion_tokens": 5}
+    )
+    assert request.messages[0].content == "ab" and request.sampling_params().max_tokens == 5
+    both = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "max_completion_tokens": 5}
+    assert "not both" in refusal(ChatCompletionRequest, both).message
+
+
+def test_a_batch_of_one_prompt_is_that_prompt():
+    assert CompletionRequest.model_validate({"model": "m", "prompt": ["hi"]}).prompt == "hi"
+    assert CompletionRequest.model_validate({"model": "m", "prompt": [[3, 4]]}).prompt == [3, 4]
+    assert refusal(CompletionRequest, {"model": "m", "prompt": [True, 2]}).param == "prompt"
