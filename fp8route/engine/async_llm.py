@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from fp8route.engine.llm import LLM
 from fp8route.engine.request import Request
@@ -158,7 +159,7 @@ class AsyncLLM:
             if kind == "abort":
                 self.engine.abort(str(payload))
                 continue
-            request_id, ids, params, arrival = payload  # type: ignore[misc]
+            request_id, ids, params, arrival = cast(tuple[str, list[int], SamplingParams, float], payload)
             try:
                 self.engine.add_request(ids, params, request_id=request_id, arrival_time=arrival)
             except Exception as exc:  # checked before queueing; anything left is the engine's own fault

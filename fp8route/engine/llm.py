@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -164,7 +164,7 @@ class LLM:
                 raise Fp8InputError("a text prompt needs the tokenizer: give token ids (skip_tokenizer_init=True)")
             return list(self.tokenizer.encode(prompt, add_special_tokens=False).ids)
         if isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
-            return list(prompt)
+            return [int(t) for t in prompt]
         raise Fp8InputError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
 
     def generate(
@@ -176,16 +176,15 @@ class LLM:
     ) -> list[RequestOutput]:
         """One output per prompt, in order: each a string or a list of token ids; one SamplingParams
         for all of them or one each. Every prompt is checked before any runs."""
-        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
+        one = isinstance(prompts, str) or (bool(prompts) and isinstance(prompts[0], int))
+        batch = cast("list[str | Sequence[int]]", [prompts] if one else list(prompts))
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(prompts)
+            params = [sampling_params or SamplingParams()] * len(batch)
         else:
             params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise Fp8InputError(f"{len(params)} SamplingParams for {len(prompts)} prompts: give one, or one each")
-        encoded = [self.encode(p) for p in prompts]
+            if len(params) != len(batch):
+                raise Fp8InputError(f"{len(params)} SamplingParams for {len(batch)} prompts: give one, or one each")
+        encoded = [self.encode(p) for p in batch]
         for i, (ids, p) in enumerate(zip(encoded, params, strict=True)):
             try:
                 self.engine.check_prompt(ids, p)
@@ -194,7 +193,7 @@ class LLM:
         engine = self.engine
         requests = [
             engine.add_request(ids, p, prompt=prompt if isinstance(prompt, str) else None)
-            for ids, p, prompt in zip(encoded, params, prompts, strict=True)
+            for ids, p, prompt in zip(encoded, params, batch, strict=True)
         ]
         progress = TextProgress("generate") if use_tqdm and len(requests) > 1 else None
         done = 0

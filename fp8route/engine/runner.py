@@ -42,6 +42,7 @@ class ModelRunner:
         # Computed once for every position the cache can hold, then indexed: the same values
         # rope_tables gives for any positions, without per-step host work.
         self.rope_cos, self.rope_sin = rope_tables(model.cfg, torch.arange(pool.max_seq_len, device=pool.device))
+        self.pool: KVPool = pool
         self.set_pool(pool)
 
     def set_pool(self, pool: KVPool | None) -> None:

@@ -71,8 +71,8 @@ def drive(llm: LLM, load: list[LoadRequest]) -> tuple[list[RequestResult], float
     results, digests = [], []
     for index, item in enumerate(load):
         rid = str(index)
-        request, stamps = done.get(rid), times.get(rid, [])
-        if request is None or not stamps:
+        finished, stamps = done.get(rid), times.get(rid, [])
+        if finished is None or not stamps:
             results.append(RequestResult(len(item.prompt_ids), 0, item.output_len, 0.0, 0.0, error="never finished"))
             digests.append("")
             continue
@@ -88,7 +88,7 @@ def drive(llm: LLM, load: list[LoadRequest]) -> tuple[list[RequestResult], float
                 cached_tokens=request.num_cached_tokens,
             )  # fmt: skip
         )
-        digests.append(hashlib.sha1(str(request.output_token_ids).encode()).hexdigest()[:12])
+        digests.append(hashlib.sha1(str(finished.output_token_ids).encode()).hexdigest()[:12])
     return results, duration, digests
 
 
