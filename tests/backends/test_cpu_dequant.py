@@ -3,7 +3,9 @@
 import pytest
 import torch
 from helpers import random_fp8_operands
+from torch import nn
 
+import fp8route
 from fp8route import BACKENDS, DeviceInfo, Fp8Linear, Policy
 from fp8route.quant import quantize
 
@@ -93,3 +95,21 @@ def test_a_wrong_copy_would_fail_these_checks():
     for wrong in (bf16_copy, unquantized):
         with pytest.raises(AssertionError):
             assert_same_as_reference(wrong, ref, torch.float32)
+
+
+def test_explain_shows_the_choice_and_the_memory_it_costs():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        Fp8Linear.from_float(nn.Linear(256, 512), input_scale=0.02, name="up"),
+        Fp8Linear.from_float(nn.Linear(512, 256), input_scale=0.02, name="down"),
+    )
+    text = model[0].plan.explain()
+    assert "bfloat16, float16, float32: M 1+ -> cpu_dequant" in text
+    # [512, 256]: 128 KiB of e4m3, 512 KiB as fp32.
+    assert "fp32 copy of the weight 512.0 KiB (for cpu_dequant; the e4m3 weight is 128.0 KiB)" in text
+    total = fp8route.explain(model).splitlines()[-1]
+    assert total == "made at plan time, all 2 layers: 1.0 MiB (their e4m3 weights: 256.0 KiB)"
+    for layer in model:
+        layer.replan(policy=Policy(force="reference"))
+    assert "made at plan time, per layer: nothing beyond the checkpoint's tensors" in model[0].plan.explain()
+    assert fp8route.explain(model).splitlines()[-1].startswith("made at plan time, all 2 layers: nothing")
