@@ -71,9 +71,11 @@ def main() -> None:
     for round_ in range(args.rounds):
         for prompt in args.prompt or PROMPTS:
             for arm, (source, model) in arms.items():
+                # The machine is shared: the load before each run says how much it was.
+                load = Path("/proc/loadavg").read_text().split()[0]
                 lines, numbers = run(source, model, prompt, args.max_new_tokens)
                 results.setdefault((prompt, arm), []).append(numbers)
-                print(f"round {round_} | {prompt} | {arm}\n    {lines}", flush=True)
+                print(f"round {round_} | {prompt} | {arm} | load average {load} before\n    {lines}", flush=True)
     print("\nprompt | arm | prompt tokens | new tokens | TTFT ms median [min, max] | tok/s median [min, max]")
     for (prompt, arm), runs in results.items():
         ttft, rate = [r[2] for r in runs], [r[3] for r in runs]
