@@ -16,7 +16,12 @@ from fp8route.quant import dynamic_scale, quantize
 # Operand layouts a layer can hold; the plan prepares exactly those its backends read.
 TENSOR = "tensor"  # the e4m3 weight and one fp32 scalar scale: what the checkpoint gives
 CHANNEL = "channel"  # the scalar broadcast to (1, N): what rowwise kernels read
-DEQUANTIZED = "dequantized"  # the e4m3 weight upcast to fp32 [N, K], unscaled: what cpu_dequant reads
+# The e4m3 weight upcast to fp32 [N, K], unscaled: what cpu_dequant reads. Not bf16, half the size:
+# torch's CPU bf16 matmul writes bf16 (no fp32-output form), one more rounding that took outputs up
+# to 1 bf16 ulp off the reference and changed SmolLM2's greedy tokens from the 21st of 64 on. The
+# price: SmolLM2 decodes at ~15 tok/s with the fp32 copy, ~18-20 with a bf16 one, on 2 EPYC cores
+# (benchmarks/results/cpu/generate_fp8_vs_bf16/).
+DEQUANTIZED = "dequantized"
 LAYOUTS = frozenset({TENSOR, CHANNEL, DEQUANTIZED})
 # What each layout is, as explain names the copy it costs.
 LAYOUT_TEXT = {TENSOR: "e4m3 weight", CHANNEL: "(1, N) fp32 weight scale", DEQUANTIZED: "fp32 copy of the weight"}

@@ -12,13 +12,7 @@ from fp8route.backends.problem import GemmProblem
 class CpuDequantBackend(Backend):
     """x is still quantized to e4m3 with the layer's input scale on every call; the weight's copy
     holds its e4m3 values as fp32 (exact), so reference_mm runs the very same fp32 matmul on it
-    and the output equals the reference backend's bit for bit.
-
-    The copy is fp32 rather than bf16 (half the memory): on a 2-core AVX512-BF16 EPYC a bf16 copy
-    rounds each output to bf16 before the scales (1 bf16 ulp from the reference, which changed
-    SmolLM2's greedy tokens within 32 steps), and decode at M=1 was no faster with it
-    (benchmarks/results/cpu/generate_fp8_vs_bf16/).
-    """
+    and the output is the reference backend's."""
 
     name = "cpu_dequant"
     summary = "weight dequantized to fp32 once at plan time, x quantized per call, fp32 matmul (CPU)"
