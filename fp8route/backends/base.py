@@ -1,4 +1,4 @@
-"""What every backend is: a name, the scale layouts it reads, one predicate and one call; and the
+"""What every backend is: a name, the operand layouts it reads, one predicate and one call; and the
 frozen bundle of tensors a call reads."""
 
 from __future__ import annotations
@@ -13,10 +13,23 @@ import torch
 from fp8route.backends.problem import GemmProblem
 from fp8route.quant import dynamic_scale, quantize
 
-# Scale layouts a layer can hold; the plan prepares exactly those its backends read.
-TENSOR = "tensor"  # one fp32 scalar: what the checkpoint gives
+# Operand layouts a layer can hold; the plan prepares exactly those its backends read.
+TENSOR = "tensor"  # the e4m3 weight and one fp32 scalar scale: what the checkpoint gives
 CHANNEL = "channel"  # the scalar broadcast to (1, N): what rowwise kernels read
-LAYOUTS = frozenset({TENSOR, CHANNEL})
+# The e4m3 weight upcast to fp32 [N, K], unscaled: what cpu_dequant reads. Not bf16, half the size:
+# torch's CPU bf16 matmul writes bf16 (no fp32-output form), one more rounding that took outputs up
+# to 1 bf16 ulp off the reference and changed SmolLM2's greedy tokens from the 21st of 64 on. The
+# price: SmolLM2 decodes at ~15 tok/s with the fp32 copy, ~18-20 with a bf16 one, on 2 EPYC cores
+# (benchmarks/results/cpu/generate_fp8_vs_bf16/).
+DEQUANTIZED = "dequantized"
+LAYOUTS = frozenset({TENSOR, CHANNEL, DEQUANTIZED})
+# What each layout is, as explain names the copy it costs.
+LAYOUT_TEXT = {TENSOR: "e4m3 weight", CHANNEL: "(1, N) fp32 weight scale", DEQUANTIZED: "fp32 copy of the weight"}
+
+
+def layout_bytes(layout: str, n: int, k: int) -> int:
+    """The memory a layout adds to a layer [N, K] beyond the checkpoint's tensors."""
+    return {TENSOR: 0, CHANNEL: 4 * n, DEQUANTIZED: 4 * n * k}[layout]
 
 
 @dataclass(frozen=True)
@@ -28,6 +41,7 @@ class LinearOperands:
     input_scale: torch.Tensor | None  # fp32 scalar; None: dynamic per-tensor from each x
     bias: torch.Tensor | None  # [N]
     weight_scale_channel: torch.Tensor | None = None  # (1, N) fp32, where the plan's layouts name CHANNEL
+    weight_dequantized: torch.Tensor | None = None  # fp32 [N, K], where the plan's layouts name DEQUANTIZED
 
     @classmethod
     def prepare(
@@ -39,7 +53,8 @@ class LinearOperands:
         layouts: frozenset[str],
     ) -> LinearOperands:
         channel = weight_scale.reshape(1, 1).repeat(1, weight.shape[0]) if CHANNEL in layouts else None
-        return cls(weight, weight_scale, input_scale, bias, channel)
+        dequantized = weight.float() if DEQUANTIZED in layouts else None
+        return cls(weight, weight_scale, input_scale, bias, channel, dequantized)
 
 
 class Backend(ABC):

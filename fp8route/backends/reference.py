@@ -1,4 +1,5 @@
-"""Dequantize both operands and multiply in fp32: the numeric oracle, and what a CPU runs."""
+"""Dequantize both operands on every call and multiply in fp32: the numeric oracle, and what runs
+where nothing else can (a CPU runs the same math through cpu_dequant)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ class WeightOnlyBackend(Backend):
     def why_not(self, problem: GemmProblem) -> str | None:
         device = problem.device
         if device.type != "cuda":
-            return f"meant for GPUs, layer is on {device.type} (reference runs there)"
+            runs_there = "cpu_dequant" if device.type == "cpu" else "reference"
+            return f"meant for GPUs, layer is on {device.type} ({runs_there} runs there)"
         assert device.capability is not None
         if device.capability < (8, 0) and problem.out_dtype == torch.bfloat16:
             major, minor = device.capability

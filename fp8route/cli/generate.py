@@ -24,6 +24,7 @@ from fp8route.engine.flashinfer_attention import ATTENTION
 from fp8route.engine.load import load_model
 from fp8route.errors import Fp8InputError
 from fp8route.linear.layer import Fp8Linear
+from fp8route.linear.plan import size_text
 from fp8route.models.parallel import Shard
 from fp8route.models.spawn import run_ranks
 from fp8route.models.tokenizer import load_tokenizer
@@ -32,7 +33,8 @@ from fp8route.quant import FLOAT_DTYPE_NAMES
 
 
 def plan_summary(model: torch.nn.Module, prompt_tokens: int, dtype: torch.dtype) -> str:
-    """Which backends run the model's FP8 linears for the prompt (prefill) and for one new token."""
+    """Which backends run the model's FP8 linears for the prompt (prefill) and for one new token,
+    and the memory their plans made beyond the checkpoint's tensors (where they made any)."""
     layers = [m for m in model.modules() if isinstance(m, Fp8Linear)]
     if not layers:
         return "plan: no FP8 linears (an unquantized checkpoint: every linear runs in its float dtype)"
@@ -41,6 +43,10 @@ def plan_summary(model: torch.nn.Module, prompt_tokens: int, dtype: torch.dtype)
     for what, m in (("prefill", prompt_tokens), ("decode", 1)):
         counts = Counter(layer.plan.backend_for(m, dtype).name for layer in layers)
         parts.append(f"{what} (M={m}): " + ", ".join(f"{n} x{c}" for n, c in counts.most_common()))
+    made = sum(sum(layer.plan.prepared_bytes.values()) for layer in layers)
+    if made:
+        weights = sum(layer.weight.numel() for layer in layers)
+        parts.append(f"made at plan time: {size_text(made)} beside {size_text(weights)} of e4m3 weights")
     return f"plan: {len(layers)} FP8 linears on {layers[0].plan.problem.device.label}; {'; '.join(parts)} ({source})"
 
 

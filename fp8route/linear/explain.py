@@ -11,7 +11,7 @@ from torch import nn
 
 from fp8route.backends.base import Backend
 from fp8route.linear.layer import Fp8Linear
-from fp8route.linear.plan import Plan
+from fp8route.linear.plan import Plan, size_text
 
 
 class HasLinears(Protocol):
@@ -21,18 +21,30 @@ class HasLinears(Protocol):
 
 
 def explain(model: nn.Module | HasLinears) -> str:
-    """One block per distinct plan; layers that share a plan are listed together. A tensor-parallel
-    rank's layers show its local shapes, under a line that names the rank."""
+    """One block per distinct plan; layers that share a plan are listed together; last, the memory
+    the plans' prepared operands cost over all layers. A tensor-parallel rank's layers show its
+    local shapes, under a line that names the rank."""
     if isinstance(model, nn.Module):
-        layers: Iterable[tuple[str, Fp8Linear]] = (
+        layers: list[tuple[str, Fp8Linear]] = [
             (name or m.name, m) for name, m in model.named_modules() if isinstance(m, Fp8Linear)
-        )
+        ]
     else:
-        layers = getattr(model, "linears", {}).items()
-    text = plan_groups(layers) or "no Fp8Linear layers in this model"
+        layers = list(getattr(model, "linears", {}).items())
+    text = "no Fp8Linear layers in this model"
+    if layers:
+        text = f"{plan_groups(layers)}\n\n{prepared_total(m for _, m in layers)}"
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         text = f"rank {dist.get_rank()} of {dist.get_world_size()}: N and K as this rank holds them\n\n{text}"
     return text
+
+
+def prepared_total(layers: Iterable[Fp8Linear]) -> str:
+    """One line: what every layer's plan made at plan time, summed, beside the e4m3 weights."""
+    plans = [layer.plan for layer in layers]
+    made = sum(sum(plan.prepared_bytes.values()) for plan in plans)
+    weights = sum(plan.problem.n * plan.problem.k for plan in plans)
+    what = size_text(made) if made else "nothing"
+    return f"made at plan time, all {len(plans)} layers: {what} (their e4m3 weights: {size_text(weights)})"
 
 
 def plan_groups(layers: Iterable[tuple[str, Fp8Linear]]) -> str:

@@ -152,7 +152,7 @@ class Fp8Linear(nn.Module):
         self, policy: Policy | None = None, preference: Preference | None = None, device: DeviceInfo | None = None
     ) -> Plan:
         """Plan for the device the weight is on (or, for tests and what-ifs, the one given) and
-        prepare the scale layouts the plan reads."""
+        prepare the operand layouts the plan reads."""
         self.policy = policy or self.policy
         self.preference = preference or self.preference
         problem = GemmProblem(
@@ -170,8 +170,8 @@ class Fp8Linear(nn.Module):
         return self._plan
 
     def operands(self, layouts: frozenset[str] = LAYOUTS) -> LinearOperands:
-        """What a backend reads, with the scale layouts named (every layout by default: what a
-        benchmark that runs every backend on this layer needs)."""
+        """What a backend reads, in the layouts named (every layout by default: what a benchmark
+        that runs every backend on this layer needs)."""
         return LinearOperands.prepare(self.weight, self.weight_scale, self.input_scale, self.bias, layouts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """A layer's plan: which backend runs each M bucket, decided once, with every reason kept.
 
-The plan also names the scale layouts its backends read, and the layer prepares exactly those
-at load time, so the layout and the kernel that runs can never disagree.
+The plan also names the operand layouts its backends read, and the layer prepares exactly those
+at load time, so the layout and the kernel that runs can never disagree; explain shows what
+memory they cost.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from fp8route.backends import BACKENDS, Backend, default_priority, last_resorts
+from fp8route.backends.base import LAYOUT_TEXT, layout_bytes
 from fp8route.backends.problem import GemmProblem
 from fp8route.errors import BackendUnavailableError, StrictModeError
 from fp8route.linear.policy import Policy
@@ -88,6 +90,24 @@ class Plan:
     def layouts(self) -> frozenset[str]:
         return frozenset(layout for b in self.backends for layout in b.layouts)
 
+    @property
+    def prepared_bytes(self) -> dict[str, int]:
+        """The memory each layout the layer prepares for this plan adds beyond the checkpoint's
+        tensors, where it adds any."""
+        sizes = {layout: layout_bytes(layout, self.problem.n, self.problem.k) for layout in sorted(self.layouts)}
+        return {layout: size for layout, size in sizes.items() if size}
+
+    def prepared_text(self) -> str:
+        """What the layer holds for this plan beyond the checkpoint's tensors, and its size."""
+        if not self.prepared_bytes:
+            return "nothing beyond the checkpoint's tensors"
+        weight = size_text(self.problem.n * self.problem.k)
+        parts = []
+        for layout, size in self.prepared_bytes.items():
+            readers = ", ".join(sorted(b.name for b in self.backends if layout in b.layouts))
+            parts.append(f"{LAYOUT_TEXT[layout]} {size_text(size)} (for {readers}; the e4m3 weight is {weight})")
+        return "; ".join(parts)
+
     def route_text(self, dtype: torch.dtype, x_quantized: bool = False) -> str:
         route = (self.quantized_routes if x_quantized else self.routes)[dtype]
         return "; ".join(f"{m_range} -> {name}" for m_range, name in _runs(self.bounds, route))
@@ -113,6 +133,7 @@ class Plan:
             for dtype in self.quantized_routes:
                 by_text.setdefault(self.route_text(dtype, True), []).append(dtype_name(dtype))
             lines += [f"    x pre-quantized -> {', '.join(dtypes)}: {text}" for text, dtypes in by_text.items()]
+        lines.append(f"  made at plan time, per layer: {self.prepared_text()}")
         if self.excluded:
             width = max(len(e.backend) for e in self.excluded)
             lines.append("  excluded:")
@@ -120,6 +141,12 @@ class Plan:
         lines.append("  fallbacks:" + ("" if self.fallbacks else " none"))
         lines += [f"    {line}" for line in fallback_lines(self.fallbacks)]
         return "\n".join(lines)
+
+
+def size_text(nbytes: int) -> str:
+    if nbytes >= 2**20:
+        return f"{nbytes / 2**20:.1f} MiB"
+    return f"{nbytes / 2**10:.1f} KiB" if nbytes >= 2**10 else f"{nbytes} B"
 
 
 def make_plan(

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fp8route.backends import BACKENDS, LinearOperands
+from fp8route.backends import BACKENDS, DEQUANTIZED, LAYOUTS, LinearOperands
 from fp8route.backends.problem import GemmProblem
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.plan import Preference
@@ -31,8 +31,8 @@ from fp8route.tuning.kernel_names import kernels_by_arm
 
 @dataclass(frozen=True)
 class LayerCopy:
-    """One of the rotated weight copies: the routed layer, and its operands in every scale layout
-    (every backend is timed on every copy, whatever the layer's plan chose)."""
+    """One of the rotated weight copies: the routed layer, and its operands in every layout the
+    device can use (every backend is timed on every copy, whatever the layer's plan chose)."""
 
     layer: Fp8Linear
     operands: LinearOperands
@@ -106,7 +106,10 @@ class Workload:
             )
             for i in range(count)
         ]
-        self.copies = [LayerCopy(layer, layer.operands()) for layer in layers]
+        # The fp32 weight copy is for cpu_dequant, which runs on CPUs only: on a GPU it would add 4x
+        # every rotated weight copy for an arm that cannot be timed there.
+        layouts = LAYOUTS if self.device.type == "cpu" else LAYOUTS - {DEQUANTIZED}
+        self.copies = [LayerCopy(layer, layer.operands(layouts)) for layer in layers]
         self._m: int | None = None
         self._x: torch.Tensor | None = None
         self._reference: torch.Tensor | None = None

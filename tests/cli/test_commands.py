@@ -38,6 +38,7 @@ def test_generate_streams_and_times_a_checkpoint(tiny_fp8, capsys):
     assert main(["generate", str(tiny_fp8), "--prompt", "the theme", "--max-new-tokens", "5", "--device", "cpu"]) == 0
     err = capsys.readouterr().err
     assert "plan: " in err and "FP8 linears on cpu" in err and "TTFT" in err and "prompt tokens" in err
+    assert "decode (M=1): cpu_dequant x8; made at plan time: " in err
 
 
 def test_generate_tp2_starts_two_ranks_and_says_the_same(tiny_fp8):
@@ -93,7 +94,8 @@ def test_python_dash_m_and_version():
 
 def test_explain_takes_a_checkpoint(tiny_fp8):
     text = fp8route.explain(fp8route.load_checkpoint(tiny_fp8, device="cpu"))
-    assert "model.layers.0.self_attn.qkv_proj" in text and "reference" in text
+    assert "model.layers.0.self_attn.qkv_proj" in text and "M 1+ -> cpu_dequant" in text
+    assert text.splitlines()[-1].startswith("made at plan time, all 8 layers: ")
 
 
 def test_a_random_checkpoint_of_real_form_loads_and_generates(tmp_path):

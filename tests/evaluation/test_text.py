@@ -137,7 +137,7 @@ def test_cli_many_models_share_one_reference(text_folders, tmp_path, capsys):
     result = json.loads((out / "text-heldout-bf16-vs-fp8-fp8_mse.json").read_text())
     assert list(result["models"]) == ["bf16", "fp8", "fp8_mse"] and set(result["agreement"]) == {"fp8", "fp8_mse"}
     assert result["command"].count("--compare") == 2 and set(result["paths"]) == {"bf16", "fp8", "fp8_mse"}
-    assert result["routes"]["fp8"]["backends"] == ["reference"] and result["routes"]["bf16"]["backends"] == []
+    assert result["routes"]["fp8"]["backends"] == ["cpu_dequant"] and result["routes"]["bf16"]["backends"] == []
 
 
 def test_cli_backends_skip_what_cannot_run_here(text_folders, tmp_path, capsys):

@@ -16,7 +16,7 @@ from fp8route import (
     StrictModeError,
     make_plan,
 )
-from fp8route.backends import CHANNEL
+from fp8route.backends import CHANNEL, default_priority
 from fp8route.quant import FLOAT_DTYPES, quantize_per_tensor
 
 CAPABILITIES = [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)]
@@ -55,11 +55,12 @@ def test_unaligned_shapes_are_refused_with_the_dimension(name, n, k, reason):
     assert BACKENDS[name].why_not(problem(n, k)) == reason
 
 
-def test_rowwise_needs_bf16_output_and_cpu_runs_reference_only():
+def test_rowwise_needs_bf16_output_and_cpu_runs_the_cpu_backends_only():
     assert BACKENDS["rowwise"].why_not(problem(out_dtype=torch.float16)) == "writes bfloat16 output only"
-    assert "rowwise     float16, float32: writes bfloat16 output only" in make_plan("l", problem(), Policy()).explain()
+    assert "rowwise      float16, float32: writes bfloat16 output only" in make_plan("l", problem(), Policy()).explain()
     cpu = GemmProblem(4096, 4096)
-    assert [n for n, b in BACKENDS.items() if b.why_not(cpu) is None] == ["reference"]
+    assert [n for n, b in BACKENDS.items() if b.why_not(cpu) is None] == ["cpu_dequant", "reference"]
+    assert default_priority(cpu.device) == ("cpu_dequant", "reference")
     assert BACKENDS["cublas"].why_not(cpu) == "needs a CUDA GPU, layer is on cpu"
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from fp8route import load_checkpoint, quantize_checkpoint
+from fp8route import Fp8Linear, Policy, load_checkpoint, load_model, quantize_checkpoint
 from fp8route.checkpoint.gguf import gguf_to_hf
 from fp8route.checkpoint.shards import ShardSet
 from fp8route.checkpoint.smollm2 import packaged_gguf
@@ -75,6 +75,7 @@ def smollm(tmp_path_factory):
         "fp8": LlamaForCausalLM.from_checkpoint(fp8),
         "tokenizer": tokenizer,
         "report": report,
+        "fp8_folder": root / "fp8",
     }
 
 
@@ -110,3 +111,17 @@ def test_fp8_model_still_knows_facts(smollm):
                 nxt = model(out, dtype=torch.float32)[0, -1].argmax()
                 out = torch.cat([out, nxt.reshape(1, 1)], dim=1)
         assert tokenizer.decode(out[0, ids.shape[1] :].tolist()).startswith(" Berlin")
+
+
+def test_cpu_dequant_generates_the_reference_backends_greedy_tokens(smollm):
+    """The CPU default (weight dequantized once) against the per-call reference it replaced (issue 25)."""
+    ids = smollm["tokenizer"].encode(EVALUATION[:120])[None]
+    runs = {}
+    for policy in (None, Policy(force="reference")):
+        model = load_model(smollm["fp8_folder"], "cpu", max_batch_size=1, max_seq_len=ids.shape[1] + 24, policy=policy)
+        backends = {m.plan.backend_for(1, torch.bfloat16).name for m in model.modules() if isinstance(m, Fp8Linear)}
+        runs[backends.pop()] = model.generate(ids, 24, return_logits=True)
+    fast, ref = runs["cpu_dequant"], runs["reference"]
+    assert torch.equal(fast.tokens, ref.tokens)
+    # The same fp32 GEMM on the same values: the logits agree far below bf16's resolution.
+    assert (fast.logits - ref.logits).abs().max() <= 1e-3 * ref.logits.abs().max()
