@@ -20,6 +20,10 @@ from fp8route.errors import CheckpointError, Fp8InputError
 T = TypeVar("T")
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)  # read once, at import: umask has no getter
+
+
 def check_destination(dst: Path, src: Path | None = None, needed_bytes: int = 0) -> None:
     """Raise Fp8InputError unless dst can become a new checkpoint folder holding about needed_bytes:
     dst is new or an empty folder (not the source, a file, a link or a mount point) and the folder
@@ -93,6 +97,7 @@ def write_folder(dst: Path, write: Callable[[Path], T], *, replace: bool = False
             dst.parent.mkdir(parents=True, exist_ok=True)
             staging.mkdir()
             result = write(staging)
+            _readable(staging)
             if replace and dst.exists():
                 shutil.rmtree(dst)
             staging.rename(dst)
@@ -116,6 +121,7 @@ def write_into(folder: Path, write: Callable[[Path], T]) -> T:
             staging.mkdir()
             try:
                 result = write(staging)
+                _readable(staging)
                 for path in sorted(staging.iterdir()):
                     path.replace(folder / path.name)
             finally:
@@ -125,6 +131,14 @@ def write_into(folder: Path, write: Callable[[Path], T]) -> T:
                 shutil.rmtree(folder, ignore_errors=True)
             raise
     return result
+
+
+def _readable(folder: Path) -> None:
+    """Files get the mode the umask gives a new file: safetensors writes its files 0600, so a
+    checkpoint copied to another user could not be read."""
+    for path in folder.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~_UMASK)
 
 
 def _hidden(parent: Path, prefix: str) -> Path:

@@ -117,7 +117,7 @@ def format_summary(result: dict[str, Any]) -> str:
         if k:
             agree = result["agreement"][label]
             cells.append(
-                f"top-1 agreement {agree['top1'] * 100:.2f}%, mean KL({labels[0]} || it) {agree['mean_kl']:.4f}"
+                f"top-1 agreement {agree['top1'] * 100:.2f}%, mean KL({labels[0]} || {label}) {agree['mean_kl']:.4f}"
             )
         lines.append(f"  {label:<{width}}  " + "   ".join(cells))
     return "\n".join(lines)

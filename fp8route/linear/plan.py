@@ -216,7 +216,8 @@ def _check_forced(plan: Plan, policy: Policy) -> None:
         reasons = "; ".join(sorted({f.reason for f in plan.fallbacks}))
         raise BackendUnavailableError(
             f"layer {plan.layer} (N={plan.problem.n}, K={plan.problem.k}): FP8ROUTE_FORCE={policy.force} "
-            f"cannot run it: {reasons}. Unset FP8ROUTE_FORCE or force a backend that explain() lists as runnable."
+            f"cannot run it: {reasons}. Force a backend that explain() lists as runnable (FP8ROUTE_FORCE, or "
+            "eval's --backends), or none."
         )
 
 
