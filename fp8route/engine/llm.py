@@ -32,6 +32,7 @@ from fp8route.models.load import load_parts
 from fp8route.models.tokenizer import load_tokenizer
 from fp8route.progress import TextProgress
 
+DEFAULT_CONTEXT = 8192  # for a config.json without max_position_embeddings (load_model's default too)
 CPU_KV_TOKENS = 32768  # a CPU pool's default size: no device memory to size it from
 _GRAPH_RESERVE = 1 << 30  # decode graphs' own memory (logits and activations per bucket), kept free
 
@@ -87,7 +88,7 @@ class LLM:
         parts = load_parts(
             folder, device, dtype=dtype, policy=policy, before_weights=lambda target: check_attention(attention, target)
         )
-        context = parts.max_positions or 8192
+        context = parts.max_positions or DEFAULT_CONTEXT
         if max_model_len is not None and max_model_len > context:
             raise Fp8InputError(f"max_model_len={max_model_len} exceeds the model's context of {context} tokens")
         self.max_model_len = max_model_len or context
@@ -103,7 +104,9 @@ class LLM:
         pool = self.model.pool
         print(
             f"fp8route: KV cache {pool.capacity_tokens} tokens ({pool.num_blocks - 1} blocks of {pool.block_size}, "
-            f"{pool.nbytes / 2**30:.2f} GiB {str(dtype).removeprefix('torch.')}) on {pool.device}",
+            f"{pool.nbytes / 2**30:.2f} GiB {str(dtype).removeprefix('torch.')}) on {pool.device}; context "
+            f"{self.max_model_len} tokens"
+            + ("" if parts.max_positions else " (config.json has no max_position_embeddings: assumed)"),
             file=sys.stderr,
         )
         self.engine = LLMEngine(

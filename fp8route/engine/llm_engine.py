@@ -159,8 +159,9 @@ class LLMEngine:
         waited = time.perf_counter()
         tokens = sampled.tolist() if sampled is not None else []  # the step's one sync
         synced = time.perf_counter()
-        used = self.model.blocks.used_blocks
-        context = sum(r.num_computed + 1 for r in plan.decodes)  # before finished requests let go
+        if self.record_stats:  # read before finished requests let their blocks go
+            used = self.model.blocks.used_blocks
+            context = sum(r.num_computed + 1 for r in plan.decodes)
         updates = self._advance(plan, sampling, tokens)
         if self.record_stats:
             end = time.perf_counter()
