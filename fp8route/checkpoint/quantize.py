@@ -30,6 +30,7 @@ from fp8route.checkpoint.config_check import check_config
 from fp8route.checkpoint.destination import check_destination, write_folder
 from fp8route.checkpoint.formats import CONFIG, FORMATS, QuantScheme, compressed_tensors, modelopt, read_json
 from fp8route.checkpoint.hub import resolve_model_path
+from fp8route.checkpoint.kv_calibration import KV_CACHE, KvObserver
 from fp8route.checkpoint.observer import SAMPLE_ROWS, InputObserver, ScaleChoice, observe
 from fp8route.checkpoint.sensitivity import KlSearch, TrialModel, check_budget, search_budget
 from fp8route.checkpoint.shards import INDEX, ShardSet, ShardWriter, check_shard_bytes
@@ -56,6 +57,7 @@ class QuantizeReport:
     input_amax: dict[str, float] = field(default_factory=dict)
     choices: dict[str, ScaleChoice] = field(default_factory=dict)
     kept_float: list[str] = field(default_factory=list)
+    kv_scales: dict[str, float] = field(default_factory=dict)  # --kv-cache fp8: tensor name -> scale
     kl_search: KlSearch | None = None  # the --kl-budget pass, when one ran
     shards: list[str] = field(default_factory=list)
     calibration_tokens: int = 0
@@ -72,6 +74,7 @@ class _Settings:
     keep_float: int
     source: str
     kl_budget: float | None = None
+    kv_cache: str | None = None
 
 
 def quantize_checkpoint(
@@ -91,6 +94,7 @@ def quantize_checkpoint(
     percentile: float = estimators.DEFAULT_PERCENTILE,
     keep_float: int = 0,
     kl_budget: float | None = None,
+    kv_cache: str | None = None,
 ) -> QuantizeReport:
     """Quantize every linear of a Llama-family checkpoint except those matching `exclude`
     (fnmatch wildcards or names; lm_head by default) and write a folder both fp8route and
@@ -104,6 +108,8 @@ def quantize_checkpoint(
     keep_float: leave the N quantizable linears with the largest relative output error in bf16
     (listed in the exclusions). kl_budget (instead): keep the fewest of them, in the same order,
     for which the model's mean KL(bf16 || fp8) on the calibration batch is <= kl_budget nats.
+    kv_cache="fp8": also write per-layer FP8 KV-cache scales, amax / 448 of the rotated key and of
+    the value on the calibration tokens (fp8route.checkpoint.kv_calibration).
     """
     start = time.perf_counter()
     if format not in FORMATS:
@@ -112,6 +118,8 @@ def quantize_checkpoint(
     if not isinstance(keep_float, int) or keep_float < 0:
         raise Fp8InputError(f"keep_float must be a non-negative number of linears, got {keep_float!r}")
     check_budget(kl_budget)
+    if kv_cache is not None and kv_cache not in KV_CACHE:
+        raise Fp8InputError(f"kv_cache must be one of {', '.join(KV_CACHE)} (or None), got {kv_cache!r}")
     check_shard_bytes(max_shard_bytes)
     if kl_budget is not None and keep_float:
         raise Fp8InputError("give keep_float (a count) or kl_budget (a KL), not both")
@@ -142,7 +150,7 @@ def quantize_checkpoint(
     target = default_device(device)
     sequences, source = _calibration_ids(src, cfg, calib, calib_text, calib_seq_len, calib_tokens)
     budget = None if kl_budget is None else float(kl_budget)
-    settings = _Settings(format, tuple(exclude), input_scale, float(percentile), keep_float, source, budget)
+    settings = _Settings(format, tuple(exclude), input_scale, float(percentile), keep_float, source, budget, kv_cache)
     report = write_folder(
         dst,
         lambda folder: _quantize_into(
@@ -226,8 +234,11 @@ def _quantize_into(
         layer = DecoderLayer(cfg, Parts({}, tensors), prefix)
         observers = observe(layer, prefix, make, wanted)
         quantizer.linears.update(f"{prefix}.{n}" for n, m in layer.named_modules() if isinstance(m, FloatLinear))
+        kv = KvObserver() if settings.kv_cache else None
         with torch.no_grad():
-            hidden = [layer(h, *rope_tables(cfg, torch.arange(h.shape[1], device=target))) for h in hidden]
+            hidden = [layer(h, *rope_tables(cfg, torch.arange(h.shape[1], device=target)), kv) for h in hidden]
+        if kv is not None:
+            report.kv_scales.update(kv.scales(f"{prefix}.self_attn", settings.format))
         for name, o in observers.items():
             report.choices[name] = o.choose(tensors[f"{name}.weight"], shards.tensors[f"{name}.weight"].where)
         del layer, tensors, observers
@@ -268,6 +279,9 @@ def _quantize_into(
     for i in range(cfg.num_hidden_layers):
         quantizer.write_layer(quantizer.load(_layer_names(shards, f"model.layers.{i}")))
     quantizer.write_layer(quantizer.load([n for n in shards.tensors if n not in quantizer.written]))
+    shape = (1,) if settings.format == compressed_tensors.FORMAT else ()
+    for name, scale in report.kv_scales.items():
+        writer.add(name, torch.tensor(scale, dtype=torch.float32).reshape(shape))
     if "lm_head.weight" not in shards.tensors and "lm_head" not in report.excluded:
         report.excluded.append("lm_head")  # tied to the embedding: engines must not quantize it
     report.shards = writer.close()
@@ -322,6 +336,8 @@ def _record(report: QuantizeReport, settings: _Settings, sequences: int) -> dict
     }
     if report.kl_search is not None:
         record["kl_budget"] = report.kl_search.record(report.calibration_tokens)
+    if report.kv_scales:
+        record["kv_cache"] = {"dtype": settings.kv_cache, "scales": "amax / 448 of the rotated key and of the value"}
     return record
 
 
@@ -379,13 +395,14 @@ class _Quantizer:
 def _write_configs(
     src: Path, dst: Path, config: dict[str, Any], format: str, excluded: list[str], record: dict[str, Any]
 ) -> None:
+    kv_cache = "kv_cache" in record  # KV-cache scales were written
     names = sorted(set(excluded))
     producer = {"name": "fp8route", "version": __version__}
     if format == modelopt.FORMAT:
-        qc, hf_quant = modelopt.config_files(names, producer)
+        qc, hf_quant = modelopt.config_files(names, producer, kv_cache)
         (dst / modelopt.HF_QUANT_CONFIG).write_text(json.dumps(hf_quant, indent=2) + "\n")
     else:
-        qc = compressed_tensors.quantization_config(names)
+        qc = compressed_tensors.quantization_config(names, kv_cache)
     qc[RECORD] = record  # not a key either format defines: their readers (and ours) ignore it
     (dst / CONFIG).write_text(json.dumps({**config, "quantization_config": qc}, indent=2) + "\n")
     for path in src.iterdir():

@@ -16,6 +16,7 @@ from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.random import write_random
 from fp8route.cli import bench_serve_http
 from fp8route.cli.serve_results import load_options, loads, write_results
+from fp8route.engine.kv_quant import KV_CACHE_DTYPES, check_kv_cache_dtype
 from fp8route.engine.llm import eos_token_ids, resolve_model
 from fp8route.engine.serve_bench import Arm, run_arm
 from fp8route.engine.workload import LoadRequest, ServeReport, table
@@ -34,24 +35,31 @@ def _arms(args: argparse.Namespace, folders: dict[str, Path]) -> list[Arm]:
     modes = [m.strip() for m in args.prefix_caching.split(",") if m.strip()]
     if not modes or any(m not in ("on", "off") for m in modes):
         raise Fp8InputError(f"--prefix-caching: on, off or on,off, got {args.prefix_caching!r}")
+    kv_dtypes = [
+        check_kv_cache_dtype(k.strip(), "--kv-cache-dtype") for k in args.kv_cache_dtype.split(",") if k.strip()
+    ]
+    if not kv_dtypes:
+        raise Fp8InputError(f"--kv-cache-dtype: one or more of {', '.join(KV_CACHE_DTYPES)}, comma-separated")
     arms = []
-    for policy in policies:
-        for mode in modes:
-            name = policy if len(modes) == 1 else f"{policy} prefix-{mode}"
-            arms.append(
-                Arm(
-                    name,
-                    policy,
-                    folders["bf16" if policy == "bf16" else "fp8"],
-                    mode == "on",
-                    args.max_num_seqs,
-                    args.max_num_batched_tokens,
-                    args.gpu_memory_utilization,
-                    args.max_model_len,
-                    args.lone_prefill,
-                    args.static_batch,
-                )
-            )
+    for policy, mode, kv in ((p, m, k) for p in policies for m in modes for k in dict.fromkeys(kv_dtypes)):
+        name = policy if len(modes) == 1 else f"{policy} prefix-{mode}"
+        name += f" kv-{kv}" if len(kv_dtypes) > 1 else ""
+        folder = folders["bf16" if policy == "bf16" else "fp8"]
+        arms.append(
+            Arm(
+                name,
+                policy,
+                folder,
+                mode == "on",
+                args.max_num_seqs,
+                args.max_num_batched_tokens,
+                args.gpu_memory_utilization,
+                args.max_model_len,
+                args.lone_prefill,
+                args.static_batch,
+                kv,
+            )  # fmt: skip
+        )
     return arms
 
 
@@ -108,10 +116,12 @@ def _checks(reports: list[ServeReport], digests: dict[str, list[str]], arms: lis
         leaked = r.extra.get("leaked")
         state = f"LEAKED: {leaked}" if leaked else "pool empty after the run"
         lines.append(f"{r.arm}: {r.completed} finished with their full output, {r.failed} failed; {state}")
-    by_policy: dict[str, list[Arm]] = {}
-    for arm in arms:
-        by_policy.setdefault(arm.policy, []).append(arm)
-    for policy, group in by_policy.items():
+    by_policy: dict[tuple[str, str], list[Arm]] = {}
+    for arm in arms:  # an fp8 KV cache's tokens are compared with its own, not bf16's
+        by_policy.setdefault((arm.policy, arm.kv_cache_dtype), []).append(arm)
+    for (policy, kv), group in by_policy.items():
+        if kv != "auto":
+            policy += f" kv-{kv}"
         if len(group) == 2:
             pairs = list(zip(digests[group[0].name], digests[group[1].name], strict=True))
             same = sum(a == b for a, b in pairs)
@@ -126,6 +136,9 @@ def register(kinds: argparse._SubParsersAction) -> None:
     serve.add_argument("--random", help=f"write and serve a random checkpoint of {' | '.join(MODELS)}")
     serve.add_argument("--policy", default="routed", help=f"arms: {', '.join(POLICIES)} (comma-separated)")
     serve.add_argument("--prefix-caching", default="on", help="on, off, or on,off (both, as arms)")
+    serve.add_argument(
+        "--kv-cache-dtype", default="auto", help="auto (the model's dtype), fp8, or auto,fp8 (both, as arms)"
+    )
     serve.add_argument("--num-prompts", type=int, default=200)
     serve.add_argument("--input-len", default="1024:1024", help="prompt tokens A:B, uniform (after the prefix)")
     serve.add_argument("--output-len", default="128:128", help="output tokens A:B, uniform (EOS ignored)")

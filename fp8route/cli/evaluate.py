@@ -5,7 +5,9 @@ Scores a checkpoint folder (FP8 or bf16, with its tokenizer.json) on hellaswag, 
 arc_challenge, piqa, winogrande (acc, acc_norm) or gsm8k_bpb (bits per byte), as
 lm-evaluation-harness would; --text scores every position of a text file (evaluation/text.py).
 With --compare, a second folder is scored on the same batches and the paired difference, top-1
-agreement and KL between the two are reported. One JSON per task (and per text) goes to --out.
+agreement and KL between the two are reported; --backends and --kv-cache-dtype auto,fp8 compare
+PATH with itself the same way, under each backend or KV cache element type. One JSON per task (and
+per text) goes to --out.
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ def _command(args: argparse.Namespace) -> str:
         words += ["--text", args.text, "--text-seq-len", str(args.text_seq_len)]
     for other in args.compare or []:
         words += ["--compare", other]
-    for flag, value in (("--backends", args.backends), ("--limit", args.limit), ("--device", args.device)):
+    for flag, value in (
+        ("--backends", args.backends), ("--kv-cache-dtype", args.kv_cache_dtype), ("--limit", args.limit),
+        ("--device", args.device),
+    ):  # fmt: skip
         if value is not None:
             words += [flag, str(value)]
     words += [
@@ -77,6 +82,15 @@ def _backend_names(value: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _kv_cache_dtypes(value: str) -> list[str]:
+    from fp8route.engine.kv_quant import KV_CACHE_DTYPES, check_kv_cache_dtype
+
+    names = [check_kv_cache_dtype(n.strip(), "--kv-cache-dtype") for n in value.split(",") if n.strip()]
+    if not names:
+        raise Fp8InputError(f"--kv-cache-dtype {value}: expected one or more of {', '.join(KV_CACHE_DTYPES)}")
+    return list(dict.fromkeys(names))
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -104,10 +118,19 @@ def run(args: argparse.Namespace) -> int:
         if args.backends is not None and args.compare:
             raise Fp8InputError("--backends compares one folder with itself under each backend; drop --compare")
         backends = _backend_names(args.backends) if args.backends is not None else [None]
+        kv_dtypes = _kv_cache_dtypes(args.kv_cache_dtype)
+        if len(kv_dtypes) > 1 and (args.compare or args.backends is not None):
+            raise Fp8InputError(
+                "--kv-cache-dtype with several values compares PATH with itself; drop --compare/--backends"
+            )
         tasks = [load_task(name, args.limit) for name in args.task or []]
-        # (label, path, forced backend) of every model, the first the reference.
-        wanted = [(_slug(args.path), args.path, backends[0])] + [(_slug(p), p, None) for p in args.compare or []]
-        wanted += [(_slug(args.path), args.path, b) for b in backends[1:]]
+        # (label, path, forced backend, KV cache dtype) of every model, the first the reference.
+        kv = kv_dtypes[0]
+        wanted = [(_slug(args.path), args.path, backends[0], kv)] + [
+            (_slug(p), p, None, kv) for p in args.compare or []
+        ]
+        wanted += [(_slug(args.path), args.path, b, kv) for b in backends[1:]]
+        wanted += [(_slug(args.path), args.path, None, k) for k in kv_dtypes[1:]]
         models: list[Callable[[Any], Any]] = []
         labels: list[str] = []
         paths: dict[str, str] = {}
@@ -115,10 +138,11 @@ def run(args: argparse.Namespace) -> int:
         skipped: dict[str, str] = {}
         tokenizer: Any = None
         texts: list[Any] = []
-        for label, path, backend in wanted:
+        for label, path, backend, kv in wanted:
             label = label if backend is None else f"{label}@{backend}"
+            label += f"@kv-{kv}" if len(kv_dtypes) > 1 or kv != "auto" else ""
             try:
-                model, other_tokenizer = load_for_eval(path, device, dtype, Policy.from_env(force=backend))
+                model, other_tokenizer = load_for_eval(path, device, dtype, Policy.from_env(force=backend), kv)
             except BackendUnavailableError as e:
                 if backend is None:
                     raise
@@ -167,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
             scores = score_requests(models, tokenizer, requests, device, args.batch_size, args.max_length, progress)
             seconds = time.perf_counter() - start
             result = summarize(task, scores, labels)
-            if args.backends is not None:
+            if args.backends is not None or len(kv_dtypes) > 1:
                 result["pairwise"] = pairwise(result["per_example"])
             print(format_summary(result))
             write(result, _result_name(task.name, labels), seconds, len(task.examples), "example")
@@ -215,6 +239,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="A,B,..",
         help="score PATH (FP8) once per backend, each forced for every layer as FP8ROUTE_FORCE forces it, "
         "against the first; a backend that cannot run a layer is skipped and said so",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="auto, fp8, or auto,fp8 (PATH scored with each, against the first); fp8 rounds every layer's K and V "
+        "through e4m3 with the checkpoint's k/v scales, as if every position were read back from an fp8 cache",
     )
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument(

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     dtype = FLOAT_DTYPE_NAMES[args.dtype]
     model = load_model(
         folder, args.device, dtype=dtype, max_batch_size=1, max_seq_len=len(ids) + args.max_new_tokens,
-        attention=args.attention,
+        attention=args.attention, kv_cache_dtype=args.kv_cache_dtype,
     )  # fmt: skip
     shard = Shard.current()
     if shard is not None and shard.rank != 0:  # under torchrun every rank runs the step; rank 0 speaks
@@ -156,6 +156,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--attention", choices=ATTENTION, default="builtin",
         help="builtin: SDPA prefill and fp8route's decode kernel; flashinfer: FlashInfer's (the extra, CUDA)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--kv-cache-dtype", default="auto",
+        help="auto: the KV cache in --dtype; fp8: float8_e4m3fn with the checkpoint's k/v scales (1.0 without)",
     )  # fmt: skip
     parser.add_argument(
         "--tp", type=int, default=1, help="tensor parallel ranks to start on this machine (one GPU each; on CPU: gloo)"

@@ -8,6 +8,7 @@ from typing import Any
 
 from fp8route.checkpoint.estimators import DEFAULT_PERCENTILE, ESTIMATORS
 from fp8route.checkpoint.formats import FORMATS
+from fp8route.checkpoint.kv_calibration import KV_CACHE
 from fp8route.checkpoint.quantize import quantize_checkpoint
 from fp8route.errors import Fp8InputError
 from fp8route.progress import TextProgress
@@ -35,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
         percentile=args.percentile,
         keep_float=args.keep_float,
         kl_budget=args.kl_budget,
+        kv_cache=args.kv_cache,
     )
     print(
         f"wrote {result.dst} ({result.format}): {len(result.quantized)} FP8 linears, "
@@ -42,6 +44,13 @@ def run(args: argparse.Namespace) -> int:
         f"{result.seconds:.1f}s"
     )
     print(calibration_line(result.record))
+    if result.kv_scales:
+        k = [s for n, s in result.kv_scales.items() if n.endswith("k_scale")]
+        v = [s for n, s in result.kv_scales.items() if n.endswith("v_scale")]
+        print(
+            f"kv cache: fp8 scales for {len(k)} layers, k_scale {min(k):.3g}..{max(k):.3g}, "
+            f"v_scale {min(v):.3g}..{max(v):.3g}"
+        )
     return 0
 
 
@@ -135,6 +144,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="module name or fnmatch wildcard to leave unquantized (repeatable)",
     )
     parser.add_argument("--quantize-lm-head", action="store_true", help="quantize lm_head too (excluded by default)")
+    parser.add_argument(
+        "--kv-cache",
+        choices=KV_CACHE,
+        help="also calibrate FP8 KV-cache scales (amax/448 of the rotated key and the value, per layer), for "
+        "kv_cache_dtype='fp8'",
+    )
     parser.add_argument("--device", help="where calibration runs: cuda or cpu (default: cuda when available)")
     parser.add_argument("--max-shard-gb", type=float, default=5.0, help="largest shard to write, in GiB")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -43,6 +43,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     parser.add_argument("--device", help="cuda (default when there is one) or cpu")
     parser.add_argument("--num-kv-blocks", type=int, help="KV pool blocks, instead of sizing it from memory")
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="auto: the model's dtype; fp8: float8_e4m3fn with the checkpoint's k/v scales, twice the tokens",
+    )
     parser.add_argument("--max-request-bytes", type=int, default=8 << 20, help="larger request bodies get 413")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds SIGTERM waits for requests")
     parser.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))

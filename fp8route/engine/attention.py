@@ -9,6 +9,12 @@ both in one call per layer when asked for (fp8route.engine.flashinfer_attention)
 
 Decode runs the split-KV Triton kernel on CUDA (fp8route.engine.paged_decode), which also rotates
 and writes the new key; elsewhere (and as its reference) SDPA over each row's gathered positions.
+
+With an fp8 pool (kv_cache_dtype "fp8") every write quantizes and every read of the cache
+dequantizes: the decode kernel inside itself, gather_rows after gathering. A fresh chunk (one that
+starts its sequence) attends to its own K/V as computed, not as cached (as vLLM's V0 prefill did;
+its V1 FlashAttention reads the chunk back from the cache): only what a later chunk or a decode
+step reads back has gone through e4m3.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ def gather_rows(pool: KVPool, layer: int, rows: torch.Tensor | int, blocks: int)
     k, v = pool.layer(layer)
     index = pool.tables[rows, :blocks].long()
     shape = (index.shape[0] if index.dim() == 2 else 1, -1, *k.shape[2:])
-    return k[index].reshape(shape).transpose(1, 2), v[index].reshape(shape).transpose(1, 2)
+    return pool.dequantize(layer, k[index].reshape(shape).transpose(1, 2), v[index].reshape(shape).transpose(1, 2))
 
 
 @dataclass(frozen=True)
@@ -119,9 +125,7 @@ class PrefillAttention:
     ) -> torch.Tensor:
         """q [1, N, H, D], k and v [1, N, Hkv, D] (the packed tokens), cos/sin [1, N, D] -> [1, H, N, D]."""
         k = rope(k, cos, sin, token_major=True)  # [1, Hkv, N, D] over [1, N, Hkv, D] storage
-        k_flat, v_flat = self.pool.flat(layer)
-        k_flat.index_copy_(0, self.slots, k[0].transpose(0, 1))
-        v_flat.index_copy_(0, self.slots, v[0])
+        self.pool.store(layer, self.slots, k[0].transpose(0, 1), v[0])
         if self.flashinfer is not None:
             return self.flashinfer.prefill(layer, rope(q, cos, sin, token_major=True))
         q = rope(q, cos, sin)
@@ -171,7 +175,7 @@ class DecodeAttention:
         triton = self.flashinfer is None and self.use_triton and q.is_cuda
         if triton:
             k_blocks, v_blocks = self.pool.layer(layer)
-            pages = kernel.Pages(k_blocks, v_blocks, self.pool.tables, self.rows)
+            pages = kernel.Pages(k_blocks, v_blocks, self.pool.tables, self.rows, *self.pool.layer_scales(layer))
             new = kernel.NewToken(k[:, 0], v[:, 0], cos[:, 0], sin[:, 0])
             if self.fuse_new_token is None:  # every layer alike: decided at the first
                 self.fuse_new_token = kernel.fuses_new_token(q[:, 0], new)
@@ -180,7 +184,8 @@ class DecodeAttention:
         if self._slots is None:
             self._slots = self.pool.slots(self.rows, self.positions)
         k_flat, v_flat = self.pool.flat(layer)
-        rope_into_cache(k, v, cos, sin, k_flat, v_flat, self._slots)
+        scales = self.pool.layer_scales(layer) if self.pool.quantized else None
+        rope_into_cache(k, v, cos, sin, k_flat, v_flat, self._slots, scales)
         q = rope(q, cos, sin)[:, :, 0]
         if self.flashinfer is not None:
             out = self.flashinfer.decode(layer, q)

@@ -16,6 +16,7 @@ from torch import nn
 
 from fp8route.engine.blocks import BlockManager
 from fp8route.engine.kv_pool import KVPool, blocks_for
+from fp8route.engine.kv_quant import KVScales
 from fp8route.engine.runner import ModelRunner
 from fp8route.errors import Fp8InputError
 from fp8route.models.llama import LlamaConfig, LlamaForCausalLM
@@ -35,7 +36,8 @@ class CausalLM(LlamaForCausalLM):
 
     The KV pool holds max_batch_size x max_seq_len tokens unless num_blocks says otherwise (2 x
     layers x tokens x kv_heads x head_dim in dtype: 17 GB for Llama-3.1-8B at 16 x 8192 in bf16),
-    allocated on the load device once; the model is not meant to be moved afterwards."""
+    allocated on the load device once; the model is not meant to be moved afterwards. With
+    kv_scales (kv_cache_dtype "fp8": fp8route.engine.kv_quant) it holds float8_e4m3fn, half the bytes."""
 
     def __init__(
         self,
@@ -53,8 +55,10 @@ class CausalLM(LlamaForCausalLM):
         block_size: int = BLOCK_SIZE,
         enable_prefix_caching: bool = False,
         max_prefill_tokens: int = MAX_PREFILL_TOKENS,
+        kv_scales: KVScales | None = None,
     ) -> None:
         super().__init__(cfg, linears, tensors)
+        self.kv_scales = kv_scales
         self.dtype = dtype
         first = next(iter(tensors.values()))
         target = torch.device(device) if device is not None else first.device
@@ -73,7 +77,7 @@ class CausalLM(LlamaForCausalLM):
         cfg = self.cfg
         return KVPool(
             cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_size,
-            rows, max_seq_len, self.dtype, device,
+            rows, max_seq_len, self.dtype, device, self.kv_scales,
         )  # fmt: skip
 
     def resize_pool(self, num_blocks: int) -> None:
@@ -93,6 +97,10 @@ class CausalLM(LlamaForCausalLM):
     @property
     def device(self) -> torch.device:
         return self.runner.rope_cos.device
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        return "auto" if self.kv_scales is None else "fp8"
 
     @property
     def max_batch_size(self) -> int:

@@ -26,12 +26,17 @@ ATTENTION = ("builtin", "flashinfer")  # builtin: SDPA prefill, fp8route's Trito
 _WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-KV partials)
 
 
-def check_attention(attention: str, device: torch.device) -> None:
-    """Raise Fp8InputError unless `attention` can run on `device`."""
+def check_attention(attention: str, device: torch.device, kv_cache_dtype: str = "auto") -> None:
+    """Raise Fp8InputError unless `attention` can run on `device` over a cache of kv_cache_dtype."""
     if attention not in ATTENTION:
         raise Fp8InputError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
     if attention != "flashinfer":
         return
+    if kv_cache_dtype != "auto":
+        raise Fp8InputError(
+            f"attention='flashinfer' does not read kv_cache_dtype={kv_cache_dtype!r} (not wired yet): "
+            "use attention='builtin' or kv_cache_dtype='auto'"
+        )
     if device.type != "cuda":
         raise Fp8InputError(f"attention='flashinfer' runs on CUDA GPUs; the model is on {device.type}")
     if importlib.util.find_spec("flashinfer") is None:

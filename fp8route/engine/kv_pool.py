@@ -9,6 +9,10 @@ graph's bucket read and write only there, so a replay cannot touch a block some 
 Tables are rows of a device tensor [max_rows + 1, max_blocks_per_seq] (int32); the last row is
 the padding rows' (all zeros: the scratch block). A running sequence keeps one row for its life,
 so a decode step only says which row each batch entry uses, never copies whole tables.
+
+With scales (kv_cache_dtype "fp8", fp8route.engine.kv_quant) the blocks hold float8_e4m3fn: a
+block of the same bytes holds twice the tokens of bf16. Writes go through store() (quantized),
+torch reads through dequantize(); the Triton decode kernel reads the scales itself.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
+from fp8route.engine.kv_quant import FP8_KV, KVScales, dequantize_kv, quantize_kv
 from fp8route.errors import Fp8InputError
 
 SCRATCH_BLOCK = 0
@@ -46,7 +51,9 @@ class KVPool:
         max_seq_len: int,
         dtype: torch.dtype,
         device: torch.device,
+        scales: KVScales | None = None,
     ) -> None:
+        """dtype: the model's (what reads give back); scales: store e4m3 with them, one per layer."""
         if block_size < 1 or block_size & (block_size - 1):
             raise Fp8InputError(f"KV cache: block_size must be a power of two, got {block_size}")
         if num_blocks < 2 or max_rows < 1 or max_seq_len < 1:
@@ -54,9 +61,13 @@ class KVPool:
                 f"KV cache: need at least 2 blocks (one is scratch), 1 row and 1 position; got {num_blocks} "
                 f"blocks, {max_rows} rows, max_seq_len={max_seq_len}"
             )
+        if scales is not None and len(scales.k) != layers:
+            raise Fp8InputError(f"KV cache: {len(scales.k)} layers of scales ({scales.source}) for {layers} layers")
         shape = (layers, num_blocks, block_size, kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        storage = FP8_KV if scales is not None else dtype
+        self.k = torch.zeros(shape, dtype=storage, device=device)
+        self.v = torch.zeros(shape, dtype=storage, device=device)
+        self.compute_dtype, self.scales = dtype, scales
         self.block_size, self.num_blocks, self.max_rows = block_size, num_blocks, max_rows
         self.max_seq_len = max_seq_len
         self.max_blocks_per_seq = blocks_for(max_seq_len, block_size)
@@ -69,7 +80,16 @@ class KVPool:
 
     @property
     def dtype(self) -> torch.dtype:
+        """What the blocks hold: the model's dtype, or float8_e4m3fn."""
         return self.k.dtype
+
+    @property
+    def quantized(self) -> bool:
+        return self.scales is not None
+
+    def layer_scales(self, layer: int) -> tuple[float, float]:
+        """This layer's (k_scale, v_scale); 1.0 each for an unquantized pool."""
+        return (1.0, 1.0) if self.scales is None else (self.scales.k[layer], self.scales.v[layer])
 
     @property
     def capacity_tokens(self) -> int:
@@ -92,6 +112,25 @@ class KVPool:
         """This layer's K and V by slot (block * block_size + offset): [num_blocks * block_size, kv_heads, head_dim]."""
         k, v = self.k[layer], self.v[layer]
         return k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:])
+
+    def store(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k and v [N, Hkv, D] into slots [N] of this layer (quantized in an fp8 pool)."""
+        k_flat, v_flat = self.flat(layer)
+        if self.scales is None:
+            k_flat.index_copy_(0, slots, k)
+            v_flat.index_copy_(0, slots, v)
+            return
+        k_scale, v_scale = self.layer_scales(layer)
+        # As bytes: index_copy_ has no float8 kernel on the CPU.
+        k_flat.view(torch.uint8).index_copy_(0, slots, quantize_kv(k, k_scale).view(torch.uint8))
+        v_flat.view(torch.uint8).index_copy_(0, slots, quantize_kv(v, v_scale).view(torch.uint8))
+
+    def dequantize(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V read from this layer's blocks, in the model's dtype (as they are, unquantized)."""
+        if self.scales is None:
+            return k, v
+        k_scale, v_scale = self.layer_scales(layer)
+        return dequantize_kv(k, k_scale, self.compute_dtype), dequantize_kv(v, v_scale, self.compute_dtype)
 
     def set_rows(self, rows: Sequence[int], tables: Sequence[Sequence[int]]) -> None:
         """Write whole block tables (zero-padded) for these rows: one copy to the device."""

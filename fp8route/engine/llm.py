@@ -23,6 +23,7 @@ from fp8route.checkpoint.hub import resolve_model_path
 from fp8route.engine.causal_lm import BLOCK_SIZE, CausalLM
 from fp8route.engine.flashinfer_attention import check_attention
 from fp8route.engine.kv_pool import KVPool, blocks_for
+from fp8route.engine.kv_quant import check_kv_cache_dtype, kv_scales_for
 from fp8route.engine.llm_engine import LLMEngine
 from fp8route.engine.request import CompletionOutput, Request, RequestOutput
 from fp8route.engine.sampling import SamplingParams
@@ -68,6 +69,7 @@ class LLM:
         block_size: int = BLOCK_SIZE,
         num_kv_blocks: int | None = None,
         attention: str = "builtin",
+        kv_cache_dtype: str = "auto",
         use_cuda_graphs: bool = True,
         skip_tokenizer_init: bool = False,
         record_stats: bool = False,
@@ -79,6 +81,7 @@ class LLM:
                 f"need max_num_seqs >= 1 and max_num_batched_tokens >= max_num_seqs, got {max_num_seqs} and "
                 f"{max_num_batched_tokens}"
             )
+        check_kv_cache_dtype(kv_cache_dtype)
         folder = resolve_model(model)
         from fp8route.checkpoint.formats import CONFIG, read_json
 
@@ -86,7 +89,11 @@ class LLM:
         # skip_tokenizer_init (vLLM's name): token ids in and out, for a folder without tokenizer.json.
         self.tokenizer = None if skip_tokenizer_init else load_tokenizer(folder)
         parts = load_parts(
-            folder, device, dtype=dtype, policy=policy, before_weights=lambda target: check_attention(attention, target)
+            folder, device, dtype=dtype, policy=policy,
+            before_weights=lambda target: check_attention(attention, target, kv_cache_dtype),
+        )  # fmt: skip
+        scales = kv_scales_for(
+            kv_cache_dtype, parts.kv_scales, parts.cfg.num_hidden_layers, str(folder), parts.kv_scheme
         )
         context = parts.max_positions or DEFAULT_CONTEXT
         if max_model_len is not None and max_model_len > context:
@@ -96,7 +103,7 @@ class LLM:
             parts.cfg, parts.linears, parts.tensors, max_batch_size=max_num_seqs, max_seq_len=self.max_model_len,
             dtype=dtype, device=parts.device, use_cuda_graphs=use_cuda_graphs, attention=attention,
             num_blocks=2, block_size=block_size, enable_prefix_caching=enable_prefix_caching,
-            max_prefill_tokens=max_num_batched_tokens,
+            max_prefill_tokens=max_num_batched_tokens, kv_scales=scales,
         )  # fmt: skip
         if num_kv_blocks is None:
             num_kv_blocks = self._fit_pool(gpu_memory_utilization, max_num_batched_tokens)
@@ -104,7 +111,7 @@ class LLM:
         pool = self.model.pool
         print(
             f"fp8route: KV cache {pool.capacity_tokens} tokens ({pool.num_blocks - 1} blocks of {pool.block_size}, "
-            f"{pool.nbytes / 2**30:.2f} GiB {str(dtype).removeprefix('torch.')}) on {pool.device}; context "
+            f"{pool.nbytes / 2**30:.2f} GiB {str(pool.dtype).removeprefix('torch.')}) on {pool.device}; context "
             f"{self.max_model_len} tokens"
             + ("" if parts.max_positions else " (config.json has no max_position_embeddings: assumed)"),
             file=sys.stderr,
@@ -121,7 +128,7 @@ class LLM:
         model = self.model
         cfg = model.cfg
         per_block = KVPool.bytes_per_block(
-            cfg.num_hidden_layers, model.pool.block_size, cfg.num_key_value_heads, cfg.head_size, model.dtype
+            cfg.num_hidden_layers, model.pool.block_size, cfg.num_key_value_heads, cfg.head_size, model.pool.dtype
         )
         if model.device.type != "cuda":
             tokens = min(CPU_KV_TOKENS, model.max_batch_size * self.max_model_len)

@@ -8,6 +8,7 @@ import torch
 
 from fp8route.engine.causal_lm import CausalLM
 from fp8route.engine.flashinfer_attention import check_attention
+from fp8route.engine.kv_quant import check_kv_cache_dtype, kv_scales_for
 from fp8route.linear.policy import Policy
 from fp8route.models.load import load_parts
 from fp8route.models.parallel import LmHead
@@ -25,6 +26,7 @@ def load_model(
     all_reduce: str = "nccl",
     tp_lm_head: LmHead = "vocab",
     attention: str = "builtin",
+    kv_cache_dtype: str = "auto",
 ) -> CausalLM:
     """A Llama-family model (Llama, Mistral, Qwen2, Qwen3) from a checkpoint folder, or a Hugging Face
     repository id ("org/name") in the local hub cache (fp8route.checkpoint.hub.resolve_model_path),
@@ -40,11 +42,15 @@ def load_model(
     the logits, "replicated" keeps a whole lm_head on every rank. Every rank returns full logits;
     all_reduce picks how row-parallel outputs are summed (fp8route.models.collectives.METHODS).
     attention="flashinfer" runs FlashInfer's prefill and decode attention over the same cache
-    (the flashinfer extra, CUDA); "builtin" is SDPA for prefill and fp8route's decode kernel."""
+    (the flashinfer extra, CUDA); "builtin" is SDPA for prefill and fp8route's decode kernel.
+    kv_cache_dtype="fp8" keeps the KV cache in float8_e4m3fn with the checkpoint's per-layer K/V
+    scales (1.0 and a warning when it has none; fp8route.engine.kv_quant); "auto" keeps it in dtype."""
+    check_kv_cache_dtype(kv_cache_dtype)
     parts = load_parts(
         path, device, dtype=dtype, policy=policy, all_reduce=all_reduce, tp_lm_head=tp_lm_head,
-        before_weights=lambda target: check_attention(attention, target),
+        before_weights=lambda target: check_attention(attention, target, kv_cache_dtype),
     )  # fmt: skip
+    scales = kv_scales_for(kv_cache_dtype, parts.kv_scales, parts.cfg.num_hidden_layers, str(path), parts.kv_scheme)
     if parts.max_positions is not None:
         max_seq_len = min(max_seq_len, parts.max_positions)
     model = CausalLM(
@@ -57,6 +63,7 @@ def load_model(
         device=parts.device,
         use_cuda_graphs=use_cuda_graphs,
         attention=attention,
+        kv_scales=scales,
     )
     model.parallel = parts.parallel
     return model

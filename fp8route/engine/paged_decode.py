@@ -22,6 +22,13 @@ new token (`NewToken`), it also applies RoPE to the query heads it loads, and th
 split holds the row's last position rotates the new key and writes it and the new value there
 first: what the RoPE and cache-write kernels would do, at no extra launch.
 Kernel 2, grid (B, H): combines a row's valid splits weighted by exp(lse - max lse).
+
+An fp8 cache (float8_e4m3fn blocks, kv_cache_dtype "fp8") is dequantized inside kernel 1: each K/V
+tile is loaded as e4m3 (half the bytes) and converted to q's dtype for tl.dot, the key's scale
+folded into the score scale and the value's applied to the split's output (both per-tensor, so
+exact algebra); the new token is written quantized (x / scale, saturated at +-448) after rounding
+to the model's dtype, as the torch write (fp8route.engine.kv_pool.KVPool.store) rounds it. A 16-bit
+or fp32 cache compiles the same code as before (FP8 is a constexpr).
 """
 
 from __future__ import annotations
@@ -49,12 +56,15 @@ class NewToken(NamedTuple):
 
 class Pages(NamedTuple):
     """Where the rows' positions live: one layer's K and V blocks [num_blocks, BS, Hkv, D] (unit
-    stride on D), the block tables [rows, max_blocks] (int32) and each batch row's table row [B]."""
+    stride on D), the block tables [rows, max_blocks] (int32) and each batch row's table row [B];
+    for float8_e4m3fn blocks, the layer's K and V scales (a read is fp8 * scale)."""
 
     k: torch.Tensor
     v: torch.Tensor
     tables: torch.Tensor
     rows: torch.Tensor
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
     @property
     def max_len(self) -> int:
@@ -90,10 +100,10 @@ if TRITON_IMPORT_ERROR is None:
         stride_ob, stride_oh, stride_os,
         stride_lb, stride_lh,
         stride_nkb, stride_nkh, stride_nvb, stride_nvh, stride_cb,
-        sm_scale,
+        sm_scale, k_scale, v_scale, k_inv, v_inv,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr,
         SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr,
-        NEW: tl.constexpr,
+        NEW: tl.constexpr, FP8: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -125,12 +135,20 @@ if TRITON_IMPORT_ERROR is None:
                 k_row = nk_ptr + b * stride_nkb + kvh * stride_nkh
                 k_new = tl.load(k_row + d).to(tl.float32) * cos + sign * tl.load(k_row + partner).to(tl.float32) * sin
                 k_at = k_ptr + block * stride_kblk + (pos % PAGE) * stride_ks + kvh * stride_kh
-                tl.store(k_at + d, k_new.to(k_ptr.dtype.element_ty))
                 v_at = v_ptr + block * stride_vblk + (pos % PAGE) * stride_vs + kvh * stride_vh
-                tl.store(v_at + d, tl.load(nv_ptr + b * stride_nvb + kvh * stride_nvh + d))
+                v_new = tl.load(nv_ptr + b * stride_nvb + kvh * stride_nvh + d)
+                if FP8:
+                    k_new = k_new.to(nk_ptr.dtype.element_ty).to(tl.float32) * k_inv
+                    v_new = v_new.to(tl.float32) * v_inv
+                    k_new = tl.minimum(tl.maximum(k_new, -448.0), 448.0)
+                    v_new = tl.minimum(tl.maximum(v_new, -448.0), 448.0)
+                tl.store(k_at + d, k_new.to(k_ptr.dtype.element_ty))
+                tl.store(v_at + d, v_new.to(v_ptr.dtype.element_ty))
             tl.debug_barrier()  # the writes above before any thread's read of that position
         # exp2 with log2(e) folded into the scale: one multiply fewer per score.
         qk_scale = sm_scale * 1.4426950408889634
+        if FP8:
+            qk_scale = qk_scale * k_scale
         m = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
         s_sum = tl.zeros([G_PAD], dtype=tl.float32)
         acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
@@ -144,6 +162,8 @@ if TRITON_IMPORT_ERROR is None:
             kv_mask = n_mask[:, None] & d_mask[None, :]
             k_at = k_head + blocks * stride_kblk + within * stride_ks
             k = tl.load(k_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            if FP8:
+                k = k.to(q.dtype)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
             s = tl.where(n_mask[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
@@ -151,12 +171,16 @@ if TRITON_IMPORT_ERROR is None:
             alpha = tl.exp2(m - m_new)
             v_at = v_head + blocks * stride_vblk + within * stride_vs
             v = tl.load(v_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            if FP8:
+                v = v.to(q.dtype)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             s_sum = s_sum * alpha + tl.sum(p, 1)
             m = m_new
         # A split past the row's length ran no tile; it stores nothing and the combine skips it.
         live = g_mask & ((g * 0 + start) < length)  # a vector: a scalar i1 mask broadcasts unreliably
         out = acc / s_sum[:, None]
+        if FP8:
+            out = out * v_scale
         lse = m + tl.log2(s_sum)  # base 2, like m
         tl.store(
             o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :],
@@ -219,12 +243,18 @@ def decode_attention(
     if TRITON_IMPORT_ERROR is not None:
         raise RuntimeError(TRITON_IMPORT_ERROR)
     b, h, d = q.shape
-    k, v, tables, rows = pages
+    k, v, tables, rows, k_scale, v_scale = pages
     _, page, hkv, _ = k.shape
     if h % hkv != 0 or k.shape[-1] != d or v.shape != k.shape or rows.shape != (b,) or page & (page - 1):
         raise Fp8InputError(
             f"decode_attention: q {tuple(q.shape)} does not fit K/V blocks {tuple(k.shape)} / {tuple(v.shape)} "
             f"and rows {tuple(rows.shape)} (need H a multiple of Hkv, the same D, one row each, power-of-two pages)"
+        )
+    fp8 = k.dtype == torch.float8_e4m3fn
+    if (fp8 or v.dtype == torch.float8_e4m3fn) and (v.dtype != k.dtype or not (k_scale > 0 and v_scale > 0)):
+        raise Fp8InputError(
+            f"decode_attention: K/V blocks {k.dtype} / {v.dtype} with scales {k_scale} / {v_scale} (an fp8 cache "
+            "needs both blocks float8_e4m3fn and positive scales)"
         )
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise Fp8InputError("decode_attention: q and the K/V blocks need unit stride on the head dim")
@@ -248,9 +278,9 @@ def decode_attention(
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
         nk.stride(0), nk.stride(1), nv.stride(0), nv.stride(1), cos.stride(0),
-        scale if scale is not None else d**-0.5,
+        scale if scale is not None else d**-0.5, k_scale, v_scale, 1.0 / k_scale, 1.0 / v_scale,
         G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, D_PAD=d_pad, PAGE=page,
-        SPLIT=split, MAX_SPLITS=num_splits, BLOCK=BLOCK_N, NEW=new is not None,
+        SPLIT=split, MAX_SPLITS=num_splits, BLOCK=BLOCK_N, NEW=new is not None, FP8=fp8,
         # An fp32 cache asks for fp32 products (tl.dot would round them to TF32); 16-bit ones are exact.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4,

@@ -39,6 +39,7 @@ class Arm:
     max_model_len: int | None = None
     lone_prefill: int = 0  # tokens of the lone prefill to time (0: none)
     static_batch: int = 0  # rows of the static generate to time (0: none)
+    kv_cache_dtype: str = "auto"
 
 
 def drive(llm: LLM, load: list[LoadRequest]) -> tuple[list[RequestResult], float, list[str]]:
@@ -116,7 +117,9 @@ def _step_floors(llm: LLM, stats: list[StepStats], copy_gbs: float) -> dict[str,
     """Pure decode steps against their floor: (weights + the KV they read) / copy bandwidth."""
     model = llm.model
     cfg = model.cfg
-    per_token = KVPool.bytes_per_block(cfg.num_hidden_layers, 1, cfg.num_key_value_heads, cfg.head_size, model.dtype)
+    per_token = KVPool.bytes_per_block(
+        cfg.num_hidden_layers, 1, cfg.num_key_value_heads, cfg.head_size, model.pool.dtype
+    )
     weights = weight_bytes(model)
     decode = [s for s in stats if s.prefill_tokens == 0 and s.decodes]
     if not decode:
@@ -159,10 +162,14 @@ def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tup
         arm.folder, max_num_seqs=arm.max_num_seqs, max_num_batched_tokens=arm.max_num_batched_tokens,
         gpu_memory_utilization=arm.gpu_memory_utilization, enable_prefix_caching=arm.prefix_caching,
         policy=Policy.from_env(), max_model_len=arm.max_model_len, skip_tokenizer_init=True, record_stats=True,
+        kv_cache_dtype=arm.kv_cache_dtype,
     )  # fmt: skip
     engine = llm.engine
     cuda = llm.model.device.type == "cuda"
-    extra: dict[str, object] = {"policy": arm.policy, "prefix_caching": arm.prefix_caching}
+    extra: dict[str, object] = {
+        "policy": arm.policy, "prefix_caching": arm.prefix_caching, "kv_cache_dtype": arm.kv_cache_dtype,
+        "kv_cache_tokens": llm.model.pool.capacity_tokens,
+    }  # fmt: skip
     drive(llm, warmup)  # kernels' first calls, at the sizes the load brings
     extra.update(_unloaded(llm, load))
     engine.stats.clear()

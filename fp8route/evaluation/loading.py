@@ -16,11 +16,27 @@ import torch
 
 from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.hub import resolve_model_path
+from fp8route.engine.kv_quant import KVScales, RoundTripAttention, check_kv_cache_dtype, kv_scales_for
 from fp8route.errors import Fp8InputError
 from fp8route.linear.plan import fallback_lines
 from fp8route.linear.policy import Policy
+from fp8route.models.llama import LlamaConfig, LlamaForCausalLM, rope_tables
 from fp8route.models.load import is_quantized, read_plain
 from fp8route.models.tokenizer import load_tokenizer
+
+
+class _RoundTripKV(torch.nn.Module):
+    """The full forward with K/V rounded through an fp8 cache (fp8route.engine.kv_quant.RoundTripAttention)."""
+
+    def __init__(self, model: LlamaForCausalLM, scales: KVScales, dtype: torch.dtype | None) -> None:
+        super().__init__()
+        self.model, self.context, self.dtype = model, RoundTripAttention(scales), dtype
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        h = self.model.model.embed_tokens(input_ids)
+        h = h.to(self.dtype or h.dtype)
+        cos, sin = rope_tables(self.model.cfg, torch.arange(input_ids.shape[-1], device=input_ids.device))
+        return self.model.lm_head(self.model.model.run_layers(h, cos, sin, self.context))
 
 
 def load_for_eval(
@@ -28,26 +44,36 @@ def load_for_eval(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     policy: Policy | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], Any]:
     """(model, tokenizer) for a checkpoint folder (or a repository id in the Hugging Face hub cache):
     `model(input_ids[B, T]) -> logits[B, T, V]`,
     computed in dtype (None: the embedding's, bf16 for these folders). FP8 layers quantize their
     inputs to FP8 whatever dtype the activations are carried in; policy (e.g. a forced backend)
-    plans them, FP8ROUTE_* from the environment when None."""
+    plans them, FP8ROUTE_* from the environment when None. kv_cache_dtype "fp8" rounds every
+    layer's K and V through e4m3 with the checkpoint's scales (1.0 and a warning without), as an
+    fp8 KV cache gives them back (fp8route.engine.kv_quant.RoundTripAttention)."""
     from fp8route.checkpoint.load import load_checkpoint
-    from fp8route.models.llama import LlamaConfig, LlamaForCausalLM
 
+    check_kv_cache_dtype(kv_cache_dtype)
     folder = resolve_model_path(path)
     if not folder.is_dir():
         raise Fp8InputError(f"{folder}: no such checkpoint folder")
     config = read_json(folder / CONFIG)
     tokenizer = load_tokenizer(folder)
     device = torch.device(device)
+    kv_scales: dict[str, torch.Tensor] = {}
+    scheme = None
     if is_quantized(folder, config):
-        model = LlamaForCausalLM.from_checkpoint(load_checkpoint(folder, device, policy=policy))
+        checkpoint = load_checkpoint(folder, device, policy=policy)
+        model = LlamaForCausalLM.from_checkpoint(checkpoint)
+        kv_scales, scheme = checkpoint.kv_scales, checkpoint.scheme.kv_cache
     else:
         model = LlamaForCausalLM(LlamaConfig.from_hf(config), {}, read_plain(folder, device, None))
     model.eval()
+    scales = kv_scales_for(kv_cache_dtype, kv_scales, model.cfg.num_hidden_layers, str(folder), scheme)
+    if scales is not None:
+        return _RoundTripKV(model, scales, dtype).eval(), tokenizer
     return (model if dtype is None else functools.partial(model, dtype=dtype)), tokenizer
 
 

@@ -106,24 +106,37 @@ def rope_into_cache(
     k_slots: torch.Tensor,
     v_slots: torch.Tensor,
     slots: torch.Tensor,
+    scales: tuple[float, float] | None = None,
 ) -> None:
     """Decode's new keys and values into the cache in one launch: row b's k [B, 1, Hkv, D] rotated
     with its cos/sin [B, 1, D] and its v, written at slot slots[b] of k_slots/v_slots [S, Hkv, D]
-    (a paged cache viewed by slot). (Eager torch: the rotation's kernels, then an index for each write.)"""
+    (a paged cache viewed by slot). (Eager torch: the rotation's kernels, then an index for each write.)
+    With scales (k_scale, v_scale) the cache is float8_e4m3fn: the rotated key, rounded to k's dtype,
+    and v are stored as x / scale, saturated (fp8route.engine.kv_quant)."""
     b, _, heads, dim = k.shape
     half = dim // 2
     usable = _use_kernel(k) and k.stride(-1) == v.stride(-1) == 1 and k_slots.stride(-1) == v_slots.stride(-1) == 1
     if not usable or half & (half - 1) or cos.stride(-1) != 1:
-        k_slots[slots] = rope(k, cos, sin)[:, :, 0]
-        v_slots[slots] = v[:, 0]
+        k_new, v_new = rope(k, cos, sin)[:, :, 0], v[:, 0]
+        if scales is not None:
+            k_new, v_new = (_saturate(x, 1.0 / s) for x, s in zip((k_new, v_new), scales, strict=True))
+        k_slots[slots] = k_new
+        v_slots[slots] = v_new
         return
+    k_inv, v_inv = (1.0 / s for s in scales) if scales is not None else (1.0, 1.0)
     args = (
         k, v, cos, sin, k_slots, v_slots, slots,
         k.stride(0), k.stride(2), v.stride(0), v.stride(2), cos.stride(0),
-        k_slots.stride(0), k_slots.stride(1), v_slots.stride(0), v_slots.stride(1),
+        k_slots.stride(0), k_slots.stride(1), v_slots.stride(0), v_slots.stride(1), k_inv, v_inv,
     )  # fmt: skip
-    key = (k.dtype, v.dtype, cos.dtype, sin.dtype, k_slots.dtype, v_slots.dtype, slots.dtype, *args[7:])
-    _ROPE_STORE((b, heads), key, args, {"HALF": half, "num_warps": 1})
+    key = (k.dtype, v.dtype, cos.dtype, sin.dtype, k_slots.dtype, v_slots.dtype, slots.dtype, *args[7:-2])
+    meta = {"HALF": half, "FP8": scales is not None, "num_warps": 1}
+    _ROPE_STORE((b, heads), (*key, scales is not None), args, meta)
+
+
+def _saturate(x: torch.Tensor, inverse: float) -> torch.Tensor:
+    """x * inverse in e4m3, saturated at +-448 (as fp8route.engine.kv_quant.quantize_kv)."""
+    return (x.float() * inverse).clamp_(-448.0, 448.0).to(torch.float8_e4m3fn)
 
 
 def silu_mul(gate_up: torch.Tensor, width: int) -> torch.Tensor:
@@ -194,8 +207,8 @@ if triton is not None:
     @triton.jit
     def _rope_store_kernel(
         k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr,
-        skb, skh, svb, svh, scb, skcs, skch, svcs, svch,
-        HALF: tl.constexpr,
+        skb, skh, svb, svh, scb, skcs, skch, svcs, svch, k_inv, v_inv,
+        HALF: tl.constexpr, FP8: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -209,12 +222,22 @@ if triton is not None:
         s1 = tl.load(sin_ptr + b * scb + offs)
         s2 = tl.load(sin_ptr + b * scb + HALF + offs)
         kc_row = kc_ptr + slot * skcs + h * skch
-        tl.store(kc_row + offs, (k1 * c1 - k2 * s1).to(kc_ptr.dtype.element_ty))
-        tl.store(kc_row + HALF + offs, (k2 * c2 + k1 * s2).to(kc_ptr.dtype.element_ty))
         v_row = v_ptr + b * svb + h * svh
         vc_row = vc_ptr + slot * svcs + h * svch
-        tl.store(vc_row + offs, tl.load(v_row + offs))
-        tl.store(vc_row + HALF + offs, tl.load(v_row + HALF + offs))
+        if FP8:  # rounded to k's dtype first, as the torch path's rope() rounds it
+            r1 = (k1 * c1 - k2 * s1).to(k_ptr.dtype.element_ty).to(tl.float32) * k_inv
+            r2 = (k2 * c2 + k1 * s2).to(k_ptr.dtype.element_ty).to(tl.float32) * k_inv
+            tl.store(kc_row + offs, tl.minimum(tl.maximum(r1, -448.0), 448.0).to(kc_ptr.dtype.element_ty))
+            tl.store(kc_row + HALF + offs, tl.minimum(tl.maximum(r2, -448.0), 448.0).to(kc_ptr.dtype.element_ty))
+            v1 = tl.load(v_row + offs).to(tl.float32) * v_inv
+            v2 = tl.load(v_row + HALF + offs).to(tl.float32) * v_inv
+            tl.store(vc_row + offs, tl.minimum(tl.maximum(v1, -448.0), 448.0).to(vc_ptr.dtype.element_ty))
+            tl.store(vc_row + HALF + offs, tl.minimum(tl.maximum(v2, -448.0), 448.0).to(vc_ptr.dtype.element_ty))
+        else:
+            tl.store(kc_row + offs, (k1 * c1 - k2 * s1).to(kc_ptr.dtype.element_ty))
+            tl.store(kc_row + HALF + offs, (k2 * c2 + k1 * s2).to(kc_ptr.dtype.element_ty))
+            tl.store(vc_row + offs, tl.load(v_row + offs))
+            tl.store(vc_row + HALF + offs, tl.load(v_row + HALF + offs))
 
     @triton.jit
     def _silu_mul_kernel(x_ptr, out_ptr, stride_row, width, BLOCK: tl.constexpr):
@@ -230,7 +253,7 @@ if triton is not None:
     _RMS_NORM = DirectLauncher(_rms_norm_kernel, pointers=3)
     _ADD_RMS_NORM = DirectLauncher(_add_rms_norm_kernel, pointers=5)
     _ROPE = DirectLauncher(_rope_kernel, pointers=4)
-    _ROPE_STORE = DirectLauncher(_rope_store_kernel, pointers=7)
+    _ROPE_STORE = DirectLauncher(_rope_store_kernel, pointers=7)  # k_inv, v_inv: fp32 arguments
     _SILU_MUL = DirectLauncher(_silu_mul_kernel, pointers=2)
     _SILU_BLOCK = 1024
     _SILU_META = {"BLOCK": _SILU_BLOCK, "num_warps": 4}

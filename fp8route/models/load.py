@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -77,6 +77,8 @@ class ModelParts:
     device: torch.device
     max_positions: int | None  # config.json's max_position_embeddings
     parallel: str | None  # how this rank shares the model, when it is sharded
+    kv_scales: dict[str, torch.Tensor] = field(default_factory=dict)  # Checkpoint.kv_scales (FP8 KV cache)
+    kv_scheme: str | None = None  # what the quantization config says of the KV cache ("FP8" or None)
 
 
 def load_parts(
@@ -109,10 +111,13 @@ def load_parts(
         before_weights(target)
     shard = Shard.current()
     slicer = None if shard is None else Slicer.of(cfg, shard, tp_lm_head)
+    kv_scales: dict[str, torch.Tensor] = {}
+    kv_scheme = None
     if is_quantized(folder, config):
         checkpoint = load_checkpoint(folder, target, policy=policy, slices=slicer)
         linears: dict[str, nn.Module] = dict(checkpoint.linears)
         tensors = {n: t.to(dtype) if t.is_floating_point() else t for n, t in checkpoint.tensors.items()}
+        kv_scales, kv_scheme = checkpoint.kv_scales, checkpoint.scheme.kv_cache
     else:
         linears, tensors = {}, read_plain(folder, target, dtype, slicer)
     parallel = None
@@ -122,4 +127,4 @@ def load_parts(
         cfg = local_config(cfg, slicer.shard.size)
         parallel = f"tensor parallel rank {shard.rank} of {shard.size}; all-reduce {reduce.describe()}"
     positions = limit if isinstance(limit, int) and limit > 0 else None
-    return ModelParts(cfg, linears, tensors, target, positions, parallel)
+    return ModelParts(cfg, linears, tensors, target, positions, parallel, kv_scales, kv_scheme)

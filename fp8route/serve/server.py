@@ -103,6 +103,7 @@ def serve(args: argparse.Namespace) -> int:
         folder, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=not args.no_prefix_caching,
         policy=policy, max_model_len=args.max_model_len, device=args.device, num_kv_blocks=args.num_kv_blocks,
+        kv_cache_dtype=args.kv_cache_dtype,
     )  # fmt: skip
     engine = AsyncLLM(llm)
     name = args.served_model_name or args.model

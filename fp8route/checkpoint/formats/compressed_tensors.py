@@ -87,8 +87,9 @@ def _args() -> dict[str, Any]:
     }
 
 
-def quantization_config(ignore: Sequence[str]) -> dict[str, Any]:
-    """config.json's quantization_config for a static per-tensor FP8 checkpoint."""
+def quantization_config(ignore: Sequence[str], kv_cache: bool = False) -> dict[str, Any]:
+    """config.json's quantization_config for a static per-tensor FP8 checkpoint; kv_cache: with
+    per-tensor FP8 K/V cache scales (`<attn>.k_scale` / `<attn>.v_scale` tensors)."""
     group = {
         "targets": ["Linear"],
         "weights": _args(),
@@ -102,7 +103,7 @@ def quantization_config(ignore: Sequence[str]) -> dict[str, Any]:
         "quantization_status": "compressed",
         "config_groups": {"group_0": group},
         "ignore": list(ignore),
-        "kv_cache_scheme": None,
+        "kv_cache_scheme": {**_STATIC_TENSOR_FP8, "symmetric": True} if kv_cache else None,
         "sparsity_config": {},
         "global_compression_ratio": None,
     }

@@ -67,16 +67,20 @@ def _kv_cache(q: dict[str, Any], prefix: str, file: str) -> str | None:
     return "FP8"
 
 
-def config_files(exclude: Sequence[str], producer: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config.json's quantization_config, hf_quant_config.json) for a ModelOpt FP8 checkpoint.
+def config_files(
+    exclude: Sequence[str], producer: dict[str, str], kv_cache: bool = False
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(config.json's quantization_config, hf_quant_config.json) for a ModelOpt FP8 checkpoint;
+    kv_cache: with FP8 KV-cache scales (`<attn>.k_proj.k_scale` / `<attn>.v_proj.v_scale`).
 
     Both are written: engines that predate the config.json form read hf_quant_config.json only.
     """
-    quantization = {"quant_algo": "FP8", "kv_cache_quant_algo": None, "exclude_modules": list(exclude)}
+    kv = "FP8" if kv_cache else None
+    quantization = {"quant_algo": "FP8", "kv_cache_quant_algo": kv, "exclude_modules": list(exclude)}
     qc = {
         "quant_method": FORMAT,
         "quant_algo": "FP8",
-        "kv_cache_scheme": None,
+        "kv_cache_scheme": {"dynamic": False, "num_bits": 8, "type": "float"} if kv_cache else None,
         "ignore": list(exclude),
         "producer": producer,
     }
