@@ -41,6 +41,12 @@ def test_generate_streams_and_times_a_checkpoint(tiny_fp8, capsys):
     assert "decode (M=1): cpu_dequant x8; made at plan time: " in err
 
 
+def test_generate_with_an_fp8_kv_cache(tiny_fp8, capsys):
+    argv = ["generate", str(tiny_fp8), "--prompt", "the theme", "--max-new-tokens", "5", "--device", "cpu"]
+    assert main([*argv, "--kv-cache-dtype", "fp8"]) == 0
+    assert "TTFT" in capsys.readouterr().err
+
+
 def test_generate_tp2_starts_two_ranks_and_says_the_same(tiny_fp8):
     def generate(*extra: str) -> subprocess.CompletedProcess[str]:
         argv = ["generate", str(tiny_fp8), "--prompt", "the theme", "--max-new-tokens", "6", "--device", "cpu"]
@@ -68,6 +74,15 @@ def test_generate_tp2_starts_two_ranks_and_says_the_same(tiny_fp8):
             "attention='flashinfer'",
         ),  # fmt: skip
         (["generate", "{fp8}", "--prompt", "x", "--device", "cpu", "--tp", "3"], "does not divide"),  # in the ranks
+        (
+            ["generate", "{fp8}", "--prompt", "x", "--device", "cpu", "--kv-cache-dtype", "int8"],
+            "auto, fp8, got 'int8'",
+        ),
+        (
+            ["eval", "{fp8}", "--task", "hellaswag", "--device", "cpu", "--kv-cache-dtype", "fp4"],
+            "auto, fp8, got 'fp4'",
+        ),
+        (["bench", "serve", "{fp8}", "--kv-cache-dtype", "auto,e5m2"], "--kv-cache-dtype must be one of auto, fp8"),
         (["demo", "--layers", "0"], "--layers must be at least 1"),
         (["inspect", "{fp8}/config.json"], "expected a checkpoint folder"),
         (["bench", "e2e", "--random", "llama-3.1-8b"], "CUDA GPU"),
