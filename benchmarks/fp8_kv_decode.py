@@ -1,0 +1,93 @@
+"""Decode steps over a filled KV cache, bf16 against fp8 (kv_cache_dtype), on Llama-3.1-8B dimensions
+with random FP8 weights: per case BxL, each arm's pool gets L random positions per row (written
+straight into the blocks: a prefill of them would take long and the values do not change the time),
+and the captured decode step (model.step, the CUDA graph of the batch's bucket) that attends to
+them is timed, against its floor: (weights + the KV it reads) / the copy bandwidth of the run.
+
+    python benchmarks/fp8_kv_decode.py --cases 64x4096,1x32768 [--out DIR]
+
+Issue 28 asks: each fp8 step within 1.25x of its floor, and fp8 at least 1.4x faster than bf16 at 64x4096.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fp8route.checkpoint.random import write_random
+from fp8route.engine.e2e_bench import timed_calls, weight_bytes
+from fp8route.engine.generate import Rows
+from fp8route.engine.kv_pool import KVPool
+from fp8route.engine.load import load_model
+from fp8route.models.shapes import MODELS
+from fp8route.tuning.timing import copy_bandwidth_gbs
+
+
+def fill(pool: KVPool) -> None:
+    """Random K/V in every block, one layer at a time (a whole pool's randn would double its memory)."""
+    for layer in range(pool.k.shape[0]):
+        for blocks in (pool.k[layer], pool.v[layer]):
+            blocks.copy_(torch.randn(blocks.shape, device=blocks.device, dtype=torch.bfloat16).to(blocks.dtype))
+
+
+def case(folder: Path, batch: int, filled: int, kv: str, copy_gbs: float, repeats: int) -> dict[str, Any]:
+    model = load_model(folder, "cuda", max_batch_size=batch, max_seq_len=filled + 16, kv_cache_dtype=kv)
+    fill(model.pool)
+    cfg = model.cfg
+    per_token = KVPool.bytes_per_block(
+        cfg.num_hidden_layers, 1, cfg.num_key_value_heads, cfg.head_size, model.pool.dtype
+    )
+    tokens = torch.randint(0, cfg.vocab_size, (batch,), device="cuda")
+    positions = torch.full((batch,), filled, device="cuda")  # the new token's: it attends to filled + 1
+    with Rows(model, [filled + 1] * batch):
+        times, _ = timed_calls(lambda: model.step(tokens, positions), repeats)
+    step = statistics.median(times)
+    kv_bytes = batch * (filled + 1) * per_token
+    floor = (weight_bytes(model) + kv_bytes) / (copy_gbs * 1e9)
+    return {
+        "batch": batch, "filled": filled, "kv_cache_dtype": kv, "step_ms": 1e3 * step, "floor_ms": 1e3 * floor,
+        "over_floor": step / floor, "kv_gb": kv_bytes / 1e9, "tok_s": batch / step,
+    }  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default="64x4096,1x32768", help="BATCHxFILLED, comma-separated")
+    ap.add_argument("--kv", default="auto,fp8", help="kv_cache_dtype arms")
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--out", default=".", help="folder for fp8_kv_decode.json")
+    args = ap.parse_args()
+    cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",")]
+    copy_gbs = copy_bandwidth_gbs()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_random(Path(tmp) / "fp8", MODELS["llama-3.1-8b"], fp8=True)
+        for batch, filled in cases:
+            for kv in args.kv.split(","):
+                rows.append(case(folder, batch, filled, kv, copy_gbs, args.repeats))
+                torch.cuda.empty_cache()  # the arm's pool, before the next one takes its own
+                r = rows[-1]
+                print(
+                    f"B={batch:3d} filled={filled:6d} kv={kv:4s}: {r['step_ms']:.3f} ms/step, "
+                    f"floor {r['floor_ms']:.3f} ms ({r['over_floor']:.2f}x), KV {r['kv_gb']:.2f} GB, "
+                    f"{r['tok_s']:.0f} tok/s",
+                    flush=True,
+                )
+    for batch, filled in cases:
+        by = {r["kv_cache_dtype"]: r for r in rows if (r["batch"], r["filled"]) == (batch, filled)}
+        if "auto" in by and "fp8" in by:
+            speedup = by["auto"]["step_ms"] / by["fp8"]["step_ms"]
+            print(f"B={batch} filled={filled}: fp8 KV {speedup:.2f}x faster than bf16")
+    out = Path(args.out) / "fp8_kv_decode.json"
+    out.write_text(json.dumps({"copy_gbs": copy_gbs, "rows": rows}, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
