@@ -1,4 +1,5 @@
-"""Token ids to calibrate static input scales with: read from a file, tokenized from text, or generated."""
+"""Token ids to calibrate static input scales with: read from a file, tokenized from text, or generated;
+calibration_ids picks among them as `fp8route quantize` is given them."""
 
 from __future__ import annotations
 
@@ -98,3 +99,41 @@ def text_token_ids(
         raise Fp8InputError("calibration text tokenizes to no tokens")
     flat = torch.tensor(ids, dtype=torch.int64)
     return list(flat.split(seq_len))
+
+
+def calibration_ids(
+    src: Path,
+    vocab_size: int,
+    calib: str | os.PathLike[str] | Sequence[torch.Tensor] | Sequence[str] | None,
+    calib_text: str | os.PathLike[str] | None,
+    seq_len: int,
+    tokens: int,
+) -> tuple[list[torch.Tensor], str]:
+    """The calibration sequences and a one-line description of where they came from."""
+    if calib is not None and calib_text is not None:
+        raise Fp8InputError("give calibration data once: token ids (--calib) or text (--calib-text), not both")
+    texts: list[str] | None = None
+    if calib_text is not None:
+        texts, source = read_text(calib_text), f"text {calib_text}"
+    elif isinstance(calib, (list, tuple)) and calib and all(isinstance(t, str) for t in calib):
+        texts, source = list(calib), f"text ({len(calib)} str)"
+    if texts is not None:
+        from fp8route.models.tokenizer import load_tokenizer
+
+        try:
+            tokenizer = load_tokenizer(src)
+        except Fp8InputError as e:
+            raise Fp8InputError(f"calibrating on text needs the source's tokenizer: {e}") from None
+        sequences = text_token_ids(texts, tokenizer, seq_len, tokens)
+        bad = max(int(s.max()) for s in sequences)
+        if bad >= vocab_size:
+            raise Fp8InputError(f"{src}: the tokenizer gives id {bad}, outside the model's vocabulary {vocab_size}")
+        return sequences, source
+    if calib is None:
+        return generated_token_ids(vocab_size), "generated"
+    if isinstance(calib, (str, os.PathLike)):
+        return load_token_ids(calib, vocab_size), f"token ids {calib}"
+    sequences = [s for s in calib if isinstance(s, torch.Tensor)]
+    if not sequences or len(sequences) != len(calib):
+        raise Fp8InputError("calib must be a token-id file, token-id tensors or a list of str texts")
+    return sequences, f"token ids ({len(sequences)} tensors)"

@@ -25,7 +25,7 @@ import torch
 
 from fp8route.backends.problem import default_device
 from fp8route.checkpoint import estimators
-from fp8route.checkpoint.calibration import generated_token_ids, load_token_ids, read_text, text_token_ids
+from fp8route.checkpoint.calibration import calibration_ids
 from fp8route.checkpoint.config_check import check_config
 from fp8route.checkpoint.destination import check_destination, write_folder
 from fp8route.checkpoint.formats import CONFIG, FORMATS, QuantScheme, compressed_tensors, modelopt, read_json
@@ -148,7 +148,7 @@ def quantize_checkpoint(
         raise Fp8InputError(f"keep_float={keep_float} but only {len(quantizable)} linears would be quantized")
     check_destination(dst, src, _output_bytes(src, shards, quantizable))
     target = default_device(device)
-    sequences, source = _calibration_ids(src, cfg, calib, calib_text, calib_seq_len, calib_tokens)
+    sequences, source = calibration_ids(src, cfg.vocab_size, calib, calib_text, calib_seq_len, calib_tokens)
     budget = None if kl_budget is None else float(kl_budget)
     settings = _Settings(format, tuple(exclude), input_scale, float(percentile), keep_float, source, budget, kv_cache)
     report = write_folder(
@@ -160,44 +160,6 @@ def quantize_checkpoint(
     report.dst = dst
     report.seconds = time.perf_counter() - start
     return report
-
-
-def _calibration_ids(
-    src: Path,
-    cfg: LlamaConfig,
-    calib: str | os.PathLike[str] | Sequence[torch.Tensor] | Sequence[str] | None,
-    calib_text: str | os.PathLike[str] | None,
-    seq_len: int,
-    tokens: int,
-) -> tuple[list[torch.Tensor], str]:
-    """The calibration sequences and a one-line description of where they came from."""
-    if calib is not None and calib_text is not None:
-        raise Fp8InputError("give calibration data once: token ids (--calib) or text (--calib-text), not both")
-    texts: list[str] | None = None
-    if calib_text is not None:
-        texts, source = read_text(calib_text), f"text {calib_text}"
-    elif isinstance(calib, (list, tuple)) and calib and all(isinstance(t, str) for t in calib):
-        texts, source = list(calib), f"text ({len(calib)} str)"
-    if texts is not None:
-        from fp8route.models.tokenizer import load_tokenizer
-
-        try:
-            tokenizer = load_tokenizer(src)
-        except Fp8InputError as e:
-            raise Fp8InputError(f"calibrating on text needs the source's tokenizer: {e}") from None
-        sequences = text_token_ids(texts, tokenizer, seq_len, tokens)
-        bad = max(int(s.max()) for s in sequences)
-        if bad >= cfg.vocab_size:
-            raise Fp8InputError(f"{src}: the tokenizer gives id {bad}, outside the model's vocabulary {cfg.vocab_size}")
-        return sequences, source
-    if calib is None:
-        return generated_token_ids(cfg.vocab_size), "generated"
-    if isinstance(calib, (str, os.PathLike)):
-        return load_token_ids(calib, cfg.vocab_size), f"token ids {calib}"
-    sequences = [s for s in calib if isinstance(s, torch.Tensor)]
-    if not sequences or len(sequences) != len(calib):
-        raise Fp8InputError("calib must be a token-id file, token-id tensors or a list of str texts")
-    return sequences, f"token ids ({len(sequences)} tensors)"
 
 
 def _quantize_into(
