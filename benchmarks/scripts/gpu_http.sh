@@ -27,6 +27,18 @@ from fp8route.checkpoint.random import write_random
 from fp8route.models.shapes import MODELS
 write_random(Path('$ckpt'), MODELS['llama-3.1-8b'], fp8=True)" 2>&1 | tail -1
 fi
+if [ ! -f $ckpt/tokenizer.json ] && [ -f $ckpt/config.json ]; then
+    # A random checkpoint has no tokenizer, and the server detokenizes what it streams: a word-level one
+    # over the model's vocabulary (token i is "w<i>") stands in. The load sends token ids either way.
+    python3 -c "
+import json
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+vocab = json.load(open('$ckpt/config.json'))['vocab_size']
+tok = Tokenizer(models.WordLevel({f'w{i}': i for i in range(vocab)}, unk_token='w0'))
+tok.pre_tokenizer, tok.decoder = pre_tokenizers.WhitespaceSplit(), decoders.WordPiece(prefix='##')
+tok.save('$ckpt/tokenizer.json')
+print(f'tokenizer.json: a word-level stand-in over {vocab} ids')"
+fi
 if [ "${SMALL:-0}" = 1 ]; then
     prefill_load=(--num-prompts 16 --input-len 64:256 --output-len 4:8)
     decode_load=(--num-prompts 24 --input-len 32:64 --output-len 8:16)
