@@ -62,10 +62,13 @@ class EngineStats:
     preemptions: int = 0
 
 
+_Queue = asyncio.Queue[StreamOutput | BaseException]
+
+
 @dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[StreamOutput | BaseException]
+    queue: _Queue
 
 
 class AsyncLLM:
@@ -146,9 +149,18 @@ class AsyncLLM:
         self._wake.set()
 
     def _deliver(self, request_id: str, item: StreamOutput | BaseException) -> None:
-        stream = self._streams.get(request_id)
-        if stream is not None:
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+        self._deliver_all([(request_id, item)])
+
+    def _deliver_all(self, items: Sequence[tuple[str, StreamOutput | BaseException]]) -> None:
+        # One wake-up of each event loop per step, not one per request: each costs the loop a
+        # self-pipe write and this thread the GIL (benchmarks/serve_overhead.py).
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Queue, StreamOutput | BaseException]]] = {}
+        for request_id, item in items:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                by_loop.setdefault(stream.loop, []).append((stream.queue, item))
+        for loop, pairs in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, pairs)
 
     def _drain(self) -> None:
         while True:
@@ -182,10 +194,9 @@ class AsyncLLM:
                 self._fail(list(touched.values()), exc)
                 continue
             self._count()  # before the news goes out: a client that reads /metrics next sees this step
-            for update in updates:
-                self._publish(update.request, update.new_token_ids, update.finished)
+            self._deliver_all([self._publish(u.request, u.new_token_ids, u.finished) for u in updates])
 
-    def _publish(self, request: Request, new: list[int], finished: bool) -> None:
+    def _publish(self, request: Request, new: list[int], finished: bool) -> tuple[str, StreamOutput]:
         with self._lock:
             self.stats.generation_tokens += len(new)
             if finished:
@@ -195,19 +206,17 @@ class AsyncLLM:
         if finished:
             for callback in self.on_finished:
                 callback(request)  # type: ignore[operator]
-        self._deliver(
+        output = StreamOutput(
             request.request_id,
-            StreamOutput(
-                request.request_id,
-                new,
-                finished,
-                request.finish_reason,
-                request.stop_reason,
-                request.num_prompt_tokens,
-                request.num_output_tokens,
-                request.num_cached_tokens,
-            ),  # fmt: skip
-        )
+            new,
+            finished,
+            request.finish_reason,
+            request.stop_reason,
+            request.num_prompt_tokens,
+            request.num_output_tokens,
+            request.num_cached_tokens,
+        )  # fmt: skip
+        return request.request_id, output
 
     def _fail(self, requests: list[Request], exc: Exception) -> None:
         for request in requests:
@@ -223,3 +232,8 @@ class AsyncLLM:
             self.stats.prefix_queried_tokens = blocks.stats.queried_tokens
             self.stats.prefix_hit_tokens = blocks.stats.hit_tokens
             self.stats.preemptions = engine.scheduler.preemptions
+
+
+def _put_all(pairs: list[tuple[_Queue, StreamOutput | BaseException]]) -> None:
+    for queue_, item in pairs:
+        queue_.put_nowait(item)

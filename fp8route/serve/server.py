@@ -31,6 +31,7 @@ from fp8route.serve.app import build_app
 from fp8route.serve.serving import Serving
 
 API_KEY_ENV = "FP8ROUTE_API_KEY"
+SWITCH_INTERVAL_S = 0.0005
 
 
 class _Server(uvicorn.Server):
@@ -129,6 +130,10 @@ def serve(args: argparse.Namespace) -> int:
                 f"fp8route serve: warning: {args.host} without an API key: anyone who reaches it can use it", flush=True
             )
 
+    # The engine thread needs the GIL back at the end of every step's GPU wait, while the event loop
+    # holds it streaming the last step's tokens; at Python's default 5 ms switch interval that wait
+    # is a third of a decode step (benchmarks/serve_overhead.py).
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     server = _Server(config, serving, ready)
     try:
         server.run()
