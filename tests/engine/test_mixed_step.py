@@ -69,8 +69,8 @@ def test_a_mixed_forward_equals_the_prefill_then_the_decode_step(device, triton)
         decoded, _ = split.runner.decode_step(tokens, positions, rows)
     assert together.shape == (5, vocab)
     torch.testing.assert_close(together, torch.cat([prefilled, decoded]), rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(mixed.pool.k, split.pool.k)
-    torch.testing.assert_close(mixed.pool.v, split.pool.v)
+    torch.testing.assert_close(mixed.pool.k, split.pool.k, rtol=1e-4, atol=1e-4)  # GEMMs of other M on CUDA
+    torch.testing.assert_close(mixed.pool.v, split.pool.v, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize(
