@@ -2,6 +2,7 @@
 # `fp8route serve` on one H200 (issue 27), driven over real HTTP by `fp8route bench serve --url`, in
 # one device call; output under $OUT (gpu.txt, the summary, and results.tgz, every log and JSON).
 # PHASES lists what to run, in order:
+#   tests:    the GPU tests TESTS names
 #   prefill:  the seed's prefill-heavy load against a routed, a cuBLASLt-only and a rowwise-only server
 #   decode:   the decode-heavy load on the offline engine (bench serve) and over HTTP (a routed server)
 #   overload: OVERLOAD_S seconds of Poisson arrivals at RATE requests/s (1.5x the capacity the decode
@@ -80,6 +81,11 @@ bench() {  # name, then bench serve's options
 
 for phase in $PHASES; do
     case $phase in
+    tests)  # TESTS: which GPU tests (pytest paths)
+        # shellcheck disable=SC2086
+        timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q ${TESTS:?TESTS: pytest paths} -rfEs --tb=short > "$work/gpu_tests.log" 2>&1
+        tail -3 "$work/gpu_tests.log" | tee -a "$log"; grep -E "^(FAILED|ERROR)" "$work/gpu_tests.log" | head -20 | tee -a "$log"
+        pack ;;
     prefill)
         for policy in routed cublas rowwise; do
             start_server "prefill-$policy" --policy $policy || continue
