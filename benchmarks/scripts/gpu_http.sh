@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `fp8route serve` on one H200 (issue 27), driven over real HTTP by `fp8route bench serve --url`, in
-# one device call; output under $OUT (gpu.txt, the summary, and results.tgz, every log and JSON).
+# one device call; output under $OUT: gpu.txt, the summary, and results.tgz, every log and JSON.
 # PHASES lists what to run, in order:
 #   tests:    the GPU tests TESTS names
 #   prefill:  the seed's prefill-heavy load against a routed, a cuBLASLt-only and a rowwise-only server
@@ -15,7 +15,7 @@ if [ -d .whl ] && [ -z "${SKIP_WHEELS:-}" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
-work="$OUT/work"; mkdir -p "$work"
+work=/tmp/gpu-http; rm -rf "$work"; mkdir -p "$work"  # all of it comes back in results.tgz
 log="$OUT/gpu.txt"
 echo "# PHASES='$PHASES' COMMIT=${COMMIT:-unknown} RATE=${RATE:-} bash benchmarks/scripts/gpu_http.sh ($(date -u +%FT%TZ))" | tee "$log"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>/dev/null | tee -a "$log"
