@@ -25,7 +25,6 @@ from fp8route.engine.flashinfer_attention import check_attention
 from fp8route.engine.kv_pool import KVPool, blocks_for
 from fp8route.engine.llm_engine import LLMEngine
 from fp8route.engine.request import CompletionOutput, Request, RequestOutput
-from fp8route.engine.runner import DecodeRows
 from fp8route.engine.sampling import SamplingParams
 from fp8route.errors import Fp8InputError
 from fp8route.linear.policy import Policy
@@ -131,13 +130,9 @@ class LLM:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-        # A profile forward of the largest step, a chunk with every row decoding at its end (a mixed
-        # step's decode attention and lm_head rows): every token's K/V goes to the scratch block.
+        # A profile prefill of the largest step: every token's K/V goes to the scratch block.
         tokens = min(prefill_tokens, self.max_model_len)
-        rows = min(model.max_batch_size, tokens - 1)
-        pad, scratch = model.pool.pad_row, [0] * model.pool.max_blocks_per_seq
-        tail = DecodeRows([0] * rows, [0] * rows, [pad] * rows, [scratch] * rows) if rows else None
-        model.runner.prefill([[0] * (tokens - rows)], [0], [pad], [scratch], [0], tail)
+        model.runner.prefill([[0] * tokens], [0], [model.pool.pad_row], [[0] * model.pool.max_blocks_per_seq], [0])
         torch.cuda.synchronize(device)
         activations = torch.cuda.max_memory_allocated(device) - before
         free, total = torch.cuda.mem_get_info(device)
