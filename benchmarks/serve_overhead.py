@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--role", choices=("driver", "server"), default="driver")
     args = parser.parse_args()
     if args.role == "server":
-        simulate_forward(args.forward_ms / 1e3)
+        os.environ[FORWARD_ENV] = str(args.forward_ms)  # for the engine's process, which imports this file
         from fp8route.cli import main as cli
 
         sys.argv = ["fp8route", "serve", "smollm2", "--device", "cpu", "--port", str(args.port)]
@@ -92,6 +92,12 @@ def main() -> None:
         server.terminate()
         server.wait()
 
+
+# The server runs its engine in a spawned process, which imports this file as __mp_main__: the
+# forward is replaced there.
+FORWARD_ENV = "SERVE_OVERHEAD_FORWARD_MS"
+if __name__ == "__mp_main__" and FORWARD_ENV in os.environ:
+    simulate_forward(float(os.environ[FORWARD_ENV]) / 1e3)
 
 if __name__ == "__main__":
     main()

@@ -23,15 +23,14 @@ from typing import Any
 import uvicorn
 
 from fp8route.backends import BACKENDS
-from fp8route.engine.async_llm import AsyncLLM
-from fp8route.engine.llm import LLM, resolve_model
+from fp8route.engine.engine_process import EngineProcess
+from fp8route.engine.llm import resolve_model
 from fp8route.errors import Fp8InputError
 from fp8route.linear.policy import Policy
 from fp8route.serve.app import build_app
 from fp8route.serve.serving import Serving
 
 API_KEY_ENV = "FP8ROUTE_API_KEY"
-SWITCH_INTERVAL_S = 0.0005
 
 
 class _Server(uvicorn.Server):
@@ -100,12 +99,11 @@ def serve(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     policy = _policy(args.policy)
     folder = resolve_model(args.model)
-    llm = LLM(
+    engine = EngineProcess(
         folder, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=not args.no_prefix_caching,
         policy=policy, max_model_len=args.max_model_len, device=args.device, num_kv_blocks=args.num_kv_blocks,
     )  # fmt: skip
-    engine = AsyncLLM(llm)
     name = args.served_model_name or args.model
     serving = Serving(
         engine, name, folder, max_num_seqs=args.max_num_seqs, max_queue=args.max_queue,
@@ -116,12 +114,11 @@ def serve(args: argparse.Namespace) -> int:
         app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, lifespan="off",
         timeout_graceful_shutdown=args.shutdown_timeout,  # type: ignore[arg-type]
     )  # fmt: skip
-    pool = llm.model.pool
 
     def ready(port: int) -> None:
         print(
             f"fp8route serve: {name} at http://{args.host}:{port}/v1 (/health, /metrics); KV pool "
-            f"{pool.capacity_tokens} tokens; up to {args.max_num_seqs} running and {args.max_queue} waiting; "
+            f"{engine.capacity_tokens} tokens; up to {args.max_num_seqs} running and {args.max_queue} waiting; "
             f"{'API key required' if api_key else 'no API key'}",
             flush=True,
         )
@@ -130,10 +127,6 @@ def serve(args: argparse.Namespace) -> int:
                 f"fp8route serve: warning: {args.host} without an API key: anyone who reaches it can use it", flush=True
             )
 
-    # The engine thread needs the GIL back at the end of every step's GPU wait, while the event loop
-    # holds it streaming the last step's tokens; at Python's default 5 ms switch interval that wait
-    # is a third of a decode step (benchmarks/serve_overhead.py).
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     server = _Server(config, serving, ready)
     try:
         server.run()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fp8route.checkpoint.gguf_tokenizer import apply_chat_template
-from fp8route.engine.async_llm import AsyncLLM, EngineError
+from fp8route.engine.async_llm import EngineClient, EngineError
 from fp8route.engine.detokenize import TextStream
 from fp8route.engine.sampling import SamplingParams
 from fp8route.errors import Fp8InputError
@@ -74,7 +74,7 @@ class Piece:
 class Serving:
     def __init__(
         self,
-        engine: AsyncLLM,
+        engine: EngineClient,
         model_name: str,
         folder: Path,
         *,
