@@ -102,7 +102,7 @@ for phase in $PHASES; do
         n=$(python3 -c "print(int($rate * ${OVERLOAD_S:-300}))")
         start_server overload --policy routed --max-queue "${QUEUE:-256}" || continue
         (
-            echo "seconds,server_rss_mib,gpu_used_mib,running,waiting"
+            echo "seconds,server_rss_mib,engine_rss_mib,gpu_used_mib,running,waiting"
             while kill -0 $server 2>/dev/null; do
                 python3 - "$url" "$SECONDS" <<'EOF'
 import subprocess, sys, urllib.request
@@ -112,7 +112,8 @@ try:
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True).stdout.strip()
 except FileNotFoundError:
     gpu = "nan"
-print(f"{sys.argv[2]},{m['process_resident_memory_bytes'] / 2**20:.0f},{gpu},{m['fp8route:num_requests_running']:.0f},{m['fp8route:num_requests_waiting']:.0f}")
+engine = m.get("fp8route:engine_resident_memory_bytes", float("nan")) / 2**20
+print(f"{sys.argv[2]},{m['process_resident_memory_bytes'] / 2**20:.0f},{engine:.0f},{gpu},{m['fp8route:num_requests_running']:.0f},{m['fp8route:num_requests_waiting']:.0f}")
 EOF
                 sleep 10
             done

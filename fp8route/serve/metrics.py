@@ -9,6 +9,7 @@ to each it refused is counted here too.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
@@ -98,6 +99,20 @@ class _EngineCollector:
         yield counter("prompt_tokens", "Prompt tokens of the requests the engine finished.", s.prompt_tokens)
         yield counter("generation_tokens", "Tokens generated.", s.generation_tokens)
         yield counter("num_preemptions", "Requests preempted to free KV blocks.", s.preemptions)
+        rss = _resident_bytes(getattr(self.engine, "pid", None))
+        if rss is not None:  # the engine's own process (process_resident_memory_bytes is the server's)
+            yield gauge("engine_resident_memory_bytes", "Resident memory of the engine's process.", rss)
+
+
+def _resident_bytes(pid: int | None) -> int | None:
+    """A process's resident memory from /proc (Linux); None elsewhere or when it is gone."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class Metrics:
