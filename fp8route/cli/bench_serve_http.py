@@ -90,15 +90,18 @@ def run(args: argparse.Namespace) -> int:
     outcomes = dict(sorted(run_.outcomes.items()))
     used = after.get("fp8route:kv_cache_used_blocks")
     rss = [m.get("process_resident_memory_bytes") for m in (before, after)]
+    engine_rss = [m.get("fp8route:engine_resident_memory_bytes") for m in (before, after)]
     extra: dict[str, object] = {"url": url, "model": model, "requests": len(load), "outcomes": outcomes}
     extra.update({"disconnect_fraction": args.disconnect_fraction, "first_errors": run_.errors})
     if used is not None:
         extra["kv_cache_used_blocks_after"] = used
     if None not in rss:
         extra["server_rss_mb"] = [round(m / 2**20, 1) for m in rss]  # type: ignore[operator]
+    if None not in engine_rss:
+        extra["engine_rss_mb"] = [round(m / 2**20, 1) for m in engine_rss]  # type: ignore[operator]
     report = summarize(f"http {model}"[:23], run_.results, run_.duration_s, **extra)
     print("\n" + table([report]))
-    lines = _checks(report, run_.lost, used, rss)
+    lines = _checks(report, run_.lost, used)
     print("\n" + "\n".join(lines))
     out = Path(args.out).expanduser() if args.out else Path("bench-results") / "http"
     stem = "serve-http-" + re.sub(r"[^A-Za-z0-9._-]+", "_", model).strip("_")
@@ -106,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if run_.lost == 0 and not used else 1
 
 
-def _checks(report: ServeReport, lost: int, used: float | None, rss: list[float | None]) -> list[str]:
+def _checks(report: ServeReport, lost: int, used: float | None) -> list[str]:
     """Every request accounted for, the pool empty after the run, the server's memory before and after."""
     outcomes: dict[str, int] = report.extra["outcomes"]  # type: ignore[assignment]
     named = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in outcomes.items())
@@ -115,6 +118,10 @@ def _checks(report: ServeReport, lost: int, used: float | None, rss: list[float 
         lines.append("KV pool: not checked (the server exports no fp8route:kv_cache_used_blocks)")
     else:
         lines.append("KV pool empty after the run" if not used else f"KV pool: {used:.0f} blocks STILL IN USE")
-    if None not in rss:
-        lines.append(f"server memory: {rss[0] / 2**20:.0f} MiB before, {rss[1] / 2**20:.0f} MiB after")  # type: ignore[operator]
+    for name, mb in (
+        ("server", report.extra.get("server_rss_mb")),
+        ("engine process", report.extra.get("engine_rss_mb")),
+    ):
+        if isinstance(mb, list):
+            lines.append(f"{name} memory: {mb[0]:.0f} MiB before, {mb[1]:.0f} MiB after")
     return lines

@@ -16,12 +16,12 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from fp8route.engine.llm import LLM
-from fp8route.engine.request import Request
+from fp8route.engine.request import Request, RequestMetrics
 from fp8route.engine.sampling import SamplingParams
 from fp8route.errors import Fp8RouteError
 
@@ -62,38 +62,47 @@ class EngineStats:
     preemptions: int = 0
 
 
+_Queue = asyncio.Queue[StreamOutput | BaseException]
+
+
 @dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[StreamOutput | BaseException]
+    queue: _Queue
 
 
-class AsyncLLM:
-    def __init__(self, llm: LLM) -> None:
-        self.llm = llm
-        self.engine = llm.engine
-        self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+class EngineClient:
+    """An engine as a server sees it, on the asyncio side: each request's stream, fed from another
+    thread by _deliver_all. AsyncLLM runs the engine on a thread of this process; EngineProcess
+    (fp8route.engine.engine_process) in a process of its own."""
+
+    tokenizer: Any
+
+    def __init__(self) -> None:
         self._streams: dict[str, _Stream] = {}
         self._ids = itertools.count()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._lock = threading.Lock()  # guards stats against the reader
-        self.stats = EngineStats(kv_total_blocks=llm.model.blocks.usable_blocks)
-        self.on_finished: list[object] = []  # callbacks(request) for metrics, run on the engine thread
-        self._thread = threading.Thread(target=self._loop, name="fp8route-engine", daemon=True)
-        self._thread.start()
-
-    @property
-    def tokenizer(self):  # type: ignore[no-untyped-def]
-        return self.llm.tokenizer
-
-    @property
-    def max_model_len(self) -> int:
-        return self.engine.max_model_len
+        self.on_finished: list[Callable[[RequestMetrics], None]] = []  # each finished request's times
 
     def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         """Raise Fp8InputError now if the request could never run (the server's 400)."""
-        self.engine.check_prompt(list(prompt_ids), params)
+        raise NotImplementedError
+
+    @property
+    def max_model_len(self) -> int:
+        raise NotImplementedError
+
+    def snapshot(self) -> EngineStats:
+        raise NotImplementedError
+
+    @property
+    def alive(self) -> bool:
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        raise NotImplementedError
+
+    def _send(self, kind: str, payload: object) -> None:
+        raise NotImplementedError
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None
@@ -123,6 +132,45 @@ class AsyncLLM:
     def abort(self, request_id: str) -> None:
         self._send("abort", request_id)
 
+    def _deliver(self, request_id: str, item: StreamOutput | BaseException) -> None:
+        self._deliver_all([(request_id, item)])
+
+    def _deliver_all(self, items: Sequence[tuple[str, StreamOutput | BaseException]]) -> None:
+        # One wake-up of each event loop per step, not one per request: each costs the loop a
+        # self-pipe write and the engine's thread the GIL (benchmarks/serve_overhead.py).
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Queue, StreamOutput | BaseException]]] = {}
+        for request_id, item in items:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                by_loop.setdefault(stream.loop, []).append((stream.queue, item))
+        for loop, pairs in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, pairs)
+
+
+class AsyncLLM(EngineClient):
+    def __init__(self, llm: LLM) -> None:
+        super().__init__()
+        self.llm = llm
+        self.engine = llm.engine
+        self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # guards stats against the reader
+        self.stats = EngineStats(kv_total_blocks=llm.model.blocks.usable_blocks)
+        self._thread = threading.Thread(target=self._loop, name="fp8route-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def tokenizer(self):  # type: ignore[no-untyped-def]
+        return self.llm.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        self.engine.check_prompt(list(prompt_ids), params)
+
     def snapshot(self) -> EngineStats:
         with self._lock:
             return EngineStats(**{**self.stats.__dict__, "finished": dict(self.stats.finished)})
@@ -144,11 +192,6 @@ class AsyncLLM:
     def _send(self, kind: str, payload: object) -> None:
         self._inbox.put((kind, payload))
         self._wake.set()
-
-    def _deliver(self, request_id: str, item: StreamOutput | BaseException) -> None:
-        stream = self._streams.get(request_id)
-        if stream is not None:
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
 
     def _drain(self) -> None:
         while True:
@@ -182,10 +225,9 @@ class AsyncLLM:
                 self._fail(list(touched.values()), exc)
                 continue
             self._count()  # before the news goes out: a client that reads /metrics next sees this step
-            for update in updates:
-                self._publish(update.request, update.new_token_ids, update.finished)
+            self._deliver_all([self._publish(u.request, u.new_token_ids, u.finished) for u in updates])
 
-    def _publish(self, request: Request, new: list[int], finished: bool) -> None:
+    def _publish(self, request: Request, new: list[int], finished: bool) -> tuple[str, StreamOutput]:
         with self._lock:
             self.stats.generation_tokens += len(new)
             if finished:
@@ -194,20 +236,18 @@ class AsyncLLM:
                 self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
         if finished:
             for callback in self.on_finished:
-                callback(request)  # type: ignore[operator]
-        self._deliver(
+                callback(request.metrics)
+        output = StreamOutput(
             request.request_id,
-            StreamOutput(
-                request.request_id,
-                new,
-                finished,
-                request.finish_reason,
-                request.stop_reason,
-                request.num_prompt_tokens,
-                request.num_output_tokens,
-                request.num_cached_tokens,
-            ),  # fmt: skip
-        )
+            new,
+            finished,
+            request.finish_reason,
+            request.stop_reason,
+            request.num_prompt_tokens,
+            request.num_output_tokens,
+            request.num_cached_tokens,
+        )  # fmt: skip
+        return request.request_id, output
 
     def _fail(self, requests: list[Request], exc: Exception) -> None:
         for request in requests:
@@ -223,3 +263,8 @@ class AsyncLLM:
             self.stats.prefix_queried_tokens = blocks.stats.queried_tokens
             self.stats.prefix_hit_tokens = blocks.stats.hit_tokens
             self.stats.preemptions = engine.scheduler.preemptions
+
+
+def _put_all(pairs: list[tuple[_Queue, StreamOutput | BaseException]]) -> None:
+    for queue_, item in pairs:
+        queue_.put_nowait(item)

@@ -45,6 +45,40 @@ class Update:
     finished: bool
 
 
+@dataclass(frozen=True)
+class EngineLimits:
+    """What decides whether a request can ever run: enough to check it where the engine is not."""
+
+    vocab_size: int
+    max_model_len: int
+    block_size: int
+    usable_blocks: int
+    capacity_tokens: int
+
+
+def check_prompt(ids: Sequence[int], params: SamplingParams, limits: EngineLimits) -> None:
+    """Raise Fp8InputError unless these prompt ids with these params can ever run within limits."""
+    if not ids:
+        raise Fp8InputError("the prompt is empty: give at least one token")
+    vocab = limits.vocab_size
+    bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
+    if bad:
+        raise Fp8InputError(f"prompt token ids must be integers in 0..{vocab - 1} (the vocabulary), got {bad[0]!r}")
+    wanted = len(ids) + (params.max_tokens or 1)
+    if wanted > limits.max_model_len:
+        raise Fp8InputError(
+            f"a prompt of {len(ids)} tokens + max_tokens={params.max_tokens} = {wanted} exceeds the model's "
+            f"context of {limits.max_model_len} tokens; shorten the prompt or lower max_tokens"
+        )
+    need = blocks_for(wanted, limits.block_size)
+    if need > limits.usable_blocks:
+        raise Fp8InputError(
+            f"a prompt of {len(ids)} tokens + max_tokens={params.max_tokens} needs {need} KV blocks but the "
+            f"pool has {limits.usable_blocks} ({limits.capacity_tokens} tokens); lower max_tokens or give the "
+            "engine more memory (gpu_memory_utilization)"
+        )
+
+
 class LLMEngine:
     def __init__(
         self,
@@ -101,27 +135,16 @@ class LLMEngine:
         self.scheduler.add(request)
         return request
 
+    @property
+    def limits(self) -> EngineLimits:
+        blocks, pool = self.model.blocks, self.model.pool
+        return EngineLimits(
+            self.model.cfg.vocab_size, self.max_model_len, pool.block_size, blocks.usable_blocks, pool.capacity_tokens
+        )
+
     def check_prompt(self, ids: Sequence[int], params: SamplingParams) -> None:
         """Raise Fp8InputError unless these prompt ids with these params can ever run here."""
-        if not ids:
-            raise Fp8InputError("the prompt is empty: give at least one token")
-        vocab = self.model.cfg.vocab_size
-        bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
-        if bad:
-            raise Fp8InputError(f"prompt token ids must be integers in 0..{vocab - 1} (the vocabulary), got {bad[0]!r}")
-        wanted = len(ids) + (params.max_tokens or 1)
-        if wanted > self.max_model_len:
-            raise Fp8InputError(
-                f"a prompt of {len(ids)} tokens + max_tokens={params.max_tokens} = {wanted} exceeds the model's "
-                f"context of {self.max_model_len} tokens; shorten the prompt or lower max_tokens"
-            )
-        need = blocks_for(wanted, self.model.pool.block_size)
-        if need > self.model.blocks.usable_blocks:
-            raise Fp8InputError(
-                f"a prompt of {len(ids)} tokens + max_tokens={params.max_tokens} needs {need} KV blocks but the "
-                f"pool has {self.model.blocks.usable_blocks} ({self.model.pool.capacity_tokens} tokens); lower "
-                "max_tokens or give the engine more memory (gpu_memory_utilization)"
-            )
+        check_prompt(ids, params, self.limits)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its blocks; False if it is unknown or already finished."""

@@ -109,16 +109,32 @@ def _sse(payload: BaseModel | dict[str, Any]) -> str:
     return f"data: {data}\n\n"
 
 
+_TEXT = "@@fp8route-text@@"
+
+
 class _Formats:
     """The completion and chat shapes of one answer, whole or as stream chunks."""
 
     def __init__(self, job: Job, model: str, chat: bool, continuous_usage: bool) -> None:
         self.job, self.model, self.chat, self.continuous_usage = job, model, chat, continuous_usage
         self.first = True
+        self._template: tuple[str, str] | None = None
+
+    def event(self, piece: Piece) -> str:
+        """The piece as one server-sent event. A middle piece (no role, no usage, not the last) is
+        the same chunk every time but for its text: a template filled in, not a model per token."""
+        if self.first or self.continuous_usage or piece.finish_reason is not None or piece.stop_reason is not None:
+            return _sse(self.chunk(piece))
+        if self._template is None:
+            head, _, tail = _sse(self.chunk(Piece(_TEXT, 0, 0))).rpartition(json.dumps(_TEXT))
+            self._template = head, tail
+        head, tail = self._template
+        return head + json.dumps(piece.text, ensure_ascii=False) + tail
 
     def chunk(self, piece: Piece) -> BaseModel:
         job, usage = self.job, piece.usage if self.continuous_usage else None
         if not self.chat:
+            self.first = False
             choice = CompletionChoice(text=piece.text, finish_reason=piece.finish_reason, stop_reason=piece.stop_reason)
             return CompletionResponse(
                 id=job.request_id, created=job.created, model=self.model, choices=[choice], usage=usage
@@ -259,10 +275,10 @@ async def _events(
 ) -> AsyncIterator[str]:
     last = first
     try:
-        yield _sse(formats.chunk(first))
+        yield formats.event(first)
         async for piece in pieces:
             last = piece
-            yield _sse(formats.chunk(piece))
+            yield formats.event(piece)
         if include_usage:
             yield _sse(formats.usage_chunk(last))
     except EngineError as exc:  # the response has started: the error goes in the stream, as vLLM's does

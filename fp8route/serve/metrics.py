@@ -1,6 +1,6 @@
 """/metrics in Prometheus' text format, under vLLM's metric names with an fp8route: prefix.
 
-The engine's state and counters come from one AsyncLLM.snapshot() per scrape, so they agree with
+The engine's state and counters come from one snapshot() of the engine per scrape, so they agree with
 each other. TTFT and end-to-end latency are the engine's own clock (arrival to first token, to the
 last), observed as each request finishes; inter-token latency is observed where the server hands a
 step's tokens on. What happened to each request the server took (finished, client gone, failed) and
@@ -9,13 +9,14 @@ to each it refused is counted here too.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from fp8route.engine.async_llm import AsyncLLM
-from fp8route.engine.request import Request
+from fp8route.engine.async_llm import EngineClient
+from fp8route.engine.request import RequestMetrics
 
 PREFIX = "fp8route:"
 # vLLM's buckets, so dashboards built for it read ours the same way (ITL's with finer ones below 10 ms).
@@ -65,7 +66,7 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 
 
 class _EngineCollector:
-    def __init__(self, engine: AsyncLLM, in_flight: Callable[[], int]) -> None:
+    def __init__(self, engine: EngineClient, in_flight: Callable[[], int]) -> None:
         self.engine, self.in_flight = engine, in_flight
 
     def collect(self) -> Iterator[Metric]:
@@ -98,10 +99,24 @@ class _EngineCollector:
         yield counter("prompt_tokens", "Prompt tokens of the requests the engine finished.", s.prompt_tokens)
         yield counter("generation_tokens", "Tokens generated.", s.generation_tokens)
         yield counter("num_preemptions", "Requests preempted to free KV blocks.", s.preemptions)
+        rss = _resident_bytes(getattr(self.engine, "pid", None))
+        if rss is not None:  # the engine's own process (process_resident_memory_bytes is the server's)
+            yield gauge("engine_resident_memory_bytes", "Resident memory of the engine's process.", rss)
+
+
+def _resident_bytes(pid: int | None) -> int | None:
+    """A process's resident memory from /proc (Linux); None elsewhere or when it is gone."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class Metrics:
-    def __init__(self, engine: AsyncLLM, in_flight: Callable[[], int]) -> None:
+    def __init__(self, engine: EngineClient, in_flight: Callable[[], int]) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(engine, in_flight))  # type: ignore[arg-type]
         ProcessCollector(registry=self.registry)  # resident memory: a long run's leak shows here
@@ -135,9 +150,8 @@ class Metrics:
         )
         engine.on_finished.append(self.observe_finished)
 
-    def observe_finished(self, request: Request) -> None:
-        """On the engine thread, as the engine finishes a request (prometheus_client is thread-safe)."""
-        m = request.metrics
+    def observe_finished(self, m: RequestMetrics) -> None:
+        """On the engine's thread, as the engine finishes a request (prometheus_client is thread-safe)."""
         if m.first_token_time is not None:
             self.ttft.observe(m.first_token_time - m.arrival_time)
         if m.finished_time is not None:

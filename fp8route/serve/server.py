@@ -23,8 +23,8 @@ from typing import Any
 import uvicorn
 
 from fp8route.backends import BACKENDS
-from fp8route.engine.async_llm import AsyncLLM
-from fp8route.engine.llm import LLM, resolve_model
+from fp8route.engine.engine_process import EngineProcess
+from fp8route.engine.llm import resolve_model
 from fp8route.errors import Fp8InputError
 from fp8route.linear.policy import Policy
 from fp8route.serve.app import build_app
@@ -99,13 +99,12 @@ def serve(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     policy = _policy(args.policy)
     folder = resolve_model(args.model)
-    llm = LLM(
+    engine = EngineProcess(
         folder, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=not args.no_prefix_caching,
         policy=policy, max_model_len=args.max_model_len, device=args.device, num_kv_blocks=args.num_kv_blocks,
         kv_cache_dtype=args.kv_cache_dtype,
     )  # fmt: skip
-    engine = AsyncLLM(llm)
     name = args.served_model_name or args.model
     serving = Serving(
         engine, name, folder, max_num_seqs=args.max_num_seqs, max_queue=args.max_queue,
@@ -116,12 +115,11 @@ def serve(args: argparse.Namespace) -> int:
         app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, lifespan="off",
         timeout_graceful_shutdown=args.shutdown_timeout,  # type: ignore[arg-type]
     )  # fmt: skip
-    pool = llm.model.pool
 
     def ready(port: int) -> None:
         print(
             f"fp8route serve: {name} at http://{args.host}:{port}/v1 (/health, /metrics); KV pool "
-            f"{pool.capacity_tokens} tokens; up to {args.max_num_seqs} running and {args.max_queue} waiting; "
+            f"{engine.capacity_tokens} tokens; up to {args.max_num_seqs} running and {args.max_queue} waiting; "
             f"{'API key required' if api_key else 'no API key'}",
             flush=True,
         )

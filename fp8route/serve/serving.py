@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fp8route.checkpoint.gguf_tokenizer import apply_chat_template
-from fp8route.engine.async_llm import AsyncLLM, EngineError
+from fp8route.engine.async_llm import EngineClient, EngineError
 from fp8route.engine.detokenize import TextStream
 from fp8route.engine.sampling import SamplingParams
 from fp8route.errors import Fp8InputError
@@ -51,18 +51,30 @@ class Job:
 
 @dataclass
 class Piece:
-    """One step's news for one request: the text it lets out, and on the last piece why it ended."""
+    """One step's news for one request: the text it lets out, the token counts so far, and on the
+    last piece why it ended."""
 
     text: str
-    usage: Usage
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+
+    @property
+    def usage(self) -> Usage:
+        # Built when a response asks for it (the last piece, or continuous usage), not per token.
+        return Usage(
+            prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
+            total_tokens=self.prompt_tokens + self.completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=self.cached_tokens),
+        )  # fmt: skip
 
 
 class Serving:
     def __init__(
         self,
-        engine: AsyncLLM,
+        engine: EngineClient,
         model_name: str,
         folder: Path,
         *,
@@ -119,7 +131,10 @@ class Serving:
         if self.draining:
             raise APIError(503, "the server is shutting down; send the request elsewhere or retry later",
                            code="shutting_down", headers={"Retry-After": str(RETRY_AFTER_S)})  # fmt: skip
-        waiting = max(self.in_flight - self.max_num_seqs, self.engine.snapshot().waiting)
+        # The engine's own queue counts where it holds requests back with seats free (a full KV pool);
+        # requests it has not scheduled yet while seats are free are not waiting for capacity.
+        now = self.engine.snapshot()
+        waiting = max(self.in_flight - self.max_num_seqs, now.waiting - max(0, self.max_num_seqs - now.running))
         if waiting >= self.max_queue:
             raise APIError(
                 503, f"the server is at capacity: {waiting} requests already wait (--max-queue {self.max_queue}); "
@@ -155,20 +170,16 @@ class Serving:
                     self.metrics.itl.observe(now - last)
                 last = now
                 delta = text.push(out.new_token_ids, final=out.finished)
-                usage = Usage(
-                    prompt_tokens=out.num_prompt_tokens, completion_tokens=out.num_output_tokens,
-                    total_tokens=out.num_prompt_tokens + out.num_output_tokens,
-                    prompt_tokens_details=PromptTokensDetails(cached_tokens=out.num_cached_tokens),
-                )  # fmt: skip
+                counts = (out.num_prompt_tokens, out.num_output_tokens, out.num_cached_tokens)
                 if text.stop_reason is not None:
                     outcome = "stop"
-                    yield Piece(delta, usage, "stop", text.stop_reason)
+                    yield Piece(delta, *counts, "stop", text.stop_reason)
                     return  # leaving the engine's stream aborts the request before its next step
                 if out.finished:
                     outcome = out.finish_reason or "unknown"
-                    yield Piece(delta, usage, out.finish_reason, out.stop_reason)
+                    yield Piece(delta, *counts, out.finish_reason, out.stop_reason)
                     return
-                yield Piece(delta, usage)
+                yield Piece(delta, *counts)
         except EngineError:
             outcome = "failed"
             raise

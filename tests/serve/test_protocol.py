@@ -59,3 +59,26 @@ def test_a_batch_of_one_prompt_is_that_prompt():
     assert CompletionRequest.model_validate({"model": "m", "prompt": ["hi"]}).prompt == "hi"
     assert CompletionRequest.model_validate({"model": "m", "prompt": [[3, 4]]}).prompt == [3, 4]
     assert refusal(CompletionRequest, {"model": "m", "prompt": [True, 2]}).param == "prompt"
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_streamed_chunks_from_the_template_equal_the_models(chat: bool) -> None:
+    """Middle pieces are a template filled in with the text: each must parse to what the pydantic
+    chunk gives, for texts JSON has to escape."""
+    import json
+
+    from fp8route.engine.sampling import SamplingParams
+    from fp8route.serve.app import _Formats, _sse
+    from fp8route.serve.serving import Job, Piece
+
+    job = Job("cmpl-7", [1, 2], SamplingParams(), [])
+    formats, reference = _Formats(job, 'm "x"', chat, False), _Formats(job, 'm "x"', chat, False)
+    texts = ["hi", 'a "quote" and \\ slash', "new\nline\ttab", "ünïcødé 中文 🙂", "\x01\x1f ctrl", ""]
+    texts.append("@@fp8route-text@@")
+    for i, text in enumerate(texts):
+        piece = Piece(text, 2, i)
+        event, expected = formats.event(piece), _sse(reference.chunk(piece))
+        assert event.startswith("data: ") and event.endswith("\n\n")
+        assert json.loads(event[6:]) == json.loads(expected[6:]), text
+    last = Piece("end", 2, 9, finish_reason="length")
+    assert json.loads(formats.event(last)[6:])["choices"][0]["finish_reason"] == "length"

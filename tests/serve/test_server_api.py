@@ -192,3 +192,37 @@ def test_without_the_key_v1_is_401_and_health_and_metrics_are_open(server):
 def test_an_unknown_route_is_a_404_in_the_error_body(server):
     status, answer = request(server.url + "/v2/completions", {"x": 1}, {"Authorization": f"Bearer {API_KEY}"})
     assert status == 404 and "the API is under /v1" in answer["error"]["message"]
+
+
+def test_the_engine_runs_in_a_process_of_its_own(server):
+    """The server's process holds HTTP and the streams; the model and its steps live in one child
+    (beside multiprocessing's resource tracker), whose memory /metrics reports."""
+    from pathlib import Path
+
+    proc = Path("/proc")
+    if not (proc / str(server.proc.pid)).is_dir():
+        pytest.skip("needs /proc (Linux)")
+
+    def rss(pid: str) -> int:
+        import os
+
+        return int((proc / pid / "statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    children = [p.name for p in proc.iterdir() if p.name.isdigit() and _parent(p) == server.proc.pid]
+    engines = [pid for pid in children if _spawned_engine(proc / pid)]
+    assert len(engines) == 1, children
+    values = metrics(server.url)
+    assert abs(values["fp8route:engine_resident_memory_bytes"] - rss(engines[0])) < 64 << 20
+
+
+def _parent(pid_dir) -> int:  # type: ignore[no-untyped-def]
+    try:
+        return int((pid_dir / "stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def _spawned_engine(pid_dir) -> bool:  # type: ignore[no-untyped-def]
+    """multiprocessing's spawned child (not its resource tracker)."""
+    cmdline = (pid_dir / "cmdline").read_bytes().decode(errors="replace")
+    return "spawn_main" in cmdline and "resource_tracker" not in cmdline
