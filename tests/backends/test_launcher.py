@@ -1,5 +1,5 @@
 """DirectLauncher's bookkeeping with a fake kernel (the GPU tests run the real ones): Triton's path
-once per key, pointer alignment and device, then the compiled launcher with constexprs in order."""
+once per key, pointer alignment, device and meta, then the compiled launcher with constexprs in order."""
 
 from __future__ import annotations
 
@@ -114,3 +114,17 @@ def test_other_triton_versions_always_use_triton_and_say_so_once(
             launch((1,), "key", (x, x, 8), META)
     assert len(fn.jit_calls) == 3 and fn.compiled.launches == []
     assert len([r for r in caplog.records if "fake_kernel" in r.getMessage()]) == 1
+
+
+def test_a_constexpr_the_key_leaves_out_still_gets_its_own_kernel(fake_triton: SimpleNamespace) -> None:
+    # rope's key once left out its head size (HALF): a head of 128 ran the kernel compiled for 32.
+    fn = FakeJit()
+    launch = DirectLauncher(fn, pointers=2)
+    x = torch.zeros(8)
+    for b in (2, 4, 2, 4):
+        launch((1,), "same key", (x, x, 8), {"B": b, "C": 3, "num_warps": 4})
+    launch((1,), "same key", (x, x, 8), {"B": 2, "C": 3, "num_warps": 8})  # a launch option too
+    assert [call[2]["B"] for call in fn.jit_calls] == [2, 4, 2]
+    assert [call[2]["num_warps"] for call in fn.jit_calls] == [4, 4, 8]
+    # Each direct launch passes (and was compiled with) the constexprs of its own call.
+    assert [launched[-2:] for launched in fn.compiled.launches] == [(2, 3), (4, 3)]

@@ -6,8 +6,10 @@ For a decode-sized GEMM that host time is longer than the GEMM. A DirectLauncher
 Triton once per key and then calls the compiled kernel's own launcher with the same arguments.
 
 The key replaces Triton's specialization, so it must pin everything Triton specializes on that can
-change between calls: the caller names the dtypes, the integer arguments (their values) and the
-constexprs in its key; the launcher adds each pointer's 16-byte alignment and the device.
+change between calls: the caller names the dtypes and the integer arguments (their values, or
+int_key's classes) in its key; the launcher adds each pointer's 16-byte alignment, the device, and
+meta's values (the constexprs and launch options: a compiled kernel has them baked in). Float
+arguments need nothing: Triton passes them as fp32 values and never specializes on them.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class DirectLauncher:
     """One Triton kernel, launched straight from its compiled form after the first call per key.
 
     The kernel's parameters must be the runtime arguments first, pointers (tensors) leading, then
-    the constexprs; `meta` gives every constexpr and launch option by name.
+    the constexprs; `meta` gives every constexpr and launch option by name (hashable values).
     """
 
     def __init__(self, fn: Any, pointers: int) -> None:
@@ -54,7 +56,9 @@ class DirectLauncher:
         for i in range(self.pointers):
             if args[i].data_ptr() & 15:
                 misaligned |= 1 << i
-        full_key = (key, misaligned, device)
+        # meta's values in its order (a caller builds its meta alike each time): a constexpr left out
+        # of the caller's key (rope's head size, 4eaa5f6) cannot reuse another value's kernel.
+        full_key = (key, misaligned, device, *meta.values())
         entry = self._compiled.get(full_key)
         if entry is not None and _no_launch_hooks():
             kernel, constexprs = entry
