@@ -20,6 +20,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import torch
+
 from fp8route.engine.llm import LLM
 from fp8route.engine.request import Request, RequestMetrics
 from fp8route.engine.sampling import SamplingParams
@@ -209,6 +211,9 @@ class AsyncLLM(EngineClient):
                 self._deliver(request_id, EngineError(f"request {request_id} was refused: {exc}"))
 
     def _loop(self) -> None:
+        device = self.llm.model.device
+        if device.type == "cuda":  # a new thread has no current CUDA context; cuBLAS warns and makes one
+            torch.cuda.set_device(device)
         while not self._stop.is_set():
             self._drain()
             self._count()
