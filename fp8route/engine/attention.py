@@ -1,11 +1,14 @@
 """Attention over the paged KV cache, one context per forward: prefill (packed tokens of several
-sequences, each a chunk starting at some position) and decode (one new token per row).
+sequences, each a chunk starting at some position, and maybe a tail of decoding rows) and decode
+(one new token per row).
 
 Prefill writes each token's K/V into its slot first, then attends per sequence: a chunk that
 starts at position 0 attends to its own keys (SDPA, causal); one that continues a sequence (a
 later chunk, or a prompt whose head was found in the prefix cache) gathers the sequence's K/V from
-its blocks and attends with the causal mask aligned to its end. FlashInfer's paged kernels do
-both in one call per layer when asked for (fp8route.engine.flashinfer_attention).
+its blocks and attends with the causal mask aligned to its end. The decode tail (one token per
+row, riding in the same forward so that a step runs one forward) attends in one paged decode call
+for all its rows, its K/V already written with the chunks'. FlashInfer's paged prefill does all of
+it in one call per layer when asked for (fp8route.engine.flashinfer_attention).
 
 Decode runs the split-KV Triton kernel on CUDA (fp8route.engine.paged_decode), which also rotates
 and writes the new key; elsewhere (and as its reference) SDPA over each row's gathered positions.
@@ -56,6 +59,41 @@ def gather_rows(pool: KVPool, layer: int, rows: torch.Tensor | int, blocks: int)
     return pool.dequantize(layer, k[index].reshape(shape).transpose(1, 2), v[index].reshape(shape).transpose(1, 2))
 
 
+def paged_decode_attention(
+    pool: KVPool,
+    layer: int,
+    q: torch.Tensor,
+    rows: torch.Tensor,
+    lengths: torch.Tensor,
+    limit: int | None,
+    triton: bool,
+) -> torch.Tensor:
+    """q [B, H, D] (after RoPE; unit stride on D) of table rows [B] over each row's first lengths[b]
+    positions, already in the cache -> [B, H, D]: the Triton kernel, or the torch reference, which
+    gathers the first blocks covering limit (a host bound on lengths; None: the whole table)."""
+    if triton:
+        k_blocks, v_blocks = pool.layer(layer)
+        return kernel.decode_attention(q, kernel.Pages(k_blocks, v_blocks, pool.tables, rows), lengths)
+    blocks = pool.max_blocks_per_seq
+    if limit is not None:
+        blocks = min(blocks, -(-limit // pool.block_size))
+    k_rows, v_rows = gather_rows(pool, layer, rows, blocks)
+    return decode_attention_torch(q, k_rows, v_rows, lengths)
+
+
+@dataclass(frozen=True)
+class DecodeTail:
+    """Decoding rows at the end of a packed prefill: tokens [offset, N) of the batch, one per table
+    row rows[i] (device), each attending to its first lengths[i] positions (device; limit bounds
+    them on the host). triton: the paged decode kernel, else the torch reference."""
+
+    offset: int
+    rows: torch.Tensor
+    lengths: torch.Tensor
+    limit: int
+    triton: bool
+
+
 @dataclass(frozen=True)
 class PrefillSeq:
     """One sequence's chunk in a packed prefill: tokens [offset, offset + length) of the batch,
@@ -102,8 +140,11 @@ class PrefillAttention:
         seqs: list[PrefillSeq],
         slots: torch.Tensor,
         flashinfer: FlashInferAttention | None = None,
+        tail: DecodeTail | None = None,
     ) -> None:
-        self.pool, self.seqs, self.slots, self.flashinfer = pool, seqs, slots, flashinfer
+        """seqs: the chunks; slots: every token's slot, the tail's included. With FlashInfer the tail's
+        rows are planned as one-token sequences (by the caller) and attend in its one prefill call."""
+        self.pool, self.seqs, self.slots, self.flashinfer, self.tail = pool, seqs, slots, flashinfer, tail
         self.fresh = [seq for seq in seqs if seq.start == 0]
         groups: dict[tuple[int, int], list[PrefillSeq]] = {}
         for seq in seqs:
@@ -130,7 +171,7 @@ class PrefillAttention:
             return self.flashinfer.prefill(layer, rope(q, cos, sin, token_major=True))
         q = rope(q, cos, sin)
         v = v.transpose(1, 2)
-        if len(self.fresh) == len(self.seqs) == 1:
+        if len(self.fresh) == len(self.seqs) == 1 and self.tail is None:
             return _causal_self_attention(q, k, v)
         out = torch.empty_like(q)
         for seq in self.fresh:
@@ -144,6 +185,11 @@ class PrefillAttention:
                 q_i, k_i[:, :, : group.end], v_i[:, :, : group.end], attn_mask=mask, enable_gqa=True
             )
             out[0].index_copy_(1, group.tokens, o.transpose(0, 1).flatten(1, 2))
+        if self.tail is not None:
+            tail = self.tail
+            q_tail = q[0, :, tail.offset :].transpose(0, 1)  # [T, H, D], unit stride on D
+            o = paged_decode_attention(self.pool, layer, q_tail, tail.rows, tail.lengths, tail.limit, tail.triton)
+            out[0, :, tail.offset :] = o.transpose(0, 1)
         return out
 
 
@@ -189,12 +235,6 @@ class DecodeAttention:
         q = rope(q, cos, sin)[:, :, 0]
         if self.flashinfer is not None:
             out = self.flashinfer.decode(layer, q)
-        elif triton:
-            out = kernel.decode_attention(q.contiguous(), pages, self.lengths)
         else:
-            blocks = self.pool.max_blocks_per_seq
-            if self.limit is not None:
-                blocks = min(blocks, -(-self.limit // self.pool.block_size))
-            k_rows, v_rows = gather_rows(self.pool, layer, self.rows, blocks)
-            out = decode_attention_torch(q, k_rows, v_rows, self.lengths)
+            out = paged_decode_attention(self.pool, layer, q.contiguous(), self.rows, self.lengths, self.limit, triton)
         return out[:, :, None]

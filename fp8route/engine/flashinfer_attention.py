@@ -3,8 +3,8 @@
 The pool's blocks [num_blocks, BS, Hkv, D] per layer are FlashInfer's paged cache in NHD layout
 with page size BS, so no K/V is copied. Prefill runs FlashInfer's paged prefill for every sequence
 of a packed batch in one call per layer (a chunk continuing a sequence attends to its earlier
-pages, causally aligned to its end); decode its paged decode, captured in the CUDA graph of each
-batch bucket.
+pages, causally aligned to its end; a mixed step's decode rows are one-token sequences of it);
+decode its paged decode, captured in the CUDA graph of each batch bucket.
 
 FlashInfer plans on the host from each sequence's blocks and length: prefill once per forward,
 decode once per step before the graph replays (every layer shares the plan). The caller passes

@@ -26,6 +26,7 @@ from fp8route.engine.kv_pool import KVPool, blocks_for
 from fp8route.engine.kv_quant import check_kv_cache_dtype, kv_scales_for
 from fp8route.engine.llm_engine import LLMEngine
 from fp8route.engine.request import CompletionOutput, Request, RequestOutput
+from fp8route.engine.runner import DecodeRows
 from fp8route.engine.sampling import SamplingParams
 from fp8route.errors import Fp8InputError
 from fp8route.linear.policy import Policy
@@ -137,9 +138,13 @@ class LLM:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-        # A profile prefill of the largest step: every token's K/V goes to the scratch block.
+        # A profile forward of the largest step, a chunk with every row decoding at its end (a mixed
+        # step's decode attention and lm_head rows): every token's K/V goes to the scratch block.
         tokens = min(prefill_tokens, self.max_model_len)
-        model.runner.prefill([[0] * tokens], [0], [model.pool.pad_row], [[0] * model.pool.max_blocks_per_seq], [0])
+        rows = min(model.max_batch_size, tokens - 1)
+        pad, scratch = model.pool.pad_row, [0] * model.pool.max_blocks_per_seq
+        tail = DecodeRows([0] * rows, [0] * rows, [pad] * rows, [scratch] * rows) if rows else None
+        model.runner.prefill([[0] * (tokens - rows)], [0], [pad], [scratch], [0], tail)
         torch.cuda.synchronize(device)
         activations = torch.cuda.max_memory_allocated(device) - before
         free, total = torch.cuda.mem_get_info(device)

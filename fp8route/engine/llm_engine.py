@@ -1,9 +1,11 @@
 """LLMEngine: requests in, one scheduled step at a time, tokens out.
 
-A step is the scheduler's plan run as at most two forwards: the prefill chunks packed into one
-eager forward, and every decoding request's next token from the CUDA graph of its batch bucket.
-The tokens chosen from both are copied to the host together: one sync per step, which the
-bookkeeping that follows (appending tokens, stop checks, new blocks) needs anyway.
+A step is the scheduler's plan run as one forward: with prefill chunks, they are packed into one
+eager forward and every decoding request's next token rides at its end (one token a row, its
+attention one paged decode call per layer), so a chunk costs the running requests one forward's
+weight reads, not two; with only decodes, the CUDA graph of the batch's bucket runs. The tokens
+chosen are copied to the host at once: one sync per step, which the bookkeeping that follows
+(appending tokens, stop checks, new blocks) needs anyway.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from fp8route.engine.causal_lm import CausalLM
 from fp8route.engine.kv_pool import blocks_for, upload
 from fp8route.engine.request import Request, RequestMetrics, Status
+from fp8route.engine.runner import DecodeRows
 from fp8route.engine.sampling import SamplingParams, mask_tokens, sample
 from fp8route.engine.scheduler import Scheduler, Step
 from fp8route.errors import Fp8InputError
@@ -30,6 +33,7 @@ class StepStats:
 
     decodes: int
     prefill_tokens: int
+    mixed: bool  # the decodes rode in the prefill chunks' forward: not a decode graph's step
     decode_context: int  # positions the decodes attend to, summed: the KV they read
     used_blocks: int  # the pool's blocks in use during the step
     host_s: float  # the step's own Python work: scheduling, inputs, launches, bookkeeping
@@ -192,6 +196,7 @@ class LLMEngine:
                 StepStats(
                     len(plan.decodes),
                     sum(n for _, n in plan.prefills),
+                    bool(plan.decodes and plan.prefills),
                     context,
                     used,
                     (waited - start) + (end - synced),
@@ -201,50 +206,60 @@ class LLMEngine:
         return updates
 
     def _run(self, plan: Step) -> tuple[torch.Tensor | None, list[Request]]:
-        """Launch the step's forwards and sampling; (the chosen tokens on the device, whom they are for)."""
-        runner, device = self.model.runner, self.model.device
-        logits, greedy, sampling = [], [], []
-        if plan.decodes:
-            batch = plan.decodes
-            packed = torch.tensor(
-                [[r.token_ids[-1] for r in batch], [r.num_computed for r in batch], [r.row for r in batch]],
-                dtype=torch.int64,
-            )
-            tokens, positions, rows = upload(packed, device)
-            host_lengths = [r.num_computed + 1 for r in batch] if runner.plans_on_host else None
-            host_blocks = [r.blocks for r in batch] if runner.plans_on_host else None
-            out, argmax = runner.decode(
-                tokens, positions, rows, limit=max(r.num_computed for r in batch) + 1,
-                host_lengths=host_lengths, host_blocks=host_blocks,
-            )  # fmt: skip
-            logits.append(out)
-            greedy.append(argmax)
-            sampling += batch
+        """Launch the step's forward and sampling; (the chosen tokens on the device, whom they are for)."""
+        greedy: torch.Tensor | None
         if plan.prefills:
-            chunks = [(r, r.token_ids[r.num_computed : r.num_computed + n]) for r, n in plan.prefills]
-            wanted = [i for i, (r, n) in enumerate(plan.prefills) if r.num_computed + n == len(r.token_ids)]
-            out = runner.prefill(
-                [t for _, t in chunks], [r.num_computed for r, _ in chunks], [r.row for r, _ in chunks],  # type: ignore[misc]
-                [r.blocks for r, _ in chunks], wanted,
-            )  # fmt: skip
-            if wanted:
-                logits.append(out)
-                greedy.append(out.argmax(-1))
-                sampling += [plan.prefills[i][0] for i in wanted]
+            logits, greedy, sampling = self._packed(plan)
+        else:
+            logits, greedy, sampling = self._decode(plan.decodes)
         if not sampling:
             return None, []
         masked = [i for i, r in enumerate(sampling) if r.num_output_tokens < r.params.min_tokens]
         if all(r.params.greedy for r in sampling) and not masked:
-            return torch.cat(greedy) if len(greedy) > 1 else greedy[0], sampling
-        rows = torch.cat(logits) if len(logits) > 1 else logits[0]
+            return logits.argmax(-1) if greedy is None else greedy, sampling
         if masked:
-            rows = mask_tokens(rows, masked, [self._banned(sampling[i]) for i in masked])
+            logits = mask_tokens(logits, masked, [self._banned(sampling[i]) for i in masked])
         params = [r.params for r in sampling]
         chosen = sample(
-            rows, [p.temperature for p in params], [p.top_p for p in params], [r.seed for r in sampling],
+            logits, [p.temperature for p in params], [p.top_p for p in params], [r.seed for r in sampling],
             [r.num_output_tokens for r in sampling],
         )  # fmt: skip
         return chosen, sampling
+
+    def _packed(self, plan: Step) -> tuple[torch.Tensor, None, list[Request]]:
+        """The prefill chunks in one packed forward, the decodes riding at its end: (logits, no
+        argmax yet, whom each row is for: the chunks that end their prompts, then the decodes)."""
+        chunks = [(r, r.token_ids[r.num_computed : r.num_computed + n]) for r, n in plan.prefills]
+        wanted = [i for i, (r, n) in enumerate(plan.prefills) if r.num_computed + n == len(r.token_ids)]
+        batch = plan.decodes
+        tail = None
+        if batch:
+            tail = DecodeRows(
+                [r.token_ids[-1] for r in batch], [r.num_computed for r in batch],
+                [r.row for r in batch], [r.blocks for r in batch],  # type: ignore[misc]
+            )  # fmt: skip
+        logits = self.model.runner.prefill(
+            [t for _, t in chunks], [r.num_computed for r, _ in chunks], [r.row for r, _ in chunks],  # type: ignore[misc]
+            [r.blocks for r, _ in chunks], wanted, tail,
+        )  # fmt: skip
+        return logits, None, [plan.prefills[i][0] for i in wanted] + batch
+
+    def _decode(self, batch: list[Request]) -> tuple[torch.Tensor, torch.Tensor, list[Request]]:
+        """Every decoding request's next token, from the CUDA graph of the batch's bucket on a GPU:
+        (logits, their argmax, whom each row is for)."""
+        runner = self.model.runner
+        packed = torch.tensor(
+            [[r.token_ids[-1] for r in batch], [r.num_computed for r in batch], [r.row for r in batch]],
+            dtype=torch.int64,
+        )
+        tokens, positions, rows = upload(packed, self.model.device)
+        host_lengths = [r.num_computed + 1 for r in batch] if runner.plans_on_host else None
+        host_blocks = [r.blocks for r in batch] if runner.plans_on_host else None
+        logits, greedy = runner.decode(
+            tokens, positions, rows, limit=max(r.num_computed for r in batch) + 1,
+            host_lengths=host_lengths, host_blocks=host_blocks,
+        )  # fmt: skip
+        return logits, greedy, batch
 
     def _banned(self, request: Request) -> list[int]:
         """Ids that may not come before min_tokens: the stop ids, and EOS unless it is ignored."""

@@ -2,7 +2,9 @@
 
 - prefill: packed tokens of several sequences, each a chunk at its own positions, eager; its
   K/V go into the sequences' blocks and only the logits asked for (each sequence's last token,
-  where its prompt ends) reach lm_head;
+  where its prompt ends) reach lm_head. Decoding rows may ride at its end, one token each
+  (`DecodeRows`): a step with both prefill chunks and decodes is then one forward, its weights
+  read once; every decode row reaches lm_head;
 - decode: one token per row, from a CUDA graph per batch bucket on a GPU.
 
 Who owns which blocks and table rows is the caller's business (the scheduler, or the static
@@ -12,16 +14,33 @@ generate); the runner only reads and writes what the tables say.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from fp8route.engine.attention import DecodeAttention, PrefillAttention, PrefillSeq
+from fp8route.engine.attention import (
+    DecodeAttention,
+    DecodeTail,
+    PrefillAttention,
+    PrefillSeq,
+    triton_decode_available,
+)
 from fp8route.engine.decode_graphs import DecodeGraphs
 from fp8route.engine.flashinfer_attention import FlashInferAttention, check_attention
 from fp8route.engine.kv_pool import KVPool, upload
 from fp8route.errors import Fp8InputError
 from fp8route.models.llama import LlamaForCausalLM, rope_tables
+
+
+class DecodeRows(NamedTuple):
+    """Decoding sequences for a packed prefill to carry, one token each: row i computes tokens[i]
+    at position positions[i] of table row rows[i], whose blocks are blocks[i]."""
+
+    tokens: Sequence[int]
+    positions: Sequence[int]
+    rows: Sequence[int]
+    blocks: Sequence[Sequence[int]]
 
 
 class ModelRunner:
@@ -69,36 +88,59 @@ class ModelRunner:
         rows: Sequence[int],
         blocks: Sequence[Sequence[int]],
         wanted: Sequence[int],
+        decodes: DecodeRows | None = None,
     ) -> torch.Tensor:
         """One packed forward: sequence i computes tokens[i] at positions starts[i].., its K/V going
-        into blocks[i] (table row rows[i], already holding those blocks). Returns the logits of the
-        last token of each sequence listed in wanted: [len(wanted), vocab]."""
+        into blocks[i] (table row rows[i], already holding those blocks); the decode rows, when
+        given, ride after the chunks. Returns the logits of the last token of each sequence listed
+        in wanted, then of each decode row: [len(wanted) + len(decodes.tokens), vocab]."""
         lengths = [len(t) for t in tokens]
         if not lengths or min(lengths) < 1:
             raise Fp8InputError("prefill: every sequence needs at least one token")
+        tail = decodes or DecodeRows([], [], [], [])
         page = self.pool.block_size
         offsets = np.cumsum([0, *lengths])
-        positions = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths, strict=True)])
+        chunked = int(offsets[-1])  # the chunks' tokens; the tail's come after them
+        at = np.asarray(tail.positions, dtype=np.int64)
+        positions = np.concatenate([*(np.arange(s, s + n) for s, n in zip(starts, lengths, strict=True)), at])
+        tail_blocks = np.asarray([b[p // page] for b, p in zip(tail.blocks, tail.positions, strict=True)], np.int64)
         slots = np.concatenate(
             [
-                np.asarray(b, dtype=np.int64)[pos // page] * page + pos % page
-                for b, pos in zip(blocks, np.split(positions, offsets[1:-1]), strict=True)
+                *(
+                    np.asarray(b, dtype=np.int64)[pos // page] * page + pos % page
+                    for b, pos in zip(blocks, np.split(positions[:chunked], offsets[1:-1]), strict=True)
+                ),
+                tail_blocks * page + at % page,
             ]
         )
-        flat = [t for seq in tokens for t in seq]
-        packed = torch.from_numpy(np.stack([np.asarray(flat, dtype=np.int64), positions, slots]))
-        device = self.pool.device
-        ids, pos, slot = upload(packed, device)
+        ids = np.asarray([*(t for seq in tokens for t in seq), *tail.tokens], dtype=np.int64)
+        total = len(ids)
+        logit_rows = np.concatenate([offsets[1:][np.asarray(wanted, dtype=np.int64)] - 1, np.arange(chunked, total)])
+        # One copy to the device: ids, positions, slots, the rows lm_head takes, the tail's table rows.
+        host = np.concatenate([ids, positions, slots, logit_rows, np.asarray(tail.rows, dtype=np.int64)])
+        packed = upload(torch.from_numpy(host), self.pool.device)
+        token_ids, pos, slot = packed[: 3 * total].view(3, total)
+        outputs, tail_rows = packed[3 * total : 3 * total + len(logit_rows)], packed[3 * total + len(logit_rows) :]
         seqs = [PrefillSeq(int(o), n, s, r) for o, n, s, r in zip(offsets, lengths, starts, rows, strict=False)]
-        if self.flashinfer is not None:
-            ends = [s + n for s, n in zip(starts, lengths, strict=True)]
-            self.flashinfer.plan_prefill(lengths, ends, blocks)
-        h = self.model.model.embed_tokens(ids)[None].to(self.dtype)
+        decoding = None
+        if len(at):
+            limit = int(at.max()) + 1
+            decoding = DecodeTail(chunked, tail_rows, pos[chunked:] + 1, limit, self._triton_tail())
+        if self.flashinfer is not None:  # the decode rows as one-token sequences of the same call
+            ends = [s + n for s, n in zip(starts, lengths, strict=True)] + [p + 1 for p in tail.positions]
+            self.flashinfer.plan_prefill([*lengths, *[1] * len(at)], ends, [*blocks, *tail.blocks])
+        h = self.model.model.embed_tokens(token_ids)[None].to(self.dtype)
         cos, sin = self.rope_cos[pos][None], self.rope_sin[pos][None]
-        context = PrefillAttention(self.pool, seqs, slot, self.flashinfer)
+        context = PrefillAttention(self.pool, seqs, slot, self.flashinfer, decoding)
         normed = self.model.model.run_layers(h, cos, sin, context)
-        last = upload(torch.tensor([int(offsets[i + 1]) - 1 for i in wanted], dtype=torch.int64), device)
-        return self.model.lm_head(normed[0, last])
+        return self.model.lm_head(normed[0, outputs])
+
+    def _triton_tail(self) -> bool:
+        """Whether a prefill's decode tail runs the Triton kernel: use_triton when set (True on a CPU
+        needs Triton's interpreter, TRITON_INTERPRET=1), else on CUDA when Triton imports."""
+        if self.use_triton is not None:
+            return self.use_triton
+        return self.pool.device.type == "cuda" and triton_decode_available()
 
     def decode_step(
         self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, limit: int | None = None

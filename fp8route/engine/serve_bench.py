@@ -114,20 +114,24 @@ def _static_generate(llm: LLM, batch: int, input_len: int, output_len: int) -> d
 
 
 def _step_floors(llm: LLM, stats: list[StepStats], copy_gbs: float) -> dict[str, float]:
-    """Pure decode steps against their floor: (weights + the KV they read) / copy bandwidth."""
+    """Pure decode steps (a decode graph's, no prefill chunk) against their floor: (weights + the KV
+    they read) / copy bandwidth; and how many steps were mixed (decodes riding in a prefill's forward)."""
     model = llm.model
     cfg = model.cfg
     per_token = KVPool.bytes_per_block(
         cfg.num_hidden_layers, 1, cfg.num_key_value_heads, cfg.head_size, model.pool.dtype
     )
     weights = weight_bytes(model)
-    decode = [s for s in stats if s.prefill_tokens == 0 and s.decodes]
+    decode = [s for s in stats if s.decodes and not s.prefill_tokens]
     if not decode:
         return {}
     floors = [(weights + s.decode_context * per_token) / (copy_gbs * 1e9) for s in decode]
     walls = [s.wall_s for s in decode]
+    mixed = [s.wall_s for s in stats if s.mixed]
     return {
         "decode_steps": len(decode),
+        "mixed_steps": len(mixed),
+        "mixed_step_ms": 1e3 * statistics.fmean(mixed) if mixed else 0.0,
         "steps": len(stats),
         "decode_step_ms": 1e3 * statistics.fmean(walls),
         "decode_floor_ms": 1e3 * statistics.fmean(floors),

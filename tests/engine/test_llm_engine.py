@@ -1,6 +1,7 @@
 """The serving engine on CPU: under continuous batching (staggered arrivals, mixed lengths, chunked
-prefill, preemption forced by a small pool, prefix hits) each request's greedy tokens equal the
-same request computed alone by a plain full forward; aborts free their blocks; nothing leaks."""
+prefill, decodes riding in the prefill chunks' forward, preemption forced by a small pool, prefix
+hits) each request's greedy tokens equal the same request computed alone by a plain full forward;
+aborts free their blocks; nothing leaks."""
 
 import pytest
 import torch
@@ -206,4 +207,20 @@ def test_chunks_behind_one_cached_prefix_attend_in_one_group_and_equal_each_alon
     assert all(FINISHED[rid].num_cached_tokens == 20 for rid in tails)
     for rid, ids in tails.items():
         assert outputs[rid] == alone(ids, 6), rid
+    assert eng.leaked() is None
+
+
+def test_decodes_ride_in_the_prefill_forward_and_equal_each_request_alone():
+    eng = engine(num_blocks=16, block_size=4, budget=8)  # 15 usable blocks: preemption; chunks of 8 at most
+    eng.record_stats = True
+    shared = prompt(12, 42)
+    params = SamplingParams(max_tokens=10, temperature=0)
+    requests = {f"r{i}": shared + prompt(2 + 3 * i, 50 + i) if i % 2 else prompt(5 + 4 * i, 50 + i) for i in range(6)}
+    outputs = run(eng, {3 * i: [(rid, ids, params)] for i, (rid, ids) in enumerate(requests.items())})
+    mixed = [s for s in eng.stats if s.mixed]
+    assert mixed and all(s.decodes and s.prefill_tokens for s in mixed)
+    assert all(not s.mixed for s in eng.stats if not s.prefill_tokens or not s.decodes)
+    assert eng.scheduler.preemptions > 0 and eng.model.blocks.stats.hit_tokens > 0
+    for rid, ids in requests.items():
+        assert outputs[rid] == alone(ids, 10), rid
     assert eng.leaked() is None

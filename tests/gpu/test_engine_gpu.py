@@ -1,6 +1,7 @@
-"""The serving engine on the GPU: Triton paged decode from CUDA graphs, chunked prefill, preemption
-and prefix hits, checked against an independent fp32 full forward of the same weights; padded graph
-rows touch only the scratch block; FP8 layers and FlashInfer attention too."""
+"""The serving engine on the GPU: Triton paged decode from CUDA graphs, chunked prefill with decodes
+riding in its forward, preemption and prefix hits, checked against an independent fp32 full forward
+of the same weights; padded graph rows touch only the scratch block; FP8 layers and FlashInfer
+attention too."""
 
 from __future__ import annotations
 
@@ -85,8 +86,10 @@ def test_fp32_engine_equals_the_full_forward_under_batching_chunking_preemption_
     requests = {**prompts(10), **{f"p{i}": shared + [i + 1] * (i + 1) for i in range(4)}}
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
     engine = make_engine(torch.float32, num_blocks=NUM_BLOCKS, tensors=tensors)  # too few: preemption
+    engine.record_stats = True
     outputs = run(engine, requests, params)
     assert engine.scheduler.preemptions > 0 and engine.model.blocks.stats.hit_tokens > 0
+    assert any(s.mixed for s in engine.stats)  # decodes rode in prefill forwards (the Triton tail)
     for rid, ids in requests.items():
         seq = torch.tensor([ids], device="cuda")
         with torch.no_grad():
@@ -136,7 +139,9 @@ def test_fp8_engine_picks_what_an_fp32_forward_of_its_weights_picks(attention, t
     assert all(isinstance(m, Fp8Linear) for m in checkpoint.linears.values())
     reference = reference_model(checkpoint.tensors, checkpoint.linears)  # the same FP8 layers, fp32 activations
     engine = make_engine(torch.bfloat16, linears=checkpoint.linears, tensors=checkpoint.tensors, attention=attention)
+    engine.record_stats = True
     requests = prompts(8, seed=3)
     outputs = run(engine, requests, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+    assert any(s.mixed for s in engine.stats)
     for rid, ids in requests.items():
         assert_near_argmax(reference, ids, outputs[rid])
