@@ -27,39 +27,47 @@ from fp8route.routing.fingerprint import Fingerprint
 POLICIES = ("routed", "bf16", *BACKENDS)
 
 
+def _on_off(value: str, flag: str) -> list[bool]:
+    modes = [m.strip() for m in value.split(",") if m.strip()]
+    if not modes or any(m not in ("on", "off") for m in modes):
+        raise Fp8InputError(f"{flag}: on, off or on,off, got {value!r}")
+    return [m == "on" for m in dict.fromkeys(modes)]
+
+
 def _arms(args: argparse.Namespace, folders: dict[str, Path]) -> list[Arm]:
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise Fp8InputError(f"--policy: unknown {', '.join(unknown)}; known: {', '.join(POLICIES)}")
-    modes = [m.strip() for m in args.prefix_caching.split(",") if m.strip()]
-    if not modes or any(m not in ("on", "off") for m in modes):
-        raise Fp8InputError(f"--prefix-caching: on, off or on,off, got {args.prefix_caching!r}")
+    prefix, mixed = _on_off(args.prefix_caching, "--prefix-caching"), _on_off(args.mixed_steps, "--mixed-steps")
     kv_dtypes = [
         check_kv_cache_dtype(k.strip(), "--kv-cache-dtype") for k in args.kv_cache_dtype.split(",") if k.strip()
     ]
     if not kv_dtypes:
         raise Fp8InputError(f"--kv-cache-dtype: one or more of {', '.join(KV_CACHE_DTYPES)}, comma-separated")
     arms = []
-    for policy, mode, kv in ((p, m, k) for p in policies for m in modes for k in dict.fromkeys(kv_dtypes)):
-        name = policy if len(modes) == 1 else f"{policy} prefix-{mode}"
-        name += f" kv-{kv}" if len(kv_dtypes) > 1 else ""
-        folder = folders["bf16" if policy == "bf16" else "fp8"]
-        arms.append(
-            Arm(
-                name,
-                policy,
-                folder,
-                mode == "on",
-                args.max_num_seqs,
-                args.max_num_batched_tokens,
-                args.gpu_memory_utilization,
-                args.max_model_len,
-                args.lone_prefill,
-                args.static_batch,
-                kv,
-            )  # fmt: skip
-        )
+    for policy in policies:
+        for on, kv, mix in ((o, k, m) for o in prefix for k in dict.fromkeys(kv_dtypes) for m in mixed):
+            name = policy + (f" prefix-{'on' if on else 'off'}" if len(prefix) > 1 else "")
+            name += f" kv-{kv}" if len(kv_dtypes) > 1 else ""
+            name += f" mixed-{'on' if mix else 'off'}" if len(mixed) > 1 else ""
+            folder = folders["bf16" if policy == "bf16" else "fp8"]
+            arms.append(
+                Arm(
+                    name,
+                    policy,
+                    folder,
+                    on,
+                    args.max_num_seqs,
+                    args.max_num_batched_tokens,
+                    args.gpu_memory_utilization,
+                    args.max_model_len,
+                    args.lone_prefill,
+                    args.static_batch,
+                    kv,
+                    mix,
+                )  # fmt: skip
+            )
     return arms
 
 
@@ -110,23 +118,27 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _checks(reports: list[ServeReport], digests: dict[str, list[str]], arms: list[Arm]) -> list[str]:
-    """Nothing lost, nothing leaked, and the same greedy tokens with the prefix cache on and off."""
+    """Nothing lost, nothing leaked, and the same greedy tokens with the prefix cache (or mixed
+    steps) on and off."""
     lines = []
     for r in reports:
         leaked = r.extra.get("leaked")
         state = f"LEAKED: {leaked}" if leaked else "pool empty after the run"
         lines.append(f"{r.arm}: {r.completed} finished with their full output, {r.failed} failed; {state}")
-    by_policy: dict[tuple[str, str], list[Arm]] = {}
-    for arm in arms:  # an fp8 KV cache's tokens are compared with its own, not bf16's
-        by_policy.setdefault((arm.policy, arm.kv_cache_dtype), []).append(arm)
-    for (policy, kv), group in by_policy.items():
-        if kv != "auto":
-            policy += f" kv-{kv}"
-        if len(group) == 2:
-            pairs = list(zip(digests[group[0].name], digests[group[1].name], strict=True))
-            same = sum(a == b for a, b in pairs)
-            verdict = "equal" if same == len(pairs) else f"DIFFER for {len(pairs) - same} of {len(pairs)} requests"
-            lines.append(f"{policy}: tokens with and without the prefix cache {verdict}")
+    # Arms that differ only in the prefix cache, or only in mixed steps, should give the same tokens
+    # (an fp8 KV cache's are compared with its own, not bf16's).
+    axes = {"prefix_caching": "the prefix cache", "mixed_steps": "mixed steps"}
+    for axis, label in axes.items():
+        groups: dict[tuple[object, ...], list[Arm]] = {}
+        for arm in arms:
+            key = (arm.policy, arm.kv_cache_dtype, *(getattr(arm, a) for a in axes if a != axis))
+            groups.setdefault(key, []).append(arm)
+        for group in groups.values():
+            if len(group) == 2:
+                pairs = list(zip(digests[group[0].name], digests[group[1].name], strict=True))
+                same = sum(a == b for a, b in pairs)
+                verdict = "equal" if same == len(pairs) else f"DIFFER for {len(pairs) - same} of {len(pairs)} requests"
+                lines.append(f"{group[0].name} / {group[1].name}: tokens with and without {label} {verdict}")
     return lines
 
 
@@ -136,6 +148,9 @@ def register(kinds: argparse._SubParsersAction) -> None:
     serve.add_argument("--random", help=f"write and serve a random checkpoint of {' | '.join(MODELS)}")
     serve.add_argument("--policy", default="routed", help=f"arms: {', '.join(POLICIES)} (comma-separated)")
     serve.add_argument("--prefix-caching", default="on", help="on, off, or on,off (both, as arms)")
+    serve.add_argument(
+        "--mixed-steps", default="off", help="decodes inside the prefill forward: off, on, or off,on (both, as arms)"
+    )
     serve.add_argument(
         "--kv-cache-dtype", default="auto", help="auto (the model's dtype), fp8, or auto,fp8 (both, as arms)"
     )

@@ -6,7 +6,7 @@ Prefill writes each token's K/V into its slot first, then attends per sequence: 
 starts at position 0 attends to its own keys (SDPA, causal); one that continues a sequence (a
 later chunk, or a prompt whose head was found in the prefix cache) gathers the sequence's K/V from
 its blocks and attends with the causal mask aligned to its end. The decode tail (one token per
-row, riding in the same forward so that a step runs one forward) attends in one paged decode call
+row, riding in the same forward when the engine runs mixed steps) attends in one paged decode call
 for all its rows, its K/V already written with the chunks'. FlashInfer's paged prefill does all of
 it in one call per layer when asked for (fp8route.engine.flashinfer_attention).
 
@@ -73,7 +73,9 @@ def paged_decode_attention(
     gathers the first blocks covering limit (a host bound on lengths; None: the whole table)."""
     if triton:
         k_blocks, v_blocks = pool.layer(layer)
-        return kernel.decode_attention(q, kernel.Pages(k_blocks, v_blocks, pool.tables, rows), lengths)
+        return kernel.decode_attention(
+            q, kernel.Pages(k_blocks, v_blocks, pool.tables, rows, *pool.layer_scales(layer)), lengths
+        )
     blocks = pool.max_blocks_per_seq
     if limit is not None:
         blocks = min(blocks, -(-limit // pool.block_size))

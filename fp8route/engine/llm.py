@@ -74,6 +74,7 @@ class LLM:
         use_cuda_graphs: bool = True,
         skip_tokenizer_init: bool = False,
         record_stats: bool = False,
+        mixed_steps: bool = False,
     ) -> None:
         if not 0 < gpu_memory_utilization <= 1:
             raise Fp8InputError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -107,7 +108,7 @@ class LLM:
             max_prefill_tokens=max_num_batched_tokens, kv_scales=scales,
         )  # fmt: skip
         if num_kv_blocks is None:
-            num_kv_blocks = self._fit_pool(gpu_memory_utilization, max_num_batched_tokens)
+            num_kv_blocks = self._fit_pool(gpu_memory_utilization, max_num_batched_tokens, mixed_steps)
         self.model.resize_pool(num_kv_blocks)
         pool = self.model.pool
         print(
@@ -119,12 +120,12 @@ class LLM:
         )
         self.engine = LLMEngine(
             self.model, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            eos_token_ids=eos_token_ids(config), record_stats=record_stats,
+            eos_token_ids=eos_token_ids(config), record_stats=record_stats, mixed_steps=mixed_steps,
         )  # fmt: skip
         if use_cuda_graphs and self.model.device.type == "cuda":
             self._capture_graphs(max_num_seqs)
 
-    def _fit_pool(self, utilization: float, prefill_tokens: int) -> int:
+    def _fit_pool(self, utilization: float, prefill_tokens: int, mixed_steps: bool) -> int:
         """Blocks that fit what is left after the weights and one largest prefill's activations."""
         model = self.model
         cfg = model.cfg
@@ -138,10 +139,10 @@ class LLM:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-        # A profile forward of the largest step, a chunk with every row decoding at its end (a mixed
-        # step's decode attention and lm_head rows): every token's K/V goes to the scratch block.
+        # A profile forward of the largest step: a chunk, with mixed steps every row decoding at its
+        # end (their decode attention and lm_head rows); every token's K/V goes to the scratch block.
         tokens = min(prefill_tokens, self.max_model_len)
-        rows = min(model.max_batch_size, tokens - 1)
+        rows = min(model.max_batch_size, tokens - 1) if mixed_steps else 0
         pad, scratch = model.pool.pad_row, [0] * model.pool.max_blocks_per_seq
         tail = DecodeRows([0] * rows, [0] * rows, [pad] * rows, [scratch] * rows) if rows else None
         model.runner.prefill([[0] * (tokens - rows)], [0], [pad], [scratch], [0], tail)

@@ -1,9 +1,9 @@
 """LLMEngine: requests in, one scheduled step at a time, tokens out.
 
-A step is the scheduler's plan run as one forward: with prefill chunks, they are packed into one
-eager forward and every decoding request's next token rides at its end (one token a row, its
-attention one paged decode call per layer), so a chunk costs the running requests one forward's
-weight reads, not two; with only decodes, the CUDA graph of the batch's bucket runs. The tokens
+A step is the scheduler's plan run as at most two forwards: the prefill chunks packed into one
+eager forward, and every decoding request's next token from the CUDA graph of the batch's bucket.
+With mixed_steps the decodes instead ride at the chunks' end (one token a row, their attention one
+paged decode call per layer): one forward's weight reads, not two, but eager. The tokens
 chosen are copied to the host at once: one sync per step, which the bookkeeping that follows
 (appending tokens, stop checks, new blocks) needs anyway.
 """
@@ -92,6 +92,7 @@ class LLMEngine:
         max_num_batched_tokens: int,
         eos_token_ids: Sequence[int] = (),
         record_stats: bool = False,
+        mixed_steps: bool = False,
     ) -> None:
         if max_num_seqs < 1 or max_num_seqs > model.max_batch_size:
             raise Fp8InputError(
@@ -110,6 +111,10 @@ class LLMEngine:
         self._ids = itertools.count()
         self._seeds = random.Random(0)
         self.record_stats = record_stats
+        # Whether a step with prefill chunks and decodes runs them as one forward (the decodes at
+        # the chunks' end) or as two (the chunks, then the decode graph); off until measured
+        # faster in one run (benchmarks/results/h200/serve_http/COMMAND.md, run 3).
+        self.mixed_steps = mixed_steps
         self.stats: list[StepStats] = []
 
     def add_request(
@@ -196,7 +201,7 @@ class LLMEngine:
                 StepStats(
                     len(plan.decodes),
                     sum(n for _, n in plan.prefills),
-                    bool(plan.decodes and plan.prefills),
+                    bool(self.mixed_steps and plan.decodes and plan.prefills),
                     context,
                     used,
                     (waited - start) + (end - synced),
@@ -208,10 +213,14 @@ class LLMEngine:
     def _run(self, plan: Step) -> tuple[torch.Tensor | None, list[Request]]:
         """Launch the step's forward and sampling; (the chosen tokens on the device, whom they are for)."""
         greedy: torch.Tensor | None
-        if plan.prefills:
-            logits, greedy, sampling = self._packed(plan)
-        else:
+        if not plan.prefills:
             logits, greedy, sampling = self._decode(plan.decodes)
+        elif self.mixed_steps or not plan.decodes:
+            logits, greedy, sampling = self._packed(plan, plan.decodes)
+        else:
+            chunk_logits, _, sampling = self._packed(plan, [])
+            decode_logits, _, decoded = self._decode(plan.decodes)
+            logits, greedy, sampling = torch.cat([chunk_logits, decode_logits]), None, sampling + decoded
         if not sampling:
             return None, []
         masked = [i for i, r in enumerate(sampling) if r.num_output_tokens < r.params.min_tokens]
@@ -226,12 +235,11 @@ class LLMEngine:
         )  # fmt: skip
         return chosen, sampling
 
-    def _packed(self, plan: Step) -> tuple[torch.Tensor, None, list[Request]]:
-        """The prefill chunks in one packed forward, the decodes riding at its end: (logits, no
-        argmax yet, whom each row is for: the chunks that end their prompts, then the decodes)."""
+    def _packed(self, plan: Step, batch: list[Request]) -> tuple[torch.Tensor, None, list[Request]]:
+        """The prefill chunks in one packed forward, the decodes of batch riding at its end: (logits,
+        no argmax yet, whom each row is for: the chunks that end their prompts, then the decodes)."""
         chunks = [(r, r.token_ids[r.num_computed : r.num_computed + n]) for r, n in plan.prefills]
         wanted = [i for i, (r, n) in enumerate(plan.prefills) if r.num_computed + n == len(r.token_ids)]
-        batch = plan.decodes
         tail = None
         if batch:
             tail = DecodeRows(

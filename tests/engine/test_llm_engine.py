@@ -210,15 +210,17 @@ def test_chunks_behind_one_cached_prefix_attend_in_one_group_and_equal_each_alon
     assert eng.leaked() is None
 
 
-def test_decodes_ride_in_the_prefill_forward_and_equal_each_request_alone():
+@pytest.mark.parametrize("mixed_steps", [True, False])
+def test_decodes_with_prefill_chunks_equal_each_request_alone(mixed_steps):
+    """With mixed steps the decodes ride in the prefill forward; without, they run a forward of their own."""
     eng = engine(num_blocks=16, block_size=4, budget=8)  # 15 usable blocks: preemption; chunks of 8 at most
-    eng.record_stats = True
+    eng.record_stats, eng.mixed_steps = True, mixed_steps
     shared = prompt(12, 42)
     params = SamplingParams(max_tokens=10, temperature=0)
     requests = {f"r{i}": shared + prompt(2 + 3 * i, 50 + i) if i % 2 else prompt(5 + 4 * i, 50 + i) for i in range(6)}
     outputs = run(eng, {3 * i: [(rid, ids, params)] for i, (rid, ids) in enumerate(requests.items())})
-    mixed = [s for s in eng.stats if s.mixed]
-    assert mixed and all(s.decodes and s.prefill_tokens for s in mixed)
+    both = [s for s in eng.stats if s.decodes and s.prefill_tokens]
+    assert both and all(s.mixed == mixed_steps for s in both)
     assert all(not s.mixed for s in eng.stats if not s.prefill_tokens or not s.decodes)
     assert eng.scheduler.preemptions > 0 and eng.model.blocks.stats.hit_tokens > 0
     for rid, ids in requests.items():

@@ -75,7 +75,8 @@ def assert_near_argmax(reference, prompt, output, tol=0.1):
 
 @pytest.mark.gpu
 @gpu
-def test_fp32_engine_equals_the_full_forward_under_batching_chunking_preemption_and_prefix_hits():
+@pytest.mark.parametrize("mixed_steps", [False, True])
+def test_fp32_engine_equals_the_full_forward_under_batching_chunking_preemption_and_prefix_hits(mixed_steps):
     from checkpoint_helpers import llama_tensors
 
     from fp8route import SamplingParams
@@ -86,10 +87,10 @@ def test_fp32_engine_equals_the_full_forward_under_batching_chunking_preemption_
     requests = {**prompts(10), **{f"p{i}": shared + [i + 1] * (i + 1) for i in range(4)}}
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
     engine = make_engine(torch.float32, num_blocks=NUM_BLOCKS, tensors=tensors)  # too few: preemption
-    engine.record_stats = True
+    engine.record_stats, engine.mixed_steps = True, mixed_steps
     outputs = run(engine, requests, params)
     assert engine.scheduler.preemptions > 0 and engine.model.blocks.stats.hit_tokens > 0
-    assert any(s.mixed for s in engine.stats)  # decodes rode in prefill forwards (the Triton tail)
+    assert any(s.mixed for s in engine.stats) == mixed_steps  # decodes rode in prefill forwards (the Triton tail)
     for rid, ids in requests.items():
         seq = torch.tensor([ids], device="cuda")
         with torch.no_grad():
@@ -127,7 +128,8 @@ def test_padded_graph_rows_write_only_the_scratch_block():
     ["builtin", pytest.param("flashinfer", marks=pytest.mark.skipif(
         importlib.util.find_spec("flashinfer") is None, reason="needs flashinfer"))],
 )  # fmt: skip
-def test_fp8_engine_picks_what_an_fp32_forward_of_its_weights_picks(attention, tmp_path):
+@pytest.mark.parametrize("mixed_steps", [False, True])
+def test_fp8_engine_picks_what_an_fp32_forward_of_its_weights_picks(attention, mixed_steps, tmp_path):
     from checkpoint_helpers import MODELOPT_HF_QUANT, fp8_llama, write_checkpoint
 
     from fp8route import Fp8Linear, SamplingParams
@@ -139,9 +141,9 @@ def test_fp8_engine_picks_what_an_fp32_forward_of_its_weights_picks(attention, t
     assert all(isinstance(m, Fp8Linear) for m in checkpoint.linears.values())
     reference = reference_model(checkpoint.tensors, checkpoint.linears)  # the same FP8 layers, fp32 activations
     engine = make_engine(torch.bfloat16, linears=checkpoint.linears, tensors=checkpoint.tensors, attention=attention)
-    engine.record_stats = True
+    engine.record_stats, engine.mixed_steps = True, mixed_steps
     requests = prompts(8, seed=3)
     outputs = run(engine, requests, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
-    assert any(s.mixed for s in engine.stats)
+    assert any(s.mixed for s in engine.stats) == mixed_steps
     for rid, ids in requests.items():
         assert_near_argmax(reference, ids, outputs[rid])

@@ -1,0 +1,46 @@
+"""bench serve's arms: one per policy and per value of each on/off or dtype option, named by the
+options that vary, and the token comparisons between arms that differ in one option only."""
+
+import argparse
+from pathlib import Path
+
+from fp8route.cli.bench_serve import _arms, _checks
+from fp8route.engine.workload import ServeReport
+
+
+def args(**over: str) -> argparse.Namespace:
+    base = {"policy": "routed", "prefix_caching": "on", "mixed_steps": "off", "kv_cache_dtype": "auto"}
+    base.update(over)
+    return argparse.Namespace(
+        **base, max_num_seqs=8, max_num_batched_tokens=64, gpu_memory_utilization=0.9, max_model_len=None,
+        lone_prefill=0, static_batch=0,
+    )  # fmt: skip
+
+
+def test_arms_cross_the_options_and_name_what_varies():
+    folders = {"fp8": Path("f")}
+    assert [a.name for a in _arms(args(), folders)] == ["routed"]
+    arms = _arms(args(mixed_steps="off,on", prefix_caching="on,off"), folders)
+    names = [f"routed prefix-{p} mixed-{m}" for p in ("on", "off") for m in ("off", "on")]
+    assert [a.name for a in arms] == names
+    assert [(a.prefix_caching, a.mixed_steps) for a in arms] == [
+        (True, False),
+        (True, True),
+        (False, False),
+        (False, True),
+    ]
+
+
+def test_tokens_are_compared_between_arms_that_differ_in_one_option():
+    arms = _arms(args(mixed_steps="off,on", prefix_caching="on,off"), {"fp8": Path("f")})
+    digests = {a.name: ["x", "y"] for a in arms}
+    digests["routed prefix-off mixed-on"] = ["x", "z"]
+    reports = [ServeReport(a.name, 2, 0, 1.0, 1.0, 1.0, 1.0, {}, {}, {}, {}, 0) for a in arms]
+    lines = _checks(reports, digests, arms)
+    assert (
+        "routed prefix-on mixed-off / routed prefix-off mixed-off: tokens with and without the prefix cache equal"
+        in lines
+    )
+    assert any(
+        "prefix-off mixed-off / routed prefix-off mixed-on" in line and "DIFFER for 1 of 2" in line for line in lines
+    )
