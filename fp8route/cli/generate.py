@@ -21,6 +21,7 @@ from fp8route.checkpoint.gguf_tokenizer import apply_chat_template
 from fp8route.checkpoint.hub import resolve_model_path
 from fp8route.checkpoint.smollm2 import smollm2_folder
 from fp8route.engine.flashinfer_attention import ATTENTION
+from fp8route.engine.kv_quant import check_kv_cache_dtype
 from fp8route.engine.load import load_model
 from fp8route.errors import Fp8InputError
 from fp8route.linear.layer import Fp8Linear
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         raise Fp8InputError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     if args.tp < 1:
         raise Fp8InputError(f"--tp must be at least 1, got {args.tp}")
+    check_kv_cache_dtype(args.kv_cache_dtype, "--kv-cache-dtype")
     if args.tp > 1 and "WORLD_SIZE" not in os.environ:  # start the ranks; each runs this command
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         run_ranks(args.tp, run, args, device=device)

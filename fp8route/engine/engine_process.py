@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.engine.async_llm import AsyncLLM, EngineClient, EngineError, EngineStats, StreamOutput
 from fp8route.engine.llm_engine import EngineLimits, check_prompt
 from fp8route.engine.request import RequestMetrics
@@ -39,6 +40,7 @@ class EngineProcess(EngineClient):
 
     def __init__(self, folder: Path, **llm_kwargs: Any) -> None:
         super().__init__()
+        read_json(folder / CONFIG)  # a missing folder is named as LLM names it, not as a missing tokenizer
         self.tokenizer = load_tokenizer(folder)
         context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
         child_in, self._to_child = context.Pipe(duplex=False)

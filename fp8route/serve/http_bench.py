@@ -56,6 +56,16 @@ async def served_model(session: aiohttp.ClientSession, url: str, api_key: str | 
     return str(models[0]["id"])
 
 
+async def check_reachable(session: aiohttp.ClientSession, url: str) -> None:
+    """One GET before the load, whatever it answers: nobody listening at --url is one line, not a
+    warm-up of failed requests."""
+    try:
+        async with session.get(f"{url}/v1/models"):
+            pass
+    except aiohttp.ClientConnectorError as exc:
+        raise Fp8InputError(f"--url {url}: {exc}; is the server running there?") from None
+
+
 async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
     """The server's /metrics as {'name{labels}': value}; empty if it has none (not every server does)."""
     try:
@@ -154,6 +164,7 @@ async def run_http_load(
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        await check_reachable(session, url)
         model = model or await served_model(session, url, api_key)
         before = await scrape(session, url)
         start = time.monotonic()

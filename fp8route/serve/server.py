@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import ipaddress
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -24,6 +26,7 @@ import uvicorn
 
 from fp8route.backends import BACKENDS
 from fp8route.engine.engine_process import EngineProcess
+from fp8route.engine.kv_quant import check_kv_cache_dtype
 from fp8route.engine.llm import resolve_model
 from fp8route.errors import Fp8InputError
 from fp8route.linear.policy import Policy
@@ -91,6 +94,22 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def _bind(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the model loads, so that a port in use or a bad address is
+    one line at once; uvicorn listens on it once the model is loaded (until then a connection is refused)."""
+    if not 0 <= port <= 65535:
+        raise Fp8InputError(f"--port must be 0-65535 (0 picks a free one), got {port}")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's own bind does
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        hint = "; give another --port, or --port 0 for a free one" if exc.errno == errno.EADDRINUSE else ""
+        raise Fp8InputError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{hint}") from None
+    return sock
+
+
 def serve(args: argparse.Namespace) -> int:
     for name, low in (("--max-queue", 0), ("--max-request-bytes", 1), ("--shutdown-timeout", 0)):
         value = getattr(args, name[2:].replace("-", "_"))
@@ -98,6 +117,15 @@ def serve(args: argparse.Namespace) -> int:
             raise Fp8InputError(f"{name} must be at least {low}, got {value}")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     policy = _policy(args.policy)
+    check_kv_cache_dtype(args.kv_cache_dtype, "--kv-cache-dtype")
+    sock = _bind(args.host, args.port)
+    try:
+        return _serve(args, sock, api_key, policy)
+    finally:
+        sock.close()
+
+
+def _serve(args: argparse.Namespace, sock: socket.socket, api_key: str | None, policy: Policy) -> int:
     folder = resolve_model(args.model)
     engine = EngineProcess(
         folder, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -130,7 +158,7 @@ def serve(args: argparse.Namespace) -> int:
 
     server = _Server(config, serving, ready)
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         engine.shutdown()
     if serving.in_flight:

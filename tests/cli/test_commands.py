@@ -75,8 +75,8 @@ def test_generate_tp2_starts_two_ranks_and_says_the_same(tiny_fp8):
         ),  # fmt: skip
         (["generate", "{fp8}", "--prompt", "x", "--device", "cpu", "--tp", "3"], "does not divide"),  # in the ranks
         (
-            ["generate", "{fp8}", "--prompt", "x", "--device", "cpu", "--kv-cache-dtype", "int8"],
-            "auto, fp8, got 'int8'",
+            ["generate", "{tmp}/nowhere", "--prompt", "x", "--kv-cache-dtype", "int8"],
+            "--kv-cache-dtype must be one of auto, fp8, got 'int8'",
         ),
         (
             ["eval", "{fp8}", "--task", "hellaswag", "--device", "cpu", "--kv-cache-dtype", "fp4"],

@@ -2,6 +2,7 @@
 accounted for (completed, or closed on purpose by --disconnect-fraction), and the pool empty after."""
 
 import json
+import socket
 
 from serve_helpers import API_KEY, MODEL, metrics
 
@@ -42,3 +43,15 @@ def test_bench_serve_url_without_the_model_folder_says_what_to_give(server, caps
         "fp8route bench: --url: also give the served checkpoint's folder (or --random MODEL for a random one): "
         "the load's token ids must fit its vocabulary"
     ]
+
+
+def test_bench_serve_url_with_nobody_listening_is_one_line(tiny_folder, capsys):
+    with socket.socket() as probe:  # a port that was free a moment ago, and now nobody's
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    for model in ([], ["--model", MODEL]):
+        assert main(["bench", "serve", str(tiny_folder), "--url", url, "--num-prompts", "2", *model]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and err.startswith(f"fp8route bench: --url {url}: Cannot connect to host"), err
+        assert err.endswith("is the server running there?"), err
