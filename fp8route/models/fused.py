@@ -93,9 +93,9 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, token_major: boo
         cos.stride(0) if per_row else 0, cos.stride(-2),
         out.stride(0), out.stride(1), out.stride(2),
     )  # fmt: skip
-    # The token count and the strides that follow it change with every prefill: keyed by class, so
-    # the head size (a constexpr the classes do not tell apart) is in the key itself.
-    key = (x.dtype, cos.dtype, sin.dtype, half, *int_key(*args[4:]))
+    # The token count and the strides that follow it change with every prefill: keyed by class (the
+    # head size, HALF, is told apart by the launcher, which keys by meta too).
+    key = (x.dtype, cos.dtype, sin.dtype, *int_key(*args[4:]))
     _ROPE((b * t, heads), key, args, {"HALF": half, "num_warps": 1})
     return out
 
