@@ -4,7 +4,7 @@ straight into the blocks: a prefill of them would take long and the values do no
 and the captured decode step (model.step, the CUDA graph of the batch's bucket) that attends to
 them is timed, against its floor: (weights + the KV it reads) / the copy bandwidth of the run.
 
-    python benchmarks/fp8_kv_decode.py --cases 64x4096,1x32768 [--out DIR]
+    python benchmarks/fp8_kv_decode.py --cases 64x4096,1x32768 [--ckpt FOLDER] [--out DIR]
 
 Issue 28 asks: each fp8 step within 1.25x of its floor, and fp8 at least 1.4x faster than bf16 at 64x4096.
 """
@@ -61,13 +61,14 @@ def main() -> None:
     ap.add_argument("--cases", default="64x4096,1x32768", help="BATCHxFILLED, comma-separated")
     ap.add_argument("--kv", default="auto,fp8", help="kv_cache_dtype arms")
     ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--ckpt", type=Path, help="a random 8B FP8 checkpoint already written (else one in a temp folder)")
     ap.add_argument("--out", default=".", help="folder for fp8_kv_decode.json")
     args = ap.parse_args()
     cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",")]
     copy_gbs = copy_bandwidth_gbs()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        folder = write_random(Path(tmp) / "fp8", MODELS["llama-3.1-8b"], fp8=True)
+        folder = args.ckpt or write_random(Path(tmp) / "fp8", MODELS["llama-3.1-8b"], fp8=True)
         for batch, filled in cases:
             for kv in args.kv.split(","):
                 rows.append(case(folder, batch, filled, kv, copy_gbs, args.repeats))
