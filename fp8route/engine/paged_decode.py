@@ -44,6 +44,22 @@ BLOCK_N = 64  # positions per tile of the inner loop
 _MAX_SPLITS = 64  # the combine kernel reads one row of this many partials
 
 
+class Launch(NamedTuple):
+    """Kernel 1's tiling: positions per tile (a divisor of every split), warps, pipeline stages, and
+    for an fp8 cache whether its tiles meet q in fp16 rather than q's dtype (e4m3 values are exact in
+    both; e4m3 -> fp16 is one conversion instruction on SM89+)."""
+
+    block: int = BLOCK_N
+    warps: int = 4
+    stages: int = 3
+    f16: bool = False
+
+
+# By whether the cache is fp8; measured over 64x4096 and 1x32768 positions on the H200
+# (benchmarks/results/h200/fp8_kv/).
+LAUNCH = {False: Launch(128, 4, 3), True: Launch(128, 4, 2, f16=True)}
+
+
 class NewToken(NamedTuple):
     """A decode step's new token for decode_attention: its key and value [B, Hkv, D] before RoPE and
     the rows' RoPE tables [B, D] (fp32) at their positions, lengths - 1."""
@@ -103,7 +119,7 @@ if TRITON_IMPORT_ERROR is None:
         sm_scale, k_scale, v_scale, k_inv, v_inv,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr,
         SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr,
-        NEW: tl.constexpr, FP8: tl.constexpr,
+        NEW: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -149,6 +165,8 @@ if TRITON_IMPORT_ERROR is None:
         qk_scale = sm_scale * 1.4426950408889634
         if FP8:
             qk_scale = qk_scale * k_scale
+        if F16:
+            q = q.to(tl.float16)
         m = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
         s_sum = tl.zeros([G_PAD], dtype=tl.float32)
         acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
@@ -235,10 +253,11 @@ def decode_attention(
     scale: float | None = None,
     split: int | None = None,
     new: NewToken | None = None,
+    launch: Launch | None = None,
 ) -> torch.Tensor:
     """q [B, H, D] (one token per row) over the first lengths[b] positions (each 1..the table's
     reach) of the row pages.rows[b] -> [B, H, D] in q's dtype. split (the least positions per
-    program, a multiple of BLOCK_N; default split_len) is for benchmarks. With `new` (fuses_new_token), q is
+    program, a multiple of BLOCK_N; default split_len) and launch (default LAUNCH) are for benchmarks. With `new` (fuses_new_token), q is
     before RoPE, and the new key (rotated) and value are written at position lengths[b] - 1 first."""
     if TRITON_IMPORT_ERROR is not None:
         raise RuntimeError(TRITON_IMPORT_ERROR)
@@ -259,9 +278,12 @@ def decode_attention(
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise Fp8InputError("decode_attention: q and the K/V blocks need unit stride on the head dim")
     group = h // hkv
+    launch = launch or LAUNCH[fp8]
     split = split or split_len(b * hkv)
-    if split % BLOCK_N or split < BLOCK_N:
-        raise Fp8InputError(f"decode_attention: split {split} must be a positive multiple of {BLOCK_N}")
+    if split % BLOCK_N or split < BLOCK_N or split % launch.block:
+        raise Fp8InputError(
+            f"decode_attention: split {split} must be a positive multiple of {BLOCK_N} and of the tile, {launch.block}"
+        )
     num_splits = min(_MAX_SPLITS, triton.cdiv(pages.max_len, split))
     if new is not None and (not fuses_new_token(q, new) or new.k.shape[1] != hkv):
         raise Fp8InputError("decode_attention: this new token cannot be fused (see fuses_new_token)")
@@ -280,10 +302,11 @@ def decode_attention(
         nk.stride(0), nk.stride(1), nv.stride(0), nv.stride(1), cos.stride(0),
         scale if scale is not None else d**-0.5, k_scale, v_scale, 1.0 / k_scale, 1.0 / v_scale,
         G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, D_PAD=d_pad, PAGE=page,
-        SPLIT=split, MAX_SPLITS=num_splits, BLOCK=BLOCK_N, NEW=new is not None, FP8=fp8,
+        SPLIT=split, MAX_SPLITS=num_splits, BLOCK=launch.block, NEW=new is not None, FP8=fp8,
+        F16=fp8 and launch.f16 and q.dtype != torch.float32,
         # An fp32 cache asks for fp32 products (tl.dot would round them to TF32); 16-bit ones are exact.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4,
+        num_warps=launch.warps, num_stages=launch.stages,
     )  # fmt: skip
     out = torch.empty_like(q)
     _combine_kernel[(b, h)](
@@ -291,7 +314,7 @@ def decode_attention(
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
-        SPLIT=split, MAX_SPLITS=num_splits, BLOCK=BLOCK_N, S_PAD=max(16, triton.next_power_of_2(num_splits)),
+        SPLIT=split, MAX_SPLITS=num_splits, BLOCK=launch.block, S_PAD=max(16, triton.next_power_of_2(num_splits)),
         D=d, D_PAD=d_pad, num_warps=4,
     )  # fmt: skip
     return out

@@ -1,0 +1,106 @@
+"""The paged decode attention kernel alone over a filled cache, bf16 against fp8 blocks, for a list of
+launch configurations (paged_decode.Launch): each checked against a torch reference first, then timed
+in a CUDA graph over --layers distinct pools (so L2 holds none), as GB/s of KV read against the copy
+bandwidth of the run. Llama-3.1-8B's heads (32 query, 8 KV, head 128), pages of 16.
+
+    python3 benchmarks/kv_decode_attention.py [--cases 64x4096,1x32768] [--out DIR]
+
+A launch is BLOCKxWARPSxSTAGES[h][/SPLIT] (h: an fp8 cache's tiles meet q in fp16; SPLIT: positions
+per program, default split_len), e.g. 64x4x3, 128x8x3h or 128x4x2h/512.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from fp8route.engine.attention import decode_attention_torch
+from fp8route.engine.kv_quant import quantize_kv
+from fp8route.engine.paged_decode import LAUNCH, Launch, Pages, decode_attention
+from fp8route.tuning.timing import copy_bandwidth_gbs, time_graph
+
+H, HKV, D, PAGE = 32, 8, 128, 16
+SCALE = 0.05  # K/V of unit variance quantized with it: e4m3's range used well, nothing saturated
+
+
+def parse_launch(text: str) -> tuple[Launch, int | None]:
+    """BLOCKxWARPSxSTAGES[h][/SPLIT]: h for an fp8 cache's tiles met in fp16."""
+    text, _, split = text.partition("/")
+    flags = text.lstrip("0123456789x")
+    block, warps, stages = (int(x) for x in text[: len(text) - len(flags)].split("x"))
+    return Launch(block, warps, stages, "h" in flags), int(split) if split else None
+
+
+def pools(batch: int, filled: int, fp8: bool, layers: int) -> list[Pages]:
+    per_row = -(-filled // PAGE)
+    tables = (1 + torch.randperm(batch * per_row, device="cuda")).to(torch.int32).view(batch, per_row)
+    rows = torch.arange(batch, device="cuda")
+    shape = (1 + batch * per_row, PAGE, HKV, D)
+    out = []
+    for _ in range(layers):
+        k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        if fp8:
+            out.append(Pages(quantize_kv(k, SCALE), quantize_kv(v, SCALE), tables, rows, SCALE, SCALE))
+        else:
+            out.append(Pages(k, v, tables, rows))
+    return out
+
+
+def reference(q: torch.Tensor, pages: Pages, lengths: torch.Tensor) -> torch.Tensor:
+    index = pages.tables[pages.rows].long()
+    k, v = (x[index].flatten(1, 2).transpose(1, 2).float() for x in (pages.k, pages.v))
+    return decode_attention_torch(q.float(), k * pages.k_scale, v * pages.v_scale, lengths)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default="64x4096,16x4096,1x32768", help="BATCHxFILLED, comma-separated")
+    ap.add_argument("--bf16", default="64x4x3,128x4x3,128x8x3", help="launches for a bf16 cache")
+    ap.add_argument("--fp8", default="64x4x3,128x4x3h,128x4x2h,256x4x3h", help="launches for an fp8 cache")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+    copy_gbs = copy_bandwidth_gbs()
+    print(f"copy bandwidth {copy_gbs:.0f} GB/s; defaults bf16 {LAUNCH[False]}, fp8 {LAUNCH[True]}")
+    rows = []
+    for case in args.cases.split(","):
+        batch, filled = (int(x) for x in case.split("x"))
+        lengths = torch.full((batch,), filled, device="cuda", dtype=torch.int64)
+        q = torch.randn(batch, H, D, device="cuda", dtype=torch.bfloat16)
+        for fp8, launches in ((False, args.bf16), (True, args.fp8)):
+            caches = pools(batch, filled, fp8, args.layers)
+            ref = reference(q, caches[0], lengths)
+            kv_bytes = 2 * batch * filled * HKV * D * caches[0].k.element_size()
+            for text in launches.split(","):
+                launch, split = parse_launch(text)
+                out = decode_attention(q, caches[0], lengths, split=split, launch=launch).float()
+                error = ((out - ref).norm() / ref.norm()).item()
+                us = time_graph([partial(decode_attention, q, c, lengths, split=split, launch=launch) for c in caches])
+                median = statistics.median(us)
+                gbs = kv_bytes / median / 1e3
+                row = {
+                    "batch": batch, "filled": filled, "kv": "fp8" if fp8 else "bf16", "launch": text,
+                    "us": median, "us_min": min(us), "us_max": max(us), "gbs": gbs,
+                    "of_copy": gbs / copy_gbs, "rel_error": error,
+                }  # fmt: skip
+                rows.append(row)
+                print(
+                    f"B={batch:3d} filled={filled:6d} {row['kv']:4s} {text:9s} {median:8.1f} us "
+                    f"[{min(us):.1f}, {max(us):.1f}]  {gbs:6.0f} GB/s ({gbs / copy_gbs:.2f} of copy)  "
+                    f"rel err {error:.1e}",
+                    flush=True,
+                )
+            del caches
+            torch.cuda.empty_cache()
+    out = Path(args.out) / "kv_decode_attention.json"
+    out.write_text(json.dumps({"copy_gbs": copy_gbs, "rows": rows}, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
