@@ -257,8 +257,9 @@ def decode_attention(
 ) -> torch.Tensor:
     """q [B, H, D] (one token per row) over the first lengths[b] positions (each 1..the table's
     reach) of the row pages.rows[b] -> [B, H, D] in q's dtype. split (the least positions per
-    program, a multiple of BLOCK_N; default split_len) and launch (default LAUNCH) are for benchmarks. With `new` (fuses_new_token), q is
-    before RoPE, and the new key (rotated) and value are written at position lengths[b] - 1 first."""
+    program, a multiple of BLOCK_N and of the launch's tile; default split_len) and launch (default
+    LAUNCH) are for benchmarks. With `new` (fuses_new_token), q is before RoPE, and the new key
+    (rotated) and value are written at position lengths[b] - 1 first."""
     if TRITON_IMPORT_ERROR is not None:
         raise RuntimeError(TRITON_IMPORT_ERROR)
     b, h, d = q.shape
