@@ -57,7 +57,7 @@ class Launch(NamedTuple):
 
 # By whether the cache is fp8; measured over 64x4096 and 1x32768 positions on the H200
 # (benchmarks/results/h200/fp8_kv/).
-LAUNCH = {False: Launch(128, 4, 3), True: Launch(128, 4, 2, f16=True)}
+LAUNCH = {False: Launch(128, 4, 3), True: Launch(128, 4, 2)}
 
 
 class NewToken(NamedTuple):
