@@ -1,7 +1,9 @@
 """The paged decode attention kernel alone over a filled cache, bf16 against fp8 blocks, for a list of
 launch configurations (paged_decode.Launch): each checked against a torch reference first, then timed
 in a CUDA graph over --layers distinct pools (so L2 holds none), as GB/s of KV read against the copy
-bandwidth of the run. Llama-3.1-8B's heads (32 query, 8 KV, head 128), pages of 16.
+bandwidth of the run; both as called bare ("plain") and with the step's new token fused ("new": RoPE
+and the cache write inside, as the engine's decode step calls it). Llama-3.1-8B's heads (32 query,
+8 KV, head 128), pages of 16.
 
     python3 benchmarks/kv_decode_attention.py [--cases 64x4096,1x32768] [--out DIR]
 
@@ -21,7 +23,7 @@ import torch
 
 from fp8route.engine.attention import decode_attention_torch
 from fp8route.engine.kv_quant import quantize_kv
-from fp8route.engine.paged_decode import LAUNCH, Launch, Pages, decode_attention
+from fp8route.engine.paged_decode import LAUNCH, Launch, NewToken, Pages, decode_attention
 from fp8route.tuning.timing import copy_bandwidth_gbs, time_graph
 
 H, HKV, D, PAGE = 32, 8, 128, 16
@@ -51,6 +53,13 @@ def pools(batch: int, filled: int, fp8: bool, layers: int) -> list[Pages]:
     return out
 
 
+def new_token(batch: int) -> NewToken:
+    """A step's new key and value with RoPE tables at some angle (their values do not change the time)."""
+    k, v = (torch.randn(batch, HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    angle = torch.rand(batch, D // 2, device="cuda").repeat(1, 2)
+    return NewToken(k, v, angle.cos(), angle.sin())
+
+
 def reference(q: torch.Tensor, pages: Pages, lengths: torch.Tensor) -> torch.Tensor:
     index = pages.tables[pages.rows].long()
     k, v = (x[index].flatten(1, 2).transpose(1, 2).float() for x in (pages.k, pages.v))
@@ -72,6 +81,7 @@ def main() -> None:
         batch, filled = (int(x) for x in case.split("x"))
         lengths = torch.full((batch,), filled, device="cuda", dtype=torch.int64)
         q = torch.randn(batch, H, D, device="cuda", dtype=torch.bfloat16)
+        new = new_token(batch)
         for fp8, launches in ((False, args.bf16), (True, args.fp8)):
             caches = pools(batch, filled, fp8, args.layers)
             ref = reference(q, caches[0], lengths)
@@ -80,21 +90,25 @@ def main() -> None:
                 launch, split = parse_launch(text)
                 out = decode_attention(q, caches[0], lengths, split=split, launch=launch).float()
                 error = ((out - ref).norm() / ref.norm()).item()
-                us = time_graph([partial(decode_attention, q, c, lengths, split=split, launch=launch) for c in caches])
-                median = statistics.median(us)
-                gbs = kv_bytes / median / 1e3
-                row = {
-                    "batch": batch, "filled": filled, "kv": "fp8" if fp8 else "bf16", "launch": text,
-                    "us": median, "us_min": min(us), "us_max": max(us), "gbs": gbs,
-                    "of_copy": gbs / copy_gbs, "rel_error": error,
-                }  # fmt: skip
-                rows.append(row)
-                print(
-                    f"B={batch:3d} filled={filled:6d} {row['kv']:4s} {text:9s} {median:8.1f} us "
-                    f"[{min(us):.1f}, {max(us):.1f}]  {gbs:6.0f} GB/s ({gbs / copy_gbs:.2f} of copy)  "
-                    f"rel err {error:.1e}",
-                    flush=True,
-                )
+                for path, token in (("plain", None), ("new", new)):
+                    calls = [
+                        partial(decode_attention, q, c, lengths, split=split, new=token, launch=launch) for c in caches
+                    ]
+                    us = time_graph(calls)
+                    median = statistics.median(us)
+                    gbs = kv_bytes / median / 1e3
+                    row = {
+                        "batch": batch, "filled": filled, "kv": "fp8" if fp8 else "bf16", "launch": text, "path": path,
+                        "us": median, "us_min": min(us), "us_max": max(us), "gbs": gbs,
+                        "of_copy": gbs / copy_gbs, "rel_error": error,
+                    }  # fmt: skip
+                    rows.append(row)
+                    print(
+                        f"B={batch:3d} filled={filled:6d} {row['kv']:4s} {text:9s} {path:5s} {median:8.1f} us "
+                        f"[{min(us):.1f}, {max(us):.1f}]  {gbs:6.0f} GB/s ({gbs / copy_gbs:.2f} of copy)  "
+                        f"plain's rel err {error:.1e}",
+                        flush=True,
+                    )
             del caches
             torch.cuda.empty_cache()
     out = Path(args.out) / "kv_decode_attention.json"
