@@ -145,8 +145,22 @@ def test_engine_fp8_kv_captured_decode_matches_its_eager_torch_decode(dtype):
         model.use_triton = triton
         runs[triton] = model.generate(ids, 24, prompt_lengths=[40, 17, 29], return_logits=True)
         assert model.pool.dtype == FP8_KV
-    top1 = (runs[True].logits.argmax(-1) == runs[False].logits.argmax(-1)).float().mean().item()
-    assert relative(runs[True].logits, runs[False].logits) < 2e-2 and top1 > 0.95
+    assert_same_until_a_near_tie(runs[True].logits, runs[False].logits)
+
+
+def assert_same_until_a_near_tie(logits: torch.Tensor, reference: torch.Tensor, tol: float = 0.1) -> None:
+    """Two greedy runs [B, steps, vocab] read the same history up to the first token they choose
+    differently: their logits agree there, and that choice is a near-tie in the reference's logits
+    (within tol of its range). After it they continue different texts, not comparable."""
+    for row in range(logits.shape[0]):
+        ours, ref = logits[row].float(), reference[row].float()
+        differ = (ours.argmax(-1) != ref.argmax(-1)).nonzero()
+        last = differ[0, 0].item() if len(differ) else ours.shape[0] - 1
+        assert relative(ours[: last + 1], ref[: last + 1]) < 2e-2, (row, last)
+        if len(differ):
+            step = ref[last]
+            gap = (step.max() - step[ours[last].argmax()]) / (step.max() - step.min())
+            assert gap.item() <= tol, (row, last, gap.item())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
