@@ -39,16 +39,12 @@ def fill(pool: KVPool) -> None:
 def case(folder: Path, batch: int, filled: int, kv: str, copy_gbs: float, repeats: int) -> dict[str, Any]:
     model = load_model(folder, "cuda", max_batch_size=batch, max_seq_len=filled + 16, kv_cache_dtype=kv)
     fill(model.pool)
-    cfg = model.cfg
-    per_token = KVPool.bytes_per_block(
-        cfg.num_hidden_layers, 1, cfg.num_key_value_heads, cfg.head_size, model.pool.dtype
-    )
-    tokens = torch.randint(0, cfg.vocab_size, (batch,), device="cuda")
+    tokens = torch.randint(0, model.cfg.vocab_size, (batch,), device="cuda")
     positions = torch.full((batch,), filled, device="cuda")  # the new token's: it attends to filled + 1
     with Rows(model, [filled + 1] * batch):
         times, _ = timed_calls(lambda: model.step(tokens, positions), repeats)
     step = statistics.median(times)
-    kv_bytes = batch * (filled + 1) * per_token
+    kv_bytes = batch * (filled + 1) * model.pool.bytes_per_token
     floor = (weight_bytes(model) + kv_bytes) / (copy_gbs * 1e9)
     return {
         "batch": batch, "filled": filled, "kv_cache_dtype": kv, "step_ms": 1e3 * step, "floor_ms": 1e3 * floor,

@@ -125,6 +125,14 @@ def _checks(reports: list[ServeReport], digests: dict[str, list[str]], arms: lis
         leaked = r.extra.get("leaked")
         state = f"LEAKED: {leaked}" if leaked else "pool empty after the run"
         lines.append(f"{r.arm}: {r.completed} finished with their full output, {r.failed} failed; {state}")
+        if "decode_step_ms" in r.extra:  # on a GPU: the pure decode steps against their floor
+            e = r.extra
+            lines.append(
+                f"{r.arm}: {e['decode_steps']} decode steps, {e['decode_step_ms']:.2f} ms each at "
+                f"{e['decode_batch_mean']:.0f} rows: {e['decode_gbs']:.0f} GB/s, {e['decode_over_floor']:.2f}x "
+                f"their floor (weights + KV over {e['copy_gbs']:.0f} GB/s); "
+                f"host {e['decode_host_ms_mean']:.2f} ms a step"
+            )
     # Arms that differ only in the prefix cache, or only in mixed steps, should give the same tokens
     # (an fp8 KV cache's are compared with its own, not bf16's).
     axes = {"prefix_caching": "the prefix cache", "mixed_steps": "mixed steps"}

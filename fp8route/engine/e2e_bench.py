@@ -40,8 +40,8 @@ class E2ERow:
     decode_step_ms: float  # one new token for every row, from the CUDA graph
     decode_tok_s: float  # batch / step time
     weight_gb: float  # bytes read per decode step: the linears, lm_head and the embedding rows
-    achieved_gbs: float
-    floor_fraction: float  # (weight bytes / copy bandwidth) / step time
+    achieved_gbs: float  # (weight + KV bytes) / step time
+    floor_fraction: float  # ((weight + KV bytes) / copy bandwidth) / step time
     tp: int = 1  # ranks the model is sharded over; times and bytes are rank 0's
     model_gb: float = 0.0  # GPU memory allocated once loaded: weights, KV cache, RoPE tables
     peak_gb: float = 0.0  # the most allocated at any point of the arm
@@ -51,6 +51,7 @@ class E2ERow:
     ttft_min_ms: float = 0.0  # the spread of the repeats ttft_ms is the median of
     ttft_max_ms: float = 0.0
     attention: str = "builtin"  # fp8route.engine.flashinfer_attention.ATTENTION
+    kv_gb: float = 0.0  # KV bytes a decode step reads, mean over the steps (the context grows by one a step)
 
     @property
     def label(self) -> str:
@@ -140,7 +141,9 @@ def bench_arm(
             ones, _ = timed_calls(functools.partial(model.generate, ids, 1), repeats)
             ttft, full, one = (statistics.median(t) for t in (ttfts, fulls, ones))
             step = (full - one) / (output - 1)
-            floor = nbytes / (copy_gbs * 1e9)
+            # The timed steps attend to tokens + 1 ... tokens + output - 1 positions: tokens + output / 2 on average.
+            kv = batch * (tokens + output / 2) * model.pool.bytes_per_token
+            floor = (nbytes + kv) / (copy_gbs * 1e9)
             rows.append(
                 E2ERow(
                     arm,
@@ -151,7 +154,7 @@ def bench_arm(
                     step * 1e3,
                     batch / step,
                     nbytes / 1e9,
-                    nbytes / step / 1e9,
+                    (nbytes + kv) / step / 1e9,
                     floor / step,
                     tp,
                     model_gb,
@@ -162,6 +165,7 @@ def bench_arm(
                     min(ttfts) * 1e3,
                     max(ttfts) * 1e3,
                     attention,
+                    kv / 1e9,
                 )  # fmt: skip
             )
     del model
@@ -183,13 +187,14 @@ def as_json(rows: Sequence[E2ERow]) -> list[dict[str, object]]:
 def table(rows: Sequence[E2ERow]) -> str:
     head = (
         f"{'arm':<22}{'batch':>6}{'input':>7}{'TTFT ms':>10}{'spread':>8}{'prefill tok/s':>15}"
-        f"{'step ms':>9}{'tok/s':>9}{'% floor':>9}{'GB':>7}"
+        f"{'step ms':>9}{'tok/s':>9}{'GB/s':>7}{'% floor':>9}{'GB':>7}"
     )
     lines = [head]
     for r in rows:
         lines.append(
             f"{r.label:<22}{r.batch:>6}{r.input_tokens:>7}{r.ttft_ms:>10.1f}{_spread(r):>8}{r.prefill_tok_s:>15.0f}"
-            f"{r.decode_step_ms:>9.3f}{r.decode_tok_s:>9.1f}{100 * r.floor_fraction:>8.0f}%{r.peak_gb:>7.1f}"
+            f"{r.decode_step_ms:>9.3f}{r.decode_tok_s:>9.1f}{r.achieved_gbs:>7.0f}{100 * r.floor_fraction:>8.0f}%"
+            f"{r.peak_gb:>7.1f}"
         )
     return "\n".join(lines)
 

@@ -100,6 +100,12 @@ class KVPool:
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
 
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V of one position over every layer: what attention reads per cached token."""
+        layers, _, _, kv_heads, head_dim = self.k.shape
+        return self.bytes_per_block(layers, 1, kv_heads, head_dim, self.k.dtype)
+
     @staticmethod
     def bytes_per_block(layers: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * layers * block_size * kv_heads * head_dim * dtype.itemsize

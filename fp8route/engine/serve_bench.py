@@ -18,7 +18,6 @@ import torch
 
 from fp8route.engine.e2e_bench import FORCE_ENV, timed_calls, weight_bytes
 from fp8route.engine.generate import Rows
-from fp8route.engine.kv_pool import KVPool
 from fp8route.engine.llm import LLM
 from fp8route.engine.llm_engine import StepStats
 from fp8route.engine.request import Request
@@ -118,15 +117,13 @@ def _step_floors(llm: LLM, stats: list[StepStats], copy_gbs: float) -> dict[str,
     """Pure decode steps (a decode graph's, no prefill chunk) against their floor: (weights + the KV
     they read) / copy bandwidth; and how many steps were mixed (decodes riding in a prefill's forward)."""
     model = llm.model
-    cfg = model.cfg
-    per_token = KVPool.bytes_per_block(
-        cfg.num_hidden_layers, 1, cfg.num_key_value_heads, cfg.head_size, model.pool.dtype
-    )
+    per_token = model.pool.bytes_per_token
     weights = weight_bytes(model)
     decode = [s for s in stats if s.decodes and not s.prefill_tokens]
     if not decode:
         return {}
-    floors = [(weights + s.decode_context * per_token) / (copy_gbs * 1e9) for s in decode]
+    read = [weights + s.decode_context * per_token for s in decode]
+    floors = [nbytes / (copy_gbs * 1e9) for nbytes in read]
     walls = [s.wall_s for s in decode]
     mixed = [s.wall_s for s in stats if s.mixed]
     return {
@@ -137,6 +134,7 @@ def _step_floors(llm: LLM, stats: list[StepStats], copy_gbs: float) -> dict[str,
         "decode_step_ms": 1e3 * statistics.fmean(walls),
         "decode_floor_ms": 1e3 * statistics.fmean(floors),
         "decode_over_floor": statistics.fmean(w / f for w, f in zip(walls, floors, strict=True)),
+        "decode_gbs": statistics.fmean(n / w / 1e9 for n, w in zip(read, walls, strict=True)),
         "decode_batch_mean": statistics.fmean(s.decodes for s in decode),
         "host_ms_mean": 1e3 * statistics.fmean(s.host_s for s in stats),
         "decode_host_ms_mean": 1e3 * statistics.fmean(s.host_s for s in decode),

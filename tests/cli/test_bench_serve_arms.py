@@ -44,3 +44,19 @@ def test_tokens_are_compared_between_arms_that_differ_in_one_option():
     assert any(
         "prefix-off mixed-off / routed prefix-off mixed-on" in line and "DIFFER for 1 of 2" in line for line in lines
     )
+
+
+def test_a_gpu_arm_reports_its_decode_steps_against_their_floor():
+    arms = _arms(args(), {"fp8": Path("f")})
+    floors = {
+        "decode_steps": 40, "decode_step_ms": 12.5, "decode_batch_mean": 177.6, "decode_gbs": 3100.0,
+        "decode_over_floor": 1.62, "copy_gbs": 4230.0, "decode_host_ms_mean": 1.6,
+    }  # fmt: skip
+    reports = [ServeReport(arms[0].name, 2, 0, 1.0, 1.0, 1.0, 1.0, {}, {}, {}, {}, 0, floors)]
+    lines = _checks(reports, {arms[0].name: ["x", "y"]}, arms)
+    assert (
+        "routed: 40 decode steps, 12.50 ms each at 178 rows: 3100 GB/s, 1.62x their floor (weights + KV over "
+        "4230 GB/s); host 1.60 ms a step" in lines
+    )
+    cpu = [ServeReport(arms[0].name, 2, 0, 1.0, 1.0, 1.0, 1.0, {}, {}, {}, {}, 0)]
+    assert not any("decode steps" in line for line in _checks(cpu, {arms[0].name: ["x", "y"]}, arms))

@@ -30,6 +30,7 @@ def test_weight_bytes_counts_fp8_weights_once_and_float_ones_at_their_width(tmp_
 def test_table_json_and_plot():
     text = table(ROWS)
     assert text.splitlines()[0].startswith("arm") and "324.9" in text and "61%" in text
+    assert "GB/s" in text.splitlines()[0] and " 2609 " in text
     assert as_json(ROWS)[0]["decode_tok_s"] == 324.9
 
 

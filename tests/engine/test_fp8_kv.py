@@ -39,6 +39,8 @@ def test_an_fp8_pool_holds_twice_the_tokens_of_bf16_in_the_same_bytes():
     assert pools[True].dtype == FP8_KV and pools[False].dtype == torch.bfloat16
     assert pools[True].capacity_tokens == 2 * pools[False].capacity_tokens
     assert pools[True].nbytes <= budget + fp8 and pools[False].nbytes <= budget + bf16
+    # What a decode step reads per cached position (the benches' floors count it): a block's worth / 16.
+    assert pools[False].bytes_per_token == bf16 // 16 == 2 * pools[True].bytes_per_token
 
 
 def test_quantize_round_trip_is_within_e4m3_rounding_and_saturates():

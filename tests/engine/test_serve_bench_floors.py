@@ -1,0 +1,28 @@
+"""bench serve's decode floors: each pure decode step against the bytes it must read (the weights,
+plus every position its rows attend to), over the copy bandwidth; prefill and mixed steps apart."""
+
+import pytest
+from checkpoint_helpers import text_model_folder
+
+from fp8route import LLM
+from fp8route.engine.e2e_bench import weight_bytes
+from fp8route.engine.llm_engine import StepStats
+from fp8route.engine.serve_bench import _step_floors
+
+
+def test_decode_steps_are_set_against_weights_plus_the_kv_they_read(tmp_path):
+    llm = LLM(text_model_folder(tmp_path / "tiny"), max_num_seqs=4, max_num_batched_tokens=32, device="cpu")
+    weights, per_token = weight_bytes(llm.model), llm.model.pool.bytes_per_token
+    copy_gbs = 1.0  # 1e9 bytes a second: a floor in seconds is its bytes / 1e9
+    stats = [
+        StepStats(0, 32, False, 0, 3, 0.001, 0.5),  # a prefill: not a decode step
+        StepStats(2, 0, False, 100, 3, 0.001, 2 * (weights + 100 * per_token) / 1e9),  # 2x its floor
+        StepStats(4, 0, False, 300, 5, 0.003, 1 * (weights + 300 * per_token) / 1e9),  # at its floor
+        StepStats(2, 8, True, 50, 5, 0.002, 0.25),  # mixed: a prefill's forward, not a decode graph's
+    ]
+    floors = _step_floors(llm, stats, copy_gbs)
+    assert floors["decode_steps"] == 2 and floors["mixed_steps"] == 1 and floors["steps"] == 4
+    assert floors["decode_over_floor"] == pytest.approx(1.5)
+    assert floors["decode_gbs"] == pytest.approx(0.75)  # (0.5 + 1.0) / 2 of the copy rate
+    assert floors["decode_batch_mean"] == 3 and floors["decode_host_ms_mean"] == pytest.approx(2.0)
+    assert _step_floors(llm, stats[:1], copy_gbs) == {}
