@@ -81,3 +81,36 @@ def test_freeing_twice_is_caught():
     manager.free(a)
     with pytest.raises(AssertionError, match="freed more often than taken"):
         manager.free(a)
+
+
+def test_the_cache_holds_at_most_one_key_a_block_however_often_the_pool_is_recycled():
+    """The host memory of the prefix cache is bounded by the pool: keys of evicted blocks go with them
+    (an engine's RSS under a load of unique prompts climbs to this ceiling, then stays)."""
+    import gc
+    import random
+    import tracemalloc
+
+    manager, rng, size = BlockManager(801, 16), random.Random(0), 16
+
+    def sequence() -> None:
+        blocks = manager.allocate(40)
+        assert blocks is not None
+        parent = ROOT
+        for block in blocks:
+            parent = manager.cache_full_block(block, parent, [rng.randrange(1 << 17) for _ in range(size)])
+        manager.free(blocks)
+
+    tracemalloc.start()
+    try:
+        for _ in range(40):  # the pool filled twice over: every block cached, later ones evicting
+            sequence()
+        gc.collect()
+        filled = tracemalloc.get_traced_memory()[0]
+        for _ in range(200):  # ten times over
+            sequence()
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - filled
+    finally:
+        tracemalloc.stop()
+    assert len(manager.cached) == len(manager.evictable) == 800
+    assert grown < 20 * 800, f"the cache grew {grown} bytes while recycling a full pool"
