@@ -31,11 +31,9 @@ SCALE = 0.05  # K/V of unit variance quantized with it: e4m3's range used well, 
 
 
 def parse_launch(text: str) -> tuple[Launch, int | None]:
-    """BLOCKxWARPSxSTAGES[h][/SPLIT]: h for an fp8 cache's tiles met in fp16."""
+    """BLOCKxWARPSxSTAGES[h][/SPLIT] -> (the launch, the split or None for split_len)."""
     text, _, split = text.partition("/")
-    flags = text.lstrip("0123456789x")
-    block, warps, stages = (int(x) for x in text[: len(text) - len(flags)].split("x"))
-    return Launch(block, warps, stages, "h" in flags), int(split) if split else None
+    return Launch.parse(text), int(split) if split else None
 
 
 def pools(batch: int, filled: int, fp8: bool, layers: int) -> list[Pages]:

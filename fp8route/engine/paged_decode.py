@@ -54,6 +54,19 @@ class Launch(NamedTuple):
     stages: int = 3
     f16: bool = False
 
+    @classmethod
+    def parse(cls, text: str) -> Launch:
+        """BLOCKxWARPSxSTAGES, then h for fp16 tiles: "64x4x3", "128x4x2h" (how benchmarks name them)."""
+        try:
+            block, warps, stages = (int(x) for x in text.removesuffix("h").split("x"))
+        except ValueError:
+            example = "e.g. 64x4x3 or 128x4x2h"
+            raise Fp8InputError(f"a decode launch is BLOCKxWARPSxSTAGES[h] ({example}), not {text!r}") from None
+        return cls(block, warps, stages, text.endswith("h"))
+
+    def __str__(self) -> str:
+        return f"{self.block}x{self.warps}x{self.stages}{'h' if self.f16 else ''}"
+
 
 # By whether the cache is fp8. The kernel alone runs faster with 128-position tiles (and fp16 tiles
 # for fp8), but the engine's step, which fuses the new token, did not (benchmarks/results/h200/fp8_kv/).

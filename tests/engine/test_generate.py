@@ -222,3 +222,14 @@ def test_the_attention_kernel_takes_the_engines_new_token_and_refuses_other_shap
     assert not fuses_new_token(
         q80, NewToken(torch.zeros(b, hkv, 80), torch.zeros(b, hkv, 80), *[torch.zeros(b, 80)] * 2)
     )
+
+
+def test_a_decode_launch_is_named_as_benchmarks_write_it_and_a_bad_name_is_one_line():
+    from fp8route import Fp8InputError
+    from fp8route.engine.paged_decode import LAUNCH, Launch
+
+    assert Launch.parse("128x4x2h") == Launch(128, 4, 2, f16=True)
+    assert Launch.parse(str(LAUNCH[True])) == LAUNCH[True] and str(Launch()) == "64x4x3"
+    for bad in ("12x4", "128x4x2q", ""):
+        with pytest.raises(Fp8InputError, match="BLOCKxWARPSxSTAGES"):
+            Launch.parse(bad)
