@@ -1,9 +1,9 @@
 """The host memory the prefix cache holds: a BlockManager of --blocks blocks filled once with
 sequences of distinct token ids (fresh int objects, as a prompt unpickled off the engine process's
 pipe gives), then recycled several times over (every allocation evicting cached blocks). The heap
-(tracemalloc) after each round: it grows while blocks are cached for the first time, to about a
-kilobyte a block, then stays flat: the ceiling an engine's RSS climbs to under a load without
-shared prefixes.
+(tracemalloc) after each round: it grows while blocks are cached for the first time, to about
+0.4 KB a block, then stays flat: the ceiling an engine's RSS climbs to under a load without shared
+prefixes.
 
     python benchmarks/prefix_cache_memory.py [--blocks 57556] [--rounds 3]
 """
