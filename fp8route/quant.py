@@ -80,6 +80,12 @@ def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
+def quantize_by_inverse(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """quantize with a float scale as the KV cache's kernels do it: x times 1 / scale, so the torch
+    paths round exactly as they do."""
+    return (x.float() * (1.0 / scale)).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
 def dynamic_scale(x: torch.Tensor) -> torch.Tensor:
     """The per-tensor scale amax/448 of x, as a 0-dim fp32 tensor on x's device."""
     return (x.detach().abs().amax().float() / FP8_MAX).clamp(min=_MIN_SCALE)

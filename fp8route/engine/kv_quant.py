@@ -21,7 +21,7 @@ import torch
 
 from fp8route.errors import CheckpointError, Fp8InputError
 from fp8route.models.fused import rope
-from fp8route.quant import FP8_MAX
+from fp8route.quant import FP8_MAX, quantize_by_inverse
 
 log = logging.getLogger("fp8route")
 
@@ -102,7 +102,7 @@ def kv_scales_for(
 
 def quantize_kv(x: torch.Tensor, scale: float) -> torch.Tensor:
     """x / scale in e4m3, saturated at +-448 (a CUDA cast would make NaN of what lies past it)."""
-    return (x.float() * (1.0 / scale)).clamp_(-FP8_MAX, FP8_MAX).to(FP8_KV)
+    return quantize_by_inverse(x, scale)
 
 
 def dequantize_kv(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:

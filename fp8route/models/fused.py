@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from fp8route.backends.kernels.launcher import DirectLauncher, int_key
 from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
+from fp8route.quant import quantize_by_inverse
 
 _HALF = (torch.bfloat16, torch.float16)
 
@@ -121,7 +122,7 @@ def rope_into_cache(
     if not usable or half & (half - 1) or cos.stride(-1) != 1:
         k_new, v_new = rope(k, cos, sin)[:, :, 0], v[:, 0]
         if scales is not None:
-            k_new, v_new = (_saturate(x, 1.0 / s) for x, s in zip((k_new, v_new), scales, strict=True))
+            k_new, v_new = quantize_by_inverse(k_new, scales[0]), quantize_by_inverse(v_new, scales[1])
         k_slots[slots] = k_new
         v_slots[slots] = v_new
         return
@@ -133,12 +134,7 @@ def rope_into_cache(
     )  # fmt: skip
     key = (k.dtype, v.dtype, cos.dtype, sin.dtype, k_slots.dtype, v_slots.dtype, slots.dtype, *args[7:-2])
     meta = {"HALF": half, "FP8": scales is not None, "num_warps": 1}
-    _ROPE_STORE((b, heads), (*key, scales is not None), args, meta)
-
-
-def _saturate(x: torch.Tensor, inverse: float) -> torch.Tensor:
-    """x * inverse in e4m3, saturated at +-448 (as fp8route.engine.kv_quant.quantize_kv)."""
-    return (x.float() * inverse).clamp_(-448.0, 448.0).to(torch.float8_e4m3fn)
+    _ROPE_STORE((b, heads), key, args, meta)
 
 
 def silu_mul(gate_up: torch.Tensor, width: int) -> torch.Tensor:
