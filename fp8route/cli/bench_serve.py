@@ -16,7 +16,7 @@ from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.random import write_random
 from fp8route.cli import bench_serve_http
 from fp8route.cli.serve_results import load_options, loads, write_results
-from fp8route.engine.kv_quant import KV_CACHE_DTYPES, check_kv_cache_dtype
+from fp8route.engine.kv_quant import kv_cache_dtype_list
 from fp8route.engine.llm import eos_token_ids, resolve_model
 from fp8route.engine.serve_bench import Arm, run_arm
 from fp8route.engine.workload import LoadRequest, ServeReport, table
@@ -40,14 +40,10 @@ def _arms(args: argparse.Namespace, folders: dict[str, Path]) -> list[Arm]:
     if unknown:
         raise Fp8InputError(f"--policy: unknown {', '.join(unknown)}; known: {', '.join(POLICIES)}")
     prefix, mixed = _on_off(args.prefix_caching, "--prefix-caching"), _on_off(args.mixed_steps, "--mixed-steps")
-    kv_dtypes = [
-        check_kv_cache_dtype(k.strip(), "--kv-cache-dtype") for k in args.kv_cache_dtype.split(",") if k.strip()
-    ]
-    if not kv_dtypes:
-        raise Fp8InputError(f"--kv-cache-dtype: one or more of {', '.join(KV_CACHE_DTYPES)}, comma-separated")
+    kv_dtypes = kv_cache_dtype_list(args.kv_cache_dtype)
     arms = []
     for policy in policies:
-        for on, kv, mix in ((o, k, m) for o in prefix for k in dict.fromkeys(kv_dtypes) for m in mixed):
+        for on, kv, mix in ((o, k, m) for o in prefix for k in kv_dtypes for m in mixed):
             name = policy + (f" prefix-{'on' if on else 'off'}" if len(prefix) > 1 else "")
             name += f" kv-{kv}" if len(kv_dtypes) > 1 else ""
             name += f" mixed-{'on' if mix else 'off'}" if len(mixed) > 1 else ""

@@ -82,19 +82,11 @@ def _backend_names(value: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _kv_cache_dtypes(value: str) -> list[str]:
-    from fp8route.engine.kv_quant import KV_CACHE_DTYPES, check_kv_cache_dtype
-
-    names = [check_kv_cache_dtype(n.strip(), "--kv-cache-dtype") for n in value.split(",") if n.strip()]
-    if not names:
-        raise Fp8InputError(f"--kv-cache-dtype {value}: expected one or more of {', '.join(KV_CACHE_DTYPES)}")
-    return list(dict.fromkeys(names))
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from fp8route.checkpoint.hub import resolve_model_path
+    from fp8route.engine.kv_quant import kv_cache_dtype_list
     from fp8route.errors import BackendUnavailableError
     from fp8route.evaluation.compare import format_summary, pairwise, summarize
     from fp8route.evaluation.loading import load_for_eval, routes
@@ -118,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         if args.backends is not None and args.compare:
             raise Fp8InputError("--backends compares one folder with itself under each backend; drop --compare")
         backends = _backend_names(args.backends) if args.backends is not None else [None]
-        kv_dtypes = _kv_cache_dtypes(args.kv_cache_dtype)
+        kv_dtypes = kv_cache_dtype_list(args.kv_cache_dtype)
         if len(kv_dtypes) > 1 and (args.compare or args.backends is not None):
             raise Fp8InputError(
                 "--kv-cache-dtype with several values compares PATH with itself; drop --compare/--backends"

@@ -37,6 +37,14 @@ def check_kv_cache_dtype(value: object, name: str = "kv_cache_dtype") -> str:
     return str(value)
 
 
+def kv_cache_dtype_list(value: str, flag: str = "--kv-cache-dtype") -> list[str]:
+    """A command line's comma-separated choices ("auto,fp8"), each checked, in order, once each."""
+    names = [check_kv_cache_dtype(n.strip(), flag) for n in value.split(",") if n.strip()]
+    if not names:
+        raise Fp8InputError(f"{flag} {value!r}: one or more of {', '.join(KV_CACHE_DTYPES)}, comma-separated")
+    return list(dict.fromkeys(names))
+
+
 @dataclass(frozen=True)
 class KVScales:
     """One K and one V scale per layer (fp32 values, host floats: fixed for the model's life, so a

@@ -112,8 +112,8 @@ class LLMEngine:
         self._seeds = random.Random(0)
         self.record_stats = record_stats
         # Whether a step with prefill chunks and decodes runs them as one forward (the decodes at
-        # the chunks' end) or as two (the chunks, then the decode graph); off until measured
-        # faster in one run (benchmarks/results/h200/serve_http/COMMAND.md, run 3).
+        # the chunks' end) or as two (the chunks, then the decode graph); off: two same-run A/Bs
+        # measured 1.05x and 0.96x (benchmarks/results/h200/serve/COMMAND.md, runs 7a and 7b).
         self.mixed_steps = mixed_steps
         self.stats: list[StepStats] = []
 

@@ -12,7 +12,14 @@ from fp8route.engine import CausalLM
 from fp8route.engine.attention import gather_rows
 from fp8route.engine.flashinfer_attention import check_attention
 from fp8route.engine.kv_pool import KVPool
-from fp8route.engine.kv_quant import FP8_KV, KVScales, check_kv_cache_dtype, dequantize_kv, quantize_kv
+from fp8route.engine.kv_quant import (
+    FP8_KV,
+    KVScales,
+    check_kv_cache_dtype,
+    dequantize_kv,
+    kv_cache_dtype_list,
+    quantize_kv,
+)
 from fp8route.engine.llm_engine import LLMEngine
 from fp8route.engine.sampling import SamplingParams
 from fp8route.models import LlamaConfig, LlamaForCausalLM
@@ -120,6 +127,9 @@ def test_bad_kv_cache_dtypes_are_refused_in_one_line():
         check_kv_cache_dtype("int8")
     with pytest.raises(Fp8InputError, match="--kv-cache-dtype must be one of auto, fp8"):
         check_kv_cache_dtype("fp8_e5m2", "--kv-cache-dtype")
+    assert kv_cache_dtype_list(" fp8,auto,fp8") == ["fp8", "auto"]
+    with pytest.raises(Fp8InputError, match=r"--kv-cache-dtype ',': one or more of auto, fp8"):
+        kv_cache_dtype_list(",")
     with pytest.raises(Fp8InputError, match="attention='flashinfer' does not read kv_cache_dtype='fp8'"):
         check_attention("flashinfer", torch.device("cuda"), "fp8")
     with pytest.raises(Fp8InputError, match="layers of scales"):
