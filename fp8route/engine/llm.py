@@ -22,7 +22,7 @@ import torch
 from fp8route.checkpoint.hub import resolve_model_path
 from fp8route.engine.causal_lm import BLOCK_SIZE, CausalLM
 from fp8route.engine.flashinfer_attention import check_attention
-from fp8route.engine.kv_pool import KVPool, blocks_for
+from fp8route.engine.kv_pool import blocks_for
 from fp8route.engine.kv_quant import check_kv_cache_dtype, kv_scales_for
 from fp8route.engine.llm_engine import LLMEngine
 from fp8route.engine.request import CompletionOutput, Request, RequestOutput
@@ -128,10 +128,7 @@ class LLM:
     def _fit_pool(self, utilization: float, prefill_tokens: int, mixed_steps: bool) -> int:
         """Blocks that fit what is left after the weights and one largest prefill's activations."""
         model = self.model
-        cfg = model.cfg
-        per_block = KVPool.bytes_per_block(
-            cfg.num_hidden_layers, model.pool.block_size, cfg.num_key_value_heads, cfg.head_size, model.pool.dtype
-        )
+        per_block = model.pool.bytes_per_token * model.pool.block_size
         if model.device.type != "cuda":
             tokens = min(CPU_KV_TOKENS, model.max_batch_size * self.max_model_len)
             return 1 + blocks_for(tokens, model.pool.block_size)

@@ -20,7 +20,7 @@ from fp8route.engine.kv_quant import KVScales, RoundTripAttention, check_kv_cach
 from fp8route.errors import Fp8InputError
 from fp8route.linear.plan import fallback_lines
 from fp8route.linear.policy import Policy
-from fp8route.models.llama import LlamaConfig, LlamaForCausalLM, rope_tables
+from fp8route.models.llama import LlamaConfig, LlamaForCausalLM
 from fp8route.models.load import is_quantized, read_plain
 from fp8route.models.tokenizer import load_tokenizer
 
@@ -33,10 +33,7 @@ class _RoundTripKV(torch.nn.Module):
         self.model, self.context, self.dtype = model, RoundTripAttention(scales), dtype
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        h = self.model.model.embed_tokens(input_ids)
-        h = h.to(self.dtype or h.dtype)
-        cos, sin = rope_tables(self.model.cfg, torch.arange(input_ids.shape[-1], device=input_ids.device))
-        return self.model.lm_head(self.model.model.run_layers(h, cos, sin, self.context))
+        return self.model.logits(input_ids, self.dtype, self.context)
 
 
 def load_for_eval(

@@ -318,9 +318,12 @@ class LlamaForCausalLM(nn.Module):
         check_token_ids("model(input_ids)", input_ids, self.cfg.vocab_size, self.cfg.max_position_embeddings)
         return self.logits(input_ids, dtype)
 
-    def logits(self, input_ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """forward without the check of input_ids (for callers that made it)."""
+    def logits(
+        self, input_ids: torch.Tensor, dtype: torch.dtype | None = None, context: AttentionContext | None = None
+    ) -> torch.Tensor:
+        """forward without the check of input_ids (for callers that made it); context: the layers'
+        attention (default: causal over input_ids alone)."""
         h = self.model.embed_tokens(input_ids)
         h = h.to(dtype or h.dtype)
         cos, sin = rope_tables(self.cfg, torch.arange(input_ids.shape[-1], device=input_ids.device))
-        return self.lm_head(self.model.run_layers(h, cos, sin))
+        return self.lm_head(self.model.run_layers(h, cos, sin, context))
