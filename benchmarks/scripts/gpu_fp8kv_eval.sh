@@ -6,7 +6,7 @@
 # Data: as gpu_eval.sh (pack_eval_carry.sh here; device call 1 carries .carry/part1 and stashes it,
 # this call carries .carry/part2). The checkpoint is made there the way
 # benchmarks/results/cpu/fp8_kv/make_checkpoint.py made the CPU one, on the GPU.
-# Output: $OUT/fp8kv_eval/{run.log,hellaswag.json,arc_easy_test.json}.
+# Output: $OUT/fp8kv_eval/{run.log,hellaswag.json,arc_easy_test.json,text.json}.
 set -euo pipefail
 [ -d benchmarks/scripts ] && [ -d fp8route ] || { echo "gpu_fp8kv_eval: run it from the repo root" >&2; exit 2; }
 PY=${PYTHON:-python3}
@@ -59,8 +59,9 @@ EOF
   run_eval arc --task arc_easy_test --text "$HELDOUT" &
   wait $hs || true
   wait || true
-  for f in "$WORK"/hellaswag/*.json "$WORK"/arc/*.json; do
-    [ -f "$f" ] && cp "$f" "$RES/"
+  local f
+  for f in "$WORK"/hellaswag/*.json "$WORK"/arc/*.json; do  # '@' in a name does not come back from $OUT
+    [ -f "$f" ] && cp "$f" "$RES/$(basename "$f" | cut -d- -f1).json"
   done
   ls "$RES"
 }
