@@ -9,6 +9,7 @@ them is timed, against its floor: (weights + the KV it reads) / the copy bandwid
 
 Each launch (paged_decode.Launch, BLOCKxWARPSxSTAGES[h]) is its own arm: the decode kernel's tiling
 set before the model loads, so the captured step runs it (default: the current defaults only).
+--attention builtin,flashinfer adds FlashInfer's decode as arms (its plan, on the host, is in the time).
 
 Issue 28 asks: each fp8 step within 1.25x of its floor, and fp8 at least 1.4x faster than bf16 at 64x4096.
 """
@@ -42,20 +43,33 @@ def fill(pool: KVPool) -> None:
 
 
 def case(
-    folder: Path, batch: int, filled: int, kv: str, launch: paged_decode.Launch, copy_gbs: float, repeats: int
+    folder: Path,
+    batch: int,
+    filled: int,
+    kv: str,
+    launch: paged_decode.Launch | None,
+    copy_gbs: float,
+    repeats: int,
 ) -> dict[str, Any]:
-    paged_decode.LAUNCH[kv == "fp8"] = launch
-    model = load_model(folder, "cuda", max_batch_size=batch, max_seq_len=filled + 16, kv_cache_dtype=kv)
+    """launch None: FlashInfer's attention."""
+    if launch is not None:
+        paged_decode.LAUNCH[kv == "fp8"] = launch
+    attention = "builtin" if launch is not None else "flashinfer"
+    model = load_model(
+        folder, "cuda", max_batch_size=batch, max_seq_len=filled + 16, kv_cache_dtype=kv, attention=attention
+    )
     fill(model.pool)
     tokens = torch.randint(0, model.cfg.vocab_size, (batch,), device="cuda")
     positions = torch.full((batch,), filled, device="cuda")  # the new token's: it attends to filled + 1
-    with Rows(model, [filled + 1] * batch):
-        times, _ = timed_calls(lambda: model.step(tokens, positions), repeats)
+    lengths = [filled + 1] * batch
+    with Rows(model, lengths) as blocks:
+        times, _ = timed_calls(lambda: model.step(tokens, positions, host_lengths=lengths, host_blocks=blocks), repeats)
     step = statistics.median(times)
     kv_bytes = batch * (filled + 1) * model.pool.bytes_per_token
     floor = (weight_bytes(model) + kv_bytes) / (copy_gbs * 1e9)
     return {
-        "batch": batch, "filled": filled, "kv_cache_dtype": kv, "launch": str(launch), "step_ms": 1e3 * step,
+        "batch": batch, "filled": filled, "kv_cache_dtype": kv, "launch": str(launch or "flashinfer"),
+        "step_ms": 1e3 * step,
         "floor_ms": 1e3 * floor,
         "over_floor": step / floor, "kv_gb": kv_bytes / 1e9, "tok_s": batch / step,
     }  # fmt: skip
@@ -67,6 +81,7 @@ def main() -> None:
     ap.add_argument("--kv", default="auto,fp8", help="kv_cache_dtype arms")
     ap.add_argument("--bf16-launches", default=str(paged_decode.LAUNCH[False]), help="the bf16 cache's arms")
     ap.add_argument("--fp8-launches", default=str(paged_decode.LAUNCH[True]), help="the fp8 cache's arms")
+    ap.add_argument("--attention", default="builtin", help="builtin, flashinfer or both (comma-separated)")
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--ckpt", type=Path, help="a random 8B FP8 checkpoint already written (else one in a temp folder)")
     ap.add_argument("--out", default=".", help="folder for fp8_kv_decode.json")
@@ -79,8 +94,10 @@ def main() -> None:
         launches = {"auto": args.bf16_launches, "fp8": args.fp8_launches}
         for batch, filled in cases:
             for kv in args.kv.split(","):
-                for text in launches[kv].split(","):
-                    launch = paged_decode.Launch.parse(text)
+                arms = launches[kv].split(",") if "builtin" in args.attention else []
+                arms += ["flashinfer"] if "flashinfer" in args.attention else []
+                for text in arms:
+                    launch = None if text == "flashinfer" else paged_decode.Launch.parse(text)
                     rows.append(case(folder, batch, filled, kv, launch, copy_gbs, args.repeats))
                     torch.cuda.empty_cache()  # the arm's pool, before the next one takes its own
                     r = rows[-1]

@@ -8,7 +8,9 @@ and the cache write inside, as the engine's decode step calls it). Llama-3.1-8B'
     python3 benchmarks/kv_decode_attention.py [--cases 64x4096,1x32768] [--out DIR]
 
 A launch is BLOCKxWARPSxSTAGES[h][/SPLIT] (h: an fp8 cache's tiles meet q in fp16; SPLIT: positions
-per program, default split_len), e.g. 64x4x3, 128x8x3h or 128x4x2h/512.
+per program, default split_len), e.g. 64x4x3, 128x8x3h or 128x4x2h/512; or FlashInfer's paged decode
+over the same blocks ("fi-tc": its tensor-core kernel, "fi": its CUDA-core one; the flashinfer extra),
+timed as the plain path (the engine rotates and writes the new token before it).
 """
 
 from __future__ import annotations
@@ -58,6 +60,28 @@ def new_token(batch: int) -> NewToken:
     return NewToken(k, v, angle.cos(), angle.sin())
 
 
+def flashinfer_calls(q: torch.Tensor, caches: list[Pages], lengths: torch.Tensor, tensor_cores: bool) -> list:
+    """One FlashInfer decode wrapper planned for these rows (each cache shares the tables), a call per cache."""
+    import flashinfer
+
+    batch, per_row = caches[0].tables.shape
+    indptr = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * per_row
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        torch.zeros(128 << 20, dtype=torch.uint8, device="cuda"), "NHD", use_cuda_graph=True,
+        use_tensor_cores=tensor_cores, paged_kv_indptr_buffer=torch.empty_like(indptr),
+        paged_kv_indices_buffer=torch.empty(batch * per_row, dtype=torch.int32, device="cuda"),
+        paged_kv_last_page_len_buffer=torch.empty(batch, dtype=torch.int32, device="cuda"),
+    )  # fmt: skip
+    last = (lengths - (per_row - 1) * PAGE).to(torch.int32)
+    kv_dtype = caches[0].k.dtype
+    wrapper.plan(indptr, caches[0].tables.flatten(), last, H, HKV, D, PAGE, q_data_type=q.dtype, kv_data_type=kv_dtype)
+    fp8 = kv_dtype == torch.float8_e4m3fn
+    return [
+        partial(wrapper.run, q, (c.k, c.v), **({"k_scale": c.k_scale, "v_scale": c.v_scale} if fp8 else {}))
+        for c in caches
+    ]
+
+
 def reference(q: torch.Tensor, pages: Pages, lengths: torch.Tensor) -> torch.Tensor:
     index = pages.tables[pages.rows].long()
     k, v = (x[index].flatten(1, 2).transpose(1, 2).float() for x in (pages.k, pages.v))
@@ -85,13 +109,20 @@ def main() -> None:
             ref = reference(q, caches[0], lengths)
             kv_bytes = 2 * batch * filled * HKV * D * caches[0].k.element_size()
             for text in launches.split(","):
-                launch, split = parse_launch(text)
-                out = decode_attention(q, caches[0], lengths, split=split, launch=launch).float()
+                if text.startswith("fi"):
+                    paths = {"plain": flashinfer_calls(q, caches, lengths, tensor_cores=text == "fi-tc")}
+                else:
+                    launch, split = parse_launch(text)
+                    paths = {
+                        path: [
+                            partial(decode_attention, q, c, lengths, split=split, new=token, launch=launch)
+                            for c in caches
+                        ]
+                        for path, token in (("plain", None), ("new", new))
+                    }
+                out = paths["plain"][0]().float()
                 error = ((out - ref).norm() / ref.norm()).item()
-                for path, token in (("plain", None), ("new", new)):
-                    calls = [
-                        partial(decode_attention, q, c, lengths, split=split, new=token, launch=launch) for c in caches
-                    ]
+                for path, calls in paths.items():
                     us = time_graph(calls)
                     median = statistics.median(us)
                     gbs = kv_bytes / median / 1e3

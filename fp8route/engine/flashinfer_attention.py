@@ -6,6 +6,10 @@ of a packed batch in one call per layer (a chunk continuing a sequence attends t
 pages, causally aligned to its end; a mixed step's decode rows are one-token sequences of it);
 decode its paged decode, captured in the CUDA graph of each batch bucket.
 
+An fp8 pool's blocks are FlashInfer's e4m3 cache, each layer's scales passed to its calls (k_scale
+folds into the softmax scale, v_scale scales the output). Unlike the builtin prefill, a fresh chunk
+reads its own K/V back from the cache, rounded, as every later read does (vLLM V1 does the same).
+
 FlashInfer plans on the host from each sequence's blocks and length: prefill once per forward,
 decode once per step before the graph replays (every layer shares the plan). The caller passes
 those host lists (it keeps them anyway), so planning adds host time per step but no sync.
@@ -26,17 +30,12 @@ ATTENTION = ("builtin", "flashinfer")  # builtin: SDPA prefill, fp8route's Trito
 _WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-KV partials)
 
 
-def check_attention(attention: str, device: torch.device, kv_cache_dtype: str = "auto") -> None:
-    """Raise Fp8InputError unless `attention` can run on `device` over a cache of kv_cache_dtype."""
+def check_attention(attention: str, device: torch.device) -> None:
+    """Raise Fp8InputError unless `attention` can run on `device`."""
     if attention not in ATTENTION:
         raise Fp8InputError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
     if attention != "flashinfer":
         return
-    if kv_cache_dtype != "auto":
-        raise Fp8InputError(
-            f"attention='flashinfer' does not read kv_cache_dtype={kv_cache_dtype!r} (not wired yet): "
-            "use attention='builtin' or kv_cache_dtype='auto'"
-        )
     if device.type != "cuda":
         raise Fp8InputError(f"attention='flashinfer' runs on CUDA GPUs; the model is on {device.type}")
     if importlib.util.find_spec("flashinfer") is None:
@@ -65,6 +64,7 @@ class FlashInferAttention:
 
         self.flashinfer = flashinfer
         self.pool, self.num_heads, self.dtype = pool, num_heads, dtype
+        self.kv_dtype = pool.dtype  # the model's dtype, or float8_e4m3fn
         _, _, self.page_size, self.kv_heads, self.head_dim = pool.k.shape
         self.workspace = torch.zeros(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
@@ -79,13 +79,14 @@ class FlashInferAttention:
         indptr, indices, last = _paged(blocks, ends, self.page_size)
         self.prefill_wrapper.plan(
             qo_indptr, indptr, indices, last, self.num_heads, self.kv_heads, self.head_dim, self.page_size,
-            causal=True, q_data_type=self.dtype, kv_data_type=self.dtype,
+            causal=True, q_data_type=self.dtype, kv_data_type=self.kv_dtype,
         )  # fmt: skip
 
     def prefill(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """q [1, H, N, D] whose storage is token-major ([1, N, H, D]) -> [1, H, N, D]."""
         _, h, n, d = q.shape
-        out = self.prefill_wrapper.run(q.transpose(1, 2).reshape(n, h, d), self.pool.layer(layer))
+        q = q.transpose(1, 2).reshape(n, h, d)
+        out = self.prefill_wrapper.run(q, self.pool.layer(layer), **self._scales(layer))
         return out.view(1, n, h, d).transpose(1, 2)
 
     def plan_decode(self, size: int, lengths: Sequence[int], blocks: Sequence[Sequence[int]]) -> None:
@@ -109,7 +110,7 @@ class FlashInferAttention:
         decoder.plan(
             indptr.pin_memory(), indices.pin_memory(), last.pin_memory(),
             self.num_heads, self.kv_heads, self.head_dim, self.page_size,
-            q_data_type=self.dtype, kv_data_type=self.dtype,
+            q_data_type=self.dtype, kv_data_type=self.kv_dtype,
         )  # fmt: skip
         self.decoding = decoder
 
@@ -117,4 +118,10 @@ class FlashInferAttention:
         """q [B, H, D], one token per row -> [B, H, D]."""
         if self.decoding is None:
             raise RuntimeError("FlashInferAttention.decode before plan_decode")
-        return self.decoding.run(q, self.pool.layer(layer))
+        return self.decoding.run(q, self.pool.layer(layer), **self._scales(layer))
+
+    def _scales(self, layer: int) -> dict[str, float]:
+        if not self.pool.quantized:
+            return {}
+        k_scale, v_scale = self.pool.layer_scales(layer)
+        return {"k_scale": k_scale, "v_scale": v_scale}

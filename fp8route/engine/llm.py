@@ -92,7 +92,7 @@ class LLM:
         self.tokenizer = None if skip_tokenizer_init else load_tokenizer(folder)
         parts = load_parts(
             folder, device, dtype=dtype, policy=policy,
-            before_weights=lambda target: check_attention(attention, target, kv_cache_dtype),
+            before_weights=lambda target: check_attention(attention, target),
         )  # fmt: skip
         scales = kv_scales_for(
             kv_cache_dtype, parts.kv_scales, parts.cfg.num_hidden_layers, str(folder), parts.kv_scheme

@@ -48,7 +48,7 @@ def load_model(
     check_kv_cache_dtype(kv_cache_dtype)
     parts = load_parts(
         path, device, dtype=dtype, policy=policy, all_reduce=all_reduce, tp_lm_head=tp_lm_head,
-        before_weights=lambda target: check_attention(attention, target, kv_cache_dtype),
+        before_weights=lambda target: check_attention(attention, target),
     )  # fmt: skip
     scales = kv_scales_for(kv_cache_dtype, parts.kv_scales, parts.cfg.num_hidden_layers, str(path), parts.kv_scheme)
     if parts.max_positions is not None:

@@ -53,7 +53,7 @@ class ModelRunner:
         use_cuda_graphs: bool = True,
         attention: str = "builtin",
     ) -> None:
-        check_attention(attention, pool.device, "fp8" if pool.quantized else "auto")
+        check_attention(attention, pool.device)
         self.model, self.dtype = model, dtype
         self.use_cuda_graphs = use_cuda_graphs
         self.use_triton: bool | None = None  # decode attention: None = Triton on CUDA when it imports

@@ -10,7 +10,6 @@ from checkpoint_helpers import TINY, llama_tensors
 from fp8route import Fp8InputError
 from fp8route.engine import CausalLM
 from fp8route.engine.attention import gather_rows
-from fp8route.engine.flashinfer_attention import check_attention
 from fp8route.engine.kv_pool import KVPool
 from fp8route.engine.kv_quant import (
     FP8_KV,
@@ -130,8 +129,6 @@ def test_bad_kv_cache_dtypes_are_refused_in_one_line():
     assert kv_cache_dtype_list(" fp8,auto,fp8") == ["fp8", "auto"]
     with pytest.raises(Fp8InputError, match=r"--kv-cache-dtype ',': one or more of auto, fp8"):
         kv_cache_dtype_list(",")
-    with pytest.raises(Fp8InputError, match="attention='flashinfer' does not read kv_cache_dtype='fp8'"):
-        check_attention("flashinfer", torch.device("cuda"), "fp8")
     with pytest.raises(Fp8InputError, match="layers of scales"):
         KVPool(3, 4, 4, 2, 16, 1, 16, torch.float32, torch.device("cpu"), scales())
 

@@ -1,6 +1,6 @@
 """attention="flashinfer" against the builtin attention on one bf16 model: each step's logits against
 an fp32 full forward of the tokens it produced, as close as the builtin engine's; rows of different
-lengths; decode eager and from CUDA graphs."""
+lengths; decode eager and from CUDA graphs; a bf16 cache and an fp8 one (scales that are not 1)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ gpu = pytest.mark.skipif(
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("graphs", [True, False])
-def test_flashinfer_is_as_close_to_the_fp32_forward_as_builtin(graphs: bool) -> None:
+@pytest.mark.parametrize(("graphs", "kv_fp8"), [(True, False), (False, False), (True, True), (False, True)])
+def test_flashinfer_is_as_close_to_the_fp32_forward_as_builtin(graphs: bool, kv_fp8: bool) -> None:
     from checkpoint_helpers import TINY, llama_tensors
 
     from fp8route.engine import CausalLM
+    from fp8route.engine.kv_quant import FP8_KV, KVScales
     from fp8route.models import LlamaConfig
 
     # FlashInfer's kernels are built for head sizes 64, 128, 256: 4 heads of 128, 2 KV heads.
@@ -32,12 +33,17 @@ def test_flashinfer_is_as_close_to_the_fp32_forward_as_builtin(graphs: bool) -> 
     gen = torch.Generator("cuda").manual_seed(1)
     ids = torch.randint(0, config["vocab_size"], (3, 40), device="cuda", generator=gen)
     lengths, steps = [40, 11, 27], 24
+    layers = cfg.num_hidden_layers
+    # Per layer and unequal: a scale applied to the wrong layer, or K's to V, shows in the logits.
+    k_scales, v_scales = tuple(0.01 * (i + 1) for i in range(layers)), tuple(0.004 * (i + 2) for i in range(layers))
+    scales = KVScales(k_scales, v_scales, "test")
     errors = {}
     for attention in ("builtin", "flashinfer"):
         model = CausalLM(
             cfg, {}, {n: t.bfloat16() for n, t in tensors.items()}, max_batch_size=4, max_seq_len=512,
-            dtype=torch.bfloat16, use_cuda_graphs=graphs, attention=attention,
+            dtype=torch.bfloat16, use_cuda_graphs=graphs, attention=attention, kv_scales=scales if kv_fp8 else None,
         )  # fmt: skip
+        assert (model.pool.dtype == FP8_KV) == kv_fp8
         out = model.generate(ids, steps, prompt_lengths=lengths, return_logits=True)
         worst = 0.0
         for row, n in enumerate(lengths):
