@@ -38,18 +38,21 @@ def parse_launch(text: str) -> tuple[Launch, int | None]:
     return Launch.parse(text), int(split) if split else None
 
 
-def pools(batch: int, filled: int, fp8: bool, layers: int) -> list[Pages]:
+def pools(batch: int, filled: int, fp8: bool, layers: int, layout: str = "nhd") -> list[Pages]:
+    """Blocks [num_blocks, PAGE, HKV, D] as the kernel indexes them; stored that way ("nhd", the
+    pool's) or head-major ("hnd": a block's positions of one head contiguous, seen through a view)."""
     per_row = -(-filled // PAGE)
     tables = (1 + torch.randperm(batch * per_row, device="cuda")).to(torch.int32).view(batch, per_row)
     rows = torch.arange(batch, device="cuda")
-    shape = (1 + batch * per_row, PAGE, HKV, D)
+    shape = (1 + batch * per_row, PAGE, HKV, D) if layout == "nhd" else (1 + batch * per_row, HKV, PAGE, D)
     out = []
     for _ in range(layers):
         k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         if fp8:
-            out.append(Pages(quantize_kv(k, SCALE), quantize_kv(v, SCALE), tables, rows, SCALE, SCALE))
-        else:
-            out.append(Pages(k, v, tables, rows))
+            k, v = quantize_kv(k, SCALE), quantize_kv(v, SCALE)
+        if layout == "hnd":
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+        out.append(Pages(k, v, tables, rows, *((SCALE, SCALE) if fp8 else (1.0, 1.0))))
     return out
 
 
@@ -66,8 +69,9 @@ def flashinfer_calls(q: torch.Tensor, caches: list[Pages], lengths: torch.Tensor
 
     batch, per_row = caches[0].tables.shape
     indptr = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * per_row
+    hnd = not caches[0].k.is_contiguous()  # pools(layout="hnd")'s view
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-        torch.zeros(128 << 20, dtype=torch.uint8, device="cuda"), "NHD", use_cuda_graph=True,
+        torch.zeros(128 << 20, dtype=torch.uint8, device="cuda"), "HND" if hnd else "NHD", use_cuda_graph=True,
         use_tensor_cores=tensor_cores, paged_kv_indptr_buffer=torch.empty_like(indptr),
         paged_kv_indices_buffer=torch.empty(batch * per_row, dtype=torch.int32, device="cuda"),
         paged_kv_last_page_len_buffer=torch.empty(batch, dtype=torch.int32, device="cuda"),
@@ -77,7 +81,12 @@ def flashinfer_calls(q: torch.Tensor, caches: list[Pages], lengths: torch.Tensor
     wrapper.plan(indptr, caches[0].tables.flatten(), last, H, HKV, D, PAGE, q_data_type=q.dtype, kv_data_type=kv_dtype)
     fp8 = kv_dtype == torch.float8_e4m3fn
     return [
-        partial(wrapper.run, q, (c.k, c.v), **({"k_scale": c.k_scale, "v_scale": c.v_scale} if fp8 else {}))
+        partial(
+            wrapper.run,
+            q,
+            (c.k.transpose(1, 2), c.v.transpose(1, 2)) if hnd else (c.k, c.v),
+            **({"k_scale": c.k_scale, "v_scale": c.v_scale} if fp8 else {}),
+        )
         for c in caches
     ]
 
@@ -94,6 +103,7 @@ def main() -> None:
     ap.add_argument("--bf16", default="64x4x3,128x4x3,128x8x3", help="launches for a bf16 cache")
     ap.add_argument("--fp8", default="64x4x3,128x4x3,128x4x2,128x4x2h", help="launches for an fp8 cache")
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--layouts", default="nhd", help="block layouts: nhd (the pool's), hnd (head-major), or both")
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
     copy_gbs = copy_bandwidth_gbs()
@@ -104,8 +114,10 @@ def main() -> None:
         lengths = torch.full((batch,), filled, device="cuda", dtype=torch.int64)
         q = torch.randn(batch, H, D, device="cuda", dtype=torch.bfloat16)
         new = new_token(batch)
-        for fp8, launches in ((False, args.bf16), (True, args.fp8)):
-            caches = pools(batch, filled, fp8, args.layers)
+        arms = [(fp8, launches, layout) for layout in args.layouts.split(",") for fp8, launches in
+                ((False, args.bf16), (True, args.fp8))]  # fmt: skip
+        for fp8, launches, layout in arms:
+            caches = pools(batch, filled, fp8, args.layers, layout)
             kv_bytes = 2 * batch * filled * HKV * D * caches[0].k.element_size()
             for text in launches.split(","):
                 if text.startswith("fi"):
@@ -130,13 +142,14 @@ def main() -> None:
                     median = statistics.median(us)
                     gbs = kv_bytes / median / 1e3
                     row = {
-                        "batch": batch, "filled": filled, "kv": "fp8" if fp8 else "bf16", "launch": text, "path": path,
+                        "batch": batch, "filled": filled, "kv": "fp8" if fp8 else "bf16", "layout": layout,
+                        "launch": text, "path": path,
                         "us": median, "us_min": min(us), "us_max": max(us), "gbs": gbs,
                         "of_copy": gbs / copy_gbs, "rel_error": error,
                     }  # fmt: skip
                     rows.append(row)
                     print(
-                        f"B={batch:3d} filled={filled:6d} {row['kv']:4s} {text:9s} {path:5s} {median:8.1f} us "
+                        f"B={batch:3d} filled={filled:6d} {row['kv']:4s} {layout} {text:9s} {path:5s} {median:8.1f} us "
                         f"[{min(us):.1f}, {max(us):.1f}]  {gbs:6.0f} GB/s ({gbs / copy_gbs:.2f} of copy)  "
                         f"plain's rel err {error:.1e}",
                         flush=True,
