@@ -117,13 +117,6 @@ def dequantize_kv(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Te
     return (x.float() * scale).to(dtype)
 
 
-def round_per_row(x: torch.Tensor) -> torch.Tensor:
-    """x through e4m3 and back in fp32, each last-dim row with its own scale (amax / 448): what a
-    q8 decode launch (fp8route.engine.paged_decode.Launch) does to each query head."""
-    scale = x.float().abs().amax(-1, keepdim=True).clamp_min(1e-30) / FP8_MAX
-    return (x.float() / scale).to(FP8_KV).float() * scale
-
-
 class RoundTripAttention:
     """An AttentionContext for the full (cache-less) forward in which every query reads K and V as an
     fp8 cache would give them back: rotated K and V rounded through e4m3 with the layer's scales,

@@ -47,37 +47,30 @@ _MAX_SPLITS = 64  # the combine kernel reads one row of this many partials
 class Launch(NamedTuple):
     """Kernel 1's tiling: positions per tile (a divisor of every split), warps, pipeline stages, and
     for an fp8 cache whether its tiles meet q in fp16 rather than q's dtype (e4m3 values are exact in
-    both; e4m3 -> fp16 is one conversion instruction on SM89+) and whether the scores are e4m3
-    products (q8: each query head rounded to e4m3 with its own scale, amax / 448, so the key tiles
-    reach the tensor cores unconverted; the values are still converted)."""
+    both; e4m3 -> fp16 is one conversion instruction on SM89+)."""
 
     block: int = BLOCK_N
     warps: int = 4
     stages: int = 3
     f16: bool = False
-    q8: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Launch:
-        """BLOCKxWARPSxSTAGES, then h for fp16 tiles and q for e4m3 scores: "64x4x3", "128x4x2h",
-        "128x4x2hq" (how benchmarks name them)."""
-        flags = text[len(text.rstrip("hq")) :]
+        """BLOCKxWARPSxSTAGES, then h for fp16 tiles: "64x4x3", "128x4x2h" (how benchmarks name them)."""
         try:
-            block, warps, stages = (int(x) for x in text.rstrip("hq").split("x"))
+            block, warps, stages = (int(x) for x in text.removesuffix("h").split("x"))
         except ValueError:
-            block = 0
-        if not block or flags not in ("", "h", "q", "hq"):
-            example = "e.g. 64x4x3, 128x4x2h or 128x4x2hq"
-            raise Fp8InputError(f"a decode launch is BLOCKxWARPSxSTAGES[h][q] ({example}), not {text!r}")
-        return cls(block, warps, stages, "h" in flags, "q" in flags)
+            example = "e.g. 64x4x3 or 128x4x2h"
+            raise Fp8InputError(f"a decode launch is BLOCKxWARPSxSTAGES[h] ({example}), not {text!r}") from None
+        return cls(block, warps, stages, text.endswith("h"))
 
     def __str__(self) -> str:
-        return f"{self.block}x{self.warps}x{self.stages}{'h' if self.f16 else ''}{'q' if self.q8 else ''}"
+        return f"{self.block}x{self.warps}x{self.stages}{'h' if self.f16 else ''}"
 
 
-# By whether the cache is fp8. The kernel alone runs faster with 128-position tiles (and fp16 tiles
-# for fp8), but the engine's step, which fuses the new token, did not (benchmarks/results/h200/fp8_kv/).
-LAUNCH = {False: Launch(), True: Launch()}
+# By whether the cache is fp8, as the engine's step measured fastest (benchmarks/results/h200/fp8_kv/):
+# a bf16 cache's step is slower with 128-position tiles, an fp8 cache's faster with fp16 ones.
+LAUNCH = {False: Launch(), True: Launch(128, 4, 2, f16=True)}
 
 
 class NewToken(NamedTuple):
@@ -139,7 +132,7 @@ if TRITON_IMPORT_ERROR is None:
         sm_scale, k_scale, v_scale, k_inv, v_inv,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr,
         SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr,
-        NEW: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr, Q8: tl.constexpr,
+        NEW: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -185,11 +178,6 @@ if TRITON_IMPORT_ERROR is None:
         qk_scale = sm_scale * 1.4426950408889634
         if FP8:
             qk_scale = qk_scale * k_scale
-        if Q8:  # each head's own scale; a padded head is all zeros and keeps them
-            q_f32 = q.to(tl.float32)
-            q_scale = tl.maximum(tl.max(tl.abs(q_f32), 1), 1e-30) / 448.0
-            q8 = (q_f32 / q_scale[:, None]).to(k_ptr.dtype.element_ty)
-            row_scale = qk_scale * q_scale
         if F16:
             q = q.to(tl.float16)
         m = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
@@ -205,12 +193,9 @@ if TRITON_IMPORT_ERROR is None:
             kv_mask = n_mask[:, None] & d_mask[None, :]
             k_at = k_head + blocks * stride_kblk + within * stride_ks
             k = tl.load(k_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            if Q8:
-                s = tl.dot(q8, tl.trans(k)) * row_scale[:, None]
-            else:
-                if FP8:
-                    k = k.to(q.dtype)
-                s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+            if FP8:
+                k = k.to(q.dtype)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
             s = tl.where(n_mask[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
             p = tl.exp2(s - m_new[:, None])
@@ -332,7 +317,7 @@ def decode_attention(
         scale if scale is not None else d**-0.5, k_scale, v_scale, 1.0 / k_scale, 1.0 / v_scale,
         G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, D_PAD=d_pad, PAGE=page,
         SPLIT=split, MAX_SPLITS=num_splits, BLOCK=launch.block, NEW=new is not None, FP8=fp8,
-        F16=fp8 and launch.f16 and q.dtype != torch.float32, Q8=fp8 and launch.q8,
+        F16=fp8 and launch.f16 and q.dtype != torch.float32,
         # An fp32 cache asks for fp32 products (tl.dot would round them to TF32); 16-bit ones are exact.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=launch.warps, num_stages=launch.stages,
