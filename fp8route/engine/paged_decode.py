@@ -45,35 +45,27 @@ _MAX_SPLITS = 64  # the combine kernel reads one row of this many partials
 
 
 class Launch(NamedTuple):
-    """Kernel 1's tiling: positions per tile (a divisor of every split), warps, pipeline stages; for
-    an fp8 cache whether its tiles meet q in fp16 rather than q's dtype (e4m3 values are exact in
-    both; e4m3 -> fp16 is one conversion instruction on SM89+); and whether the query heads of a KV
-    head are packed with sub-runs of each tile into the tensor cores' 16 rows (_packed_split), where
-    the group leaves rows free (GQA of 8 or fewer heads) and the tile splits into runs of 16 or more."""
+    """Kernel 1's tiling: positions per tile (a divisor of every split), warps, pipeline stages, and
+    for an fp8 cache whether its tiles meet q in fp16 rather than q's dtype (e4m3 values are exact in
+    both; e4m3 -> fp16 is one conversion instruction on SM89+)."""
 
     block: int = BLOCK_N
     warps: int = 4
     stages: int = 3
     f16: bool = False
-    packed: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Launch:
-        """BLOCKxWARPSxSTAGES, then h for fp16 tiles and p for packed rows: "64x4x3", "128x4x2h",
-        "128x4x2hp" (how benchmarks name them)."""
-        base = text.rstrip("hp")
-        flags = text[len(base) :]
+        """BLOCKxWARPSxSTAGES, then h for fp16 tiles: "64x4x3", "128x4x2h" (how benchmarks name them)."""
         try:
-            block, warps, stages = (int(x) for x in base.split("x"))
+            block, warps, stages = (int(x) for x in text.removesuffix("h").split("x"))
         except ValueError:
-            flags = "bad"
-        if flags not in ("", "h", "p", "hp"):
-            example = "e.g. 64x4x3, 128x4x2h or 128x4x2hp"
-            raise Fp8InputError(f"a decode launch is BLOCKxWARPSxSTAGES[h][p] ({example}), not {text!r}")
-        return cls(block, warps, stages, "h" in flags, "p" in flags)
+            example = "e.g. 64x4x3 or 128x4x2h"
+            raise Fp8InputError(f"a decode launch is BLOCKxWARPSxSTAGES[h] ({example}), not {text!r}") from None
+        return cls(block, warps, stages, text.endswith("h"))
 
     def __str__(self) -> str:
-        return f"{self.block}x{self.warps}x{self.stages}{'h' if self.f16 else ''}{'p' if self.packed else ''}"
+        return f"{self.block}x{self.warps}x{self.stages}{'h' if self.f16 else ''}"
 
 
 # By whether the cache is fp8, as the engine's step measured fastest (benchmarks/results/h200/fp8_kv/):
@@ -140,7 +132,7 @@ if TRITON_IMPORT_ERROR is None:
         sm_scale, k_scale, v_scale, k_inv, v_inv,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr,
         SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr,
-        NEW: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr, SUB: tl.constexpr, G_POW: tl.constexpr,
+        NEW: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -188,14 +180,6 @@ if TRITON_IMPORT_ERROR is None:
             qk_scale = qk_scale * k_scale
         if F16:
             q = q.to(tl.float16)
-        if SUB > 1:
-            _packed_split(
-                q_ptr, k_ptr, v_ptr, table, o_ptr, lse_ptr, cos_ptr, sin_ptr, b, kvh, split, start, end, length,
-                stride_qb, stride_qh, stride_kblk, stride_ks, stride_kh, stride_vblk, stride_vs, stride_vh,
-                stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_cb, qk_scale, v_scale,
-                G, G_POW, G_PAD, D, PAGE, SUB, BLOCK, PRECISION, NEW, FP8, F16,
-            )  # fmt: skip
-            return
         m = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
         s_sum = tl.zeros([G_PAD], dtype=tl.float32)
         acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
@@ -233,97 +217,6 @@ if TRITON_IMPORT_ERROR is None:
             o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :],
             out,
             mask=live[:, None] & d_mask[None, :],
-        )
-        tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=live)
-
-    @triton.jit
-    def _packed_split(
-        q_ptr, k_ptr, v_ptr, table, o_ptr, lse_ptr, cos_ptr, sin_ptr, b, kvh, split, start, end, length,
-        stride_qb, stride_qh, stride_kblk, stride_ks, stride_kh, stride_vblk, stride_vs, stride_vh,
-        stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_cb, qk_scale, v_scale,
-        G: tl.constexpr, G_POW: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-        SUB: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr, NEW: tl.constexpr, FP8: tl.constexpr,
-        F16: tl.constexpr,
-    ):  # fmt: skip
-        """Kernel 1's loop with the tensor cores' 16 rows all used: row r = j * G_POW + g is query
-        head g over sub-stream j, the j-th of SUB runs of BLOCK // SUB positions in each tile. The
-        scores are a block-diagonal product (head g's q in column block j of a [ROWS, SUB * D]
-        operand, against the tile's K arranged [SUB * D, BLOCK // SUB]), the values a product of
-        the probabilities spread block-diagonally [ROWS, BLOCK] with the tile's V as it is; each
-        row keeps its own online softmax, and the SUB rows of a head are combined at the end. The
-        same products as one row per head, on a quarter of the softmax work when G_POW is 4.
-        D is a power of two here."""
-        SUB_N: tl.constexpr = BLOCK // SUB
-        r = tl.arange(0, ROWS)
-        g_r = r % G_POW
-        j_r = r // G_POW
-        c = tl.arange(0, SUB * D)
-        d_c = c % D
-        own = (c[None, :] // D == j_r[:, None]) & (g_r < G)[:, None]
-        q_at = q_ptr + b.to(tl.int64) * stride_qb + (kvh * G + g_r)[:, None] * stride_qh
-        q = tl.load(q_at + d_c[None, :], mask=own, other=0.0)
-        if NEW:
-            partner = tl.where(d_c < D // 2, d_c + D // 2, d_c - D // 2)
-            sign = tl.where(d_c < D // 2, -1.0, 1.0)
-            cos = tl.load(cos_ptr + b * stride_cb + d_c)
-            sin = tl.load(sin_ptr + b * stride_cb + d_c)
-            q_pair = tl.load(q_at + partner[None, :], mask=own, other=0.0)
-            q = (q.to(tl.float32) * cos + sign * q_pair.to(tl.float32) * sin).to(q_ptr.dtype.element_ty)
-        if F16:
-            q = q.to(tl.float16)
-        d = tl.arange(0, D)
-        jj = tl.arange(0, SUB)
-        i = tl.arange(0, SUB_N)
-        m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-        s_sum = tl.zeros([ROWS], dtype=tl.float32)
-        acc = tl.zeros([ROWS, D], dtype=tl.float32)
-        k_head = k_ptr + kvh * stride_kh
-        v_head = v_ptr + kvh * stride_vh
-        for n0 in range(start, end, BLOCK):
-            n = n0 + jj[:, None] * SUB_N + i[None, :]  # [SUB, SUB_N]: the tile in order
-            n_mask = n < end
-            blocks = tl.load(table + n // PAGE, mask=n_mask, other=0).to(tl.int64)
-            within = n % PAGE
-            k_at = tl.reshape(
-                (blocks * stride_kblk + within * stride_ks)[:, None, :] + d[None, :, None], [SUB * D, SUB_N]
-            )
-            k_mask = tl.reshape(n_mask[:, None, :] & (d < D)[None, :, None], [SUB * D, SUB_N])
-            k = tl.load(k_head + k_at, mask=k_mask, other=0.0)
-            if FP8:
-                k = k.to(q.dtype)
-            s = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # [ROWS, SUB_N]
-            s = tl.where(n0 + j_r[:, None] * SUB_N + i[None, :] < end, s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            # A row whose sub-stream has no position left in this tile keeps m = -inf: exp2 of 0.
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_safe[:, None])
-            alpha = tl.exp2(m - m_safe)
-            spread = tl.where(jj[None, :, None] == j_r[:, None, None], p[:, None, :], 0.0)
-            p_tile = tl.reshape(tl.broadcast_to(spread, [ROWS, SUB, SUB_N]), [ROWS, BLOCK])
-            v_at = tl.reshape(blocks * stride_vblk + within * stride_vs, [BLOCK])
-            v_mask = tl.reshape(n_mask, [BLOCK])
-            v = tl.load(v_head + v_at[:, None] + d[None, :], mask=v_mask[:, None], other=0.0)
-            if FP8:
-                v = v.to(q.dtype)
-            acc = acc * alpha[:, None] + tl.dot(p_tile.to(v.dtype), v, input_precision=PRECISION)
-            s_sum = s_sum * alpha + tl.sum(p, 1)
-            m = m_new
-        # Each head's SUB rows into one: weights exp2(m_j - max_j m_j).
-        m2 = tl.reshape(m, [SUB, G_POW])
-        top = tl.max(m2, 0)
-        w = tl.exp2(m2 - tl.where(top == float("-inf"), 0.0, top)[None, :])
-        total = tl.sum(w * tl.reshape(s_sum, [SUB, G_POW]), 0)
-        out = tl.sum(w[:, :, None] * tl.reshape(acc, [SUB, G_POW, D]), 0) / total[:, None]
-        if FP8:
-            out = out * v_scale
-        lse = top + tl.log2(total)
-        g = tl.arange(0, G_POW)
-        live = (g < G) & ((g * 0 + start) < length)
-        heads = kvh * G + g
-        tl.store(
-            o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :],
-            out,
-            mask=live[:, None],
         )
         tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=live)
 
@@ -411,9 +304,6 @@ def decode_attention(
     partial = torch.empty((b, h, num_splits, d), dtype=torch.float32, device=q.device)
     lse = torch.empty((b, h, num_splits), dtype=torch.float32, device=q.device)
     d_pad = max(16, triton.next_power_of_2(d))
-    g_pow = triton.next_power_of_2(group)
-    g_rows = max(16, g_pow)  # tl.dot's least M
-    sub = g_rows // g_pow if launch.packed and d == d_pad and launch.block // (g_rows // g_pow) >= 16 else 1
     nk, nv, cos, sin = new if new is not None else (q, q, lse, lse)  # unread without NEW
     _split_kernel[(b, hkv, num_splits)](
         q, k, v, tables, rows, lengths, partial, lse, nk, nv, cos, sin,
@@ -425,9 +315,9 @@ def decode_attention(
         lse.stride(0), lse.stride(1),
         nk.stride(0), nk.stride(1), nv.stride(0), nv.stride(1), cos.stride(0),
         scale if scale is not None else d**-0.5, k_scale, v_scale, 1.0 / k_scale, 1.0 / v_scale,
-        G=group, G_PAD=g_rows, D=d, D_PAD=d_pad, PAGE=page,
+        G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, D_PAD=d_pad, PAGE=page,
         SPLIT=split, MAX_SPLITS=num_splits, BLOCK=launch.block, NEW=new is not None, FP8=fp8,
-        F16=fp8 and launch.f16 and q.dtype != torch.float32, SUB=sub, G_POW=g_pow,
+        F16=fp8 and launch.f16 and q.dtype != torch.float32,
         # An fp32 cache asks for fp32 products (tl.dot would round them to TF32); 16-bit ones are exact.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=launch.warps, num_stages=launch.stages,

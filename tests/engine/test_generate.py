@@ -229,8 +229,7 @@ def test_a_decode_launch_is_named_as_benchmarks_write_it_and_a_bad_name_is_one_l
     from fp8route.engine.paged_decode import LAUNCH, Launch
 
     assert Launch.parse("128x4x2h") == Launch(128, 4, 2, f16=True)
-    assert Launch.parse("64x4x3hp") == Launch(f16=True, packed=True) and str(Launch(packed=True)) == "64x4x3p"
     assert Launch.parse(str(LAUNCH[True])) == LAUNCH[True] and str(Launch()) == "64x4x3"
-    for bad in ("12x4", "128x4x2q", "128x4x2ph", "hp", ""):
+    for bad in ("12x4", "128x4x2q", ""):
         with pytest.raises(Fp8InputError, match="BLOCKxWARPSxSTAGES"):
             Launch.parse(bad)

@@ -66,12 +66,11 @@ def assert_close_relative(out: torch.Tensor, ref: torch.Tensor, rel: float = 1e-
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("launch", [None, da.Launch(packed=True), da.Launch(128, 4, 3, packed=True)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}-H{c[1]}-kv{c[2]}-D{c[3]}-S{c[4]}-page{c[6]}")
-def test_matches_sdpa_reference_through_shuffled_blocks(case, dtype, launch):
+def test_matches_sdpa_reference_through_shuffled_blocks(case, dtype):
     q, k, v, pages, lengths = make(*case, dtype)
-    out = da.decode_attention(q, pages, lengths, launch=launch)
+    out = da.decode_attention(q, pages, lengths)
     assert out.dtype == dtype and out.shape == q.shape
     assert_close_relative(out, reference(q, k, v, lengths))
 
@@ -131,8 +130,7 @@ def test_replays_in_a_cuda_graph_with_new_lengths_and_rows():
     (4, 16, 2, 64, 1024, [5, 63, 64, 1000], 8),
     (4, 32, 2, 128, 1024, [127, 128, 255, 256], 32),  # either side of a split's start (128 positions each)
 ])  # fmt: skip
-@pytest.mark.parametrize("launch", [None, da.Launch(packed=True)], ids=str)
-def test_new_token_fused_is_rope_and_the_cache_write_then_attention(b, h, hkv, d, s, positions, page, launch):
+def test_new_token_fused_is_rope_and_the_cache_write_then_attention(b, h, hkv, d, s, positions, page):
     from fp8route.models.fused import rope, rope_into_cache
     from fp8route.models.llama import LlamaConfig, rope_tables
 
@@ -149,11 +147,11 @@ def test_new_token_fused_is_rope_and_the_cache_write_then_attention(b, h, hkv, d
     fused = da.Pages(k_blocks.clone(), v_blocks.clone(), tables, rows)
     new = da.NewToken(k[:, 0], v[:, 0], cos[:, 0], sin[:, 0])
     assert da.fuses_new_token(q[:, 0], new)
-    out = da.decode_attention(q[:, 0], fused, pos + 1, new=new, launch=launch)
+    out = da.decode_attention(q[:, 0], fused, pos + 1, new=new)
     ref = da.Pages(k_blocks.clone(), v_blocks.clone(), tables, rows)
     slots = tables[rows, pos // page].long() * page + pos % page
     rope_into_cache(k, v, cos, sin, ref.k.view(-1, hkv, d), ref.v.view(-1, hkv, d), slots)
-    expected = da.decode_attention(rope(q, cos, sin)[:, :, 0].contiguous(), ref, pos + 1, launch=da.Launch())
+    expected = da.decode_attention(rope(q, cos, sin)[:, :, 0].contiguous(), ref, pos + 1)
     assert_close_relative(out, expected)
     torch.testing.assert_close(fused.k, ref.k, equal_nan=True)  # the rotated key: the same sums, maybe fused apart
     assert torch.equal(fused.v.nan_to_num(), ref.v.nan_to_num())
