@@ -40,13 +40,15 @@ def _arms(args: argparse.Namespace, folders: dict[str, Path]) -> list[Arm]:
     if unknown:
         raise Fp8InputError(f"--policy: unknown {', '.join(unknown)}; known: {', '.join(POLICIES)}")
     prefix, mixed = _on_off(args.prefix_caching, "--prefix-caching"), _on_off(args.mixed_steps, "--mixed-steps")
+    ahead = _on_off(args.async_scheduling, "--async-scheduling")
     kv_dtypes = kv_cache_dtype_list(args.kv_cache_dtype)
     arms = []
     for policy in policies:
-        for on, kv, mix in ((o, k, m) for o in prefix for k in kv_dtypes for m in mixed):
+        for on, kv, mix, asy in ((o, k, m, a) for o in prefix for k in kv_dtypes for m in mixed for a in ahead):
             name = policy + (f" prefix-{'on' if on else 'off'}" if len(prefix) > 1 else "")
             name += f" kv-{kv}" if len(kv_dtypes) > 1 else ""
             name += f" mixed-{'on' if mix else 'off'}" if len(mixed) > 1 else ""
+            name += f" async-{'on' if asy else 'off'}" if len(ahead) > 1 else ""
             folder = folders["bf16" if policy == "bf16" else "fp8"]
             arms.append(
                 Arm(
@@ -62,6 +64,7 @@ def _arms(args: argparse.Namespace, folders: dict[str, Path]) -> list[Arm]:
                     args.static_batch,
                     kv,
                     mix,
+                    asy,
                 )  # fmt: skip
             )
     return arms
@@ -129,9 +132,9 @@ def _checks(reports: list[ServeReport], digests: dict[str, list[str]], arms: lis
                 f"their floor (weights + KV over {e['copy_gbs']:.0f} GB/s); "
                 f"host {e['decode_host_ms_mean']:.2f} ms a step"
             )
-    # Arms that differ only in the prefix cache, or only in mixed steps, should give the same tokens
+    # Arms that differ only in the prefix cache, mixed steps or async scheduling should give the same tokens
     # (an fp8 KV cache's are compared with its own, not bf16's).
-    axes = {"prefix_caching": "the prefix cache", "mixed_steps": "mixed steps"}
+    axes = {"prefix_caching": "the prefix cache", "mixed_steps": "mixed steps", "async_scheduling": "async scheduling"}
     for axis, label in axes.items():
         groups: dict[tuple[object, ...], list[Arm]] = {}
         for arm in arms:
@@ -155,6 +158,10 @@ def register(kinds: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--mixed-steps", default="off", help="decodes inside the prefill forward: off, on, or off,on (both, as arms)"
     )
+    serve.add_argument(
+        "--async-scheduling", default="off",
+        help="decode steps launched before the last one is read back: off, on, or off,on (both, as arms)",
+    )  # fmt: skip
     serve.add_argument(
         "--kv-cache-dtype", default="auto", help="auto (the model's dtype), fp8, or auto,fp8 (both, as arms)"
     )

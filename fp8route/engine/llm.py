@@ -75,6 +75,7 @@ class LLM:
         skip_tokenizer_init: bool = False,
         record_stats: bool = False,
         mixed_steps: bool = False,
+        async_scheduling: bool = False,
     ) -> None:
         if not 0 < gpu_memory_utilization <= 1:
             raise Fp8InputError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -121,6 +122,7 @@ class LLM:
         self.engine = LLMEngine(
             self.model, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             eos_token_ids=eos_token_ids(config), record_stats=record_stats, mixed_steps=mixed_steps,
+            async_scheduling=async_scheduling,
         )  # fmt: skip
         if use_cuda_graphs and self.model.device.type == "cuda":
             self._capture_graphs(max_num_seqs)

@@ -4,8 +4,16 @@ A step is the scheduler's plan run as at most two forwards: the prefill chunks p
 eager forward, and every decoding request's next token from the CUDA graph of the batch's bucket.
 With mixed_steps the decodes instead ride at the chunks' end (one token a row, their attention one
 paged decode call per layer): one forward's weight reads, not two, but eager. The tokens
-chosen are copied to the host at once: one sync per step, which the bookkeeping that follows
-(appending tokens, stop checks, new blocks) needs anyway.
+chosen are copied to the host as soon as they are launched: one wait per step, which the
+bookkeeping that follows (appending tokens, stop checks, new blocks) needs anyway.
+
+With async_scheduling, a decode-only step launches the next one before waiting for its own tokens:
+the next step's input tokens are this step's, still on the device, so the GPU runs the next step
+while the host reads this one's tokens back and does its bookkeeping. It does so only when the next
+step's plan is known without those tokens: every running request decodes again (none ends by
+length, none can be admitted in its place), all greedy past min_tokens, and the pool gives each its
+next block. A request that a token stops (EOS, a stop id) had one more position computed, whose
+token is dropped; the blocks it wrote are freed after, in stream order.
 """
 
 from __future__ import annotations
@@ -47,6 +55,39 @@ class Update:
     request: Request
     new_token_ids: list[int]
     finished: bool
+
+
+@dataclass
+class _Launched:
+    """A step on its way: its plan, whom its tokens are for, and those tokens, on the device and (on
+    a GPU) being copied to pinned host memory behind it, so that waiting for them does not wait for
+    a step launched after it."""
+
+    plan: Step
+    sampling: list[Request]
+    sampled: torch.Tensor | None
+    host: torch.Tensor | None = None
+    copied: torch.cuda.Event | None = None
+
+    @classmethod
+    def start(cls, plan: Step, sampled: torch.Tensor | None, sampling: list[Request], copy: bool) -> _Launched:
+        """copy: start the copy to the host now (else tokens() copies when asked)."""
+        if sampled is None or not sampled.is_cuda or not copy:
+            return cls(plan, sampling, sampled)
+        host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
+        host.copy_(sampled, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return cls(plan, sampling, sampled, host, copied)
+
+    def tokens(self) -> list[int]:
+        """The step's tokens on the host: the one wait for the GPU."""
+        if self.sampled is None:
+            return []
+        if self.copied is None or self.host is None:
+            return self.sampled.tolist()
+        self.copied.synchronize()
+        return self.host.tolist()
 
 
 @dataclass(frozen=True)
@@ -93,6 +134,7 @@ class LLMEngine:
         eos_token_ids: Sequence[int] = (),
         record_stats: bool = False,
         mixed_steps: bool = False,
+        async_scheduling: bool = False,
     ) -> None:
         if max_num_seqs < 1 or max_num_seqs > model.max_batch_size:
             raise Fp8InputError(
@@ -115,6 +157,9 @@ class LLMEngine:
         # the chunks' end) or as two (the chunks, then the decode graph); off: two same-run A/Bs
         # measured 1.05x and 0.96x (benchmarks/results/h200/serve/COMMAND.md, runs 7a and 7b).
         self.mixed_steps = mixed_steps
+        self.async_scheduling = async_scheduling
+        self.ahead_steps = 0  # decode steps launched before the step before them was read back
+        self._ahead: _Launched | None = None
         self.stats: list[StepStats] = []
 
     def add_request(
@@ -177,24 +222,32 @@ class LLMEngine:
         return len(self.scheduler.waiting)
 
     def step(self) -> list[Update]:
-        """Schedule and run one step; returns what it did for each request it ran."""
+        """Schedule and run one step (or take the one launched ahead); returns what it did for each
+        request it ran."""
         start = time.perf_counter()
-        now = time.monotonic()
-        plan = self.scheduler.schedule()
-        if plan.empty:
-            return []
-        self.scheduler.flush_tables()
-        for request, _ in plan.prefills:
-            if request.metrics.first_scheduled_time is None:
-                request.metrics.first_scheduled_time = now
-        sampled, sampling = self._run(plan)
+        launched, self._ahead = self._ahead, None
+        if launched is not None and not any(r.status is Status.RUNNING for r in launched.plan.decodes):
+            launched = None  # every request it ran ended (or was aborted) after it was launched
+        if launched is None:
+            plan = self.scheduler.schedule()
+            if plan.empty:
+                return []
+            self.scheduler.flush_tables()
+            now = time.monotonic()
+            for request, _ in plan.prefills:
+                if request.metrics.first_scheduled_time is None:
+                    request.metrics.first_scheduled_time = now
+            launched = _Launched.start(plan, *self._run(plan), copy=self.async_scheduling)
+        plan = launched.plan
+        if self.async_scheduling:
+            self._ahead = self._launch_ahead(launched)
         waited = time.perf_counter()
-        tokens = sampled.tolist() if sampled is not None else []  # the step's one sync
+        tokens = launched.tokens()
         synced = time.perf_counter()
         if self.record_stats:  # read before finished requests let their blocks go
             used = self.model.blocks.used_blocks
-            context = sum(r.num_computed + 1 for r in plan.decodes)
-        updates = self._advance(plan, sampling, tokens)
+            context = sum(r.num_computed + 1 for r in plan.decodes if r.status is Status.RUNNING)
+        updates = self._advance(plan, launched.sampling, tokens)
         if self.record_stats:
             end = time.perf_counter()
             self.stats.append(
@@ -209,6 +262,40 @@ class LLMEngine:
                 )  # fmt: skip
             )
         return updates
+
+    def _launch_ahead(self, current: _Launched) -> _Launched | None:
+        """The decode step after `current`, launched now with current's tokens as its inputs (still
+        on the device), when its plan does not depend on their values; else None."""
+        plan, scheduler = current.plan, self.scheduler
+        if plan.prefills or current.sampled is None:
+            return None
+        keep = [i for i, r in enumerate(plan.decodes) if r.status is Status.RUNNING]
+        batch = [plan.decodes[i] for i in keep]
+        # After current, a request has one more output token (not yet appended) and one more computed.
+        ends = [r.num_output_tokens + 1 >= r.max_tokens or len(r.token_ids) + 1 >= self.max_model_len for r in batch]
+        admits = scheduler.waiting and (len(scheduler.running) < scheduler.max_num_seqs or any(ends))
+        if admits or len(batch) != len(scheduler.running):
+            return None
+        batch = [r for r, end in zip(batch, ends, strict=True) if not end]
+        keep = [i for i, end in zip(keep, ends, strict=True) if not end]
+        if not batch or not all(r.params.greedy and r.num_output_tokens + 1 >= r.params.min_tokens for r in batch):
+            return None
+        if not all(scheduler.grow(r, 2) for r in batch):  # the blocks for the position after current's
+            return None
+        scheduler.flush_tables()
+        device = self.model.device
+        tokens = (
+            current.sampled if len(keep) == len(plan.decodes) else current.sampled[upload(torch.tensor(keep), device)]
+        )
+        positions, rows = upload(torch.tensor([[r.num_computed + 1 for r in batch], [r.row for r in batch]]), device)
+        runner = self.model.runner
+        _, greedy = runner.decode(
+            tokens, positions, rows, limit=max(r.num_computed for r in batch) + 2,
+            host_lengths=[r.num_computed + 2 for r in batch] if runner.plans_on_host else None,
+            host_blocks=[r.blocks for r in batch] if runner.plans_on_host else None,
+        )  # fmt: skip
+        self.ahead_steps += 1
+        return _Launched.start(Step(decodes=batch), greedy, batch, copy=True)
 
     def _run(self, plan: Step) -> tuple[torch.Tensor | None, list[Request]]:
         """Launch the step's forward and sampling; (the chosen tokens on the device, whom they are for)."""
@@ -275,15 +362,20 @@ class LLMEngine:
         return [*eos, *request.params.stop_token_ids]
 
     def _advance(self, plan: Step, sampling: list[Request], tokens: list[int]) -> list[Update]:
+        """Register what the step computed and append its tokens; a request that ended after the step
+        was launched ahead (a token stopped it, or an abort) gets nothing from it."""
         scheduler = self.scheduler
-        for request in plan.decodes:
+        decodes = [r for r in plan.decodes if r.status is Status.RUNNING]
+        for request in decodes:
             scheduler.computed(request, 1)
         for request, n in plan.prefills:
             scheduler.computed(request, n)
-        updates = {id(r): Update(r, [], False) for r in plan.decodes}
+        updates = {id(r): Update(r, [], False) for r in decodes}
         updates.update({id(r): Update(r, [], False) for r, _ in plan.prefills})
         now = time.monotonic()
         for request, token in zip(sampling, tokens, strict=True):
+            if id(request) not in updates:
+                continue
             request.token_ids.append(token)
             if request.metrics.first_token_time is None:
                 request.metrics.first_token_time = now

@@ -57,7 +57,7 @@ class Scheduler:
             if n == 0:
                 i += 1
                 continue
-            while not self._grow(request, n):
+            while not self.grow(request, n):
                 victim = self.running[-1]
                 self.preempt(victim)
                 step.preempted.append(victim)
@@ -108,7 +108,7 @@ class Scheduler:
         self._schedule(step, request, n)
         return n
 
-    def _grow(self, request: Request, n: int) -> bool:
+    def grow(self, request: Request, n: int) -> bool:
         """Blocks for positions up to num_computed + n - 1; False (nothing taken) if the pool is short."""
         need = blocks_for(request.num_computed + n, self.block_size) - len(request.blocks)
         if need <= 0:

@@ -9,7 +9,10 @@ from fp8route.engine.workload import ServeReport
 
 
 def args(**over: str) -> argparse.Namespace:
-    base = {"policy": "routed", "prefix_caching": "on", "mixed_steps": "off", "kv_cache_dtype": "auto"}
+    base = {
+        "policy": "routed", "prefix_caching": "on", "mixed_steps": "off", "kv_cache_dtype": "auto",
+        "async_scheduling": "off",
+    }  # fmt: skip
     base.update(over)
     return argparse.Namespace(
         **base, max_num_seqs=8, max_num_batched_tokens=64, gpu_memory_utilization=0.9, max_model_len=None,
@@ -29,6 +32,11 @@ def test_arms_cross_the_options_and_name_what_varies():
         (False, False),
         (False, True),
     ]
+    arms = _arms(args(async_scheduling="off,on", kv_cache_dtype="auto,fp8"), folders)
+    assert [a.name for a in arms] == [f"routed kv-{k} async-{a}" for k in ("auto", "fp8") for a in ("off", "on")]
+    assert [(a.kv_cache_dtype, a.async_scheduling) for a in arms] == [
+        ("auto", False), ("auto", True), ("fp8", False), ("fp8", True)
+    ]  # fmt: skip
 
 
 def test_tokens_are_compared_between_arms_that_differ_in_one_option():
@@ -44,6 +52,10 @@ def test_tokens_are_compared_between_arms_that_differ_in_one_option():
     assert any(
         "prefix-off mixed-off / routed prefix-off mixed-on" in line and "DIFFER for 1 of 2" in line for line in lines
     )
+    arms = _arms(args(async_scheduling="off,on"), {"fp8": Path("f")})
+    reports = [ServeReport(a.name, 2, 0, 1.0, 1.0, 1.0, 1.0, {}, {}, {}, {}, 0) for a in arms]
+    lines = _checks(reports, {a.name: ["x", "y"] for a in arms}, arms)
+    assert "routed async-off / routed async-on: tokens with and without async scheduling equal" in lines
 
 
 def test_a_gpu_arm_reports_its_decode_steps_against_their_floor():

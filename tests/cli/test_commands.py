@@ -84,6 +84,7 @@ def test_generate_tp2_starts_two_ranks_and_says_the_same(tiny_fp8):
         ),
         (["bench", "serve", "{fp8}", "--kv-cache-dtype", "auto,e5m2"], "--kv-cache-dtype must be one of auto, fp8"),
         (["bench", "serve", "{fp8}", "--mixed-steps", "yes"], "--mixed-steps: on, off or on,off, got 'yes'"),
+        (["bench", "serve", "{fp8}", "--async-scheduling", "1"], "--async-scheduling: on, off or on,off, got '1'"),
         (["demo", "--layers", "0"], "--layers must be at least 1"),
         (["inspect", "{fp8}/config.json"], "expected a checkpoint folder"),
         (["bench", "e2e", "--random", "llama-3.1-8b"], "CUDA GPU"),

@@ -1,7 +1,8 @@
 """The serving engine on CPU: under continuous batching (staggered arrivals, mixed lengths, chunked
 prefill, decodes riding in the prefill chunks' forward, preemption forced by a small pool, prefix
 hits) each request's greedy tokens equal the same request computed alone by a plain full forward;
-aborts free their blocks; nothing leaks."""
+aborts free their blocks; nothing leaks. The tests that run requests to their end run with and
+without async scheduling (decode steps launched before the step before them is read back)."""
 
 import pytest
 import torch
@@ -18,12 +19,22 @@ TENSORS = {k: v.float() for k, v in llama_tensors().items()}
 GREEDY = SamplingParams(max_tokens=6, temperature=0)
 
 
-def engine(num_blocks=200, block_size=4, budget=16, max_num_seqs=8, prefix=True, max_seq_len=64):
+def engine(num_blocks=200, block_size=4, budget=16, max_num_seqs=8, prefix=True, max_seq_len=64, ahead=False):
     model = CausalLM(
         CFG, {}, TENSORS, max_batch_size=max_num_seqs, max_seq_len=max_seq_len, dtype=torch.float32,
         num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=prefix, max_prefill_tokens=budget,
     )  # fmt: skip
-    return LLMEngine(model, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+    return LLMEngine(model, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, async_scheduling=ahead)
+
+
+@pytest.fixture(params=[False, True], ids=["sync", "async"])
+def ahead(request) -> bool:
+    """Whether the engine schedules asynchronously; the test asks for some steps launched ahead then."""
+    return request.param
+
+
+def launched_ahead(eng: LLMEngine, expected: bool) -> bool:
+    return (eng.ahead_steps > 0) == expected
 
 
 REFERENCE = LlamaForCausalLM(CFG, {}, TENSORS)
@@ -66,8 +77,8 @@ def run(eng: LLMEngine, arrivals: dict[int, list], max_steps: int = 500) -> dict
     return outputs
 
 
-def test_staggered_mixed_lengths_and_chunked_prefill_equal_each_request_alone():
-    eng = engine(budget=8)  # prompts of up to 23 tokens take three or more steps of prefill
+def test_staggered_mixed_lengths_and_chunked_prefill_equal_each_request_alone(ahead):
+    eng = engine(budget=8, ahead=ahead)  # prompts of up to 23 tokens take three or more steps of prefill
     lengths = [3, 23, 9, 1, 17, 5, 12, 30]
     requests = {f"r{i}": prompt(n, i) for i, n in enumerate(lengths)}
     arrivals: dict[int, list] = {}
@@ -76,11 +87,11 @@ def test_staggered_mixed_lengths_and_chunked_prefill_equal_each_request_alone():
     outputs = run(eng, arrivals)
     for rid, ids in requests.items():
         assert outputs[rid] == alone(ids, 6), rid
-    assert eng.leaked() is None
+    assert eng.leaked() is None and launched_ahead(eng, ahead)
 
 
-def test_a_small_pool_preempts_and_recomputes_without_changing_any_output():
-    eng = engine(num_blocks=14, block_size=4, budget=32, prefix=False)  # 13 usable blocks, 52 tokens
+def test_a_small_pool_preempts_and_recomputes_without_changing_any_output(ahead):
+    eng = engine(num_blocks=14, block_size=4, budget=32, prefix=False, ahead=ahead)  # 13 usable blocks, 52 tokens
     params = SamplingParams(max_tokens=12, temperature=0)
     requests = {f"r{i}": prompt(8 + i, 10 + i) for i in range(6)}  # each needs 5 blocks at its end
     outputs = run(eng, {0: [(rid, ids, params) for rid, ids in requests.items()]})
@@ -88,11 +99,11 @@ def test_a_small_pool_preempts_and_recomputes_without_changing_any_output():
     assert preemptions > 0
     for rid, ids in requests.items():
         assert outputs[rid] == alone(ids, 12), rid
-    assert eng.leaked() is None
+    assert eng.leaked() is None and launched_ahead(eng, ahead)
 
 
-def test_a_shared_prefix_is_computed_once_and_changes_nothing():
-    eng = engine(block_size=4, budget=64)
+def test_a_shared_prefix_is_computed_once_and_changes_nothing(ahead):
+    eng = engine(block_size=4, budget=64, ahead=ahead)
     shared = prompt(20, 99)
     first = {"a": shared + prompt(3, 1)}
     later = {"b": shared + prompt(5, 2), "c": shared + prompt(2, 3), "d": [*shared]}
@@ -106,22 +117,24 @@ def test_a_shared_prefix_is_computed_once_and_changes_nothing():
         assert outputs[rid] == alone(ids, 6), rid
     stats = eng.model.blocks.stats
     assert stats.hit_tokens == 56 and 0 < stats.hit_rate < 1
-    assert eng.leaked() is None
+    assert eng.leaked() is None and launched_ahead(eng, ahead)
 
 
-def test_an_abort_frees_its_blocks_at_once_and_the_others_finish():
-    eng = engine(budget=64)
+def test_an_abort_frees_its_blocks_at_once_and_the_others_finish(ahead):
+    eng = engine(budget=64, ahead=ahead)
     free = eng.model.blocks.free_blocks
     long = SamplingParams(max_tokens=40, temperature=0)
     eng.add_request(prompt(10, 5), long, request_id="x")
     eng.add_request(prompt(6, 6), GREEDY, request_id="y")
     for _ in range(3):
         eng.step()
+    assert (eng._ahead is not None) == ahead  # x's next token is on its way: it is dropped
     held = free - eng.model.blocks.free_blocks
     assert held > 0 and eng.abort("x") and not eng.abort("x") and not eng.abort("unknown")
     assert free - eng.model.blocks.free_blocks < held  # x's blocks are back before the next step
     outputs = run(eng, {})
     assert "x" not in outputs and len(last().output_token_ids) == 6
+    assert last().output_token_ids == alone(prompt(6, 6), 6)
     assert eng.leaked() is None
 
 
@@ -172,12 +185,12 @@ def test_seeded_sampling_does_not_depend_on_the_batch():
     assert greedy_like["s"] == alone(ids, 8)  # a nucleus of one token is greedy
 
 
-def test_stop_ids_min_tokens_ignore_eos_and_the_context_limit():
+def test_stop_ids_min_tokens_ignore_eos_and_the_context_limit(ahead):
     ids = prompt(5, 4)
     free = alone(ids, 10)
     stop = free[3]
     first = free.index(stop)
-    eng = engine()
+    eng = engine(ahead=ahead)
     eng.eos_token_ids = (stop,)
     out = run(eng, {0: [("eos", ids, SamplingParams(max_tokens=10, temperature=0))]})["eos"]
     assert out == free[: first + 1] and last().finish_reason == "stop"
@@ -195,7 +208,7 @@ def test_stop_ids_min_tokens_ignore_eos_and_the_context_limit():
     # max_tokens=None runs to the end of the context.
     out = run(eng, {0: [("ctx", prompt(60, 8), SamplingParams(max_tokens=None, temperature=0))]})["ctx"]
     assert len(out) == 4 and last().finish_reason == "length"
-    assert eng.leaked() is None
+    assert eng.leaked() is None and launched_ahead(eng, ahead)
 
 
 def test_chunks_behind_one_cached_prefix_attend_in_one_group_and_equal_each_alone():
@@ -211,9 +224,9 @@ def test_chunks_behind_one_cached_prefix_attend_in_one_group_and_equal_each_alon
 
 
 @pytest.mark.parametrize("mixed_steps", [True, False])
-def test_decodes_with_prefill_chunks_equal_each_request_alone(mixed_steps):
+def test_decodes_with_prefill_chunks_equal_each_request_alone(mixed_steps, ahead):
     """With mixed steps the decodes ride in the prefill forward; without, they run a forward of their own."""
-    eng = engine(num_blocks=16, block_size=4, budget=8)  # 15 usable blocks: preemption; chunks of 8 at most
+    eng = engine(num_blocks=16, block_size=4, budget=8, ahead=ahead)  # 15 usable blocks: preemption; chunks of 8
     eng.record_stats, eng.mixed_steps = True, mixed_steps
     shared = prompt(12, 42)
     params = SamplingParams(max_tokens=10, temperature=0)
@@ -225,4 +238,34 @@ def test_decodes_with_prefill_chunks_equal_each_request_alone(mixed_steps):
     assert eng.scheduler.preemptions > 0 and eng.model.blocks.stats.hit_tokens > 0
     for rid, ids in requests.items():
         assert outputs[rid] == alone(ids, 10), rid
-    assert eng.leaked() is None
+    assert eng.leaked() is None and launched_ahead(eng, ahead)
+
+
+def test_async_scheduling_matches_sync_with_stops_sampling_and_arrivals_while_decoding():
+    """Stop ids and EOS that end requests while a step is launched ahead, seeded sampling and
+    min_tokens (no step ahead while they apply), arrivals during long decode runs: the same tokens
+    and finish reasons either way."""
+    ids = {f"r{i}": prompt(3 + 2 * i, 300 + i) for i in range(6)}
+    free = {rid: alone(p, 12) for rid, p in ids.items()}
+    stops = {rid: out[4] for rid, out in free.items()}
+    params = {
+        "r0": SamplingParams(max_tokens=12, temperature=0, stop_token_ids=[stops["r0"]]),
+        "r1": SamplingParams(max_tokens=12, temperature=0),
+        "r2": SamplingParams(max_tokens=12, temperature=1.2, seed=5),
+        "r3": SamplingParams(max_tokens=12, temperature=0, stop_token_ids=[stops["r3"]], min_tokens=6),
+        "r4": SamplingParams(max_tokens=3, temperature=0),
+        "r5": SamplingParams(max_tokens=12, temperature=0),
+    }
+    arrivals = {0: [(r, ids[r], params[r]) for r in ("r0", "r1", "r4")], 5: [("r2", ids["r2"], params["r2"])]}
+    arrivals[9] = [(r, ids[r], params[r]) for r in ("r3", "r5")]
+    runs = {}
+    for ahead in (False, True):
+        eng = engine(budget=16, max_num_seqs=4, ahead=ahead)
+        eng.eos_token_ids = (stops["r5"],)
+        outputs = run(eng, arrivals)
+        runs[ahead] = (outputs, {rid: (r.finish_reason, r.stop_reason) for rid, r in FINISHED.items()})
+        assert eng.leaked() is None and launched_ahead(eng, ahead)
+    assert runs[True] == runs[False]
+    outputs, reasons = runs[False]
+    assert reasons["r0"] == ("stop", stops["r0"]) and reasons["r5"] == ("stop", None)
+    assert outputs["r1"] == free["r1"] and outputs["r4"] == free["r4"][:3]
