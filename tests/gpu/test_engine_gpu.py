@@ -1,7 +1,7 @@
 """The serving engine on the GPU: Triton paged decode from CUDA graphs, chunked prefill with decodes
 riding in its forward, preemption and prefix hits, checked against an independent fp32 full forward
 of the same weights; padded graph rows touch only the scratch block; FP8 layers and FlashInfer
-attention too."""
+attention too; async scheduling gives the tokens the engine gives without it."""
 
 from __future__ import annotations
 
@@ -147,3 +147,41 @@ def test_fp8_engine_picks_what_an_fp32_forward_of_its_weights_picks(attention, m
     assert any(s.mixed for s in engine.stats) == mixed_steps
     for rid, ids in requests.items():
         assert_near_argmax(reference, ids, outputs[rid])
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_async_scheduling_gives_the_same_tokens_from_cuda_graphs(dtype):
+    """Steps launched ahead on the GPU, fed the step before's tokens on the device and read back
+    through pinned memory: the same tokens and finish reasons as the engine without it, stops and
+    EOS ending requests while a step is in flight, over a pool that preempts."""
+    from checkpoint_helpers import llama_tensors
+
+    from fp8route import SamplingParams
+
+    tensors = llama_tensors(CONFIG)
+    requests = prompts(8, seed=5)
+    free = run(make_engine(dtype, tensors=tensors), requests, SamplingParams(max_tokens=24, temperature=0))
+    stop = {rid: out[7] for rid, out in free.items()}
+    results = {}
+    for ahead in (False, True):
+        engine = make_engine(dtype, tensors=tensors, num_blocks=NUM_BLOCKS + 8)
+        engine.async_scheduling = ahead
+        engine.eos_token_ids = (stop["r1"],)
+        finished = {}
+        outputs = {}
+        pending = list(requests.items())
+        while pending or engine.has_unfinished:
+            if pending:
+                rid, ids = pending.pop(0)
+                params = SamplingParams(max_tokens=24, temperature=0, stop_token_ids=[stop[rid]] if rid != "r1" else [])
+                engine.add_request(ids, params, request_id=rid)
+            for update in engine.step():
+                outputs.setdefault(update.request.request_id, []).extend(update.new_token_ids)
+                if update.finished:
+                    finished[update.request.request_id] = update.request.finish_reason
+        assert engine.leaked() is None and (engine.ahead_steps > 0) == ahead
+        results[ahead] = (outputs, finished)
+    assert results[True] == results[False]
+    assert set(results[False][1].values()) == {"stop"}
