@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from fp8route.engine.causal_lm import CausalLM
+from fp8route.engine.inflight import InFlight
 from fp8route.engine.kv_pool import blocks_for, upload
 from fp8route.engine.request import Request, RequestMetrics, Status
 from fp8route.engine.runner import DecodeRows
@@ -55,39 +56,6 @@ class Update:
     request: Request
     new_token_ids: list[int]
     finished: bool
-
-
-@dataclass
-class _Launched:
-    """A step on its way: its plan, whom its tokens are for, and those tokens, on the device and (on
-    a GPU) being copied to pinned host memory behind it, so that waiting for them does not wait for
-    a step launched after it."""
-
-    plan: Step
-    sampling: list[Request]
-    sampled: torch.Tensor | None
-    host: torch.Tensor | None = None
-    copied: torch.cuda.Event | None = None
-
-    @classmethod
-    def start(cls, plan: Step, sampled: torch.Tensor | None, sampling: list[Request], copy: bool) -> _Launched:
-        """copy: start the copy to the host now (else tokens() copies when asked)."""
-        if sampled is None or not sampled.is_cuda or not copy:
-            return cls(plan, sampling, sampled)
-        host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
-        host.copy_(sampled, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record()
-        return cls(plan, sampling, sampled, host, copied)
-
-    def tokens(self) -> list[int]:
-        """The step's tokens on the host: the one wait for the GPU."""
-        if self.sampled is None:
-            return []
-        if self.copied is None or self.host is None:
-            return self.sampled.tolist()
-        self.copied.synchronize()
-        return self.host.tolist()
 
 
 @dataclass(frozen=True)
@@ -159,7 +127,7 @@ class LLMEngine:
         self.mixed_steps = mixed_steps
         self.async_scheduling = async_scheduling
         self.ahead_steps = 0  # decode steps launched before the step before them was read back
-        self._ahead: _Launched | None = None
+        self._ahead: InFlight | None = None
         self.stats: list[StepStats] = []
 
     def add_request(
@@ -237,7 +205,7 @@ class LLMEngine:
             for request, _ in plan.prefills:
                 if request.metrics.first_scheduled_time is None:
                     request.metrics.first_scheduled_time = now
-            launched = _Launched.start(plan, *self._run(plan), copy=self.async_scheduling)
+            launched = InFlight.start(plan, *self._run(plan), copy=self.async_scheduling)
         plan = launched.plan
         if self.async_scheduling:
             self._ahead = self._launch_ahead(launched)
@@ -263,7 +231,7 @@ class LLMEngine:
             )
         return updates
 
-    def _launch_ahead(self, current: _Launched) -> _Launched | None:
+    def _launch_ahead(self, current: InFlight) -> InFlight | None:
         """The decode step after `current`, launched now with current's tokens as its inputs (still
         on the device), when its plan does not depend on their values; else None."""
         plan, scheduler = current.plan, self.scheduler
@@ -295,7 +263,7 @@ class LLMEngine:
             host_blocks=[r.blocks for r in batch] if runner.plans_on_host else None,
         )  # fmt: skip
         self.ahead_steps += 1
-        return _Launched.start(Step(decodes=batch), greedy, batch, copy=True)
+        return InFlight.start(Step(decodes=batch), greedy, batch, copy=True)
 
     def _run(self, plan: Step) -> tuple[torch.Tensor | None, list[Request]]:
         """Launch the step's forward and sampling; (the chosen tokens on the device, whom they are for)."""
