@@ -24,9 +24,12 @@ class InFlight:
 
     @classmethod
     def start(cls, plan: Step, sampled: torch.Tensor | None, sampling: list[Request], copy: bool) -> InFlight:
-        """copy: start the copy to the host now (else tokens() copies when asked)."""
-        if sampled is None or not sampled.is_cuda or not copy:
+        """copy: take the tokens as they are now (else tokens() reads them when asked), which a step
+        launched after this one needs: a CUDA graph's replay overwrites the outputs of the last."""
+        if sampled is None or not copy:
             return cls(plan, sampling, sampled)
+        if not sampled.is_cuda:
+            return cls(plan, sampling, sampled, sampled.clone())
         host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
         host.copy_(sampled, non_blocking=True)
         copied = torch.cuda.Event()
@@ -37,7 +40,6 @@ class InFlight:
         """The step's tokens on the host: the one wait for the GPU."""
         if self.sampled is None:
             return []
-        if self.copied is None or self.host is None:
-            return self.sampled.tolist()
-        self.copied.synchronize()
-        return self.host.tolist()
+        if self.copied is not None:
+            self.copied.synchronize()
+        return (self.host if self.host is not None else self.sampled).tolist()

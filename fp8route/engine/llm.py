@@ -24,7 +24,7 @@ from fp8route.engine.causal_lm import BLOCK_SIZE, CausalLM
 from fp8route.engine.flashinfer_attention import check_attention
 from fp8route.engine.kv_pool import blocks_for
 from fp8route.engine.kv_quant import check_kv_cache_dtype, kv_scales_for
-from fp8route.engine.llm_engine import LLMEngine
+from fp8route.engine.llm_engine import ASYNC_WITH_FLASHINFER, LLMEngine
 from fp8route.engine.request import CompletionOutput, Request, RequestOutput
 from fp8route.engine.runner import DecodeRows
 from fp8route.engine.sampling import SamplingParams
@@ -85,6 +85,8 @@ class LLM:
                 f"{max_num_batched_tokens}"
             )
         check_kv_cache_dtype(kv_cache_dtype)
+        if async_scheduling and attention == "flashinfer":
+            raise Fp8InputError(ASYNC_WITH_FLASHINFER)
         folder = resolve_model(model)
         from fp8route.checkpoint.formats import CONFIG, read_json
 

@@ -13,7 +13,9 @@ while the host reads this one's tokens back and does its bookkeeping. It does so
 step's plan is known without those tokens: every running request decodes again (none ends by
 length, none can be admitted in its place), all greedy past min_tokens, and the pool gives each its
 next block. A request that a token stops (EOS, a stop id) had one more position computed, whose
-token is dropped; the blocks it wrote are freed after, in stream order.
+token is dropped; the blocks it wrote are freed after, in stream order. Not with FlashInfer's
+attention: its decode plan reaches the GPU through a host buffer of its own that the next step's
+plan would overwrite before the copy has run.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ from fp8route.engine.runner import DecodeRows
 from fp8route.engine.sampling import SamplingParams, mask_tokens, sample
 from fp8route.engine.scheduler import Scheduler, Step
 from fp8route.errors import Fp8InputError
+
+ASYNC_WITH_FLASHINFER = (
+    "async_scheduling does not run with attention='flashinfer' (FlashInfer plans each decode step through a host "
+    "buffer the next step's plan would overwrite before the GPU has read it): use the builtin attention with it"
+)
 
 
 @dataclass
@@ -108,6 +115,8 @@ class LLMEngine:
             raise Fp8InputError(
                 f"max_num_seqs must be in 1..{model.max_batch_size} (the model's table rows), got {max_num_seqs}"
             )
+        if async_scheduling and model.runner.plans_on_host:
+            raise Fp8InputError(ASYNC_WITH_FLASHINFER)
         if max_num_batched_tokens < max_num_seqs:
             raise Fp8InputError(
                 f"max_num_batched_tokens ({max_num_batched_tokens}) must be at least max_num_seqs ({max_num_seqs}): "
@@ -207,20 +216,21 @@ class LLMEngine:
                     request.metrics.first_scheduled_time = now
             launched = InFlight.start(plan, *self._run(plan), copy=self.async_scheduling)
         plan = launched.plan
+        decodes = [r for r in plan.decodes if r.status is Status.RUNNING]
+        if self.record_stats:  # read before finished requests let their blocks go, or a step ahead takes more
+            used = self.model.blocks.used_blocks
+            context = sum(r.num_computed + 1 for r in decodes)
         if self.async_scheduling:
             self._ahead = self._launch_ahead(launched)
         waited = time.perf_counter()
         tokens = launched.tokens()
         synced = time.perf_counter()
-        if self.record_stats:  # read before finished requests let their blocks go
-            used = self.model.blocks.used_blocks
-            context = sum(r.num_computed + 1 for r in plan.decodes if r.status is Status.RUNNING)
         updates = self._advance(plan, launched.sampling, tokens)
         if self.record_stats:
             end = time.perf_counter()
             self.stats.append(
                 StepStats(
-                    len(plan.decodes),
+                    len(decodes),
                     sum(n for _, n in plan.prefills),
                     bool(self.mixed_steps and plan.decodes and plan.prefills),
                     context,
@@ -256,12 +266,7 @@ class LLMEngine:
             current.sampled if len(keep) == len(plan.decodes) else current.sampled[upload(torch.tensor(keep), device)]
         )
         positions, rows = upload(torch.tensor([[r.num_computed + 1 for r in batch], [r.row for r in batch]]), device)
-        runner = self.model.runner
-        _, greedy = runner.decode(
-            tokens, positions, rows, limit=max(r.num_computed for r in batch) + 2,
-            host_lengths=[r.num_computed + 2 for r in batch] if runner.plans_on_host else None,
-            host_blocks=[r.blocks for r in batch] if runner.plans_on_host else None,
-        )  # fmt: skip
+        _, greedy = self.model.runner.decode(tokens, positions, rows, limit=max(r.num_computed for r in batch) + 2)
         self.ahead_steps += 1
         return InFlight.start(Step(decodes=batch), greedy, batch, copy=True)
 

@@ -269,3 +269,35 @@ def test_async_scheduling_matches_sync_with_stops_sampling_and_arrivals_while_de
     outputs, reasons = runs[False]
     assert reasons["r0"] == ("stop", stops["r0"]) and reasons["r5"] == ("stop", None)
     assert outputs["r1"] == free["r1"] and outputs["r4"] == free["r4"][:3]
+
+
+def test_async_scheduling_reads_tokens_before_a_graph_replay_overwrites_them(monkeypatch):
+    """On a GPU the decode graphs return views of one output buffer per bucket, which the next
+    replay overwrites: a step launched ahead must not change the tokens of the step before it. The
+    CPU decode is made to do the same here."""
+    from fp8route.engine.decode_graphs import buckets
+    from fp8route.engine.runner import ModelRunner
+
+    decode, outputs = ModelRunner.decode, {}
+
+    def replayed(self, tokens, positions, rows, **kwargs):
+        logits, greedy = decode(self, tokens, positions, rows, **kwargs)
+        size = next(s for s in buckets(self.pool.max_rows) if s >= len(tokens))
+        out = outputs.setdefault((id(self), size), torch.zeros(size, dtype=torch.int64))
+        out[: len(tokens)] = greedy
+        return logits, out[: len(tokens)]
+
+    monkeypatch.setattr(ModelRunner, "decode", replayed)
+    requests = {f"r{i}": prompt(4 + i, 40 + i) for i in range(3)}
+    eng = engine(ahead=True)
+    out = run(eng, {0: [(rid, ids, SamplingParams(max_tokens=8, temperature=0)) for rid, ids in requests.items()]})
+    assert eng.ahead_steps > 0
+    for rid, ids in requests.items():
+        assert out[rid] == alone(ids, 8), rid
+
+
+def test_async_scheduling_with_flashinfer_attention_is_refused_in_one_line(tmp_path):
+    from fp8route.engine.llm import LLM
+
+    with pytest.raises(Fp8InputError, match=r"^async_scheduling does not run with attention='flashinfer'"):
+        LLM(tmp_path, attention="flashinfer", async_scheduling=True)

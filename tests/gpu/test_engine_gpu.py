@@ -156,8 +156,9 @@ def test_fp8_engine_picks_what_an_fp32_forward_of_its_weights_picks(attention, m
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_async_scheduling_gives_the_same_tokens_from_cuda_graphs(dtype):
     """Steps launched ahead on the GPU, fed the step before's tokens on the device and read back
-    through pinned memory: the same tokens and finish reasons as the engine without it, stops and
-    EOS ending requests while a step is in flight, over a pool that preempts."""
+    through pinned memory: in fp32 the same tokens and finish reasons as the engine without it (in
+    bf16, tokens an fp32 forward would pick), stops and EOS ending requests while a step is in
+    flight, over a pool that preempts."""
     from checkpoint_helpers import llama_tensors
 
     from fp8route import SamplingParams
@@ -185,5 +186,10 @@ def test_async_scheduling_gives_the_same_tokens_from_cuda_graphs(dtype):
                     finished[update.request.request_id] = update.request.finish_reason
         assert engine.leaked() is None and (engine.ahead_steps > 0) == ahead
         results[ahead] = (outputs, finished)
-    assert results[True] == results[False]
-    assert set(results[False][1].values()) == {"stop"}
+    if dtype == torch.float32:
+        assert results[True] == results[False]
+        assert set(results[False][1].values()) == {"stop"}
+    else:  # a request a stop ends still rides its step ahead: other buckets, bf16 near-ties may go either way
+        reference = reference_model(tensors)
+        for rid, ids in requests.items():
+            assert_near_argmax(reference, ids, results[True][0][rid], name=rid)
