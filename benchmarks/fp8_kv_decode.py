@@ -28,6 +28,7 @@ import torch
 from fp8route.checkpoint.random import write_random
 from fp8route.engine import paged_decode
 from fp8route.engine.e2e_bench import timed_calls, weight_bytes
+from fp8route.engine.flashinfer_attention import ATTENTION
 from fp8route.engine.generate import Rows
 from fp8route.engine.kv_pool import KVPool
 from fp8route.engine.load import load_model
@@ -86,6 +87,9 @@ def main() -> None:
     ap.add_argument("--ckpt", type=Path, help="a random 8B FP8 checkpoint already written (else one in a temp folder)")
     ap.add_argument("--out", default=".", help="folder for fp8_kv_decode.json")
     args = ap.parse_args()
+    attention = [a.strip() for a in args.attention.split(",") if a.strip()]
+    if not attention or any(a not in ATTENTION for a in attention):
+        ap.error(f"--attention: one or more of {', '.join(ATTENTION)}, got {args.attention!r}")
     cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",")]
     copy_gbs = copy_bandwidth_gbs()
     rows = []
@@ -94,8 +98,8 @@ def main() -> None:
         launches = {"auto": args.bf16_launches, "fp8": args.fp8_launches}
         for batch, filled in cases:
             for kv in args.kv.split(","):
-                arms = launches[kv].split(",") if "builtin" in args.attention else []
-                arms += ["flashinfer"] if "flashinfer" in args.attention else []
+                arms = launches[kv].split(",") if "builtin" in attention else []
+                arms += ["flashinfer"] if "flashinfer" in attention else []
                 for text in arms:
                     launch = None if text == "flashinfer" else paged_decode.Launch.parse(text)
                     rows.append(case(folder, batch, filled, kv, launch, copy_gbs, args.repeats))

@@ -225,7 +225,7 @@ class LLMEngine:
         waited = time.perf_counter()
         tokens = launched.tokens()
         synced = time.perf_counter()
-        updates = self._advance(plan, launched.sampling, tokens)
+        updates = self._advance(plan, decodes, launched.sampling, tokens)
         if self.record_stats:
             end = time.perf_counter()
             self.stats.append(
@@ -334,11 +334,11 @@ class LLMEngine:
         eos = () if request.params.ignore_eos else self.eos_token_ids
         return [*eos, *request.params.stop_token_ids]
 
-    def _advance(self, plan: Step, sampling: list[Request], tokens: list[int]) -> list[Update]:
-        """Register what the step computed and append its tokens; a request that ended after the step
-        was launched ahead (a token stopped it, or an abort) gets nothing from it."""
+    def _advance(self, plan: Step, decodes: list[Request], sampling: list[Request], tokens: list[int]) -> list[Update]:
+        """Register what the step computed and append its tokens. decodes: plan's still running; a
+        request that ended after the step was launched ahead (a token stopped it, or an abort) gets
+        nothing from it."""
         scheduler = self.scheduler
-        decodes = [r for r in plan.decodes if r.status is Status.RUNNING]
         for request in decodes:
             scheduler.computed(request, 1)
         for request, n in plan.prefills:
