@@ -132,6 +132,13 @@ def _checks(reports: list[ServeReport], digests: dict[str, list[str]], arms: lis
                 f"their floor (weights + KV over {e['copy_gbs']:.0f} GB/s); "
                 f"host {e['decode_host_ms_mean']:.2f} ms a step"
             )
+        if "prefill_step_ms" in r.extra:
+            e = r.extra
+            lines.append(
+                f"{r.arm}: {e['prefill_steps']} steps with prefill chunks, {e['prefill_step_ms']:.1f} ms each, "
+                f"{e['prefill_tok_s_in_steps']:,.0f} prompt tok/s within them; "
+                f"host {e['prefill_host_ms_mean']:.1f} ms a step"
+            )
     # Arms that differ only in the prefix cache, mixed steps or async scheduling should give the same tokens
     # (an fp8 KV cache's are compared with its own, not bf16's).
     axes = {"prefix_caching": "the prefix cache", "mixed_steps": "mixed steps", "async_scheduling": "async scheduling"}

@@ -139,6 +139,22 @@ def _step_floors(llm: LLM, stats: list[StepStats], copy_gbs: float) -> dict[str,
         "decode_batch_mean": statistics.fmean(s.decodes for s in decode),
         "host_ms_mean": 1e3 * statistics.fmean(s.host_s for s in stats),
         "decode_host_ms_mean": 1e3 * statistics.fmean(s.host_s for s in decode),
+        **_prefill_steps(stats),
+    }
+
+
+def _prefill_steps(stats: list[StepStats]) -> dict[str, float]:
+    """Steps with prefill chunks: their prompt tokens over their own time (what a lone prefill's speed
+    compares with, before the decode-only steps and the tail count), and their host time."""
+    steps = [s for s in stats if s.prefill_tokens]
+    if not steps:
+        return {}
+    wall = sum(s.wall_s for s in steps)
+    return {
+        "prefill_steps": len(steps),
+        "prefill_step_ms": 1e3 * wall / len(steps),
+        "prefill_tok_s_in_steps": sum(s.prefill_tokens for s in steps) / wall,
+        "prefill_host_ms_mean": 1e3 * statistics.fmean(s.host_s for s in steps),
     }
 
 
