@@ -1,0 +1,88 @@
+"""Is a serving step's prefill forward bound by the GPU or by the host that issues it? For packed
+prefills of a few shapes, as the engine runs them (ModelRunner.prefill, eager): the GPU time with the
+host kept ahead (a sleep kernel first), the host time to issue the forward (measured while the GPU
+is still busy with the sleep), and the wall time of a plain call. Then where the host time goes:
+cProfile of one shape.
+
+    python3 benchmarks/prefill_host.py CHECKPOINT [--cases 512 1024 2048 4096 1024x2 512x4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import time
+
+import torch
+
+from fp8route.engine.generate import Rows
+from fp8route.engine.llm import LLM
+
+
+def parse_case(text: str) -> list[int]:
+    length, _, count = text.partition("x")
+    return [int(length)] * int(count or 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("folder")
+    parser.add_argument("--cases", nargs="+", default=["512", "1024", "2048", "4096", "1024x2", "512x4", "2048x4"])
+    parser.add_argument("--profile", default="1024x2")
+    args = parser.parse_args()
+    llm = LLM(args.folder, max_model_len=8192, skip_tokenizer_init=True)
+    model = llm.model
+    rows = []
+    for case in args.cases:
+        lengths = parse_case(case)
+        ids = [torch.randint(0, model.cfg.vocab_size, (n,)).tolist() for n in lengths]
+        with Rows(model, lengths) as blocks:
+            n = len(lengths)
+
+            def call(ids=ids, blocks=blocks, n=n) -> torch.Tensor:
+                return model.runner.prefill(ids, [0] * n, list(range(n)), blocks, list(range(n)))
+
+            for _ in range(5):
+                call()
+            torch.cuda.synchronize()
+            gpu, host, wall = [], [], []
+            for _ in range(5):
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda._sleep(1_000_000_000)  # ~0.5 s: the host issues the whole forward before the GPU starts it
+                begin.record()
+                start = time.perf_counter()
+                call()
+                host.append(time.perf_counter() - start)
+                end.record()
+                torch.cuda.synchronize()
+                gpu.append(begin.elapsed_time(end) / 1e3)
+                start = time.perf_counter()
+                call()
+                torch.cuda.synchronize()
+                wall.append(time.perf_counter() - start)
+            g, h, w = (1e3 * statistics.median(x) for x in (gpu, host, wall))
+            row = (
+                f"{case:<8} {sum(lengths):>6} tok  GPU {g:7.2f} ms  host {h:7.2f} ms  wall {w:7.2f} ms  "
+                f"host/GPU {h / g:4.2f}  tok/s {sum(lengths) / w * 1e3:9,.0f}"
+            )
+            rows.append(row)
+            print(row, flush=True)
+            if case == args.profile:
+                profile = cProfile.Profile()
+                for _ in range(5):  # each behind a sleep, so no launch waits for room in the queue
+                    torch.cuda._sleep(1_000_000_000)
+                    profile.enable()
+                    call()
+                    profile.disable()
+                    torch.cuda.synchronize()
+                out = io.StringIO()
+                pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(30)
+                print(f"cProfile, 5 calls of {case} (each issued while the GPU sleeps):\n{out.getvalue()}")
+    print("\n".join(["", "packed prefill forward: GPU time with the host ahead, host time to issue it, wall", *rows]))
+
+
+if __name__ == "__main__":
+    main()
