@@ -4,7 +4,7 @@ host kept ahead (a sleep kernel first), the host time to issue the forward (meas
 is still busy with the sleep), and the wall time of a plain call. Then where the host time goes:
 cProfile of one shape.
 
-    python3 benchmarks/prefill_host.py CHECKPOINT [--cases 512 1024 2048 4096 1024x2 512x4]
+    python3 benchmarks/prefill_host.py CHECKPOINT [--cases 512 1024x2 2048@2048 ...]
 """
 
 from __future__ import annotations
@@ -22,33 +22,42 @@ from fp8route.engine.generate import Rows
 from fp8route.engine.llm import LLM
 
 
-def parse_case(text: str) -> list[int]:
-    length, _, count = text.partition("x")
-    return [int(length)] * int(count or 1)
+def parse_case(text: str) -> tuple[list[int], list[int]]:
+    """'1024x2' -> two fresh chunks of 1024; '2048@2048' -> 2048 tokens continuing a sequence at
+    position 2048 (its head as if cached): (lengths, starts)."""
+    chunk, _, count = text.partition("x")
+    length, _, start = chunk.partition("@")
+    n = int(count or 1)
+    return [int(length)] * n, [int(start or 0)] * n
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("folder")
-    parser.add_argument("--cases", nargs="+", default=["512", "1024", "2048", "4096", "1024x2", "512x4", "2048x4"])
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        default=["512", "1024", "2048", "4096", "1024x2", "512x4", "2048x4", "2048@2048", "1024@1024x2"],
+    )
     parser.add_argument("--profile", default="1024x2")
     args = parser.parse_args()
     llm = LLM(args.folder, max_model_len=8192, skip_tokenizer_init=True)
     model = llm.model
     rows = []
     for case in args.cases:
-        lengths = parse_case(case)
+        lengths, starts = parse_case(case)
         ids = [torch.randint(0, model.cfg.vocab_size, (n,)).tolist() for n in lengths]
-        with Rows(model, lengths) as blocks:
+        with Rows(model, [s + n for s, n in zip(starts, lengths, strict=True)]) as blocks:
             n = len(lengths)
 
-            def call(ids=ids, blocks=blocks, n=n) -> torch.Tensor:
-                return model.runner.prefill(ids, [0] * n, list(range(n)), blocks, list(range(n)))
+            def call(ids=ids, blocks=blocks, n=n, starts=starts) -> torch.Tensor:
+                return model.runner.prefill(ids, starts, list(range(n)), blocks, list(range(n)))
 
             for _ in range(5):
                 call()
             torch.cuda.synchronize()
             gpu, host, wall = [], [], []
+            retries = torch.cuda.memory_stats()["num_alloc_retries"]
             for _ in range(5):
                 begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 torch.cuda._sleep(1_000_000_000)  # ~0.5 s: the host issues the whole forward before the GPU starts it
@@ -66,7 +75,8 @@ def main() -> None:
             g, h, w = (1e3 * statistics.median(x) for x in (gpu, host, wall))
             row = (
                 f"{case:<8} {sum(lengths):>6} tok  GPU {g:7.2f} ms  host {h:7.2f} ms  wall {w:7.2f} ms  "
-                f"host/GPU {h / g:4.2f}  tok/s {sum(lengths) / w * 1e3:9,.0f}"
+                f"host/GPU {h / g:4.2f}  tok/s {sum(lengths) / w * 1e3:9,.0f}  "
+                f"allocator retries {torch.cuda.memory_stats()['num_alloc_retries'] - retries}"
             )
             rows.append(row)
             print(row, flush=True)
