@@ -1,8 +1,8 @@
 """Is a serving step's prefill forward bound by the GPU or by the host that issues it? For packed
-prefills of a few shapes, as the engine runs them (ModelRunner.prefill, eager): the GPU time with the
-host kept ahead (a sleep kernel first), the host time to issue the forward (measured while the GPU
-is still busy with the sleep), and the wall time of a plain call. Then where the host time goes:
-cProfile of one shape.
+prefills of a few shapes, as the engine runs them (ModelRunner.prefill): the GPU time with the host kept
+ahead (a sleep kernel first), the host time to issue the forward (measured while the GPU is still
+busy with the sleep), and the wall time of a plain call, with the prefill graphs
+(fp8route.engine.prefill_graphs) off and on. --profile: where the host time goes, cProfile of one shape.
 
     python3 benchmarks/prefill_host.py CHECKPOINT [--cases 512 1024x2 2048@2048 ...]
 """
@@ -15,6 +15,7 @@ import io
 import pstats
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -39,10 +40,12 @@ def main() -> None:
         nargs="+",
         default=["512", "1024", "2048", "4096", "1024x2", "512x4", "2048x4", "2048@2048", "1024@1024x2"],
     )
-    parser.add_argument("--profile", default="1024x2")
+    parser.add_argument("--profile", default="", help="a case to profile (with the arm --graphs lists last)")
+    parser.add_argument("--graphs", default="off,on", help="prefill graphs off, on, or off,on (both, per case)")
     args = parser.parse_args()
     llm = LLM(args.folder, max_model_len=8192, skip_tokenizer_init=True)
     model = llm.model
+    arms = [mode == "on" for mode in args.graphs.split(",")]
     rows = []
     for case in args.cases:
         lengths, starts = parse_case(case)
@@ -53,33 +56,20 @@ def main() -> None:
             def call(ids=ids, blocks=blocks, n=n, starts=starts) -> torch.Tensor:
                 return model.runner.prefill(ids, starts, list(range(n)), blocks, list(range(n)))
 
-            for _ in range(5):
-                call()
-            torch.cuda.synchronize()
-            gpu, host, wall = [], [], []
-            retries = torch.cuda.memory_stats()["num_alloc_retries"]
-            for _ in range(5):
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda._sleep(1_000_000_000)  # ~0.5 s: the host issues the whole forward before the GPU starts it
-                begin.record()
-                start = time.perf_counter()
-                call()
-                host.append(time.perf_counter() - start)
-                end.record()
-                torch.cuda.synchronize()
-                gpu.append(begin.elapsed_time(end) / 1e3)
-                start = time.perf_counter()
-                call()
-                torch.cuda.synchronize()
-                wall.append(time.perf_counter() - start)
-            g, h, w = (1e3 * statistics.median(x) for x in (gpu, host, wall))
-            row = (
-                f"{case:<8} {sum(lengths):>6} tok  GPU {g:7.2f} ms  host {h:7.2f} ms  wall {w:7.2f} ms  "
-                f"host/GPU {h / g:4.2f}  tok/s {sum(lengths) / w * 1e3:9,.0f}  "
-                f"allocator retries {torch.cuda.memory_stats()['num_alloc_retries'] - retries}"
-            )
-            rows.append(row)
-            print(row, flush=True)
+            walls = {}
+            for graphs in arms:
+                model.runner.use_prefill_graphs = graphs
+                g, h, w, retries = measure(call)
+                walls[graphs] = w
+                row = (
+                    f"{case:<12} {sum(lengths):>6} tok  graphs {'on ' if graphs else 'off'}  GPU {g:7.2f} ms  "
+                    f"host {h:7.2f} ms  wall {w:7.2f} ms  host/GPU {h / g:4.2f}  tok/s {sum(lengths) / w * 1e3:9,.0f}"
+                    + (f"  allocator retries {retries}" if retries else "")
+                )
+                if graphs and False in walls:
+                    row += f"  on/off wall {walls[False] / w:4.2f}x faster"
+                rows.append(row)
+                print(row, flush=True)
             if case == args.profile:
                 profile = cProfile.Profile()
                 for _ in range(5):  # each behind a sleep, so no launch waits for room in the queue
@@ -92,6 +82,31 @@ def main() -> None:
                 pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(30)
                 print(f"cProfile, 5 calls of {case} (each issued while the GPU sleeps):\n{out.getvalue()}")
     print("\n".join(["", "packed prefill forward: GPU time with the host ahead, host time to issue it, wall", *rows]))
+
+
+def measure(call: Callable[[], torch.Tensor]) -> tuple[float, float, float, int]:
+    """(GPU ms with the host ahead, host ms to issue, wall ms, allocator retries), medians of 5."""
+    for _ in range(5):
+        call()
+    torch.cuda.synchronize()
+    gpu, host, wall = [], [], []
+    retries = torch.cuda.memory_stats()["num_alloc_retries"]
+    for _ in range(5):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000_000)  # ~0.5 s: the host issues the whole forward before the GPU starts it
+        begin.record()
+        start = time.perf_counter()
+        call()
+        host.append(time.perf_counter() - start)
+        end.record()
+        torch.cuda.synchronize()
+        gpu.append(begin.elapsed_time(end) / 1e3)
+        start = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        wall.append(time.perf_counter() - start)
+    g, h, w = (1e3 * statistics.median(x) for x in (gpu, host, wall))
+    return g, h, w, torch.cuda.memory_stats()["num_alloc_retries"] - retries
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ its own process; the report SGLang's and vLLM's serving benchmarks give, as a ta
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
@@ -41,14 +42,16 @@ def _arms(args: argparse.Namespace, folders: dict[str, Path]) -> list[Arm]:
         raise Fp8InputError(f"--policy: unknown {', '.join(unknown)}; known: {', '.join(POLICIES)}")
     prefix, mixed = _on_off(args.prefix_caching, "--prefix-caching"), _on_off(args.mixed_steps, "--mixed-steps")
     ahead = _on_off(args.async_scheduling, "--async-scheduling")
+    graphs = _on_off(args.prefill_graphs, "--prefill-graphs")
     kv_dtypes = kv_cache_dtype_list(args.kv_cache_dtype)
     arms = []
     for policy in policies:
-        for on, kv, mix, asy in ((o, k, m, a) for o in prefix for k in kv_dtypes for m in mixed for a in ahead):
+        for on, kv, mix, asy, gr in itertools.product(prefix, kv_dtypes, mixed, ahead, graphs):
             name = policy + (f" prefix-{'on' if on else 'off'}" if len(prefix) > 1 else "")
             name += f" kv-{kv}" if len(kv_dtypes) > 1 else ""
             name += f" mixed-{'on' if mix else 'off'}" if len(mixed) > 1 else ""
             name += f" async-{'on' if asy else 'off'}" if len(ahead) > 1 else ""
+            name += f" graphs-{'on' if gr else 'off'}" if len(graphs) > 1 else ""
             folder = folders["bf16" if policy == "bf16" else "fp8"]
             arms.append(
                 Arm(
@@ -65,6 +68,7 @@ def _arms(args: argparse.Namespace, folders: dict[str, Path]) -> list[Arm]:
                     kv,
                     mix,
                     asy,
+                    gr,
                 )  # fmt: skip
             )
     return arms
@@ -141,7 +145,12 @@ def _checks(reports: list[ServeReport], digests: dict[str, list[str]], arms: lis
             )
     # Arms that differ only in the prefix cache, mixed steps or async scheduling should give the same tokens
     # (an fp8 KV cache's are compared with its own, not bf16's).
-    axes = {"prefix_caching": "the prefix cache", "mixed_steps": "mixed steps", "async_scheduling": "async scheduling"}
+    axes = {
+        "prefix_caching": "the prefix cache",
+        "mixed_steps": "mixed steps",
+        "async_scheduling": "async scheduling",
+        "prefill_graphs": "prefill graphs",
+    }
     for axis, label in axes.items():
         groups: dict[tuple[object, ...], list[Arm]] = {}
         for arm in arms:
@@ -168,6 +177,10 @@ def register(kinds: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--async-scheduling", default="off",
         help="decode steps launched before the last one is read back: off, on, or off,on (both, as arms)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--prefill-graphs", default="on",
+        help="prefills up to 2048 tokens from CUDA graphs between the attentions: on, off, or off,on (both, as arms)",
     )  # fmt: skip
     serve.add_argument(
         "--kv-cache-dtype", default="auto", help="auto (the model's dtype), fp8, or auto,fp8 (both, as arms)"

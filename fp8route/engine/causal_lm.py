@@ -186,6 +186,7 @@ class CausalLM(LlamaForCausalLM):
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> CausalLM:
         super()._apply(fn, recurse)
         self.runner.graphs = None  # they replay the tensors they captured, not the moved ones
+        self.runner.prefill_graphs = None
         return self
 
     @torch.no_grad()

@@ -36,7 +36,7 @@ from fp8route.progress import TextProgress
 
 DEFAULT_CONTEXT = 8192  # for a config.json without max_position_embeddings (load_model's default too)
 CPU_KV_TOKENS = 32768  # a CPU pool's default size: no device memory to size it from
-_GRAPH_RESERVE = 1 << 30  # decode graphs' own memory (logits and activations per bucket), kept free
+_GRAPH_RESERVE = 3 << 29  # CUDA graphs' own memory (decode: logits and activations per bucket; prefill), kept free
 
 
 def resolve_model(model: str | os.PathLike[str]) -> Path:
@@ -76,6 +76,7 @@ class LLM:
         record_stats: bool = False,
         mixed_steps: bool = False,
         async_scheduling: bool = False,
+        prefill_graphs: bool = True,
     ) -> None:
         if not 0 < gpu_memory_utilization <= 1:
             raise Fp8InputError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -110,6 +111,7 @@ class LLM:
             num_blocks=2, block_size=block_size, enable_prefix_caching=enable_prefix_caching,
             max_prefill_tokens=max_num_batched_tokens, kv_scales=scales,
         )  # fmt: skip
+        self.model.runner.use_prefill_graphs = prefill_graphs
         if num_kv_blocks is None:
             num_kv_blocks = self._fit_pool(gpu_memory_utilization, max_num_batched_tokens, mixed_steps)
         self.model.resize_pool(num_kv_blocks)
@@ -174,6 +176,16 @@ class LLM:
             runner.decode(zeros, zeros, pad, host_lengths=[1] * size, host_blocks=[[0]] * size)
         torch.cuda.synchronize(device)
         print(f"fp8route: captured {len(sizes)} decode graphs in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+        prefill = runner.prefill_graphs_for(1)
+        if prefill is not None:
+            start = time.perf_counter()
+            prefill.capture_all()
+            torch.cuda.synchronize(device)
+            print(
+                f"fp8route: captured prefill graphs for {len(prefill.sizes)} sizes up to {prefill.max_tokens} tokens "
+                f"in {time.perf_counter() - start:.1f} s",
+                file=sys.stderr,
+            )
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):

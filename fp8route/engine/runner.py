@@ -29,6 +29,7 @@ from fp8route.engine.attention import (
 from fp8route.engine.decode_graphs import DecodeGraphs
 from fp8route.engine.flashinfer_attention import FlashInferAttention, check_attention
 from fp8route.engine.kv_pool import KVPool, upload
+from fp8route.engine.prefill_graphs import MAX_TOKENS, PrefillGraphs, graphs_apply
 from fp8route.errors import Fp8InputError
 from fp8route.models.llama import LlamaForCausalLM, rope_tables
 
@@ -58,6 +59,10 @@ class ModelRunner:
         self.use_cuda_graphs = use_cuda_graphs
         self.use_triton: bool | None = None  # decode attention: None = Triton on CUDA when it imports
         self.attention = attention
+        # The prefill's pieces between attentions, from CUDA graphs (fp8route.engine.prefill_graphs),
+        # when use_cuda_graphs and use_prefill_graphs are both set.
+        self.use_prefill_graphs = True
+        self.prefill_graphs: PrefillGraphs | None = None
         # Computed once for every position the cache can hold, then indexed: the same values
         # rope_tables gives for any positions, without per-step host work.
         self.rope_cos, self.rope_sin = rope_tables(model.cfg, torch.arange(pool.max_seq_len, device=pool.device))
@@ -132,8 +137,23 @@ class ModelRunner:
         h = self.model.model.embed_tokens(token_ids)[None].to(self.dtype)
         cos, sin = self.rope_cos[pos][None], self.rope_sin[pos][None]
         context = PrefillAttention(self.pool, seqs, slot, self.flashinfer, decoding)
-        normed = self.model.model.run_layers(h, cos, sin, context)
+        graphs = self.prefill_graphs_for(total)
+        if graphs is not None:
+            normed = graphs.run(h[0], cos, sin, context)[None]
+        else:
+            normed = self.model.model.run_layers(h, cos, sin, context)
         return self.model.lm_head(normed[0, outputs])
+
+    def prefill_graphs_for(self, tokens: int) -> PrefillGraphs | None:
+        """The prefill graphs for a forward of this many tokens, made on first use: on CUDA with
+        use_cuda_graphs, builtin attention and no tensor parallelism (None: run eagerly)."""
+        if not (self.use_cuda_graphs and self.use_prefill_graphs):
+            return None
+        graphs = self.prefill_graphs
+        cuda = self.pool.device.type == "cuda"
+        if graphs is None and cuda and self.flashinfer is None and graphs_apply(self.model.model):
+            graphs = self.prefill_graphs = PrefillGraphs(self.model.model, MAX_TOKENS, self.pool.device)
+        return graphs if graphs is not None and tokens <= graphs.max_tokens else None
 
     def _triton_tail(self) -> bool:
         """Whether a prefill's decode tail runs the Triton kernel: use_triton when set (True on a CPU

@@ -41,6 +41,7 @@ class Arm:
     kv_cache_dtype: str = "auto"
     mixed_steps: bool = False
     async_scheduling: bool = False
+    prefill_graphs: bool = True
 
 
 def drive(llm: LLM, load: list[LoadRequest]) -> tuple[list[RequestResult], float, list[str]]:
@@ -183,12 +184,13 @@ def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tup
         gpu_memory_utilization=arm.gpu_memory_utilization, enable_prefix_caching=arm.prefix_caching,
         policy=Policy.from_env(), max_model_len=arm.max_model_len, skip_tokenizer_init=True, record_stats=True,
         kv_cache_dtype=arm.kv_cache_dtype, mixed_steps=arm.mixed_steps, async_scheduling=arm.async_scheduling,
+        prefill_graphs=arm.prefill_graphs,
     )  # fmt: skip
     engine = llm.engine
     cuda = llm.model.device.type == "cuda"
     extra: dict[str, object] = {
         "policy": arm.policy, "prefix_caching": arm.prefix_caching, "kv_cache_dtype": arm.kv_cache_dtype,
-        "mixed_steps": arm.mixed_steps, "async_scheduling": arm.async_scheduling,
+        "mixed_steps": arm.mixed_steps, "async_scheduling": arm.async_scheduling, "prefill_graphs": arm.prefill_graphs,
         "kv_cache_tokens": llm.model.pool.capacity_tokens,
     }  # fmt: skip
     drive(llm, warmup)  # kernels' first calls, at the sizes the load brings

@@ -197,6 +197,10 @@ class Attention(nn.Module):
         """x [B, T, hidden]; cos/sin [T, D] (positions shared by every row) or [B, T, D] (each row
         at its own positions). Without a context: causal attention over x alone. partial: a
         row-parallel o_proj's own product, before its sum over the ranks (see DecoderLayer)."""
+        return self.output(self.attend(x, cos, sin, context), partial)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, T, hidden] -> q [B, T, H, D], k and v [B, T, Hkv, D], before RoPE."""
         b, t, _ = x.shape
         if hasattr(self, "qkv_proj"):
             q, k, v = self.qkv_proj(x).split(self.widths, dim=-1)
@@ -207,12 +211,21 @@ class Attention(nn.Module):
         k = k.reshape(b, t, -1, hd)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        v = v.reshape(b, t, -1, hd)
-        if context is None:
-            q, k, v = rope(q, cos, sin), rope(k, cos, sin), v.transpose(1, 2)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        else:
-            out = context.attend(self.index, q, k, v, cos, sin)
+        return q, k, v.reshape(b, t, -1, hd)
+
+    def attend(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: AttentionContext | None = None
+    ) -> torch.Tensor:
+        """The attention's output for x [B, T, hidden], before o_proj: [B, H, T, D]."""
+        q, k, v = self.project(x)
+        if context is not None:
+            return context.attend(self.index, q, k, v, cos, sin)
+        q, k, v = rope(q, cos, sin), rope(k, cos, sin), v.transpose(1, 2)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    def output(self, out: torch.Tensor, partial: bool = False) -> torch.Tensor:
+        """o_proj of the attention's output [B, H, T, D] -> [B, T, hidden]."""
+        b, _, t, _ = out.shape
         o_proj = cast(nn.Module, self.o_proj.linear) if partial else self.o_proj
         return o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
@@ -265,8 +278,15 @@ class DecoderLayer(nn.Module):
 
         A row-parallel o_proj or down_proj (tensor parallelism) offers its own add_rms_norm, which
         sums the ranks' products before the add, or with it in one kernel."""
+        return self.after_attention(self.self_attn.attend(normed, cos, sin, context), residual, next_norm)
+
+    def after_attention(
+        self, out: torch.Tensor, residual: torch.Tensor, next_norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rest of forward_normed from the attention's output [B, H, T, D]: o_proj, the residual
+        add and norm, the MLP, its add and next_norm -> (next_norm(out), out)."""
         attn_add_norm = getattr(self.self_attn.o_proj, "add_rms_norm", None)
-        attn = self.self_attn(normed, cos, sin, context, partial=attn_add_norm is not None)
+        attn = self.self_attn.output(out, partial=attn_add_norm is not None)
         post = self.post_attention_layernorm
         normed, h = (attn_add_norm or add_rms_norm)(attn, residual, post.weight, post.eps)
         mlp_add_norm = getattr(self.mlp.down_proj, "add_rms_norm", None)

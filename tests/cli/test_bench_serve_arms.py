@@ -11,7 +11,7 @@ from fp8route.engine.workload import ServeReport
 def args(**over: str) -> argparse.Namespace:
     base = {
         "policy": "routed", "prefix_caching": "on", "mixed_steps": "off", "kv_cache_dtype": "auto",
-        "async_scheduling": "off",
+        "async_scheduling": "off", "prefill_graphs": "on",
     }  # fmt: skip
     base.update(over)
     return argparse.Namespace(
@@ -37,6 +37,8 @@ def test_arms_cross_the_options_and_name_what_varies():
     assert [(a.kv_cache_dtype, a.async_scheduling) for a in arms] == [
         ("auto", False), ("auto", True), ("fp8", False), ("fp8", True)
     ]  # fmt: skip
+    arms = _arms(args(prefill_graphs="off,on"), folders)
+    assert [(a.name, a.prefill_graphs) for a in arms] == [("routed graphs-off", False), ("routed graphs-on", True)]
 
 
 def test_tokens_are_compared_between_arms_that_differ_in_one_option():
