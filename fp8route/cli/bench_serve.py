@@ -175,7 +175,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
         "--mixed-steps", default="off", help="decodes inside the prefill forward: off, on, or off,on (both, as arms)"
     )
     serve.add_argument(
-        "--async-scheduling", default="off",
+        "--async-scheduling", default="on",
         help="decode steps launched before the last one is read back: off, on, or off,on (both, as arms)",
     )  # fmt: skip
     serve.add_argument(

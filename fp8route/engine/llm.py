@@ -75,7 +75,7 @@ class LLM:
         skip_tokenizer_init: bool = False,
         record_stats: bool = False,
         mixed_steps: bool = False,
-        async_scheduling: bool = False,
+        async_scheduling: bool | None = None,
         prefill_graphs: bool = True,
     ) -> None:
         if not 0 < gpu_memory_utilization <= 1:
@@ -176,6 +176,8 @@ class LLM:
             runner.decode(zeros, zeros, pad, host_lengths=[1] * size, host_blocks=[[0]] * size)
         torch.cuda.synchronize(device)
         print(f"fp8route: captured {len(sizes)} decode graphs in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+        if self.engine.mixed_steps:  # the tails' decode kernels, which no graph captured
+            runner.warm_decode_tail()
         prefill = runner.prefill_graphs_for(1)
         if prefill is not None:
             start = time.perf_counter()

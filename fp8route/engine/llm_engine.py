@@ -7,15 +7,15 @@ paged decode call per layer): one forward's weight reads, not two, but eager. Th
 chosen are copied to the host as soon as they are launched: one wait per step, which the
 bookkeeping that follows (appending tokens, stop checks, new blocks) needs anyway.
 
-With async_scheduling, a decode-only step launches the next one before waiting for its own tokens:
-the next step's input tokens are this step's, still on the device, so the GPU runs the next step
-while the host reads this one's tokens back and does its bookkeeping. It does so only when the next
-step's plan is known without those tokens: every running request decodes again (none ends by
-length, none can be admitted in its place), all greedy past min_tokens, and the pool gives each its
-next block. A request that a token stops (EOS, a stop id) had one more position computed, whose
-token is dropped; the blocks it wrote are freed after, in stream order. Not with FlashInfer's
-attention: its decode plan reaches the GPU through a host buffer of its own that the next step's
-plan would overwrite before the copy has run.
+With async_scheduling (the default on a GPU), a decode-only step launches the next one before
+waiting for its own tokens: the next step's input tokens are this step's, still on the device, so
+the GPU runs the next step while the host reads this one's tokens back and does its bookkeeping.
+It does so only when the next step's plan is known without those tokens: every running request
+decodes again (none ends by length, none can be admitted in its place), all greedy past
+min_tokens, and the pool gives each its next block. A request that a token stops (EOS, a stop id)
+had one more position computed, whose token is dropped; the blocks it wrote are freed after, in
+stream order. Not with FlashInfer's attention: its decode plan reaches the GPU through a host
+buffer of its own that the next step's plan would overwrite before the copy has run.
 """
 
 from __future__ import annotations
@@ -109,8 +109,10 @@ class LLMEngine:
         eos_token_ids: Sequence[int] = (),
         record_stats: bool = False,
         mixed_steps: bool = False,
-        async_scheduling: bool = False,
+        async_scheduling: bool | None = None,
     ) -> None:
+        """async_scheduling None: on a GPU, unless the attention is FlashInfer's (its decode plans go
+        through a host buffer); off on a CPU, where nothing would overlap."""
         if max_num_seqs < 1 or max_num_seqs > model.max_batch_size:
             raise Fp8InputError(
                 f"max_num_seqs must be in 1..{model.max_batch_size} (the model's table rows), got {max_num_seqs}"
@@ -134,6 +136,8 @@ class LLMEngine:
         # the chunks' end) or as two (the chunks, then the decode graph); off: two same-run A/Bs
         # measured 1.05x and 0.96x (benchmarks/results/h200/serve/COMMAND.md, runs 7a and 7b).
         self.mixed_steps = mixed_steps
+        if async_scheduling is None:
+            async_scheduling = model.device.type == "cuda" and not model.runner.plans_on_host
         self.async_scheduling = async_scheduling
         self.ahead_steps = 0  # decode steps launched before the step before them was read back
         self._ahead: InFlight | None = None

@@ -24,11 +24,13 @@ from fp8route.engine.attention import (
     DecodeTail,
     PrefillAttention,
     PrefillSeq,
+    paged_decode_attention,
     triton_decode_available,
 )
 from fp8route.engine.decode_graphs import DecodeGraphs
 from fp8route.engine.flashinfer_attention import FlashInferAttention, check_attention
 from fp8route.engine.kv_pool import KVPool, upload
+from fp8route.engine.paged_decode import split_len
 from fp8route.engine.prefill_graphs import MAX_TOKENS, PrefillGraphs, graphs_apply
 from fp8route.errors import Fp8InputError
 from fp8route.models.llama import LlamaForCausalLM, rope_tables
@@ -154,6 +156,25 @@ class ModelRunner:
         if graphs is None and cuda and self.flashinfer is None and graphs_apply(self.model.model):
             graphs = self.prefill_graphs = PrefillGraphs(self.model.model, MAX_TOKENS, self.pool.device)
         return graphs if graphs is not None and tokens <= graphs.max_tokens else None
+
+    def warm_decode_tail(self) -> int:
+        """Compile now, not in the middle of serving, the decode kernel's variants a mixed step's tail
+        can take: one per split length (paged_decode.split_len) over 1..max_rows rows. Returns how
+        many calls it made (0 where the tail does not run the Triton kernel)."""
+        if not self._triton_tail():
+            return 0
+        pool, cfg = self.pool, self.model.cfg
+        heads, size = cfg.num_attention_heads, cfg.head_size
+        seen: set[int] = set()
+        for rows in range(1, pool.max_rows + 1):
+            split = split_len(rows * cfg.num_key_value_heads)
+            if split in seen:
+                continue
+            seen.add(split)
+            q = torch.zeros((rows, heads, size), dtype=self.dtype, device=pool.device)
+            pad = torch.full((rows,), pool.pad_row, dtype=torch.int64, device=pool.device)
+            paged_decode_attention(pool, 0, q, pad, torch.ones_like(pad), 1, True)
+        return len(seen)
 
     def _triton_tail(self) -> bool:
         """Whether a prefill's decode tail runs the Triton kernel: use_triton when set (True on a CPU

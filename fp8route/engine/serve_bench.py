@@ -40,7 +40,7 @@ class Arm:
     static_batch: int = 0  # rows of the static generate to time (0: none)
     kv_cache_dtype: str = "auto"
     mixed_steps: bool = False
-    async_scheduling: bool = False
+    async_scheduling: bool = True
     prefill_graphs: bool = True
 
 

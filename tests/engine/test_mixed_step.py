@@ -90,3 +90,20 @@ def test_the_decode_kernel_reads_the_tails_strided_queries(device):
     k, v = (x[tables[:3].long()].flatten(1, 2).transpose(1, 2) for x in (k_blocks, v_blocks))  # [T, Hkv, S, D]
     expected = decode_attention_torch(q, k, v, lengths)
     torch.testing.assert_close(kernel.decode_attention(q, pages, lengths), expected, rtol=1e-4, atol=1e-4)
+
+
+def compiled_variants(jit) -> int:  # noqa: ANN001 - a triton JITFunction
+    return sum(len(caches[0]) for caches in jit.device_caches.values())
+
+
+@pytest.mark.gpu
+def test_warming_the_tail_compiles_every_variant_a_tail_of_any_size_takes():
+    lm = model("cuda", True)
+    assert lm.runner.warm_decode_tail() == 2  # 1-4 rows of 2 KV heads split 128 positions per program, 5-6 256
+    compiled = compiled_variants(kernel._split_kernel)
+    pool = lm.pool
+    for rows in range(1, pool.max_rows + 1):
+        q = torch.randn(rows, CONFIG["num_attention_heads"], 32, device="cuda")
+        pad = torch.full((rows,), pool.pad_row, device="cuda")
+        kernel.decode_attention(q, kernel.Pages(*pool.layer(0), pool.tables, pad), torch.ones_like(pad))
+    assert compiled_variants(kernel._split_kernel) == compiled
