@@ -39,6 +39,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--policy", default="routed", help=f"routed, or one backend for every layer: {', '.join(BACKENDS)}"
     )
+    parser.add_argument(
+        "--async-scheduling", default="auto", choices=("auto", "on", "off"),
+        help="launch a decode step before the last one is read back (auto: on a GPU, unless FlashInfer attends)",
+    )  # fmt: skip
     parser.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
     parser.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     parser.add_argument("--device", help="cuda (default when there is one) or cpu")

@@ -110,6 +110,9 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+_ASYNC = {"auto": None, "on": True, "off": False}  # --async-scheduling -> LLM(async_scheduling=...)
+
+
 def serve(args: argparse.Namespace) -> int:
     for name, low in (("--max-queue", 0), ("--max-request-bytes", 1), ("--shutdown-timeout", 0)):
         value = getattr(args, name[2:].replace("-", "_"))
@@ -131,7 +134,7 @@ def _serve(args: argparse.Namespace, sock: socket.socket, api_key: str | None, p
         folder, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=not args.no_prefix_caching,
         policy=policy, max_model_len=args.max_model_len, device=args.device, num_kv_blocks=args.num_kv_blocks,
-        kv_cache_dtype=args.kv_cache_dtype,
+        kv_cache_dtype=args.kv_cache_dtype, async_scheduling=_ASYNC[args.async_scheduling],
     )  # fmt: skip
     name = args.served_model_name or args.model
     serving = Serving(

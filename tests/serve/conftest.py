@@ -10,11 +10,12 @@ def tiny_folder(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def server(tiny_folder, tmp_path_factory):
-    """One server for the tests that leave it as they found it: API key on, 32 running at once."""
+    """One server for the tests that leave it as they found it: API key on, 32 running at once, async
+    scheduling on (a GPU's default; the CPU's is off)."""
     from serve_helpers import API_KEY, MODEL, Server
 
     log = tmp_path_factory.mktemp("server") / "server.log"
-    args = ["--served-model-name", MODEL, "--api-key", API_KEY, "--max-num-seqs", "32"]
+    args = ["--served-model-name", MODEL, "--api-key", API_KEY, "--max-num-seqs", "32", "--async-scheduling", "on"]
     running = Server(tiny_folder, log, *args, "--max-num-batched-tokens", "512", "--max-request-bytes", "65536")
     yield running
     assert running.stop() == 0, running.log()
