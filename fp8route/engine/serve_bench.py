@@ -140,7 +140,6 @@ def _step_floors(llm: LLM, stats: list[StepStats], copy_gbs: float) -> dict[str,
         "decode_batch_mean": statistics.fmean(s.decodes for s in decode),
         "host_ms_mean": 1e3 * statistics.fmean(s.host_s for s in stats),
         "decode_host_ms_mean": 1e3 * statistics.fmean(s.host_s for s in decode),
-        **_prefill_steps(stats),
     }
 
 
@@ -224,4 +223,5 @@ def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tup
         copy_gbs = copy_bandwidth_gbs()
         extra["copy_gbs"] = copy_gbs
         extra.update(_step_floors(llm, stats, copy_gbs))
+        extra.update(_prefill_steps(stats))
     return summarize(arm.name, results, duration, **extra), digests

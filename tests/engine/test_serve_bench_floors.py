@@ -1,5 +1,6 @@
 """bench serve's decode floors: each pure decode step against the bytes it must read (the weights,
-plus every position its rows attend to), over the copy bandwidth; prefill and mixed steps apart."""
+plus every position its rows attend to), over the copy bandwidth; prefill and mixed steps apart, the
+steps with prefill chunks as prompt tokens over their own time."""
 
 import pytest
 from checkpoint_helpers import text_model_folder
@@ -7,7 +8,7 @@ from checkpoint_helpers import text_model_folder
 from fp8route import LLM
 from fp8route.engine.e2e_bench import weight_bytes
 from fp8route.engine.llm_engine import StepStats
-from fp8route.engine.serve_bench import _step_floors
+from fp8route.engine.serve_bench import _prefill_steps, _step_floors
 
 
 def test_decode_steps_are_set_against_weights_plus_the_kv_they_read(tmp_path):
@@ -26,3 +27,16 @@ def test_decode_steps_are_set_against_weights_plus_the_kv_they_read(tmp_path):
     assert floors["decode_gbs"] == pytest.approx(0.75)  # (0.5 + 1.0) / 2 of the copy rate
     assert floors["decode_batch_mean"] == 3 and floors["decode_host_ms_mean"] == pytest.approx(2.0)
     assert _step_floors(llm, stats[:1], copy_gbs) == {}
+
+
+def test_steps_with_prefill_chunks_count_their_prompt_tokens_over_their_own_time():
+    stats = [
+        StepStats(0, 300, False, 0, 3, 0.010, 0.030),
+        StepStats(5, 0, False, 100, 3, 0.001, 0.500),  # a decode step: not counted
+        StepStats(2, 100, True, 50, 5, 0.020, 0.010),
+    ]
+    steps = _prefill_steps(stats)
+    assert steps["prefill_steps"] == 2 and steps["prefill_step_ms"] == pytest.approx(20.0)
+    assert steps["prefill_tok_s_in_steps"] == pytest.approx(400 / 0.040)
+    assert steps["prefill_host_ms_mean"] == pytest.approx(15.0)
+    assert _prefill_steps(stats[1:2]) == {}
