@@ -143,8 +143,8 @@ def _checks(reports: list[ServeReport], digests: dict[str, list[str]], arms: lis
                 f"{e['prefill_tok_s_in_steps']:,.0f} prompt tok/s within them; "
                 f"host {e['prefill_host_ms_mean']:.1f} ms a step"
             )
-    # Arms that differ only in the prefix cache, mixed steps or async scheduling should give the same tokens
-    # (an fp8 KV cache's are compared with its own, not bf16's).
+    # Arms that differ only in the prefix cache, mixed steps, async scheduling or prefill graphs should give
+    # the same tokens (an fp8 KV cache's are compared with its own, not bf16's).
     axes = {
         "prefix_caching": "the prefix cache",
         "mixed_steps": "mixed steps",

@@ -36,7 +36,7 @@ from fp8route.progress import TextProgress
 
 DEFAULT_CONTEXT = 8192  # for a config.json without max_position_embeddings (load_model's default too)
 CPU_KV_TOKENS = 32768  # a CPU pool's default size: no device memory to size it from
-_GRAPH_RESERVE = 3 << 29  # CUDA graphs' own memory (decode: logits and activations per bucket; prefill), kept free
+_GRAPH_RESERVE = 1 << 30  # decode graphs' own memory (logits and activations per bucket), kept free
 
 
 def resolve_model(model: str | os.PathLike[str]) -> Path:
@@ -112,6 +112,9 @@ class LLM:
             max_prefill_tokens=max_num_batched_tokens, kv_scales=scales,
         )  # fmt: skip
         self.model.runner.use_prefill_graphs = prefill_graphs
+        cuda_graphs = use_cuda_graphs and self.model.device.type == "cuda"
+        if cuda_graphs:  # before the pool is sized, which then counts their memory as taken
+            self._capture_prefill_graphs()
         if num_kv_blocks is None:
             num_kv_blocks = self._fit_pool(gpu_memory_utilization, max_num_batched_tokens, mixed_steps)
         self.model.resize_pool(num_kv_blocks)
@@ -128,7 +131,7 @@ class LLM:
             eos_token_ids=eos_token_ids(config), record_stats=record_stats, mixed_steps=mixed_steps,
             async_scheduling=async_scheduling,
         )  # fmt: skip
-        if use_cuda_graphs and self.model.device.type == "cuda":
+        if cuda_graphs:
             self._capture_graphs(max_num_seqs)
 
     def _fit_pool(self, utilization: float, prefill_tokens: int, mixed_steps: bool) -> int:
@@ -163,7 +166,8 @@ class LLM:
         return int(blocks) + 1
 
     def _capture_graphs(self, max_num_seqs: int) -> None:
-        """Every decode bucket's graph now, so the first requests do not wait for captures."""
+        """Every decode bucket's graph now, so the first requests do not wait for captures (and with
+        mixed steps the decode kernel's variants their tails take)."""
         runner = self.model.runner
         device = self.model.device
         start = time.perf_counter()
@@ -178,16 +182,20 @@ class LLM:
         print(f"fp8route: captured {len(sizes)} decode graphs in {time.perf_counter() - start:.1f} s", file=sys.stderr)
         if self.engine.mixed_steps:  # the tails' decode kernels, which no graph captured
             runner.warm_decode_tail()
-        prefill = runner.prefill_graphs_for(1)
-        if prefill is not None:
-            start = time.perf_counter()
-            prefill.capture_all()
-            torch.cuda.synchronize(device)
-            print(
-                f"fp8route: captured prefill graphs for {len(prefill.sizes)} sizes up to {prefill.max_tokens} tokens "
-                f"in {time.perf_counter() - start:.1f} s",
-                file=sys.stderr,
-            )
+
+    def _capture_prefill_graphs(self) -> None:
+        """Every prefill bucket's pieces (fp8route.engine.prefill_graphs), when they apply."""
+        prefill = self.model.runner.prefill_graphs_for(1)
+        if prefill is None:
+            return
+        start = time.perf_counter()
+        prefill.capture_all()
+        torch.cuda.synchronize(self.model.device)
+        print(
+            f"fp8route: captured prefill graphs for {len(prefill.sizes)} sizes up to {prefill.max_tokens} tokens "
+            f"in {time.perf_counter() - start:.1f} s",
+            file=sys.stderr,
+        )
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):

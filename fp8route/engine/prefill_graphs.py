@@ -43,24 +43,33 @@ def token_buckets(max_tokens: int) -> list[int]:
 
 def graphs_apply(model: LlamaModel) -> bool:
     """Whether a model's prefill can run from these graphs: not under tensor parallelism, whose
-    row-parallel projections sum over the ranks inside the step."""
-    return not any(
-        hasattr(layer.self_attn.o_proj, "add_rms_norm") or hasattr(layer.mlp.down_proj, "add_rms_norm")
-        for layer in cast("list[DecoderLayer]", list(model.layers))
-    )
+    row-parallel projections sum over the ranks inside the step; not with a bias on o_proj or the
+    MLP, which would make padded rows nonzero where a dynamic input scale takes its amax."""
+    for layer in cast("list[DecoderLayer]", list(model.layers)):
+        attn, mlp = layer.self_attn, layer.mlp
+        if hasattr(attn.o_proj, "add_rms_norm") or hasattr(mlp.down_proj, "add_rms_norm"):
+            return False
+        names = ("gate_up_proj", "gate_proj", "up_proj", "down_proj")
+        linears = [attn.o_proj, *(getattr(mlp, n) for n in names if hasattr(mlp, n))]
+        if any(getattr(linear, "bias", None) is not None for linear in linears):
+            return False
+    return True
 
 
 class PrefillGraphs:
     """Runs LlamaModel.run_layers over a packed prefill from captured pieces. capture=False runs the
     same pieces eagerly over the same padded buffers (what a CPU can test)."""
 
-    def __init__(self, model: LlamaModel, max_tokens: int, device: torch.device, capture: bool = True) -> None:
+    def __init__(
+        self, model: LlamaModel, max_tokens: int, device: torch.device, dtype: torch.dtype, capture: bool = True
+    ) -> None:
+        """dtype: the forward's activations (the runner's dtype)."""
         self.model, self.device, self.capture = model, device, capture
         self.layers = cast("list[DecoderLayer]", list(model.layers))
         attn = self.layers[0].self_attn
         self.widths, self.head_size = list(attn.widths), attn.cfg.head_size
         self.sizes = token_buckets(max_tokens)
-        hidden, dtype = model.norm.weight.shape[0], model.norm.weight.dtype
+        hidden = model.norm.weight.shape[0]
         top = self.sizes[-1]
 
         def buffer(width: int) -> torch.Tensor:
@@ -70,7 +79,7 @@ class PrefillGraphs:
         self.qkv, self.attn = buffer(sum(self.widths)), buffer(self.widths[0])
         self.used = top  # rows the last forward's pieces wrote: those past the next one's tokens are zeroed
         self.pieces: dict[int, list[Callable[[], None]]] = {}
-        self.pool: Any = None
+        self.pool: Any = None  # the memory pool every piece's graph shares
         self.epoch = plans_epoch()
 
     @property
@@ -82,6 +91,7 @@ class PrefillGraphs:
 
     def capture_all(self) -> None:
         """Every bucket's pieces now, so that no request waits for a capture."""
+        self._check_epoch()
         for size in self.sizes:
             if size not in self.pieces:
                 self.pieces[size] = self._make(size)
@@ -89,10 +99,7 @@ class PrefillGraphs:
     def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: AttentionContext) -> torch.Tensor:
         """h [T, hidden] (embeddings; T <= max_tokens) -> the final norm's output [T, hidden]; the
         attention of each layer runs eagerly through context, as in run_layers."""
-        if self.epoch != plans_epoch():
-            self.pieces.clear()
-            self.pool = None
-            self.epoch = plans_epoch()
+        self._check_epoch()
         t = h.shape[0]
         size = self.bucket(t)
         pieces = self.pieces.get(size)
@@ -110,6 +117,13 @@ class PrefillGraphs:
             heads[:, :, :t].copy_(context.attend(i, q, k, v, cos, sin))
             pieces[i + 1]()
         return self.normed[:t]
+
+    def _check_epoch(self) -> None:
+        """Drop every piece when an Fp8Linear was replanned since they were captured."""
+        if self.epoch != plans_epoch():
+            self.pieces.clear()
+            self.pool = None
+            self.epoch = plans_epoch()
 
     def _piece(self, i: int, size: int) -> None:
         """The work after layer i - 1's attention and up to layer i's (i = 0: from the embeddings;

@@ -124,10 +124,9 @@ class ModelRunner:
         total = len(ids)
         logit_rows = np.concatenate([offsets[1:][np.asarray(wanted, dtype=np.int64)] - 1, np.arange(chunked, total)])
         # One copy to the device: ids, positions, slots, the rows lm_head takes, the tail's table rows.
-        host = np.concatenate([ids, positions, slots, logit_rows, np.asarray(tail.rows, dtype=np.int64)])
-        packed = upload(torch.from_numpy(host), self.pool.device)
-        token_ids, pos, slot = packed[: 3 * total].view(3, total)
-        outputs, tail_rows = packed[3 * total : 3 * total + len(logit_rows)], packed[3 * total + len(logit_rows) :]
+        token_ids, pos, slot, outputs, tail_rows = _upload_parts(
+            [ids, positions, slots, logit_rows, np.asarray(tail.rows, dtype=np.int64)], self.pool.device
+        )
         seqs = [PrefillSeq(int(o), n, s, r) for o, n, s, r in zip(offsets, lengths, starts, rows, strict=False)]
         decoding = None
         if len(at):
@@ -154,7 +153,8 @@ class ModelRunner:
         graphs = self.prefill_graphs
         cuda = self.pool.device.type == "cuda"
         if graphs is None and cuda and self.flashinfer is None and graphs_apply(self.model.model):
-            graphs = self.prefill_graphs = PrefillGraphs(self.model.model, MAX_TOKENS, self.pool.device)
+            most = min(MAX_TOKENS, getattr(self.model, "max_prefill_tokens", MAX_TOKENS))
+            graphs = self.prefill_graphs = PrefillGraphs(self.model.model, most, self.pool.device, self.dtype)
         return graphs if graphs is not None and tokens <= graphs.max_tokens else None
 
     def warm_decode_tail(self) -> int:
@@ -222,3 +222,15 @@ class ModelRunner:
         if graphs is not None:
             return graphs.run(tokens, positions, rows)
         return self.decode_step(tokens, positions, rows, limit)
+
+
+def _upload_parts(parts: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """int64 arrays to the device in one copy, each part's view starting 16 bytes aligned: Triton
+    compiles a kernel apart for a pointer that is not, which a warm-up would not have met."""
+    sizes = [len(part) for part in parts]
+    starts = np.cumsum([0, *(n + n % 2 for n in sizes)])
+    host = np.zeros(int(starts[-1]), dtype=np.int64)
+    for part, start in zip(parts, starts, strict=False):
+        host[start : start + len(part)] = part
+    packed = upload(torch.from_numpy(host), device)
+    return [packed[start : start + n] for start, n in zip(starts, sizes, strict=False)]

@@ -4,6 +4,7 @@ continuations, a decode tail, forwards of falling sizes (the rows a larger one l
 reach a dynamic input scale). On a CPU the pieces run eagerly over the same buffers; on CUDA they
 are captured graphs."""
 
+import numpy as np
 import pytest
 import torch
 from checkpoint_helpers import TINY, llama_tensors
@@ -11,7 +12,7 @@ from checkpoint_helpers import TINY, llama_tensors
 from fp8route import Fp8Linear
 from fp8route.engine import CausalLM
 from fp8route.engine.prefill_graphs import PrefillGraphs, graphs_apply, token_buckets
-from fp8route.engine.runner import DecodeRows
+from fp8route.engine.runner import DecodeRows, _upload_parts
 from fp8route.models import LlamaConfig
 
 CONFIG = {**TINY, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
@@ -19,8 +20,8 @@ BLOCK = 4
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def model(device: str, fp8: bool) -> CausalLM:
-    tensors = {n: t.to(device, torch.float32) for n, t in llama_tensors(CONFIG).items()}
+def model(device: str, fp8: bool, weights: torch.dtype = torch.float32) -> CausalLM:
+    tensors = {n: t.to(device, weights) for n, t in llama_tensors(CONFIG).items()}
     linears = {}
     if fp8:  # no input scale: each linear quantizes x with a scale from its amax, padded rows included
         for name in [n for n in tensors if n.rsplit(".", 2)[-2] in PROJECTIONS]:
@@ -46,7 +47,9 @@ def test_graphed_pieces_give_the_eager_forward(device, fp8):
     vocab = CONFIG["vocab_size"]
     prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (37, 21, 12, 9, 30)]
     graphed, eager = model(device, fp8), model(device, fp8)
-    graphed.runner.prefill_graphs = PrefillGraphs(graphed.model, 64, torch.device(device), capture=device == "cuda")
+    graphed.runner.prefill_graphs = PrefillGraphs(
+        graphed.model, 64, torch.device(device), torch.float32, capture=device == "cuda"
+    )
     eager.runner.use_prefill_graphs = False
     held = {}
     for lm in (graphed, eager):
@@ -82,7 +85,7 @@ def test_graphed_pieces_give_the_eager_forward(device, fp8):
 
 def test_a_forward_past_the_largest_bucket_runs_eagerly():
     lm = model("cpu", False)
-    lm.runner.prefill_graphs = PrefillGraphs(lm.model, 16, torch.device("cpu"), capture=False)
+    lm.runner.prefill_graphs = PrefillGraphs(lm.model, 16, torch.device("cpu"), torch.float32, capture=False)
     taken = lm.blocks.allocate(5)
     lm.pool.set_rows([0], [taken])
     with torch.no_grad():
@@ -92,8 +95,32 @@ def test_a_forward_past_the_largest_bucket_runs_eagerly():
         assert list(lm.runner.prefill_graphs.pieces) == [16]
 
 
-def test_graphs_apply_only_without_row_parallel_projections():
+def test_graphs_apply_only_without_row_parallel_projections_or_biases_after_the_attention():
     lm = model("cpu", False)
     assert graphs_apply(lm.model)
     lm.model.layers[1].mlp.down_proj.add_rms_norm = lambda *args: None  # what a row-parallel projection offers
     assert not graphs_apply(lm.model)
+    lm = model("cpu", False)
+    lm.model.layers[0].self_attn.o_proj.bias = torch.nn.Parameter(torch.ones(CONFIG["hidden_size"]))
+    assert not graphs_apply(lm.model)  # o_proj(0) = bias: padded rows would reach the MLP's amax
+
+
+def test_the_buffers_hold_the_forwards_dtype_not_the_weights():
+    graphed, eager = model("cpu", False, torch.bfloat16), model("cpu", False, torch.bfloat16)
+    graphed.runner.prefill_graphs = PrefillGraphs(graphed.model, 32, torch.device("cpu"), torch.float32, capture=False)
+    eager.runner.use_prefill_graphs = False
+    outs = []
+    for lm in (graphed, eager):
+        taken = lm.blocks.allocate(5)
+        lm.pool.set_rows([0], [taken])
+        with torch.no_grad():
+            outs.append(lm.runner.prefill([list(range(1, 18))], [0], [0], [taken], [0]))
+    assert graphed.runner.prefill_graphs.pieces and outs[0].dtype == torch.float32
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
+
+
+def test_the_packed_inputs_reach_the_device_as_aligned_views():
+    parts = [np.arange(n, dtype=np.int64) + 100 * n for n in (3, 5, 2, 1, 7)]
+    views = _upload_parts(parts, torch.device("cpu"))
+    for part, view in zip(parts, views, strict=True):
+        assert view.tolist() == part.tolist() and view.data_ptr() % 16 == 0
