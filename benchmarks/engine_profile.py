@@ -2,7 +2,7 @@
 then the same with CUDA's sync debug mode on, which reports every operation that waits for the GPU.
 
     python3 benchmarks/engine_profile.py CHECKPOINT [--prompts 32] [--input-len 1024:4096] [--output-len 16]
-        [--request-rate R] [--max-num-batched-tokens N] [--mixed-steps] [--async-scheduling]
+        [--request-rate R] [--max-num-batched-tokens N] [--mixed-steps] [--async-scheduling on|off]
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ def main() -> None:
     parser.add_argument("--request-rate", type=float, default=float("inf"))
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--mixed-steps", action="store_true")
-    parser.add_argument("--async-scheduling", action="store_true")
+    parser.add_argument("--async-scheduling", choices=("on", "off"), default="on", help="the library's default: on")
     args = parser.parse_args()
     llm = LLM(
         args.folder, max_model_len=8192, skip_tokenizer_init=True, record_stats=True,
         max_num_batched_tokens=args.max_num_batched_tokens, mixed_steps=args.mixed_steps,
-        async_scheduling=args.async_scheduling,
+        async_scheduling=args.async_scheduling == "on",
     )  # fmt: skip
     vocab = llm.model.cfg.vocab_size
     drive(llm, make_load(8, args.input_len, (2, 4), vocab, seed=1))  # warm-up
