@@ -62,6 +62,7 @@ class EngineStats:
     generation_tokens: int = 0
     finished: dict[str, int] = field(default_factory=dict)  # finish reason -> requests
     preemptions: int = 0
+    steps_launched_ahead: int = 0  # async scheduling's decode steps launched before the last was read back
 
 
 _Queue = asyncio.Queue[StreamOutput | BaseException]
@@ -268,6 +269,7 @@ class AsyncLLM(EngineClient):
             self.stats.prefix_queried_tokens = blocks.stats.queried_tokens
             self.stats.prefix_hit_tokens = blocks.stats.hit_tokens
             self.stats.preemptions = engine.scheduler.preemptions
+            self.stats.steps_launched_ahead = engine.ahead_steps
 
 
 def _put_all(pairs: list[tuple[_Queue, StreamOutput | BaseException]]) -> None:

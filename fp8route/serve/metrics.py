@@ -99,6 +99,10 @@ class _EngineCollector:
         yield counter("prompt_tokens", "Prompt tokens of the requests the engine finished.", s.prompt_tokens)
         yield counter("generation_tokens", "Tokens generated.", s.generation_tokens)
         yield counter("num_preemptions", "Requests preempted to free KV blocks.", s.preemptions)
+        yield counter(
+            "steps_launched_ahead", "Decode steps launched before the step before them was read back.",
+            s.steps_launched_ahead,
+        )  # fmt: skip
         rss = _resident_bytes(getattr(self.engine, "pid", None))
         if rss is not None:  # the engine's own process (process_resident_memory_bytes is the server's)
             yield gauge("engine_resident_memory_bytes", "Resident memory of the engine's process.", rss)

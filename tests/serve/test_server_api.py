@@ -2,6 +2,8 @@
 stop strings, usage; every bad input a 4xx in OpenAI's error body with one sentence naming it, and
 the server still serving after; 401 without the key."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from serve_helpers import API_KEY, MODEL, metrics, request
 
@@ -176,6 +178,18 @@ def test_after_every_bad_input_the_server_is_healthy_and_serves(server, client):
     counts = metrics(server.url)
     assert counts['fp8route:request_rejected_total{status="400"}'] >= 25
     assert counts["fp8route:kv_cache_used_blocks"] == 0 and counts["fp8route:num_requests_in_flight"] == 0
+
+
+def test_greedy_streams_decoding_together_launch_steps_ahead(server, client):
+    before = metrics(server.url)["fp8route:steps_launched_ahead_total"]
+
+    def one(i: int) -> int:
+        out = client.completions.create(model=MODEL, prompt=f"count {i}", max_tokens=12, temperature=0)
+        return out.usage.completion_tokens
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(n >= 1 for n in pool.map(one, range(4)))
+    assert metrics(server.url)["fp8route:steps_launched_ahead_total"] > before  # the server runs --async-scheduling on
 
 
 def test_without_the_key_v1_is_401_and_health_and_metrics_are_open(server):
