@@ -4,7 +4,7 @@ ahead (a sleep kernel first), the host time to issue the forward (measured while
 busy with the sleep), and the wall time of a plain call, with the prefill graphs
 (fp8route.engine.prefill_graphs) off and on. --profile: where the host time goes, cProfile of one shape.
 
-    python3 benchmarks/prefill_host.py CHECKPOINT [--cases 512 1024x2 2048@2048 ...]
+    python3 benchmarks/prefill_host.py CHECKPOINT [--cases 512 1024x2 2048@2048 1024+44 ...]
 """
 
 from __future__ import annotations
@@ -21,15 +21,20 @@ import torch
 
 from fp8route.engine.generate import Rows
 from fp8route.engine.llm import LLM
+from fp8route.engine.runner import DecodeRows
+
+TAIL_CONTEXT = 512  # positions each riding decode row attends to
 
 
-def parse_case(text: str) -> tuple[list[int], list[int]]:
+def parse_case(text: str) -> tuple[list[int], list[int], int]:
     """'1024x2' -> two fresh chunks of 1024; '2048@2048' -> 2048 tokens continuing a sequence at
-    position 2048 (its head as if cached): (lengths, starts)."""
-    chunk, _, count = text.partition("x")
+    position 2048 (its head as if cached); '1024+44' -> a chunk of 1024 with 44 decoding rows riding
+    at its end, as a mixed step has them: (lengths, starts, decode rows)."""
+    chunks, _, tail = text.partition("+")
+    chunk, _, count = chunks.partition("x")
     length, _, start = chunk.partition("@")
     n = int(count or 1)
-    return [int(length)] * n, [int(start or 0)] * n
+    return [int(length)] * n, [int(start or 0)] * n, int(tail or 0)
 
 
 def main() -> None:
@@ -38,7 +43,7 @@ def main() -> None:
     parser.add_argument(
         "--cases",
         nargs="+",
-        default=["512", "1024", "2048", "4096", "1024x2", "512x4", "2048x4", "2048@2048", "1024@1024x2"],
+        default=["512", "1024", "2048", "4096", "1024x2", "512x4", "2048x4", "2048@2048", "1024@1024x2", "1024+44"],
     )
     parser.add_argument("--profile", default="", help="a case to profile (with the arm --graphs lists last)")
     parser.add_argument("--graphs", default="off,on", help="prefill graphs off, on, or off,on (both, per case)")
@@ -48,13 +53,16 @@ def main() -> None:
     arms = [mode == "on" for mode in args.graphs.split(",")]
     rows = []
     for case in args.cases:
-        lengths, starts = parse_case(case)
+        lengths, starts, tail = parse_case(case)
         ids = [torch.randint(0, model.cfg.vocab_size, (n,)).tolist() for n in lengths]
-        with Rows(model, [s + n for s, n in zip(starts, lengths, strict=True)]) as blocks:
+        held = [s + n for s, n in zip(starts, lengths, strict=True)] + [TAIL_CONTEXT] * tail
+        with Rows(model, held) as blocks:
             n = len(lengths)
+            riding = DecodeRows([1] * tail, [TAIL_CONTEXT - 1] * tail, list(range(n, n + tail)), blocks[n:])
 
-            def call(ids=ids, blocks=blocks, n=n, starts=starts) -> torch.Tensor:
-                return model.runner.prefill(ids, starts, list(range(n)), blocks, list(range(n)))
+            def call(ids=ids, blocks=blocks, n=n, starts=starts, riding=riding) -> torch.Tensor:
+                decodes = riding if riding.tokens else None
+                return model.runner.prefill(ids, starts, list(range(n)), blocks[:n], list(range(n)), decodes)
 
             walls = {}
             for graphs in arms:
