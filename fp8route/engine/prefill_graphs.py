@@ -75,8 +75,10 @@ class PrefillGraphs:
         def buffer(width: int) -> torch.Tensor:
             return torch.zeros(top, width, dtype=dtype, device=device)
 
-        self.residual, self.normed = buffer(hidden), buffer(hidden)
-        self.qkv, self.attn = buffer(sum(self.widths)), buffer(self.widths[0])
+        # Ordinary tensors even when made under inference_mode: a later forward outside it writes them.
+        with torch.inference_mode(False):
+            self.residual, self.normed = buffer(hidden), buffer(hidden)
+            self.qkv, self.attn = buffer(sum(self.widths)), buffer(self.widths[0])
         self.used = top  # rows the last forward's pieces wrote: those past the next one's tokens are zeroed
         self.pieces: dict[int, list[Callable[[], None]]] = {}
         self.pool: Any = None  # the memory pool every piece's graph shares

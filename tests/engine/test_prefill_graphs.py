@@ -124,3 +124,15 @@ def test_the_packed_inputs_reach_the_device_as_aligned_views():
     views = _upload_parts(parts, torch.device("cpu"))
     for part, view in zip(parts, views, strict=True):
         assert view.tolist() == part.tolist() and view.data_ptr() % 16 == 0
+
+
+def test_graphs_first_made_under_inference_mode_serve_a_forward_outside_it():
+    lm = model("cpu", False)
+    taken = lm.blocks.allocate(5)
+    lm.pool.set_rows([0], [taken])
+    with torch.inference_mode():  # as a caller's scoring loop might make the first prefill
+        lm.runner.prefill_graphs = PrefillGraphs(lm.model, 32, torch.device("cpu"), torch.float32, capture=False)
+        first = lm.runner.prefill([list(range(1, 18))], [0], [0], [taken], [0])
+    with torch.no_grad():
+        again = lm.runner.prefill([list(range(1, 18))], [0], [0], [taken], [0])
+    torch.testing.assert_close(first, again)
