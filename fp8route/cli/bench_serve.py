@@ -136,6 +136,7 @@ def _checks(reports: list[ServeReport], digests: dict[str, list[str]], arms: lis
                 f"their floor (weights + KV over {e['copy_gbs']:.0f} GB/s); "
                 f"host {e['decode_host_ms_mean']:.2f} ms a step"
             )
+        lines += _ratios(r)
         if "prefill_step_ms" in r.extra:
             e = r.extra
             lines.append(
@@ -162,6 +163,31 @@ def _checks(reports: list[ServeReport], digests: dict[str, list[str]], arms: lis
                 same = sum(a == b for a, b in pairs)
                 verdict = "equal" if same == len(pairs) else f"DIFFER for {len(pairs) - same} of {len(pairs)} requests"
                 lines.append(f"{group[0].name} / {group[1].name}: tokens with and without {label} {verdict}")
+    return lines
+
+
+def _ratios(r: ServeReport) -> list[str]:
+    """The issue's must-show ratios, each against what the same arm measured apart: a request alone,
+    a lone prefill, the static generate."""
+    e, lines = r.extra, []
+    if e.get("unloaded_ttft_ms") and e.get("unloaded_itl_ms"):
+        ttft, itl = float(e["unloaded_ttft_ms"]), float(e["unloaded_itl_ms"])  # type: ignore[arg-type]
+        lines.append(
+            f"{r.arm}: TTFT p50 {r.ttft_ms['p50'] / ttft:.2f}x a request alone ({ttft:.1f} ms), "
+            f"ITL p99 {r.itl_ms['p99'] / itl:.1f}x its step ({itl:.2f} ms)"
+        )
+    if e.get("lone_prefill_tok_s"):
+        lone = float(e["lone_prefill_tok_s"])  # type: ignore[arg-type]
+        lines.append(
+            f"{r.arm}: input {r.input_throughput:,.0f} tok/s = {r.input_throughput / lone:.2f}x a lone "
+            f"{e['lone_prefill_tokens']}-token prefill ({lone:,.0f} tok/s)"
+        )
+    if e.get("static_output_tok_s"):
+        static = float(e["static_output_tok_s"])  # type: ignore[arg-type]
+        lines.append(
+            f"{r.arm}: output {r.output_throughput:,.0f} tok/s = {r.output_throughput / static:.2f}x the static "
+            f"generate at batch {e['static_batch']} ({static:,.0f} tok/s)"
+        )
     return lines
 
 

@@ -4,7 +4,7 @@ options that vary, and the token comparisons between arms that differ in one opt
 import argparse
 from pathlib import Path
 
-from fp8route.cli.bench_serve import _arms, _checks
+from fp8route.cli.bench_serve import _arms, _checks, _ratios
 from fp8route.engine.workload import ServeReport
 
 
@@ -74,3 +74,19 @@ def test_a_gpu_arm_reports_its_decode_steps_against_their_floor():
     )
     cpu = [ServeReport(arms[0].name, 2, 0, 1.0, 1.0, 1.0, 1.0, {}, {}, {}, {}, 0)]
     assert not any("decode steps" in line for line in _checks(cpu, {arms[0].name: ["x", "y"]}, arms))
+
+
+def test_the_must_show_ratios_are_printed_against_what_the_arm_measured_apart():
+    extra = {
+        "unloaded_ttft_ms": 20.0, "unloaded_itl_ms": 3.0, "lone_prefill_tok_s": 60000.0, "lone_prefill_tokens": 4096,
+        "static_output_tok_s": 3000.0, "static_batch": 16,
+    }  # fmt: skip
+    report = ServeReport(
+        "routed", 4, 0, 1.0, 4.0, 54000.0, 7500.0, {"p50": 50.0}, {}, {"p50": 6.0, "p99": 45.0}, {}, 0, extra
+    )
+    assert _ratios(report) == [
+        "routed: TTFT p50 2.50x a request alone (20.0 ms), ITL p99 15.0x its step (3.00 ms)",
+        "routed: input 54,000 tok/s = 0.90x a lone 4096-token prefill (60,000 tok/s)",
+        "routed: output 7,500 tok/s = 2.50x the static generate at batch 16 (3,000 tok/s)",
+    ]
+    assert _ratios(ServeReport("cpu", 1, 0, 1.0, 1.0, 1.0, 1.0, {"p50": 1.0}, {}, {"p99": 1.0}, {}, 0)) == []
