@@ -185,8 +185,14 @@ class LLM:
 
     def _capture_prefill_graphs(self) -> None:
         """Every prefill bucket's pieces (fp8route.engine.prefill_graphs), when they apply."""
-        prefill = self.model.runner.prefill_graphs_for(1)
+        runner = self.model.runner
+        prefill = runner.prefill_graphs_for(1)
         if prefill is None:
+            if runner.use_prefill_graphs:
+                print(
+                    f"fp8route: prefills run eagerly, not from CUDA graphs: {runner.why_prefill_eager()}",
+                    file=sys.stderr,
+                )
             return
         start = time.perf_counter()
         prefill.capture_all()

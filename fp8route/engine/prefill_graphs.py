@@ -41,19 +41,19 @@ def token_buckets(max_tokens: int) -> list[int]:
     return [*sizes, max_tokens]
 
 
-def graphs_apply(model: LlamaModel) -> bool:
-    """Whether a model's prefill can run from these graphs: not under tensor parallelism, whose
-    row-parallel projections sum over the ranks inside the step; not with a bias on o_proj or the
-    MLP, which would make padded rows nonzero where a dynamic input scale takes its amax."""
+def why_not_graphed(model: LlamaModel) -> str | None:
+    """Why a model's prefill cannot run from these graphs (None: it can): not under tensor
+    parallelism, whose row-parallel projections sum over the ranks inside the step; not with a bias
+    on o_proj or the MLP, which would make padded rows nonzero where a dynamic input scale takes its amax."""
     for layer in cast("list[DecoderLayer]", list(model.layers)):
         attn, mlp = layer.self_attn, layer.mlp
         if hasattr(attn.o_proj, "add_rms_norm") or hasattr(mlp.down_proj, "add_rms_norm"):
-            return False
+            return "tensor parallel projections sum over the ranks inside the step"
         names = ("gate_up_proj", "gate_proj", "up_proj", "down_proj")
         linears = [attn.o_proj, *(getattr(mlp, n) for n in names if hasattr(mlp, n))]
         if any(getattr(linear, "bias", None) is not None for linear in linears):
-            return False
-    return True
+            return "a bias on o_proj or the MLP would make padded rows nonzero"
+    return None
 
 
 class PrefillGraphs:

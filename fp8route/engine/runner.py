@@ -31,7 +31,7 @@ from fp8route.engine.decode_graphs import DecodeGraphs
 from fp8route.engine.flashinfer_attention import FlashInferAttention, check_attention
 from fp8route.engine.kv_pool import KVPool, upload
 from fp8route.engine.paged_decode import split_len
-from fp8route.engine.prefill_graphs import MAX_TOKENS, PrefillGraphs, graphs_apply
+from fp8route.engine.prefill_graphs import MAX_TOKENS, PrefillGraphs, why_not_graphed
 from fp8route.errors import Fp8InputError
 from fp8route.models.llama import LlamaForCausalLM, rope_tables
 
@@ -151,11 +151,16 @@ class ModelRunner:
         if not (self.use_cuda_graphs and self.use_prefill_graphs):
             return None
         graphs = self.prefill_graphs
-        cuda = self.pool.device.type == "cuda"
-        if graphs is None and cuda and self.flashinfer is None and graphs_apply(self.model.model):
+        if graphs is None and self.pool.device.type == "cuda" and self.why_prefill_eager() is None:
             most = min(MAX_TOKENS, getattr(self.model, "max_prefill_tokens", MAX_TOKENS))
             graphs = self.prefill_graphs = PrefillGraphs(self.model.model, most, self.pool.device, self.dtype)
         return graphs if graphs is not None and tokens <= graphs.max_tokens else None
+
+    def why_prefill_eager(self) -> str | None:
+        """Why this model's prefill on CUDA cannot run from the prefill graphs (None: it can)."""
+        if self.flashinfer is not None:
+            return "FlashInfer's prefill plans its own call per forward"
+        return why_not_graphed(self.model.model)
 
     def warm_decode_tail(self) -> int:
         """Compile now, not in the middle of serving, the decode kernel's variants a mixed step's tail

@@ -11,7 +11,7 @@ from checkpoint_helpers import TINY, llama_tensors
 
 from fp8route import Fp8Linear
 from fp8route.engine import CausalLM
-from fp8route.engine.prefill_graphs import PrefillGraphs, graphs_apply, token_buckets
+from fp8route.engine.prefill_graphs import PrefillGraphs, token_buckets, why_not_graphed
 from fp8route.engine.runner import DecodeRows, _upload_parts
 from fp8route.models import LlamaConfig
 
@@ -95,14 +95,14 @@ def test_a_forward_past_the_largest_bucket_runs_eagerly():
         assert list(lm.runner.prefill_graphs.pieces) == [16]
 
 
-def test_graphs_apply_only_without_row_parallel_projections_or_biases_after_the_attention():
+def test_graphs_refuse_row_parallel_projections_or_biases_after_the_attention():
     lm = model("cpu", False)
-    assert graphs_apply(lm.model)
+    assert why_not_graphed(lm.model) is None
     lm.model.layers[1].mlp.down_proj.add_rms_norm = lambda *args: None  # what a row-parallel projection offers
-    assert not graphs_apply(lm.model)
+    assert "tensor parallel" in str(why_not_graphed(lm.model))
     lm = model("cpu", False)
     lm.model.layers[0].self_attn.o_proj.bias = torch.nn.Parameter(torch.ones(CONFIG["hidden_size"]))
-    assert not graphs_apply(lm.model)  # o_proj(0) = bias: padded rows would reach the MLP's amax
+    assert "bias" in str(why_not_graphed(lm.model))  # o_proj(0) = bias: padded rows would reach the MLP's amax
 
 
 def test_the_buffers_hold_the_forwards_dtype_not_the_weights():
