@@ -6,6 +6,7 @@ import argparse
 
 from fp8route.backends import BACKENDS
 from fp8route.errors import Fp8InputError
+from fp8route.quant import FLOAT_DTYPE_NAMES
 
 # What the serve extra brings; a missing one of these is the user's to install, anything else is ours.
 _EXTRA = {"fastapi", "starlette", "uvicorn", "pydantic", "prometheus_client", "jinja2", "h11", "anyio"}
@@ -46,6 +47,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
     parser.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     parser.add_argument("--device", help="cuda (default when there is one) or cpu")
+    parser.add_argument(
+        "--dtype", choices=sorted(FLOAT_DTYPE_NAMES), default="bfloat16",
+        help="activations, logits and (with --kv-cache-dtype auto) the KV cache; bfloat16's rounding can flip a "
+        "greedy near-tie between one batching and another, float32's far more rarely",
+    )  # fmt: skip
     parser.add_argument("--num-kv-blocks", type=int, help="KV pool blocks, instead of sizing it from memory")
     parser.add_argument(
         "--kv-cache-dtype",

@@ -30,6 +30,7 @@ from fp8route.engine.kv_quant import check_kv_cache_dtype
 from fp8route.engine.llm import resolve_model
 from fp8route.errors import Fp8InputError
 from fp8route.linear.policy import Policy
+from fp8route.quant import FLOAT_DTYPE_NAMES
 from fp8route.serve.app import build_app
 from fp8route.serve.serving import Serving
 
@@ -135,6 +136,7 @@ def _serve(args: argparse.Namespace, sock: socket.socket, api_key: str | None, p
         gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=not args.no_prefix_caching,
         policy=policy, max_model_len=args.max_model_len, device=args.device, num_kv_blocks=args.num_kv_blocks,
         kv_cache_dtype=args.kv_cache_dtype, async_scheduling=_ASYNC[args.async_scheduling],
+        dtype=FLOAT_DTYPE_NAMES[args.dtype],
     )  # fmt: skip
     name = args.served_model_name or args.model
     serving = Serving(

@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import pytest
+import torch
 from serve_helpers import API_KEY, MODEL, Server, metrics, request, wait_for
 
 from fp8route import LLM, SamplingParams
@@ -22,7 +23,8 @@ def async_client(url, **kwargs):
 def test_200_requests_over_32_connections_equal_the_offline_generate(server, tiny_folder):
     prompts = [f"request {i}: " + "the cat sat on the mat " * (i % 5) for i in range(200)]
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-    llm = LLM(tiny_folder, max_num_seqs=32, max_num_batched_tokens=512, device="cpu")
+    llm = LLM(tiny_folder, max_num_seqs=32, max_num_batched_tokens=512, device="cpu", dtype=torch.float32)
+    assert "GiB float32) on cpu" in server.log()  # the server runs in float32 too, as the comparison needs
     offline = [out.text for out in llm.generate(prompts, params, use_tqdm=False)]
     before = metrics(server.url)
 
