@@ -93,7 +93,9 @@ class DecodeGraphs:
 
     def _capture(self, size: int, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> _Captured:
         b = tokens.shape[0]
-        static = [torch.zeros(size, dtype=torch.int64, device=self.device) for _ in range(3)]
+        # Ordinary tensors even when captured under inference_mode: a later step outside it writes them.
+        with torch.inference_mode(False):
+            static = [torch.zeros(size, dtype=torch.int64, device=self.device) for _ in range(3)]
         for buffer, value in zip(static, (tokens, positions, rows), strict=True):
             buffer[:b].copy_(value)
         static_tokens, static_positions, static_rows = static

@@ -193,3 +193,21 @@ def test_async_scheduling_gives_the_same_tokens_from_cuda_graphs(dtype):
         reference = reference_model(tensors)
         for rid, ids in requests.items():
             assert_near_argmax(reference, ids, results[True][0][rid], name=rid)
+
+
+@pytest.mark.gpu
+@gpu
+def test_decode_graphs_first_captured_under_inference_mode_serve_steps_outside_it():
+    """A caller's first steps under inference_mode capture the graphs; later steps under no_grad
+    write the same static inputs, which must be ordinary tensors for that."""
+    from checkpoint_helpers import llama_tensors
+
+    from fp8route import SamplingParams
+
+    engine = make_engine(torch.float32, tensors=llama_tensors(CONFIG))
+    params = SamplingParams(max_tokens=6, temperature=0)
+    with torch.inference_mode():
+        first = run(engine, {"a": [1, 2, 3]}, params)
+    with torch.no_grad():
+        again = run(engine, {"b": [1, 2, 3]}, params)
+    assert again["b"] == first["a"]
