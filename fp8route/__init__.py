@@ -7,6 +7,7 @@ that make them, `models` the model runner, `cli` the command.
 """
 
 from fp8route.backends import BACKENDS, Backend, get_backend
+from fp8route.backends.kernels.pdl import set_pdl
 from fp8route.backends.problem import DeviceInfo, GemmProblem
 from fp8route.checkpoint.load import Checkpoint, load_checkpoint
 from fp8route.checkpoint.quantize import quantize_checkpoint
@@ -59,5 +60,6 @@ __all__ = [
     "quantize_per_tensor",
     "requantize_shards",
     "route",
+    "set_pdl",
     "sqnr_db",
 ]

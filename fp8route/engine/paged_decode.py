@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 import torch
 
+from fp8route.backends.kernels.pdl import launch_options
 from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
 from fp8route.errors import Fp8InputError
 
@@ -113,6 +114,7 @@ def split_len(pairs: int = 1) -> int:
 
 
 if TRITON_IMPORT_ERROR is None:
+    from fp8route.backends.kernels.pdl import wait_for_inputs
 
     @triton.jit
     def _row_split(length, SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr):
@@ -132,8 +134,9 @@ if TRITON_IMPORT_ERROR is None:
         sm_scale, k_scale, v_scale, k_inv, v_inv,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr,
         SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr,
-        NEW: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr,
+        NEW: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
+        wait_for_inputs(USE_PDL)
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
@@ -227,8 +230,9 @@ if TRITON_IMPORT_ERROR is None:
         stride_lb, stride_lh,
         stride_rb, stride_rh,
         SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr, S_PAD: tl.constexpr,
-        D: tl.constexpr, D_PAD: tl.constexpr,
+        D: tl.constexpr, D_PAD: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
+        wait_for_inputs(USE_PDL)
         b = tl.program_id(0)
         h = tl.program_id(1)
         length = tl.load(len_ptr + b).to(tl.int32)
@@ -320,7 +324,7 @@ def decode_attention(
         F16=fp8 and launch.f16 and q.dtype != torch.float32,
         # An fp32 cache asks for fp32 products (tl.dot would round them to TF32); 16-bit ones are exact.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=launch.warps, num_stages=launch.stages,
+        num_warps=launch.warps, num_stages=launch.stages, **launch_options(),
     )  # fmt: skip
     out = torch.empty_like(q)
     _combine_kernel[(b, h)](
@@ -329,6 +333,6 @@ def decode_attention(
         lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
         SPLIT=split, MAX_SPLITS=num_splits, BLOCK=launch.block, S_PAD=max(16, triton.next_power_of_2(num_splits)),
-        D=d, D_PAD=d_pad, num_warps=4,
+        D=d, D_PAD=d_pad, num_warps=4, **launch_options(),
     )  # fmt: skip
     return out

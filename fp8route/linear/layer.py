@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from fp8route.backends.base import LAYOUTS, LinearOperands
+from fp8route.backends.kernels.pdl import launch_generation
 from fp8route.backends.problem import DeviceInfo, GemmProblem
 from fp8route.errors import Fp8InputError, Fp8TypeError
 from fp8route.linear.plan import Plan, Preference, make_plan
@@ -30,9 +31,10 @@ _epoch = [0]  # bumped by every replan or move of any Fp8Linear
 
 
 def plans_epoch() -> int:
-    """A number that changes whenever some Fp8Linear's plan or prepared operands are rebuilt: what
-    captured CUDA graphs replay is stale once it moves (fp8route.engine.decode_graphs)."""
-    return _epoch[0]
+    """A number that changes whenever some Fp8Linear's plan or prepared operands are rebuilt, or the
+    launch options of fp8route's kernels change (set_pdl): what captured CUDA graphs replay is stale
+    once it moves (fp8route.engine.decode_graphs)."""
+    return _epoch[0] + launch_generation()  # both only grow: the sum moves when either does
 
 
 class Fp8Linear(nn.Module):

@@ -151,6 +151,7 @@ def silu_mul(gate_up: torch.Tensor, width: int) -> torch.Tensor:
 
 
 if triton is not None:
+    from fp8route.backends.kernels.pdl import wait_for_inputs
 
     @triton.jit
     def normalize_and_store(h, w_ptr, out_ptr, offs, mask, width, eps):
@@ -161,7 +162,8 @@ if triton is not None:
         tl.store(out_ptr + offs, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_row, width, eps, BLOCK: tl.constexpr):
+    def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_row, width, eps, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+        wait_for_inputs(USE_PDL)
         row = tl.program_id(0).to(tl.int64)  # row * width passes 2^31 in a large prefill
         offs = tl.arange(0, BLOCK)
         mask = offs < width
@@ -169,7 +171,10 @@ if triton is not None:
         normalize_and_store(x, w_ptr, out_ptr + row * width, offs, mask, width, eps)
 
     @triton.jit
-    def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, width, eps, BLOCK: tl.constexpr):
+    def _add_rms_norm_kernel(
+        x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, width, eps, BLOCK: tl.constexpr, USE_PDL: tl.constexpr
+    ):
+        wait_for_inputs(USE_PDL)
         row = tl.program_id(0).to(tl.int64)  # row * width passes 2^31 in a large prefill
         offs = tl.arange(0, BLOCK)
         mask = offs < width
@@ -183,8 +188,9 @@ if triton is not None:
     def _rope_kernel(
         x_ptr, cos_ptr, sin_ptr, out_ptr, T,
         sxb, sxt, sxh, scb, sct, sob, soh, sot,
-        HALF: tl.constexpr,
+        HALF: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
+        wait_for_inputs(USE_PDL)
         bt = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         b = bt // T
@@ -206,8 +212,9 @@ if triton is not None:
     def _rope_store_kernel(
         k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr,
         skb, skh, svb, svh, scb, skcs, skch, svcs, svch, k_inv, v_inv,
-        HALF: tl.constexpr, FP8: tl.constexpr,
+        HALF: tl.constexpr, FP8: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
+        wait_for_inputs(USE_PDL)
         b = tl.program_id(0)
         h = tl.program_id(1)
         offs = tl.arange(0, HALF)
@@ -238,7 +245,8 @@ if triton is not None:
             tl.store(vc_row + HALF + offs, tl.load(v_row + HALF + offs))
 
     @triton.jit
-    def _silu_mul_kernel(x_ptr, out_ptr, stride_row, width, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(x_ptr, out_ptr, stride_row, width, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+        wait_for_inputs(USE_PDL)
         row = tl.program_id(0).to(tl.int64)  # row * width passes 2^31 in a large prefill
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < width
@@ -248,10 +256,10 @@ if triton is not None:
         tl.store(out_ptr + row * width + offs, (silu * up).to(out_ptr.dtype.element_ty), mask=mask)
 
     # Keys name the dtypes and integer arguments each launch specializes on (launcher.py).
-    _RMS_NORM = DirectLauncher(_rms_norm_kernel, pointers=3)
-    _ADD_RMS_NORM = DirectLauncher(_add_rms_norm_kernel, pointers=5)
-    _ROPE = DirectLauncher(_rope_kernel, pointers=4)
-    _ROPE_STORE = DirectLauncher(_rope_store_kernel, pointers=7)  # k_inv, v_inv: fp32 arguments
-    _SILU_MUL = DirectLauncher(_silu_mul_kernel, pointers=2)
+    _RMS_NORM = DirectLauncher(_rms_norm_kernel, pointers=3, pdl=True)
+    _ADD_RMS_NORM = DirectLauncher(_add_rms_norm_kernel, pointers=5, pdl=True)
+    _ROPE = DirectLauncher(_rope_kernel, pointers=4, pdl=True)
+    _ROPE_STORE = DirectLauncher(_rope_store_kernel, pointers=7, pdl=True)  # k_inv, v_inv: fp32 arguments
+    _SILU_MUL = DirectLauncher(_silu_mul_kernel, pointers=2, pdl=True)
     _SILU_BLOCK = 1024
     _SILU_META = {"BLOCK": _SILU_BLOCK, "num_warps": 4}

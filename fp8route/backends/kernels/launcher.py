@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from fp8route.backends.kernels.pdl import launch_options, pdl_on
 from fp8route.backends.kernels.triton_support import triton
 
 log = logging.getLogger("fp8route")
@@ -41,12 +42,15 @@ class DirectLauncher:
     """One Triton kernel, launched straight from its compiled form after the first call per key.
 
     The kernel's parameters must be the runtime arguments first, pointers (tensors) leading, then
-    the constexprs; `meta` gives every constexpr and launch option by name (hashable values).
+    the constexprs; `meta` gives every constexpr and launch option by name (hashable values). With
+    pdl the kernel's last constexpr is USE_PDL (fp8route.backends.kernels.pdl): the launcher sets
+    it, and the launch option, as set_pdl says.
     """
 
-    def __init__(self, fn: Any, pointers: int) -> None:
+    def __init__(self, fn: Any, pointers: int, pdl: bool = False) -> None:
         self.fn = fn
         self.pointers = pointers
+        self.pdl = pdl
         self._compiled: dict[Hashable, tuple[Any, tuple[Any, ...]]] = {}
         self._warned = False
 
@@ -58,7 +62,8 @@ class DirectLauncher:
                 misaligned |= 1 << i
         # meta's values in its order (a caller builds its meta alike each time): a constexpr left out
         # of the caller's key (rope's head size, 4eaa5f6) cannot reuse another value's kernel.
-        full_key = (key, misaligned, device, *meta.values())
+        use_pdl = self.pdl and pdl_on()
+        full_key = (key, misaligned, device, use_pdl, *meta.values())
         entry = self._compiled.get(full_key)
         if entry is not None and _no_launch_hooks():
             kernel, constexprs = entry
@@ -69,6 +74,8 @@ class DirectLauncher:
             kernel.run(grid[0], grid_y, grid_z, stream, kernel.function, kernel.packed_metadata,
                        None, None, None, *args, *constexprs)  # fmt: skip
             return
+        if self.pdl:
+            meta = {**meta, **launch_options()}
         kernel = self.fn[grid](*args, **meta)
         if not DIRECT:
             if not self._warned:

@@ -11,6 +11,7 @@ from fp8route.errors import Fp8InputError
 from fp8route.quant import FP8_DTYPE
 
 if triton is not None:
+    from fp8route.backends.kernels.pdl import wait_for_inputs
 
     @triton.jit
     def quantize_e4m3(x, s, r):
@@ -33,7 +34,8 @@ if triton is not None:
         return q.to(tl.float8e4nv)
 
     @triton.jit
-    def _quantize_kernel(x_ptr, q_ptr, scale_ptr, numel, BLOCK: tl.constexpr):
+    def _quantize_kernel(x_ptr, q_ptr, scale_ptr, numel, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+        wait_for_inputs(USE_PDL)
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # a prefill passes 2^31 elements
         mask = offs < numel
         s = tl.load(scale_ptr)
@@ -42,7 +44,7 @@ if triton is not None:
 
     _BLOCK = 1024
     _META = {"BLOCK": _BLOCK, "num_warps": 4}
-    _LAUNCHER = DirectLauncher(_quantize_kernel, pointers=3)
+    _LAUNCHER = DirectLauncher(_quantize_kernel, pointers=3, pdl=True)
 
 
 def quantize_fp8(x: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ from fp8route.backends.kernels.triton_support import tl, triton
 if triton is None:  # CPU-only installs: the module imports, launch.py is never reached
     decode_mma_kernel = decode_cuda_core_kernel = None
 else:
+    from fp8route.backends.kernels.pdl import wait_for_inputs
     from fp8route.backends.kernels.quantize import quantize_e4m3
 
     @triton.jit
@@ -56,8 +57,9 @@ else:
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
-        REDUCE_UNROLL: tl.constexpr,
+        REDUCE_UNROLL: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
+        wait_for_inputs(USE_PDL)
         pid = tl.program_id(0)
         # The splits of one tile are adjacent pids: launched together, so the last one (which
         # reduces) does not wait on a split scheduled a wave later.
@@ -115,11 +117,13 @@ else:
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, REDUCE_UNROLL: tl.constexpr, NUM_STAGES: tl.constexpr,
+        USE_PDL: tl.constexpr,
     ):  # fmt: skip
         """The same product for a few tokens (BLOCK_M <= 8) on the CUDA cores: no shared-memory staging
         of the weight and no MMA padding of the token side to 16. Each weight element is converted once
         (e4m3 -> fp32, exact) and multiplied by every token's x in fp32; the products are exact, so only
         the fp32 sums round."""
+        wait_for_inputs(USE_PDL)
         pid = tl.program_id(0)
         pid_k = pid % split_k
         pid_n = pid // split_k

@@ -18,8 +18,8 @@ from fp8route.quant import FP8_DTYPE
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 _REDUCE_UNROLL = 8  # partials summed per round by the last CTA (loads in flight)
 _POINTERS = 8  # x, weight, out, bias, workspace, counters, the two scales
-_MMA = DirectLauncher(decode_mma_kernel, _POINTERS)
-_CUDA_CORE = DirectLauncher(decode_cuda_core_kernel, _POINTERS)
+_MMA = DirectLauncher(decode_mma_kernel, _POINTERS, pdl=True)
+_CUDA_CORE = DirectLauncher(decode_cuda_core_kernel, _POINTERS, pdl=True)
 
 # A cache of one zeroed counter buffer per device, kept zero by the kernel itself. Two launches
 # running concurrently on different streams of one device would share it: serialize them (decode does).
