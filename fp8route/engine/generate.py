@@ -17,6 +17,7 @@ from typing import Protocol
 
 import torch
 
+from fp8route.engine.argmax import greedy_tokens
 from fp8route.engine.blocks import BlockManager
 from fp8route.engine.kv_pool import KVPool, blocks_for
 from fp8route.engine.runner import ModelRunner
@@ -225,7 +226,7 @@ def generate(
 
     with Rows(model, [n + max_new_tokens for n in lengths_list]) as blocks:
         logits = prefill_rows(model, input_ids, lengths_list, blocks)
-        greedy = tokens = logits.argmax(-1)
+        greedy = tokens = greedy_tokens(logits)
         positions = lengths.clone()  # where the token fed to the next step goes
         for step in range(max_new_tokens):
             if step > 0:

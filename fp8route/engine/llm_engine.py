@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fp8route.engine.argmax import greedy_tokens
 from fp8route.engine.causal_lm import CausalLM
 from fp8route.engine.inflight import InFlight
 from fp8route.engine.kv_pool import blocks_for, upload
@@ -289,7 +290,7 @@ class LLMEngine:
             return None, []
         masked = [i for i, r in enumerate(sampling) if r.num_output_tokens < r.params.min_tokens]
         if all(r.params.greedy for r in sampling) and not masked:
-            return logits.argmax(-1) if greedy is None else greedy, sampling
+            return greedy_tokens(logits) if greedy is None else greedy, sampling
         if masked:
             logits = mask_tokens(logits, masked, [self._banned(sampling[i]) for i in masked])
         params = [r.params for r in sampling]

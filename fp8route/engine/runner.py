@@ -19,6 +19,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from fp8route.engine.argmax import greedy_tokens
 from fp8route.engine.attention import (
     DecodeAttention,
     DecodeTail,
@@ -200,7 +201,7 @@ class ModelRunner:
         sin = self.rope_sin[positions][:, None]
         context = DecodeAttention(self.pool, positions, rows, limit, self.use_triton, self.flashinfer)
         logits = self.model.lm_head(self.model.model.run_layers(h, cos, sin, context)[:, 0])
-        return logits, logits.argmax(-1)
+        return logits, greedy_tokens(logits)
 
     def decode(
         self,
