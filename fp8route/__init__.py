@@ -7,7 +7,7 @@ that make them, `models` the model runner, `cli` the command.
 """
 
 from fp8route.backends import BACKENDS, Backend, get_backend
-from fp8route.backends.kernels.pdl import set_pdl
+from fp8route.backends.kernels.options import KernelOptions, set_kernel_options
 from fp8route.backends.problem import DeviceInfo, GemmProblem
 from fp8route.checkpoint.load import Checkpoint, load_checkpoint
 from fp8route.checkpoint.quantize import quantize_checkpoint
@@ -42,6 +42,7 @@ __all__ = [
     "Fp8RouteError",
     "Fp8TypeError",
     "GemmProblem",
+    "KernelOptions",
     "Plan",
     "Policy",
     "RequestOutput",
@@ -60,6 +61,6 @@ __all__ = [
     "quantize_per_tensor",
     "requantize_shards",
     "route",
-    "set_pdl",
+    "set_kernel_options",
     "sqnr_db",
 ]

@@ -61,6 +61,7 @@ class Backend(ABC):
     name: str
     summary: str
     layouts: frozenset[str] = frozenset({TENSOR})
+    fuses_silu_mul: bool = False  # run_silu_mul takes a down projection's gate_up input
 
     @abstractmethod
     def why_not(self, problem: GemmProblem) -> str | None:
@@ -77,6 +78,11 @@ class Backend(ABC):
     ) -> torch.Tensor:
         """x_q is 2-D [M, K] e4m3, quantized with the fp32 scalar x_scale (by run, or upstream of the
         layer); the result is [M, N] in out_dtype."""
+
+    def run_silu_mul(self, gate_up: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
+        """The layer on SiLU(gate) * up for gate_up [M, 2K] (gate, then up, in x's dtype), the product
+        computed inside the GEMM; only where fuses_silu_mul (else the caller computes it first)."""
+        raise NotImplementedError(f"{self.name} does not compute SiLU(gate) * up itself")
 
     def prepare(self, device: torch.device) -> None:
         """Allocate, at load time, what this backend keeps per device (nothing by default), so that

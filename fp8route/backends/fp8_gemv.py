@@ -16,6 +16,7 @@ OUT_DTYPES = (torch.bfloat16, torch.float16)
 class Fp8GemvBackend(Backend):
     name = "fp8_gemv"
     summary = "fp8route's Triton kernel: x quantized inside, split-K, for decode-sized M"
+    fuses_silu_mul = True
 
     def why_not(self, problem: GemmProblem) -> str | None:
         reason = needs_fp8_gpu(problem)
@@ -38,6 +39,14 @@ class Fp8GemvBackend(Backend):
     def run(self, x: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
         assert operands.input_scale is not None, "the plan only picks fp8_gemv for a static input scale"
         return self.run_quantized(x, operands.input_scale, operands, x.dtype)
+
+    def run_silu_mul(self, gate_up: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
+        assert operands.input_scale is not None, "the plan only picks fp8_gemv for a static input scale"
+        w = operands
+        out_dtype = gate_up.dtype
+        return custom_ops.decode_gemm_silu_mul(
+            gate_up, w.weight, w.weight_scale, w.input_scale, bias_as(w, out_dtype), out_dtype
+        )
 
     def run_quantized(
         self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype

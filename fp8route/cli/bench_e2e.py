@@ -12,10 +12,10 @@ from pathlib import Path
 import torch
 
 from fp8route.backends import BACKENDS
-from fp8route.backends.kernels.pdl import why_not_pdl
+from fp8route.backends.kernels.options import KernelOptions, why_not_pdl
 from fp8route.checkpoint.random import write_random
 from fp8route.cli.sweep_args import command_line, cuda_device, int_list
-from fp8route.engine.e2e_bench import E2ERow, as_json, bench_arm, pdl_summary, plot, table, tp_summary
+from fp8route.engine.e2e_bench import E2ERow, as_json, bench_arm, options_summary, plot, table, tp_summary
 from fp8route.engine.flashinfer_attention import ATTENTION, check_attention
 from fp8route.errors import Fp8InputError
 from fp8route.models.collectives import METHODS, check_method
@@ -51,7 +51,10 @@ def run(args: argparse.Namespace) -> int:
     attentions = [a.strip() for a in args.attention.split(",") if a.strip()]
     for attention in attentions:
         check_attention(attention, device)
-    pdls = _pdl_list(args.pdl, device)
+    pdls = _switch_list(args.pdl, "--pdl")
+    if True in pdls and (reason := why_not_pdl(device)) is not None:
+        raise Fp8InputError(f"--pdl on: programmatic dependent launch: {reason}")
+    options = [KernelOptions(p, s) for p in pdls for s in _switch_list(args.silu_in_down, "--silu-in-down")]
     fingerprint = Fingerprint.of(device)
     print(f"bench e2e on {fingerprint.summary()}")
     copy_gbs = copy_bandwidth_gbs()
@@ -68,19 +71,19 @@ def run(args: argparse.Namespace) -> int:
         else:
             folders["fp8"] = Path(args.path)
         for tp in sizes:
-            for arm, attention, pdl in itertools.product(arms, attentions, pdls):
+            for arm, attention, option in itertools.product(arms, attentions, options):
                 folder = folders["bf16"] if arm == "bf16" else folders["fp8"]
                 for method in methods if tp > 1 else ["nccl"]:
                     run_args = (arm, folder, batches, inputs, args.output, copy_gbs)
-                    bench = functools.partial(bench_arm, tp=tp, all_reduce=method, attention=attention, pdl=pdl)
+                    bench = functools.partial(bench_arm, tp=tp, all_reduce=method, attention=attention, options=option)
                     new = bench(*run_args) if tp == 1 else run_ranks(tp, bench, *run_args)
                     rows += new
                     print(table(new).split("\n", 1)[1], flush=True)
     print("\n" + table(rows))
     if len(sizes) > 1:
         print("\n" + tp_summary(rows))
-    if len(pdls) > 1:
-        print("\n" + pdl_summary(rows))
+    if len(options) > 1:
+        print("\n" + options_summary(rows))
     out = Path(args.out).expanduser() if args.out else Path("bench-results") / fingerprint.slug
     out.mkdir(parents=True, exist_ok=True)
     doc = {
@@ -100,14 +103,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pdl_list(text: str, device: torch.device) -> list[bool]:
+def _switch_list(text: str, flag: str) -> list[bool]:
     values = {"off": False, "on": True}
     names = [p.strip() for p in text.split(",") if p.strip()]
     if not names or any(n not in values for n in names):
-        raise Fp8InputError(f"--pdl: off, on, or off,on (both, as arms), got {text!r}")
-    reason = why_not_pdl(device) if "on" in names else None
-    if reason is not None:
-        raise Fp8InputError(f"--pdl on: programmatic dependent launch: {reason}")
+        raise Fp8InputError(f"{flag}: off, on, or off,on (both, as arms), got {text!r}")
     return [values[n] for n in dict.fromkeys(names)]
 
 
@@ -125,6 +125,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
     e2e.add_argument(
         "--pdl", default="off", help="launch fp8route's kernels with programmatic dependent launch: off, on, off,on"
     )
+    e2e.add_argument("--silu-in-down", default="off", help="SiLU(gate) * up inside down's decode GEMM: off, on, off,on")
     e2e.add_argument("--tp", default="1", help="tensor parallel sizes to run side by side, e.g. 1,2 (one GPU a rank)")
     e2e.add_argument(
         "--all-reduce", default="nccl", help=f"with --tp > 1: {', '.join(METHODS)}, or both to compare (nccl,symm_mem)"

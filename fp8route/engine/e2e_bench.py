@@ -21,13 +21,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from fp8route.backends.kernels.pdl import set_pdl
+from fp8route.backends.kernels.options import KernelOptions, set_kernel_options
 from fp8route.engine.load import load_model
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.policy import Policy
 from fp8route.models.parallel import init_from_env
 
 FORCE_ENV = "FP8ROUTE_FORCE"
+PLAIN = KernelOptions()  # every kernel option off
 WARMUP_S = 0.5
 
 
@@ -53,12 +54,14 @@ class E2ERow:
     ttft_max_ms: float = 0.0
     attention: str = "builtin"  # fp8route.engine.flashinfer_attention.ATTENTION
     kv_gb: float = 0.0  # KV bytes a decode step reads, mean over the steps (the context grows by one a step)
-    pdl: bool = False  # fp8route's kernels launched with programmatic dependent launch
+    pdl: bool = False  # fp8route.backends.kernels.options: fp8route's kernels launched with PDL
+    silu_in_down: bool = False  # and SiLU(gate) * up computed inside down's decode GEMM
 
     @property
     def label(self) -> str:
         label = self.arm if self.attention == "builtin" else f"{self.arm} {self.attention}"
         label += " pdl" if self.pdl else ""
+        label += " silu-in-down" if self.silu_in_down else ""
         return label if self.tp == 1 else f"{label} tp{self.tp} {self.all_reduce}"
 
 
@@ -105,21 +108,21 @@ def bench_arm(
     tp: int = 1,
     all_reduce: str = "nccl",
     attention: str = "builtin",
-    pdl: bool = False,
+    options: KernelOptions = PLAIN,
 ) -> list[E2ERow]:
-    """One arm's rows; the FP8ROUTE_FORCE it needs is set for its load only, and set_pdl(pdl) for the
-    arm. With tp > 1 this runs in every rank (fp8route.models.spawn.run_ranks), load_model joining
-    the group."""
-    set_pdl(pdl)
+    """One arm's rows; the FP8ROUTE_FORCE it needs is set for its load only, and the kernel options
+    for the arm. With tp > 1 this runs in every rank (fp8route.models.spawn.run_ranks), load_model
+    joining the group."""
+    set_kernel_options(pdl=options.pdl, silu_in_down=options.silu_in_down)
     try:
-        return _bench_arm(arm, folder, batches, inputs, output, copy_gbs, repeats, tp, all_reduce, attention, pdl)
+        return _bench_arm(arm, folder, batches, inputs, output, copy_gbs, repeats, tp, all_reduce, attention, options)
     finally:
-        set_pdl(False)
+        set_kernel_options(pdl=False, silu_in_down=False)
 
 
 def _bench_arm(
     arm: str, folder: Path, batches: Sequence[int], inputs: Sequence[int], output: int, copy_gbs: float,
-    repeats: int, tp: int, all_reduce: str, attention: str, pdl: bool,
+    repeats: int, tp: int, all_reduce: str, attention: str, options: KernelOptions,
 ) -> list[E2ERow]:  # fmt: skip
     forced = arm not in ("routed", "bf16")
     saved = os.environ.get(FORCE_ENV)
@@ -182,7 +185,8 @@ def _bench_arm(
                     max(ttfts) * 1e3,
                     attention,
                     kv / 1e9,
-                    pdl,
+                    options.pdl,
+                    options.silu_in_down,
                 )  # fmt: skip
             )
     del model
@@ -265,18 +269,19 @@ def tp_summary(rows: Sequence[E2ERow]) -> str:
     return "\n".join(lines)
 
 
-def pdl_summary(rows: Sequence[E2ERow]) -> str:
-    """Each row launched with PDL against the row without it of the same arm and shape: decode step and
-    TTFT speed-up, and whether the tokens match (PDL changes when kernels start, not what they compute)."""
-    off = {(r.arm, r.attention, r.tp, r.batch, r.input_tokens): r for r in rows if not r.pdl}
-    lines = [f"{'':<22}{'batch':>6}{'input':>7}{'decode x':>10}{'TTFT x':>8}  tokens"]
+def options_summary(rows: Sequence[E2ERow]) -> str:
+    """Each row with kernel options on against the row with none of the same arm and shape: decode
+    step and TTFT speed-up, and whether the tokens match (neither option changes what is computed:
+    PDL changes when kernels start, the fused SiLU rounds as the kernel it replaces)."""
+    plain = {(r.arm, r.attention, r.tp, r.batch, r.input_tokens): r for r in rows if not (r.pdl or r.silu_in_down)}
+    lines = [f"{'':<34}{'batch':>6}{'input':>7}{'decode x':>10}{'TTFT x':>8}  tokens"]
     for r in rows:
-        base = off.get((r.arm, r.attention, r.tp, r.batch, r.input_tokens))
-        if not r.pdl or base is None:
+        base = plain.get((r.arm, r.attention, r.tp, r.batch, r.input_tokens))
+        if base is None or base is r:
             continue
-        same = "= without pdl" if r.tokens_digest == base.tokens_digest else "DIFFER FROM WITHOUT PDL"
+        same = "= without options" if r.tokens_digest == base.tokens_digest else "DIFFER FROM WITHOUT OPTIONS"
         lines.append(
-            f"{r.label:<22}{r.batch:>6}{r.input_tokens:>7}{base.decode_step_ms / r.decode_step_ms:>10.3f}"
+            f"{r.label:<34}{r.batch:>6}{r.input_tokens:>7}{base.decode_step_ms / r.decode_step_ms:>10.3f}"
             f"{base.ttft_ms / r.ttft_ms:>8.3f}  {same}"
         )
     return "\n".join(lines)

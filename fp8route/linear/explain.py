@@ -9,7 +9,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from fp8route.backends import BACKENDS
 from fp8route.backends.base import Backend
+from fp8route.backends.kernels.options import kernel_options
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.plan import Plan, size_text
 
@@ -32,10 +34,21 @@ def explain(model: nn.Module | HasLinears) -> str:
         layers = list(getattr(model, "linears", {}).items())
     text = "no Fp8Linear layers in this model"
     if layers:
-        text = f"{plan_groups(layers)}\n\n{prepared_total(m for _, m in layers)}"
+        text = f"{plan_groups(layers)}\n\n{options_line()}\n{prepared_total(m for _, m in layers)}"
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         text = f"rank {dist.get_rank()} of {dist.get_world_size()}: N and K as this rank holds them\n\n{text}"
     return text
+
+
+def options_line() -> str:
+    """The kernel options now (fp8route.set_kernel_options), and where they act."""
+    options = kernel_options()
+    fused = [b.name for b in BACKENDS.values() if b.fuses_silu_mul]
+    where = f": down projections on {', '.join(fused)} take gate_up and compute SiLU * up inside" if fused else ""
+    return (
+        f"kernel options: pdl {'on' if options.pdl else 'off'}, silu_in_down "
+        f"{'on' + where if options.silu_in_down else 'off'}"
+    )
 
 
 def prepared_total(layers: Iterable[Fp8Linear]) -> str:

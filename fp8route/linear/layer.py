@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fp8route.backends.base import LAYOUTS, LinearOperands
-from fp8route.backends.kernels.pdl import launch_generation
+from fp8route.backends.kernels.options import kernel_options, launch_generation
 from fp8route.backends.problem import DeviceInfo, GemmProblem
 from fp8route.errors import Fp8InputError, Fp8TypeError
 from fp8route.linear.plan import Plan, Preference, make_plan
@@ -28,11 +28,12 @@ from fp8route.quant import (
 ScaleLike = torch.Tensor | float
 
 _epoch = [0]  # bumped by every replan or move of any Fp8Linear
+_GATED_DTYPES = (torch.bfloat16, torch.float16)  # what a fused SiLU * up reads (fp8_gemv's x dtypes)
 
 
 def plans_epoch() -> int:
     """A number that changes whenever some Fp8Linear's plan or prepared operands are rebuilt, or the
-    launch options of fp8route's kernels change (set_pdl): what captured CUDA graphs replay is stale
+    options of fp8route's kernels change (set_kernel_options): what captured CUDA graphs replay is stale
     once it moves (fp8route.engine.decode_graphs)."""
     return _epoch[0] + launch_generation()  # both only grow: the sum moves when either does
 
@@ -188,6 +189,25 @@ class Fp8Linear(nn.Module):
             return x.new_empty(*x.shape[:-1], self.out_features)
         out = self._plan.backend_for(x2d.shape[0], x.dtype).run(x2d, self.prepared)
         return out.reshape(*x.shape[:-1], self.out_features)
+
+    def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor | None:
+        """This layer on SiLU(gate) * up for gate_up [..., 2K] (gate, then up), the product computed
+        inside the GEMM: when the kernel option silu_in_down is on and the backend the plan runs at
+        this M does that (fp8route.backends.kernels.options). None otherwise: the caller computes
+        the product and calls the layer, as it would without this."""
+        if not kernel_options().silu_in_down or gate_up.dtype not in _GATED_DTYPES:
+            return None
+        if gate_up.dim() == 0 or gate_up.shape[-1] != 2 * self.in_features:
+            raise Fp8InputError(
+                f"{self.name}: gate_up's last dim must be 2K={2 * self.in_features}, got {tuple(gate_up.shape)}"
+            )
+        rows = gate_up.reshape(-1, 2 * self.in_features)
+        if rows.shape[0] == 0:
+            return None
+        backend = self._plan.backend_for(rows.shape[0], gate_up.dtype)
+        if not backend.fuses_silu_mul:
+            return None
+        return backend.run_silu_mul(rows, self.prepared).reshape(*gate_up.shape[:-1], self.out_features)
 
     def forward_quantized(self, x_q: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """The GEMM alone, for x already quantized with this layer's input_scale upstream (fused

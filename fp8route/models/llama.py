@@ -244,7 +244,10 @@ class Mlp(nn.Module):
         """partial: a row-parallel down_proj's own product, before its sum over the ranks."""
         down = cast(nn.Module, self.down_proj.linear) if partial else self.down_proj
         if hasattr(self, "gate_up_proj"):
-            return down(silu_mul(self.gate_up_proj(x), self.intermediate))
+            gate_up = self.gate_up_proj(x)
+            fused = getattr(down, "forward_silu_mul", None)  # an Fp8Linear's: SiLU * up inside its GEMM
+            out = fused(gate_up) if fused is not None else None
+            return out if out is not None else down(silu_mul(gate_up, self.intermediate))
         return down(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

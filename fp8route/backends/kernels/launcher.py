@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from fp8route.backends.kernels.pdl import launch_options, pdl_on
+from fp8route.backends.kernels.options import kernel_options
+from fp8route.backends.kernels.pdl import launch_options
 from fp8route.backends.kernels.triton_support import triton
 
 log = logging.getLogger("fp8route")
@@ -44,7 +45,7 @@ class DirectLauncher:
     The kernel's parameters must be the runtime arguments first, pointers (tensors) leading, then
     the constexprs; `meta` gives every constexpr and launch option by name (hashable values). With
     pdl the kernel's last constexpr is USE_PDL (fp8route.backends.kernels.pdl): the launcher sets
-    it, and the launch option, as set_pdl says.
+    it, and the launch option, as kernel_options().pdl says.
     """
 
     def __init__(self, fn: Any, pointers: int, pdl: bool = False) -> None:
@@ -62,7 +63,7 @@ class DirectLauncher:
                 misaligned |= 1 << i
         # meta's values in its order (a caller builds its meta alike each time): a constexpr left out
         # of the caller's key (rope's head size, 4eaa5f6) cannot reuse another value's kernel.
-        use_pdl = self.pdl and pdl_on()
+        use_pdl = self.pdl and kernel_options().pdl
         full_key = (key, misaligned, device, use_pdl, *meta.values())
         entry = self._compiled.get(full_key)
         if entry is not None and _no_launch_hooks():

@@ -12,74 +12,20 @@ another kernel may write and before its first store: each such kernel then also 
 one before it, so a kernel's wait covers every earlier kernel, not just the last. A kernel launched
 without PDL (torch's, cuBLAS's) waits for the whole of the one before it, as always.
 
-Off until `set_pdl(True)`: process-wide, as a launch option of every fp8route kernel that supports
-it. Turning it on or off changes `launch_generation()`, which `plans_epoch()` includes, so captured
-CUDA graphs are captured again with the new launches.
+Off until `set_kernel_options(pdl=True)` (fp8route.backends.kernels.options).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
-from fp8route.errors import Fp8InputError
-
-_on = [False]
-_generation = [0]
-
-
-def _triton_has_pdl() -> bool:
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions
-    except ImportError:
-        return False
-    return "launch_pdl" in CUDAOptions.__dataclass_fields__ and hasattr(tl.extra.cuda, "gdc_wait")
-
-
-def why_not_pdl(device: torch.device | str | None = None) -> str | None:
-    """Why fp8route's kernels cannot be launched with PDL on this device (default: the current CUDA
-    device), or None when they can."""
-    if TRITON_IMPORT_ERROR is not None:
-        return TRITON_IMPORT_ERROR
-    if not torch.cuda.is_available():
-        return "it needs a CUDA GPU"
-    device = torch.device("cuda") if device is None else torch.device(device)
-    if device.type != "cuda":
-        return f"it needs a CUDA GPU, not {device}"
-    major, minor = torch.cuda.get_device_capability(device)
-    if major < 9:
-        return f"it needs compute capability 9.0 or later (Hopper); this GPU has {major}.{minor}"
-    if not _triton_has_pdl():
-        return f"triton {triton.__version__} cannot launch with it (no launch_pdl option or gdc_wait)"
-    return None
-
-
-def set_pdl(on: bool, device: torch.device | str | None = None) -> None:
-    """Launch fp8route's kernels with programmatic dependent launch (on) or without (off, the
-    default). Raises Fp8InputError naming why when the device (default: the current one) cannot."""
-    if on:
-        reason = why_not_pdl(device)
-        if reason is not None:
-            raise Fp8InputError(f"programmatic dependent launch: {reason}")
-    if on != _on[0]:
-        _on[0] = on
-        _generation[0] += 1
-
-
-def pdl_on() -> bool:
-    return _on[0]
-
-
-def launch_generation() -> int:
-    """A number that changes whenever the launch options of fp8route's kernels change."""
-    return _generation[0]
+from fp8route.backends.kernels.options import kernel_options
+from fp8route.backends.kernels.triton_support import tl, triton
 
 
 def launch_options() -> dict[str, Any]:
     """What a kernel with a USE_PDL constexpr is launched with now."""
-    return {"USE_PDL": True, "launch_pdl": True} if _on[0] else {"USE_PDL": False}
+    return {"USE_PDL": True, "launch_pdl": True} if kernel_options().pdl else {"USE_PDL": False}
 
 
 if triton is not None:

@@ -11,6 +11,14 @@ else:
     from fp8route.backends.kernels.quantize import quantize_e4m3
 
     @triton.jit
+    def silu_times(gate, up):
+        """SiLU(gate) * up, each rounded to the inputs' dtype as fp8route.models.fused.silu_mul
+        rounds them (so the fused GEMM reads the same x as the unfused one)."""
+        g = gate.to(tl.float32)
+        silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+        return (silu * up.to(tl.float32)).to(gate.dtype)
+
+    @triton.jit
     def _store_out(acc, out_ptr, bias_ptr, scale, offs_n, offs_m, n_mask, m_mask, stride_om, HAS_BIAS: tl.constexpr):
         y = acc * scale
         if HAS_BIAS:
@@ -57,8 +65,9 @@ else:
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
-        REDUCE_UNROLL: tl.constexpr, USE_PDL: tl.constexpr,
+        REDUCE_UNROLL: tl.constexpr, GATED: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
+        """GATED: x_ptr holds [M, 2K], gate then up, and the product is with SiLU(gate) * up."""
         wait_for_inputs(USE_PDL)
         pid = tl.program_id(0)
         # The splits of one tile are adjacent pids: launched together, so the last one (which
@@ -93,10 +102,14 @@ else:
                 else:
                     w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
                 xt = tl.load(x_ptrs, mask=m_mask[None, :], other=0.0)
+                if GATED:
+                    xt = silu_times(xt, tl.load(x_ptrs + K, mask=m_mask[None, :], other=0.0))
             else:
                 k_mask = (k_lo + k + offs_k) < K
                 w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
                 xt = tl.load(x_ptrs, mask=m_mask[None, :] & k_mask[:, None], other=0.0)
+                if GATED:
+                    xt = silu_times(xt, tl.load(x_ptrs + K, mask=m_mask[None, :] & k_mask[:, None], other=0.0))
             if QUANT_X:  # noqa: SIM108 (constexpr branches, as the loads above)
                 xq = quantize_e4m3(xt, in_scale, in_scale_rcp)
             else:
@@ -117,7 +130,7 @@ else:
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, REDUCE_UNROLL: tl.constexpr, NUM_STAGES: tl.constexpr,
-        USE_PDL: tl.constexpr,
+        GATED: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         """The same product for a few tokens (BLOCK_M <= 8) on the CUDA cores: no shared-memory staging
         of the weight and no MMA padding of the token side to 16. Each weight element is converted once
@@ -155,6 +168,8 @@ else:
             # one element each and move every operand through shared memory.
             for i in tl.static_range(BLOCK_M):
                 xt = tl.load(x_ptrs + i * stride_xm, mask=k_mask & (i < M), other=0.0)
+                if GATED:
+                    xt = silu_times(xt, tl.load(x_ptrs + i * stride_xm + K, mask=k_mask & (i < M), other=0.0))
                 if QUANT_X:
                     xt = quantize_e4m3(xt, in_scale, in_scale_rcp)
                 part = tl.sum(w * xt.to(tl.float32)[None, :], axis=1)

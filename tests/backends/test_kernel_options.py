@@ -1,6 +1,6 @@
-"""Programmatic dependent launch's switch without a GPU: refused with its reason where it cannot run,
-and, where it can (faked here), a launch option of every kernel that declares USE_PDL, in the
-launcher's key, and a change of plans_epoch (captured graphs are captured again)."""
+"""The kernel options without a GPU: PDL refused with its reason where it cannot run, and where it
+can (faked here) a launch option of every kernel that declares USE_PDL, in the launcher's key; any
+change of an option a change of plans_epoch (captured graphs are captured again)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fp8route.backends.kernels import launcher as launcher_module
-from fp8route.backends.kernels import pdl
+from fp8route.backends.kernels import options, pdl
 from fp8route.backends.kernels.launcher import DirectLauncher
 from fp8route.errors import Fp8InputError
 from fp8route.linear.layer import plans_epoch
@@ -19,30 +19,33 @@ from fp8route.linear.layer import plans_epoch
 
 @pytest.fixture
 def pdl_possible(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pdl, "why_not_pdl", lambda device=None: None)
+    monkeypatch.setattr(options, "why_not_pdl", lambda device=None: None)
     yield
-    pdl.set_pdl(False)
+    options.set_kernel_options(pdl=False, silu_in_down=False)
 
 
 def test_refused_with_its_reason_where_it_cannot_run() -> None:
-    reason = pdl.why_not_pdl()
+    reason = options.why_not_pdl()
     if reason is None:
         pytest.skip("this machine can launch with PDL")
     with pytest.raises(Fp8InputError, match="programmatic dependent launch: ") as error:
-        pdl.set_pdl(True)
-    assert reason in str(error.value) and not pdl.pdl_on()
+        options.set_kernel_options(pdl=True)
+    assert reason in str(error.value) and not options.kernel_options().pdl
     assert pdl.launch_options() == {"USE_PDL": False}
 
 
-def test_turning_it_on_and_off_moves_the_epoch_that_graphs_check(pdl_possible: None) -> None:
+def test_changing_an_option_moves_the_epoch_that_graphs_check(pdl_possible: None) -> None:
     before = plans_epoch()
-    pdl.set_pdl(True)
+    options.set_kernel_options(pdl=True)
     on = plans_epoch()
     assert on != before and pdl.launch_options() == {"USE_PDL": True, "launch_pdl": True}
-    pdl.set_pdl(True)  # no change, no new epoch
+    assert options.set_kernel_options(pdl=True) == options.KernelOptions(pdl=True)  # no change, no new epoch
     assert plans_epoch() == on
-    pdl.set_pdl(False)
-    assert plans_epoch() not in (before, on) and pdl.launch_options() == {"USE_PDL": False}
+    options.set_kernel_options(silu_in_down=True)  # the other option: pdl stays on
+    both = plans_epoch()
+    assert both != on and options.kernel_options() == options.KernelOptions(pdl=True, silu_in_down=True)
+    options.set_kernel_options(pdl=False, silu_in_down=False)
+    assert plans_epoch() not in (before, on, both) and pdl.launch_options() == {"USE_PDL": False}
 
 
 class FakeCompiled:
@@ -85,7 +88,7 @@ def test_the_launcher_compiles_and_keys_each_setting_apart(pdl_possible: None, m
     launch = DirectLauncher(fn, pointers=1, pdl=True)
     x = torch.zeros(8)
     for on in (False, True, False, True):
-        pdl.set_pdl(on)
+        options.set_kernel_options(pdl=on)
         launch((1,), "key", (x, 8), {"B": 2, "num_warps": 4})
     # Triton once per setting, with the launch option only when on; then each its own binary,
     # launched with its own USE_PDL among the constexprs.

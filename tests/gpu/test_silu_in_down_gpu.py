@@ -1,0 +1,59 @@
+"""The decode GEMM with SiLU(gate) * up computed inside it (the kernel option silu_in_down) against
+the unfused path it replaces, fp8route.models.fused.silu_mul then the same GEMM: bit for bit, in
+bf16 and fp16, at every decode bucket, on the 8B's and TP4's down shapes and one that needs every
+mask; a gate_up of the wrong width or dtype refused with a reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp8route.backends.kernels.decode.launch import decode_gemm, decode_gemm_silu_mul
+from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR
+from fp8route.errors import Fp8InputError, Fp8TypeError
+from fp8route.models.fused import silu_mul
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or TRITON_IMPORT_ERROR is not None, reason="needs CUDA and triton"
+    ),
+]
+FP8 = torch.float8_e4m3fn
+SHAPES = [(4096, 14336), (4096, 3584), (208, 400)]  # (N, K): down of the 8B at TP1 and TP4, and all masks
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 96, 128)  # fp8route.engine.decode_graphs.buckets up to the kernel's M
+
+
+def operands(n: int, k: int, m: int, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    gate_up = (torch.randn(m, 2 * k, device="cuda", generator=g) * 3).to(dtype)
+    w = (torch.randn(n, k, device="cuda", generator=g) * 120).clamp(-448, 448).to(FP8)
+    s_w = torch.tensor(0.0027, device="cuda")
+    s_in = torch.tensor(0.01, device="cuda")  # some SiLU * up values saturate
+    return gate_up, w, s_w, s_in
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_fused_equals_silu_mul_then_the_gemm(dtype, shape):
+    n, k = shape
+    for m in BUCKETS:
+        gate_up, w, s_w, s_in = operands(n, k, m, dtype, seed=m)
+        unfused = decode_gemm(silu_mul(gate_up, k), w, s_w, s_in, None, dtype)
+        fused = decode_gemm_silu_mul(gate_up, w, s_w, s_in, None, dtype)
+        assert torch.equal(fused, unfused), f"M={m}: {(fused.float() - unfused.float()).abs().max().item()}"
+        bias = torch.randn(n, device="cuda").to(dtype)
+        assert torch.equal(
+            decode_gemm_silu_mul(gate_up, w, s_w, s_in, bias, dtype),
+            decode_gemm(silu_mul(gate_up, k), w, s_w, s_in, bias, dtype),
+        ), f"M={m} with a bias"
+
+
+def test_a_gate_up_of_the_wrong_width_or_dtype_is_refused():
+    gate_up, w, s_w, s_in = operands(208, 400, 4, torch.bfloat16)
+    with pytest.raises(Fp8InputError, match=r"gate_up must be \[M, 800\] \(gate, then up\)"):
+        decode_gemm_silu_mul(gate_up[:, :799], w, s_w, s_in, None, torch.bfloat16)
+    with pytest.raises(Fp8TypeError, match="gate_up must be bfloat16 or float16"):
+        decode_gemm_silu_mul(gate_up.float(), w, s_w, s_in, None, torch.bfloat16)
+    with pytest.raises(Fp8InputError, match="M=129 is outside 1..128"):
+        decode_gemm_silu_mul(gate_up.repeat(33, 1)[:129], w, s_w, s_in, None, torch.bfloat16)
