@@ -24,9 +24,21 @@ def run(args: argparse.Namespace) -> int:
     return serve(args)
 
 
+class _WithDefaults(argparse.HelpFormatter):
+    """--help gives each option's default, where its own help does not say it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
-        "serve", help="an OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /metrics"
+        "serve",
+        help="an OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /metrics",
+        formatter_class=_WithDefaults,
     )
     parser.add_argument("model", help="a checkpoint folder, or smollm2")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: localhost only)")
@@ -36,7 +48,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=256, help="requests running at once")
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192, help="tokens per engine step")
     parser.add_argument("--max-queue", type=int, default=1024, help="waiting requests beyond which a new one gets 503")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="the share of GPU memory the model and KV pool may use",
+    )
     parser.add_argument(
         "--policy", default="routed", help=f"routed, or one backend for every layer: {', '.join(BACKENDS)}"
     )

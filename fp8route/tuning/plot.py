@@ -70,7 +70,9 @@ def pyplot():  # type: ignore[no-untyped-def]
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        log.warning("matplotlib is not installed: no PNG written (pip install matplotlib); the JSON has every number")
+        log.warning(
+            "matplotlib is not installed: no PNG written (pip install 'fp8route[plot]'); the JSON has every number"
+        )
         return None
     return plt
 
