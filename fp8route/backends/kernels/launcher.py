@@ -44,8 +44,8 @@ class DirectLauncher:
 
     The kernel's parameters must be the runtime arguments first, pointers (tensors) leading, then
     the constexprs; `meta` gives every constexpr and launch option by name (hashable values). With
-    pdl the kernel has a USE_PDL constexpr (fp8route.backends.kernels.pdl): the launcher sets it,
-    and the launch option, as kernel_options().pdl says.
+    pdl the kernel's last constexpr is USE_PDL (fp8route.backends.kernels.pdl): the launcher sets
+    it, and the launch option, as kernel_options().pdl says.
     """
 
     def __init__(self, fn: Any, pointers: int, pdl: bool = False) -> None:

@@ -2,8 +2,6 @@
 says it gains (`fp8route bench e2e --pdl off,on --silu-in-down off,on`):
 
 - pdl: launch them with programmatic dependent launch (fp8route.backends.kernels.pdl), Hopper on;
-  the decode GEMM's programs then ask L2 for their weight tiles before they wait for the kernel
-  before them, so the weight streams in while that kernel finishes;
 - silu_in_down: where a down projection runs fp8route's decode GEMM, compute SiLU(gate) * up inside
   it from the gate_up output instead of in a kernel of its own before it.
 

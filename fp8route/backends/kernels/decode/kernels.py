@@ -11,22 +11,6 @@ else:
     from fp8route.backends.kernels.quantize import quantize_e4m3
 
     @triton.jit
-    def prefetch_weight(w_ptr, offs_n, n_mask, stride_wn, k_lo, k_end, BLOCK_K: tl.constexpr, TILES: tl.constexpr):
-        """Ask L2 for the first TILES weight tiles of this program (its rows, its K range from k_lo):
-        one prefetch a 128-byte line, nothing waited for. Under PDL a program does this before
-        waiting for the kernel before it, so the weight streams in while that kernel finishes (the
-        weight is never written by a kernel). Lines past the weight are asked at its start instead."""
-        if TILES > 0:  # and then BLOCK_K >= 128 (launch.py)
-            offs = tl.arange(0, BLOCK_K // 128) * 128
-            for t in tl.static_range(TILES):
-                k = k_lo + t * BLOCK_K + offs
-                ptrs = w_ptr + offs_n[:, None] * stride_wn + k[None, :]
-                ptrs = tl.where(n_mask[:, None] & (k < k_end)[None, :], ptrs, w_ptr)
-                tl.inline_asm_elementwise(
-                    "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
-                )
-
-    @triton.jit
     def silu_times(gate, up):
         """SiLU(gate) * up, each rounded to the inputs' dtype as fp8route.models.fused.silu_mul
         rounds them (so the fused GEMM reads the same x as the unfused one)."""
@@ -81,10 +65,10 @@ else:
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
-        REDUCE_UNROLL: tl.constexpr, GATED: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,
+        REDUCE_UNROLL: tl.constexpr, GATED: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
-        """GATED: x_ptr holds [M, 2K], gate then up, and the product is with SiLU(gate) * up.
-        PREFETCH: weight tiles asked of L2 before waiting for the previous kernel (under PDL)."""
+        """GATED: x_ptr holds [M, 2K], gate then up, and the product is with SiLU(gate) * up."""
+        wait_for_inputs(USE_PDL)
         pid = tl.program_id(0)
         # The splits of one tile are adjacent pids: launched together, so the last one (which
         # reduces) does not wait on a split scheduled a wave later.
@@ -106,8 +90,6 @@ else:
         w_ptrs = w_ptr + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]
         # x^T tile [BLOCK_K, BLOCK_M]: K-contiguous, which is what fp8 wgmma wants for its B operand.
         x_ptrs = x_ptr + offs_m[None, :] * stride_xm + (k_lo + offs_k)[:, None]
-        prefetch_weight(w_ptr, offs_n, n_mask, stride_wn, k_lo, tl.minimum(k_lo + k_per_split, K), BLOCK_K, PREFETCH)
-        wait_for_inputs(USE_PDL)  # nothing above reads or writes what another kernel writes
         in_scale = tl.load(in_scale_ptr)
         in_scale_rcp = tl.math.div_rn(1.0, in_scale)
 
@@ -148,12 +130,13 @@ else:
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, REDUCE_UNROLL: tl.constexpr, NUM_STAGES: tl.constexpr,
-        GATED: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,
+        GATED: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         """The same product for a few tokens (BLOCK_M <= 8) on the CUDA cores: no shared-memory staging
         of the weight and no MMA padding of the token side to 16. Each weight element is converted once
         (e4m3 -> fp32, exact) and multiplied by every token's x in fp32; the products are exact, so only
         the fp32 sums round."""
+        wait_for_inputs(USE_PDL)
         pid = tl.program_id(0)
         pid_k = pid % split_k
         pid_n = pid // split_k
@@ -166,8 +149,6 @@ else:
 
         w_ptrs = w_ptr + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]
         x_ptrs = x_ptr + k_lo + offs_k
-        prefetch_weight(w_ptr, offs_n, n_mask, stride_wn, k_lo, tl.minimum(k_lo + k_per_split, K), BLOCK_K, PREFETCH)
-        wait_for_inputs(USE_PDL)  # nothing above reads or writes what another kernel writes
         in_scale = tl.load(in_scale_ptr)
         in_scale_rcp = tl.math.div_rn(1.0, in_scale)
 

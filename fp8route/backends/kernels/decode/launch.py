@@ -11,18 +11,12 @@ import torch
 from fp8route.backends.kernels.decode.configs import DecodeConfig, cdiv, choose_config, why_not
 from fp8route.backends.kernels.decode.kernels import decode_cuda_core_kernel, decode_mma_kernel
 from fp8route.backends.kernels.launcher import DirectLauncher
-from fp8route.backends.kernels.options import kernel_options
 from fp8route.backends.problem import DeviceInfo
 from fp8route.errors import Fp8InputError, Fp8TypeError
 from fp8route.quant import FP8_DTYPE
 
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 _REDUCE_UNROLL = 8  # partials summed per round by the last CTA (loads in flight)
-# Under PDL each program asks L2 for its weight tiles before it waits for the kernel before it: all
-# of them (up to 4) where the whole weight fits this well inside the H200's 50 MB of L2, else its
-# first tile, so the prefetches of the first wave of programs do not evict each other.
-_PREFETCH_ALL_BYTES = 32 << 20
-_PREFETCH_MAX_TILES = 4
 _POINTERS = 8  # x, weight, out, bias, workspace, counters, the two scales
 _MMA = DirectLauncher(decode_mma_kernel, _POINTERS, pdl=True)
 _CUDA_CORE = DirectLauncher(decode_cuda_core_kernel, _POINTERS, pdl=True)
@@ -148,7 +142,7 @@ _LAUNCHES: dict[tuple[Any, ...], _Launch] = {}
 
 
 def _plan_launch(m: int, n: int, k: int, device: torch.device, x_fp8: bool, has_bias: bool,
-                 config: DecodeConfig | None, gated: bool, pdl: bool) -> _Launch:  # fmt: skip
+                 config: DecodeConfig | None, gated: bool) -> _Launch:  # fmt: skip
     cfg = config or choose_config(m, n, k, _device(device))
     if cfg.cuda_core and m > cfg.block_m:
         raise Fp8InputError(f"decode_gemm: {cfg} takes at most {cfg.block_m} tokens, got M={m}")
@@ -157,14 +151,10 @@ def _plan_launch(m: int, n: int, k: int, device: torch.device, x_fp8: bool, has_
     k_per_split = cdiv(k_iters, split) * cfg.block_k
     split = cdiv(k, k_per_split)  # no empty splits
     tiles = cdiv(n, cfg.block_n) * cdiv(m, cfg.block_m)
-    prefetch = 0
-    if pdl and cfg.block_k >= 128:
-        prefetch = min(_PREFETCH_MAX_TILES, cdiv(k_per_split, cfg.block_k)) if n * k <= _PREFETCH_ALL_BYTES else 1
     meta: dict[str, Any] = dict(
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m,
         QUANT_X=not x_fp8, HAS_BIAS=has_bias, USE_WS=split > 1,
         EVEN_K=k_per_split * split == k, EVEN_N=n % cfg.block_n == 0, REDUCE_UNROLL=_REDUCE_UNROLL, GATED=gated,
-        PREFETCH=prefetch,
         num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )  # fmt: skip
     if cfg.cuda_core:
@@ -193,12 +183,11 @@ def launch(
     n, k = weight.shape
     stride_xm, stride_wn = x.stride(0), weight.stride(0)
     # Every integer argument and dtype the kernel specializes on; the launcher adds alignment.
-    pdl = kernel_options().pdl
-    key = (m, n, k, stride_xm, stride_wn, x.dtype, out_dtype, bias is None, x.device, config, gated, pdl)
+    key = (m, n, k, stride_xm, stride_wn, x.dtype, out_dtype, bias is None, x.device, config, gated)
     plan = _LAUNCHES.get(key)
     if plan is None:
         x_fp8 = x.dtype == FP8_DTYPE
-        plan = _LAUNCHES[key] = _plan_launch(m, n, k, x.device, x_fp8, bias is not None, config, gated, pdl)
+        plan = _LAUNCHES[key] = _plan_launch(m, n, k, x.device, x_fp8, bias is not None, config, gated)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     elif out.shape != (m, n) or out.dtype != out_dtype or out.stride(0) != n or out.stride(1) != 1:
