@@ -3,6 +3,9 @@ prefills of a few shapes, as the engine runs them (ModelRunner.prefill): the GPU
 ahead (a sleep kernel first), the host time to issue the forward (measured while the GPU is still
 busy with the sleep), and the wall time of a plain call, with the prefill graphs
 (fp8route.engine.prefill_graphs) off and on. --profile: where the host time goes, cProfile of one shape.
+--find-block: for one shape, the innermost modules whose call kept the host waiting for the GPU (a
+sync, or a copy from pageable memory), issued behind a long sleep so a wait stands out, and the
+syncs torch's sync debug mode reports (run 9: a 4 x 2048 forward's host time was the sleep's).
 
     python3 benchmarks/prefill_host.py CHECKPOINT [--cases 512 1024x2 2048@2048 1024+44 ...]
 """
@@ -15,6 +18,7 @@ import io
 import pstats
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -47,6 +51,7 @@ def main() -> None:
     )
     parser.add_argument("--profile", default="", help="a case to profile (with the arm --graphs lists last)")
     parser.add_argument("--graphs", default="off,on", help="prefill graphs off, on, or off,on (both, per case)")
+    parser.add_argument("--find-block", default="", help="a case whose host waits to find (the last --graphs arm)")
     args = parser.parse_args()
     llm = LLM(args.folder, max_model_len=8192, skip_tokenizer_init=True)
     model = llm.model
@@ -78,6 +83,8 @@ def main() -> None:
                     row += f"  on/off wall {walls[False] / w:4.2f}x faster"
                 rows.append(row)
                 print(row, flush=True)
+            if case == args.find_block:
+                print(find_block(model, call), flush=True)
             if case == args.profile:
                 profile = cProfile.Profile()
                 for _ in range(5):  # each behind a sleep, so no launch waits for room in the queue
@@ -90,6 +97,49 @@ def main() -> None:
                 pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(30)
                 print(f"cProfile, 5 calls of {case} (each issued while the GPU sleeps):\n{out.getvalue()}")
     print("\n".join(["", "packed prefill forward: GPU time with the host ahead, host time to issue it, wall", *rows]))
+
+
+def find_block(model: torch.nn.Module, call: Callable[[], torch.Tensor], sleep_ms: float = 500.0) -> str:
+    """Issue call behind a GPU sleep with a host clock around every module: the innermost modules
+    whose call took more than half the sleep waited for the GPU. Also the syncs that torch's sync
+    debug mode warns about during the call, with the fp8route line that made each."""
+    spans: list[tuple[str, int, float]] = []  # (module, depth, host seconds)
+    stack: list[float] = []
+    names = {id(m): name or "model" for name, m in model.named_modules()}
+
+    def before(module: torch.nn.Module, args: object) -> None:
+        stack.append(time.perf_counter())
+
+    def after(module: torch.nn.Module, args: object, out: object) -> None:
+        spans.append((names.get(id(module), type(module).__name__), len(stack), time.perf_counter() - stack.pop()))
+
+    hooks = [h for m in model.modules() for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
+    call()
+    torch.cuda.synchronize()
+    try:
+        torch.cuda._sleep(int(sleep_ms * 2e6))  # ~2e6 cycles a ms at the H200's clocks
+        start = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                call()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        total = time.perf_counter() - start
+        torch.cuda.synchronize()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    slow = [(name, depth, s) for name, depth, s in spans if s > sleep_ms / 2e3]
+    deepest = max((depth for _, depth, _ in slow), default=0)
+    lines = [f"find-block: the call's host time {total * 1e3:.1f} ms behind a {sleep_ms:.0f} ms sleep"]
+    lines += [f"  waited in {name}: {s * 1e3:.1f} ms" for name, depth, s in slow if depth == deepest]
+    if not slow:
+        lines.append("  no module's call waited for the GPU")
+    for w in caught:
+        lines.append(f"  sync debug: {w.message} ({w.filename}:{w.lineno})")
+    return "\n".join(lines)
 
 
 def measure(call: Callable[[], torch.Tensor]) -> tuple[float, float, float, int]:
