@@ -4,6 +4,8 @@
 #   tests: the GPU tests of the kernel options, the greedy-token kernels, the engine, prefill graphs,
 #          mixed steps (TESTS overrides which)
 #   e2e:   bench e2e, routed, every combination of --pdl and --silu-in-down in one run
+#   block: what keeps the host waiting in a 4 x 2048 prefill (benchmarks/prefill_host.py --find-block),
+#          on a random 8B checkpoint written to /tmp/ckpt-8b first
 set -u -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 log="$OUT/gpu.txt"
@@ -24,6 +26,16 @@ tests/gpu/test_engine_gpu.py tests/engine/test_prefill_graphs.py tests/engine/te
             --input "${INPUT:-1024}" --output 64 --policy routed --pdl off,on --silu-in-down off,on --tmp /tmp \
             --out "$OUT" > "$OUT/e2e.log" 2>&1
         echo "== e2e (rc $?)" | tee -a "$log"; tail -16 "$OUT/e2e.log" | tee -a "$log"
+        ;;
+    block)
+        [ -f /tmp/ckpt-8b/config.json ] || python3 -c "
+from pathlib import Path
+from fp8route.checkpoint.random import write_random
+from fp8route.models.shapes import MODELS
+write_random(Path('/tmp/ckpt-8b'), MODELS['llama-3.1-8b'], fp8=True)" 2>&1 | tail -1
+        timeout 300 python3 benchmarks/prefill_host.py /tmp/ckpt-8b --cases 2048x4 4096 2048x2 --graphs off \
+            --find-block 2048x4 > "$OUT/find_block.txt" 2>&1
+        echo "== block (rc $?)" | tee -a "$log"; grep -v Warning "$OUT/find_block.txt" | tail -20 | tee -a "$log"
         ;;
     esac
 done
