@@ -22,7 +22,7 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """argmax(logits, -1) for logits [B, V]: int64 [B]."""
     if not (logits.is_cuda and TRITON_IMPORT_ERROR is None and logits.dim() == 2 and logits.dtype in _DTYPES):
         return logits.argmax(-1)
-    if logits.stride(-1) != 1 or torch.compiler.is_compiling():
+    if logits.stride(-1) != 1 or logits.numel() == 0 or torch.compiler.is_compiling():
         return logits.argmax(-1)
     return argmax_rows(logits)
 
