@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
+from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, triton
 from fp8route.errors import Fp8InputError
 
 
@@ -60,9 +60,10 @@ def launch_generation() -> int:
 def _triton_has_pdl() -> bool:
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
     except ImportError:
         return False
-    return "launch_pdl" in CUDAOptions.__dataclass_fields__ and hasattr(tl.extra.cuda, "gdc_wait")
+    return "launch_pdl" in CUDAOptions.__dataclass_fields__
 
 
 def why_not_pdl(device: torch.device | str | None = None) -> str | None:

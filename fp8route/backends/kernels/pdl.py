@@ -29,11 +29,24 @@ def launch_options() -> dict[str, Any]:
 
 
 if triton is not None:
+    # Imported by name, not reached as tl.extra.cuda.*: Triton's JIT resolves every name a kernel's
+    # source mentions, dead constexpr branches included, and tl.extra.cuda is not an attribute in
+    # every build. A Triton without them gets a wait_for_inputs that mentions neither (and set_pdl
+    # refuses PDL there: fp8route.backends.kernels.options.why_not_pdl).
+    try:
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    except ImportError:
 
-    @triton.jit
-    def wait_for_inputs(USE_PDL: tl.constexpr):
-        """Under PDL: wait until the kernels before this one have finished and their writes are
-        visible, then let the next kernel launch. Without PDL nothing (the stream already waited)."""
-        if USE_PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+        @triton.jit
+        def wait_for_inputs(USE_PDL: tl.constexpr):
+            pass
+
+    else:
+
+        @triton.jit
+        def wait_for_inputs(USE_PDL: tl.constexpr):
+            """Under PDL: wait until the kernels before this one have finished and their writes are
+            visible, then let the next kernel launch. Without PDL nothing (the stream already waited)."""
+            if USE_PDL:
+                gdc_wait()
+                gdc_launch_dependents()
