@@ -6,7 +6,7 @@
 #   prefill:  the seed's prefill-heavy load, routed vs cuBLASLt-only vs CUTLASS-rowwise-only, with a
 #             lone 1 x 4096 prefill timed in each arm
 #   decode:   the decode-heavy load, with the static generate at batch 16 timed in the arm
-#   poisson:  a Poisson load at RATE requests/s
+#   poisson:  a Poisson load at RATE requests/s, once per step budget in POISSON_BUDGET ("512 2048")
 #   prefix:   256 requests sharing a 2048-token prefix, the prefix cache on and off
 # A random Llama-3.1-8B FP8 checkpoint is written first; EXTRA adds options to every bench serve.
 set -u -o pipefail
@@ -44,9 +44,11 @@ tests/gpu/test_fused_gpu.py"}
             --lone-prefill 4096 ;;
     decode)
         serve decode --policy routed --num-prompts 1024 --input-len 512:1536 --output-len 128:512 --static-batch 16 ;;
-    poisson)
-        serve poisson --policy routed --num-prompts "${POISSON_PROMPTS:-400}" --input-len 512:1536 \
-            --output-len 128:512 --request-rate "${RATE:-8}" --max-num-batched-tokens "${POISSON_BUDGET:-2048}" ;;
+    poisson)  # POISSON_BUDGET may list several step budgets: one run each, in this call
+        for budget in ${POISSON_BUDGET:-2048}; do
+            serve "poisson_$budget" --policy routed --num-prompts "${POISSON_PROMPTS:-400}" --input-len 512:1536 \
+                --output-len 128:512 --request-rate "${RATE:-8}" --max-num-batched-tokens "$budget"
+        done ;;
     prefix)
         serve prefix --policy routed --prefix-caching on,off --num-prompts 256 --shared-prefix 2048 \
             --input-len 64:64 --output-len 16:16 ;;
