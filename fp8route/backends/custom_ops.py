@@ -151,12 +151,14 @@ def _decode_gemm(
     x_scale: torch.Tensor,
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
+    gated: bool = False,
 ) -> torch.Tensor:
     """fp8route's decode GEMM; x in bf16/fp16 is quantized with x_scale inside it, e4m3 x was
-    quantized with it already."""
+    quantized with it already. gated: x is [M, 2K], gate then up, and the product is with
+    SiLU(gate) * up, computed inside it."""
     from fp8route.backends.kernels.decode.launch import launch
 
-    return launch(x.contiguous(), weight, w_scale, x_scale, bias, out_dtype)
+    return launch(x.contiguous(), weight, w_scale, x_scale, bias, out_dtype, gated=gated)
 
 
 decode_gemm_op = torch.library.custom_op("fp8route::decode_gemm", _decode_gemm, mutates_args=())
@@ -164,31 +166,5 @@ decode_gemm = eager_or_op(decode_gemm_op, _decode_gemm)
 
 
 @decode_gemm_op.register_fake
-def _(x, weight, w_scale, x_scale, bias, out_dtype):  # type: ignore[no-untyped-def]
+def _(x, weight, w_scale, x_scale, bias, out_dtype, gated=False):  # type: ignore[no-untyped-def]
     return _empty_out(x, weight, out_dtype)
-
-
-def _decode_gemm_silu_mul(
-    gate_up: torch.Tensor,
-    weight: torch.Tensor,
-    w_scale: torch.Tensor,
-    x_scale: torch.Tensor,
-    bias: torch.Tensor | None,
-    out_dtype: torch.dtype,
-) -> torch.Tensor:
-    """fp8route's decode GEMM of SiLU(gate) * up, computed and quantized with x_scale inside it, for
-    gate_up [M, 2K]."""
-    from fp8route.backends.kernels.decode.launch import launch
-
-    return launch(gate_up.contiguous(), weight, w_scale, x_scale, bias, out_dtype, gated=True)
-
-
-decode_gemm_silu_mul_op = torch.library.custom_op(
-    "fp8route::decode_gemm_silu_mul", _decode_gemm_silu_mul, mutates_args=()
-)
-decode_gemm_silu_mul = eager_or_op(decode_gemm_silu_mul_op, _decode_gemm_silu_mul)
-
-
-@decode_gemm_silu_mul_op.register_fake
-def _(gate_up, weight, w_scale, x_scale, bias, out_dtype):  # type: ignore[no-untyped-def]
-    return _empty_out(gate_up, weight, out_dtype)

@@ -44,8 +44,8 @@ class Fp8GemvBackend(Backend):
         assert operands.input_scale is not None, "the plan only picks fp8_gemv for a static input scale"
         w = operands
         out_dtype = gate_up.dtype
-        return custom_ops.decode_gemm_silu_mul(
-            gate_up, w.weight, w.weight_scale, w.input_scale, bias_as(w, out_dtype), out_dtype
+        return custom_ops.decode_gemm(
+            gate_up, w.weight, w.weight_scale, w.input_scale, bias_as(w, out_dtype), out_dtype, True
         )
 
     def run_quantized(
