@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fp8route.backends.kernels import launcher as launcher_module
+from fp8route.backends.kernels import options
 from fp8route.backends.kernels.launcher import DirectLauncher
 
 
@@ -128,3 +129,30 @@ def test_a_constexpr_the_key_leaves_out_still_gets_its_own_kernel(fake_triton: S
     assert [call[2]["num_warps"] for call in fn.jit_calls] == [4, 4, 8]
     # Each direct launch passes (and was compiled with) the constexprs of its own call.
     assert [launched[-2:] for launched in fn.compiled.launches] == [(2, 3), (4, 3)]
+
+
+class FakePdlJit(FakeJit):
+    """FakeJit with USE_PDL as a constexpr, as a kernel given to a DirectLauncher with pdl=True has."""
+
+    params = [*FakeJit.params, SimpleNamespace(name="USE_PDL")]
+
+
+def test_pdl_is_a_launch_option_and_part_of_the_key(
+    fake_triton: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(options, "why_not_pdl", lambda device=None: None)  # as on a Hopper GPU
+    fn = FakePdlJit()
+    launch = DirectLauncher(fn, pointers=2, pdl=True)
+    x = torch.zeros(8)
+    try:
+        for on in (False, True, False, True):
+            options.set_kernel_options(pdl=on)
+            launch((1,), "key", (x, x, 8), META)
+    finally:
+        options.set_kernel_options(pdl=False)
+    # Triton once per setting, the launch option only when on; then each setting's own constexprs.
+    assert [call[2] for call in fn.jit_calls] == [
+        {**META, "USE_PDL": False},
+        {**META, "USE_PDL": True, "launch_pdl": True},
+    ]
+    assert [launched[-3:] for launched in fn.compiled.launches] == [(2, 3, False), (2, 3, True)]
