@@ -12,6 +12,7 @@ A graph replays the kernels, operands and workspaces it captured: when any Fp8Li
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -59,7 +60,7 @@ class DecodeGraphs:
         self.epoch = plans_epoch()
 
     def bucket(self, batch: int) -> int:
-        return next(size for size in self.sizes if size >= batch)
+        return self.sizes[bisect.bisect_left(self.sizes, batch)]
 
     def drop(self) -> None:
         self.graphs.clear()

@@ -18,6 +18,7 @@ graphs, as it drops the decode graphs.
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -89,7 +90,7 @@ class PrefillGraphs:
         return self.sizes[-1]
 
     def bucket(self, tokens: int) -> int:
-        return next(size for size in self.sizes if size >= tokens)
+        return self.sizes[bisect.bisect_left(self.sizes, tokens)]
 
     def capture_all(self) -> None:
         """Every bucket's pieces now, so that no request waits for a capture."""
