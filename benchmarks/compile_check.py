@@ -1,84 +1,355 @@
-"""Compile fp8_gemv's kernels for sm_90 on any machine (no GPU) and print what each config costs.
+"""Compile every fp8route Triton kernel for the H200 (sm_90) on a machine without a GPU.
 
-Registers and spills (cuobjdump on the cubin, from Triton's bundled CUDA tools), shared memory, and
-how many cp.async copies the PTX issues: enough to see whether a config fits before spending device
-time on it.
+The kernels are reached through their real entry points (decode_gemm, the fused norms, RoPE and
+SiLU, quantize_fp8, decode_attention, argmax, the tensor-parallel reduce) with CPU tensors of
+Llama-3.1-8B's shapes, under a Triton driver that targets sm_90 and launches nothing. So each
+kernel is specialized and compiled as a GPU run would (same constexprs, dtypes, integer and
+alignment classes, launch options), through Triton's own pipeline and its bundled ptxas down to a
+cubin, and checked for what a launch checks first (shared memory, threads). Each compile's
+registers and spilled bytes come from cuobjdump on the cubin.
 
-    python3 benchmarks/compile_check.py wgmma 256x128x32x8x3 128x128x16x8x5
-    python3 benchmarks/compile_check.py cuda_core 16x2048x1x8x1 --maxnreg 80
+    python benchmarks/compile_check.py            # the table
+    python benchmarks/compile_check.py --json F   # and the rows as JSON
 
-A config is block_n x block_k x block_m x num_warps x num_stages.
+tests/backends/test_compile_sm90.py runs the same sweep in CI. What this cannot see: anything at
+run time (numerics are tests/gpu's, under Triton's interpreter on a CPU or on the GPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import re
 import subprocess
+import sys
 import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+import torch
 
-from fp8route.backends.kernels.decode.kernels import decode_cuda_core_kernel, decode_mma_kernel
+FAKE_DEVICE = -1  # the index Triton keys these compiles by: never a real GPU's
+H200_SHARED = 232448  # bytes of shared memory a block may use on sm_90 (227 KB)
+HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 4096, 14336, 32, 8, 128, 128256
+# (N, K) of Llama-3.1-8B's projections: qkv, o, gate_up, down
+GEMMS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 
-POINTERS = ("x_ptr", "w_ptr", "out_ptr", "bias_ptr", "ws_ptr", "cnt_ptr", "w_scale_ptr", "in_scale_ptr")
-ALIGNED_INTS = ("N", "K", "stride_xm", "stride_wn", "stride_om", "k_per_split")
+
+@dataclass
+class Compiled:
+    kernel: str
+    constexprs: str
+    num_warps: int
+    num_stages: int
+    shared: int
+    registers: int | None
+    spilled: int | None
+    pdl_wait: bool
+    wgmma: bool
+    wide_ints: list[str]  # integer arguments passed as 64-bit (Triton specializes on whether they fit 32)
 
 
-def compile_config(kernel: str, cfg: str, fused: bool, maxnreg: int) -> str:
-    block_n, block_k, block_m, warps, stages = (int(v) for v in cfg.split("x"))
-    fn = decode_mma_kernel if kernel == "wgmma" else decode_cuda_core_kernel
-    types = dict.fromkeys(POINTERS, "*fp32") | {
-        "x_ptr": "*bf16" if fused else "*fp8e4nv",
-        "w_ptr": "*fp8e4nv",
-        "out_ptr": "*bf16",
-        "bias_ptr": "*bf16",
-        "cnt_ptr": "*i32",
-    }
-    constants = dict(
-        BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_M=block_m, QUANT_X=fused, HAS_BIAS=False, USE_WS=True,
-        EVEN_K=True, EVEN_N=True, REDUCE_UNROLL=8,
-    )  # fmt: skip
-    options = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {})}
-    if kernel == "wgmma":
-        constants["IMPRECISE_ACC"] = min(128, block_k)
-        options["num_stages"] = stages
-    else:
-        constants["NUM_STAGES"] = stages
+class _Launches:
+    """A Triton launcher that records the kernel and launches nothing."""
+
+    def __init__(self, src: Any, metadata: Any) -> None:
+        self.name = metadata.name
+
+    def __call__(self, *args: Any) -> None:
+        pass
+
+
+class _Utils:
+    def load_binary(self, name: str, kernel: bytes, shared: int, device: int) -> tuple[Any, ...]:
+        return None, None, 0, 0, 1024  # module, function, registers, spills, max threads per block
+
+    def get_device_properties(self, device: int) -> dict[str, int]:
+        return {"max_shared_mem": H200_SHARED, "multiprocessor_count": 132, "max_num_regs": 65536, "warpSize": 32}
+
+
+def _driver() -> Any:
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.driver import DriverBase
+    from triton.backends.nvidia.driver import ty_to_cpp
+
+    class CompileOnlySm90(DriverBase):
+        def __init__(self) -> None:
+            self.utils = _Utils()
+            self.launcher_cls = _Launches
+
+        @classmethod
+        def is_active(cls) -> bool:
+            return False
+
+        def map_python_to_cpp_type(self, ty: str) -> str:
+            return ty_to_cpp(ty)
+
+        def get_current_target(self) -> Any:
+            return GPUTarget("cuda", 90, 32)
+
+        def get_active_torch_device(self) -> torch.device:
+            return torch.device("cpu")
+
+        def get_current_device(self) -> int:
+            return FAKE_DEVICE
+
+        def get_current_stream(self, device: int | None = None) -> int:
+            return 0
+
+        def get_device_interface(self) -> Any:
+            return torch.cuda
+
+        def get_benchmarker(self) -> Any:
+            raise NotImplementedError("compile only")
+
+        def get_empty_cache_for_benchmark(self) -> Any:
+            raise NotImplementedError("compile only")
+
+        def clear_cache(self, cache: Any) -> None:
+            pass
+
+    return CompileOnlySm90()
+
+
+@contextlib.contextmanager
+def compile_only_sm90() -> Iterator[None]:
+    """fp8route's kernel entry points on CPU tensors compile for an H200 and launch nothing."""
+    import triton
+
+    from fp8route.backends.kernels import launcher, options
+    from fp8route.backends.kernels.decode import launch
+    from fp8route.backends.problem import DeviceInfo
+    from fp8route.models import fused
+
+    h200 = DeviceInfo(type="cuda", capability=(9, 0), name="NVIDIA H200", sm_count=132, l2_bytes=60 * 2**20)
+    saved = (launcher._no_launch_hooks, launch._device, fused._use_kernel, options._current[0])
+    active = triton.runtime.driver._active  # None where no GPU driver was ever made active
+    triton.runtime.driver.set_active(_driver())
+    # Every launch through Triton's own path (the direct one reads a CUDA stream), tuned as on an
+    # H200, and the fused ops on their kernels whatever the tensors' device.
+    launcher._no_launch_hooks = lambda: False
+    launch._device = lambda device: h200
+    fused._use_kernel = lambda x: x.dtype in (torch.bfloat16, torch.float16) and not torch.compiler.is_compiling()
+    try:
+        yield
+    finally:
+        launcher._no_launch_hooks, launch._device, fused._use_kernel, options._current[0] = saved
+        triton.runtime.driver._active = active
+        # Nothing compiled here may be launched later: its launcher launches nothing.
+        launch._LAUNCHES.clear()
+        for fn in _kernel_functions():
+            fn.device_caches.pop(FAKE_DEVICE, None)
+        for value in _launchers():
+            value._compiled.clear()
+
+
+def _with_pdl(pdl: bool) -> None:
+    from fp8route.backends.kernels import options
+
+    options._current[0] = options.KernelOptions(pdl=pdl)
+
+
+def _decode_gemms(dtype: torch.dtype) -> None:
+    from fp8route.backends.kernels.decode.launch import launch
+    from fp8route.engine.decode_graphs import buckets
+    from fp8route.quant import FP8_DTYPE
+
+    one = torch.ones((), dtype=torch.float32)
+    for name, (n, k) in GEMMS.items():
+        weight = torch.empty((n, k), dtype=FP8_DTYPE)
+        for m in buckets(256):
+            launch(torch.empty((m, k), dtype=dtype), weight, one, one, None, dtype)
+            if name == "down":
+                launch(torch.empty((m, 2 * k), dtype=dtype), weight, one, one, None, dtype, gated=True)
+        # x quantized before (a prefill-quantized input) and a bias (Qwen's qkv), at decode's ends
+        for m in (1, 64):
+            launch(torch.empty((m, k), dtype=FP8_DTYPE), weight, one, one, None, dtype)
+            launch(torch.empty((m, k), dtype=dtype), weight, one, one, torch.empty(n, dtype=dtype), dtype)
+
+
+def _fused(dtype: torch.dtype) -> None:
+    from fp8route.backends.kernels.quantize import quantize_fp8
+    from fp8route.models import fused
+    from fp8route.quant import FP8_DTYPE
+
+    w = torch.empty(HIDDEN, dtype=dtype)
+    for rows in (1, 64, 8192):
+        x = torch.empty((rows, HIDDEN), dtype=dtype)
+        fused.rms_norm(x, w, 1e-5)
+        fused.add_rms_norm(x, torch.empty_like(x), w, 1e-5)
+        fused.silu_mul(torch.empty((rows, 2 * INTER), dtype=dtype), INTER)
+        quantize_fp8(x, torch.ones((), dtype=torch.float32))
+    # A prefill chunk past 2^31 elements takes 64-bit offsets (never touched: nothing launches).
+    quantize_fp8(torch.empty((2**31 // HIDDEN + 1, HIDDEN), dtype=dtype), torch.ones((), dtype=torch.float32))
+    width = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+    for b, t in ((1, 4096), (4, 2048), (64, 1)):
+        qkv = torch.empty((b, t, HEADS + 2 * KV_HEADS, HEAD_DIM), dtype=dtype)
+        assert qkv.stride(1) == width
+        cos = torch.empty((t, HEAD_DIM), dtype=torch.float32)
+        fused.rope(qkv[:, :, :HEADS], cos, cos)
+        fused.rope(qkv[:, :, HEADS : HEADS + KV_HEADS], cos, cos, token_major=True)
+        per_row = torch.empty((b, t, HEAD_DIM), dtype=torch.float32)
+        fused.rope(qkv[:, :, :HEADS], per_row, per_row)
+    for b in (1, 64):
+        qkv = torch.empty((b, 1, HEADS + 2 * KV_HEADS, HEAD_DIM), dtype=dtype)
+        k, v = qkv[:, :, HEADS : HEADS + KV_HEADS], qkv[:, :, HEADS + KV_HEADS :]
+        cos = torch.empty((b, 1, HEAD_DIM), dtype=torch.float32)
+        slots = torch.zeros(b, dtype=torch.int64)
+        for cache_dtype, scales in ((dtype, None), (FP8_DTYPE, (0.5, 0.25))):
+            cache = torch.empty((4096, KV_HEADS, HEAD_DIM), dtype=cache_dtype)
+            fused.rope_into_cache(k, v, cos, cos, cache, torch.empty_like(cache), slots, scales)
+
+
+def _attention(dtype: torch.dtype) -> None:
+    from fp8route.engine import paged_decode as pd
+    from fp8route.quant import FP8_DTYPE
+
+    page, max_blocks = 16, 8192 // 16
+    for b in (1, 16, 64):
+        qkv = torch.empty((b, HEADS + 2 * KV_HEADS, HEAD_DIM), dtype=dtype)
+        q, k, v = qkv[:, :HEADS], qkv[:, HEADS : HEADS + KV_HEADS], qkv[:, HEADS + KV_HEADS :]
+        cos = torch.empty((b, HEAD_DIM), dtype=torch.float32)
+        tables = torch.zeros((b + 1, max_blocks), dtype=torch.int32)
+        rows, lengths = torch.arange(b, dtype=torch.int64), torch.ones(b, dtype=torch.int64)
+        for cache_dtype, scales in ((dtype, (1.0, 1.0)), (FP8_DTYPE, (0.5, 0.25))):
+            blocks = torch.empty((b * max_blocks, page, KV_HEADS, HEAD_DIM), dtype=cache_dtype)
+            pages = pd.Pages(blocks, torch.empty_like(blocks), tables, rows, *scales)
+            pd.decode_attention(q, pages, lengths, new=pd.NewToken(k, v, cos, cos))
+            pd.decode_attention(q.contiguous(), pages, lengths)
+
+
+def _argmax(dtype: torch.dtype) -> None:
+    from fp8route.engine.argmax import argmax_rows
+
+    for rows in (1, 64):
+        argmax_rows(torch.empty((rows, VOCAB), dtype=dtype))
+
+
+def _peer_reduce(dtype: torch.dtype) -> None:
+    from fp8route.models import peer_reduce
+
+    w = torch.empty(HIDDEN, dtype=dtype)
+    for world in (2, 4):
+        buffers = torch.zeros(world, dtype=torch.int64)
+        for rank in range(world):
+            for rows in (1, 64):
+                x = torch.empty((rows, HIDDEN), dtype=dtype)
+                peer_reduce.launch(x, torch.empty_like(x), w, 1e-5, buffers, rank, 256, 0)
+
+
+SWEEPS: dict[str, Callable[[torch.dtype], None]] = {
+    "decode_gemm": _decode_gemms,
+    "fused": _fused,
+    "attention": _attention,
+    "argmax": _argmax,
+    "peer_reduce": _peer_reduce,  # tensor parallel's all-reduce fused with the norm after it
+}
+
+
+def compile_all(dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)) -> list[Compiled]:
+    """Every sweep at every activation dtype, with and without PDL: what each compiled."""
+    with compile_only_sm90():
+        for pdl in (False, True):
+            _with_pdl(pdl)
+            for dtype in dtypes:
+                for sweep in SWEEPS.values():
+                    sweep(dtype)
+        return [_describe(fn, kernel) for fn in _kernel_functions() for kernel in _compiled(fn)]
+
+
+def _kernel_functions() -> list[Any]:
+    from triton.runtime.jit import JITFunction
+
+    found: dict[int, Any] = {}
+    for name, module in list(sys.modules.items()):
+        if name.startswith("fp8route."):
+            for value in vars(module).values():
+                for fn in (value, getattr(value, "fn", None)):  # a DirectLauncher holds its kernel
+                    if isinstance(fn, JITFunction):
+                        found[id(fn)] = fn
+    return sorted(found.values(), key=lambda fn: fn.__name__)
+
+
+def _launchers() -> list[Any]:
+    from fp8route.backends.kernels.launcher import DirectLauncher
+
+    return [v for name, m in list(sys.modules.items()) if name.startswith("fp8route.") for v in vars(m).values()
+            if isinstance(v, DirectLauncher)]  # fmt: skip
+
+
+def _compiled(fn: Any) -> list[Any]:
+    cache = fn.device_caches.get(FAKE_DEVICE)
+    return list(cache[0].values()) if cache is not None else []
+
+
+def _describe(fn: Any, kernel: Any) -> Compiled:
     names = fn.arg_names
-    signature = {n: types.get(n, "constexpr" if n in constants else "i32") for n in names}
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in (*POINTERS, *ALIGNED_INTS)}
-    compiled = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
-                              options=options)  # fmt: skip
-    ptx = compiled.asm["ptx"]
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-        cubin.write(compiled.asm["cubin"])
-        cubin.flush()
-        cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", cubin.name], capture_output=True, text=True)
-    regs = re.search(r"REG:(\d+)", usage.stdout)
-    spill = re.search(r"LOCAL:(\d+)", usage.stdout)
-    cp_async = len(re.findall(r"cp\.async\.c[ag]", ptx))
-    return (
-        f"{kernel:9s} {cfg:18s} fused={int(fused)} maxnreg={maxnreg or '-':>3}  "
-        f"registers {regs.group(1) if regs else '?':>3}  local {spill.group(1) if spill else '?':>3} B  "
-        f"shared {compiled.metadata.shared / 1024:6.1f} KB  cp.async {cp_async}"
-        "  (static counts in the PTX)"
+    constants = {names[key[0]] if isinstance(key, tuple) else key: v for key, v in kernel.src.constants.items()}
+    shown = ",".join(f"{k}={_short(v)}" for k, v in constants.items() if fn.params[names.index(k)].is_constexpr)
+    first = kernel.src.signature[names[0]].lstrip("*")  # the activations' dtype, in most kernels
+    ptx = kernel.asm["ptx"]
+    regs, spilled = _resource_usage(kernel.asm["cubin"])
+    return Compiled(
+        kernel=fn.__name__,
+        constexprs=f"{names[0]}:{first} {shown}",
+        num_warps=kernel.metadata.num_warps,
+        num_stages=kernel.metadata.num_stages,
+        shared=kernel.metadata.shared,
+        registers=regs,
+        spilled=spilled,
+        pdl_wait="griddepcontrol.wait" in ptx,
+        wgmma="wgmma.mma_async" in ptx,
+        wide_ints=[name for name, ty in kernel.src.signature.items() if ty in ("i64", "u64")],
     )
+
+
+def _short(value: Any) -> str:
+    return {True: "1", False: "0"}.get(value, str(value)) if isinstance(value, bool) else str(value)
+
+
+def _resource_usage(cubin: bytes) -> tuple[int | None, int | None]:
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        return None, None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    regs, local = re.search(r"REG:(\d+)", usage), re.search(r"LOCAL:(\d+)", usage)
+    return (int(regs.group(1)) if regs else None, int(local.group(1)) if local else None)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kernel", choices=("wgmma", "cuda_core"))
-    ap.add_argument("configs", nargs="+", help="block_n x block_k x block_m x num_warps x num_stages")
-    ap.add_argument("--prequant", action="store_true", help="x handed over in fp8 (default: bf16, quantized inside)")
-    ap.add_argument("--maxnreg", type=int, default=0)
+    ap.add_argument("--json", type=Path, help="also write every compile's row here")
     args = ap.parse_args()
-    for cfg in args.configs:
-        print(compile_config(args.kernel, cfg, not args.prequant, args.maxnreg), flush=True)
+    import triton
+
+    start = time.perf_counter()
+    rows = compile_all()
+    seconds = time.perf_counter() - start
+    head = f"{'kernel':26s} {'warps':>5s} {'stages':>6s} {'shared KB':>9s} {'regs':>4s} {'spill B':>7s}"
+    print(f"{head} pdl wgmma  constexprs")
+    for r in rows:
+        print(
+            f"{r.kernel:26s} {r.num_warps:5d} {r.num_stages:6d} {r.shared / 1024:9.1f} {r.registers or '?':>4} "
+            f"{r.spilled if r.spilled is not None else '?':>7} {int(r.pdl_wait):3d} {int(r.wgmma):5d}  {r.constexprs}"
+            + (f" 64-bit:{','.join(r.wide_ints)}" if r.wide_ints else "")
+        )
+    spills = [r for r in rows if r.spilled]
+    print(
+        f"\n{len(rows)} compiles for sm_90 with triton {triton.__version__} in {seconds:.0f} s; "
+        f"{len(spills)} spill to local memory; largest shared {max(r.shared for r in rows) / 1024:.1f} KB "
+        f"of {H200_SHARED / 1024:.0f}"
+    )
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
 
 
 if __name__ == "__main__":

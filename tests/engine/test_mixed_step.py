@@ -17,10 +17,13 @@ from fp8route.models import LlamaConfig
 
 CONFIG = {**TINY, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}  # 32-wide heads
 BLOCK = 4
-interpreted = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1" or kernel.TRITON_IMPORT_ERROR is not None,
-    reason="needs triton and TRITON_INTERPRET=1 (a CPU venv with triton)",
-)
+interpreted = [
+    pytest.mark.interpreter,
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET") != "1" or kernel.TRITON_IMPORT_ERROR is not None,
+        reason="needs triton and TRITON_INTERPRET=1 (a CPU venv with triton)",
+    ),
+]
 
 
 def model(device: str, triton: bool) -> CausalLM:

@@ -3,7 +3,7 @@ chunks), rows narrower than a chunk, Llama-3's vocabulary, every activation dtyp
 
 On a CPU they run under Triton's interpreter:
 
-    TRITON_INTERPRET=1 PYTHONPATH=$PWD:$PWD/tests python -m pytest -q --noconftest tests/gpu/test_argmax_gpu.py
+    TRITON_INTERPRET=1 python -m pytest -q tests/gpu/test_argmax_gpu.py
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.interpreter,
     pytest.mark.skipif(
         argmax.TRITON_IMPORT_ERROR is not None or not (torch.cuda.is_available() or INTERPRET),
         reason="needs triton, and CUDA or TRITON_INTERPRET=1",

@@ -6,7 +6,7 @@ its eager torch decode over the same pool.
 On a GPU these run as the rest of tests/gpu. On a CPU they run under Triton's interpreter, where
 "cuda" means the CPU (how they were checked before a GPU saw them):
 
-    TRITON_INTERPRET=1 PYTHONPATH=$PWD:$PWD/tests python -m pytest -q --noconftest tests/gpu/test_fp8_kv_gpu.py
+    TRITON_INTERPRET=1 python -m pytest -q tests/gpu/test_fp8_kv_gpu.py
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ runs = pytest.mark.skipif(
     da.TRITON_IMPORT_ERROR is not None or not (torch.cuda.is_available() or INTERPRET),
     reason="needs triton, and CUDA or TRITON_INTERPRET=1",
 )
-pytestmark = [pytest.mark.gpu, runs]
+pytestmark = [pytest.mark.gpu, pytest.mark.interpreter, runs]
 # The interpreter computes in numpy, which has no bfloat16 (its bf16 tl.dot gives garbage for any cache).
 DTYPES = [torch.bfloat16, torch.float16] if torch.cuda.is_available() else [torch.float32, torch.float16]
 

@@ -12,7 +12,7 @@ On a GPU these run the real direct path. Under Triton's interpreter (CPU tensors
 kernels DirectLauncher never launches directly) a stand-in plays triton 3.6's compiled kernel: it is
 launched with the constexprs it was compiled with, whatever the call gives, as a binary is:
 
-    TRITON_INTERPRET=1 PYTHONPATH=$PWD:$PWD/tests python -m pytest -q --noconftest tests/gpu/test_launch_keys_gpu.py
+    TRITON_INTERPRET=1 python -m pytest -q tests/gpu/test_launch_keys_gpu.py
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.interpreter,
     pytest.mark.skipif(
         da.TRITON_IMPORT_ERROR is not None or not (CUDA or INTERPRET),
         reason="needs triton, and CUDA or TRITON_INTERPRET=1",

@@ -6,7 +6,7 @@ mask; a gate_up of the wrong width or dtype refused with a reason.
 Under Triton's interpreter (CPU tensors) the wgmma kernel's path without split-K runs too, which
 is how the GATED loads were checked before a GPU saw them:
 
-    TRITON_INTERPRET=1 PYTHONPATH=$PWD:$PWD/tests python -m pytest -q --noconftest tests/gpu/test_silu_in_down_gpu.py
+    TRITON_INTERPRET=1 python -m pytest -q tests/gpu/test_silu_in_down_gpu.py
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from fp8route.models.fused import silu_mul
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.interpreter,
     pytest.mark.skipif(
         TRITON_IMPORT_ERROR is not None or not (torch.cuda.is_available() or INTERPRET),
         reason="needs triton, and CUDA or TRITON_INTERPRET=1",
