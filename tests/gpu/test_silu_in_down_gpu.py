@@ -3,8 +3,8 @@ the unfused path it replaces, fp8route.models.fused.silu_mul then the same GEMM:
 bf16 and fp16, at every decode bucket, on the 8B's and TP4's down shapes and one that needs every
 mask; a gate_up of the wrong width or dtype refused with a reason.
 
-Under Triton's interpreter (CPU tensors) the wgmma kernel's path without split-K runs too, which
-is how the GATED loads were checked before a GPU saw them:
+Under Triton's interpreter (CPU tensors) both kernels run too, with and without split-K, which is
+how the GATED loads were checked before a GPU saw them:
 
     TRITON_INTERPRET=1 python -m pytest -q tests/gpu/test_silu_in_down_gpu.py
 """
@@ -48,13 +48,20 @@ def operands(n: int, k: int, m: int, dtype: torch.dtype, seed: int = 0, device: 
 
 @pytest.mark.skipif(not INTERPRET, reason="the interpreter's check; on a GPU the tests below cover it")
 @pytest.mark.parametrize("k", [192, 208])  # K a multiple of the tile, and not (the masked loads)
-@pytest.mark.parametrize("m", [1, 5, 16, 20])
-def test_the_gated_loads_give_the_unfused_gemm_under_the_interpreter(m, k):
-    # No split-K: the interpreter cannot run the split reduction's masks. fp16: it has no bfloat16.
-    config = DecodeConfig(block_n=64, block_k=64, block_m=16, split_k=1, num_warps=4, num_stages=2)
-    gate_up, w, s_w, s_in = operands(80, k, m, torch.float16, seed=m, device="cpu")
-    unfused = launch(silu_mul(gate_up, k).contiguous(), w, s_w, s_in, None, torch.float16, config=config)
-    assert torch.equal(launch(gate_up, w, s_w, s_in, None, torch.float16, config=config, gated=True), unfused)
+@pytest.mark.parametrize(
+    "config",
+    [DecodeConfig(block_n=64, block_k=64, block_m=16, split_k=split, num_warps=4, num_stages=2) for split in (1, 2)]
+    + [
+        DecodeConfig(block_n=16, block_k=64, block_m=8, split_k=split, num_stages=1, cuda_core=True) for split in (1, 2)
+    ],
+    ids=str,
+)
+def test_the_gated_loads_give_the_unfused_gemm_under_the_interpreter(config, k):
+    # fp16: the interpreter has no bfloat16. 20 tokens: two token tiles of the wgmma kernel.
+    for m in (1, 5, 8) if config.cuda_core else (1, 5, 16, 20):
+        gate_up, w, s_w, s_in = operands(80, k, m, torch.float16, seed=m, device="cpu")
+        unfused = launch(silu_mul(gate_up, k).contiguous(), w, s_w, s_in, None, torch.float16, config=config)
+        assert torch.equal(launch(gate_up, w, s_w, s_in, None, torch.float16, config=config, gated=True), unfused)
 
 
 @cuda

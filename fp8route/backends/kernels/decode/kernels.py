@@ -45,9 +45,10 @@ else:
                 # Fixed order s = 0, 1, 2 ... so the bits never depend on which CTA came last.
                 for s0 in range(0, split_k, REDUCE_UNROLL):
                     for j in tl.static_range(REDUCE_UNROLL):
+                        # tl.where, not mn_mask & (a scalar): Triton's interpreter refuses the latter.
                         part = tl.load(
                             ws_ptr + (s0 + j) * (M * N) + mn_offs,
-                            mask=mn_mask & (s0 + j < split_k),
+                            mask=tl.where(s0 + j < split_k, mn_mask, False),
                             other=0.0,
                             cache_modifier=".cg",
                         )
@@ -167,9 +168,10 @@ else:
             # Token by token: a [BLOCK_N, BLOCK_M, BLOCK_K] product would spread K over the threads
             # one element each and move every operand through shared memory.
             for i in tl.static_range(BLOCK_M):
-                xt = tl.load(x_ptrs + i * stride_xm, mask=k_mask & (i < M), other=0.0)
+                x_mask = tl.where(i < M, k_mask, False)  # as in _finish: interpretable
+                xt = tl.load(x_ptrs + i * stride_xm, mask=x_mask, other=0.0)
                 if GATED:
-                    xt = silu_times(xt, tl.load(x_ptrs + i * stride_xm + K, mask=k_mask & (i < M), other=0.0))
+                    xt = silu_times(xt, tl.load(x_ptrs + i * stride_xm + K, mask=x_mask, other=0.0))
                 if QUANT_X:
                     xt = quantize_e4m3(xt, in_scale, in_scale_rcp)
                 part = tl.sum(w * xt.to(tl.float32)[None, :], axis=1)
