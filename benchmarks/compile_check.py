@@ -53,14 +53,17 @@ class Compiled:
     wide_ints: list[str]  # integer arguments passed as 64-bit (Triton specializes on whether they fit 32)
 
 
+LAUNCHED: list[tuple[Any, ...]] = []  # what each launch handed the launcher, while recording
+
+
 class _Launches:
-    """A Triton launcher that records the kernel and launches nothing."""
+    """A Triton launcher that launches nothing (and records its arguments in LAUNCHED)."""
 
     def __init__(self, src: Any, metadata: Any) -> None:
         self.name = metadata.name
 
     def __call__(self, *args: Any) -> None:
-        pass
+        LAUNCHED.append(args)
 
 
 class _Utils:
@@ -127,8 +130,10 @@ def compile_only_sm90() -> Iterator[None]:
 
     h200 = DeviceInfo(type="cuda", capability=(9, 0), name="NVIDIA H200", sm_count=132, l2_bytes=60 * 2**20)
     saved = (launcher._no_launch_hooks, launch._device, fused._use_kernel, options._current[0])
-    active = triton.runtime.driver._active  # None where no GPU driver was ever made active
-    triton.runtime.driver.set_active(_driver())
+    config = triton.runtime.driver  # its active driver: `_active` from Triton 3.5 on (None until used), `active` before
+    field = "_active" if "_active" in vars(config) else "active"
+    active = vars(config)[field]
+    config.set_active(_driver())
     # Every launch through Triton's own path (the direct one reads a CUDA stream), tuned as on an
     # H200, and the fused ops on their kernels whatever the tensors' device.
     launcher._no_launch_hooks = lambda: False
@@ -138,7 +143,7 @@ def compile_only_sm90() -> Iterator[None]:
         yield
     finally:
         launcher._no_launch_hooks, launch._device, fused._use_kernel, options._current[0] = saved
-        triton.runtime.driver._active = active
+        setattr(config, field, active)
         # Nothing compiled here may be launched later: its launcher launches nothing.
         launch._LAUNCHES.clear()
         for fn in _kernel_functions():
@@ -251,13 +256,17 @@ SWEEPS: dict[str, Callable[[torch.dtype], None]] = {
 
 
 def compile_all(dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)) -> list[Compiled]:
-    """Every sweep at every activation dtype, with and without PDL: what each compiled."""
+    """Every sweep at every activation dtype, with and without PDL (where this Triton can): what each compiled."""
+    from fp8route.backends.kernels.options import triton_compiles_pdl
+
     with compile_only_sm90():
-        for pdl in (False, True):
+        LAUNCHED.clear()
+        for pdl in (False, True) if triton_compiles_pdl() else (False,):
             _with_pdl(pdl)
             for dtype in dtypes:
                 for sweep in SWEEPS.values():
                     sweep(dtype)
+        LAUNCHED.clear()
         return [_describe(fn, kernel) for fn in _kernel_functions() for kernel in _compiled(fn)]
 
 

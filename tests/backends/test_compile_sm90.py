@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,9 +62,11 @@ def test_nothing_compiled_here_stays_where_a_gpu_run_could_launch_it(compiled):
 
 
 def test_pdl_variants_wait_for_their_inputs_and_the_others_do_not(compiled):
+    from fp8route.backends.kernels.options import triton_compiles_pdl
+
     _, rows = compiled
     pdl = [r for r in rows if "USE_PDL=1" in r.constexprs]
-    assert pdl, "the sweep compiled no kernel with PDL on"
+    assert bool(pdl) == triton_compiles_pdl(), "PDL compiled where this Triton cannot, or not where it can"
     for r in rows:
         assert r.pdl_wait == ("USE_PDL=1" in r.constexprs), r
 
@@ -80,3 +83,75 @@ def test_the_prefill_quantize_past_2_31_elements_compiles_with_64_bit_sizes(comp
     _, rows = compiled
     quantize = [r for r in rows if r.kernel == "_quantize_kernel"]
     assert any(r.wide_ints == ["numel"] for r in quantize) and any(not r.wide_ints for r in quantize)
+
+
+def _entry_points(compile_check):
+    """One launch of each DirectLauncher-launched kernel (the decode GEMM on both kernels, split and not)."""
+    from fp8route.backends.kernels.decode.launch import launch
+    from fp8route.backends.kernels.quantize import quantize_fp8
+    from fp8route.engine.argmax import argmax_rows
+    from fp8route.models import fused
+
+    fp8, bf16, one = torch.float8_e4m3fn, torch.bfloat16, torch.ones((), dtype=torch.float32)
+    w, x = torch.empty((4096, 4096), dtype=fp8), torch.empty((1, 4096), dtype=bf16)
+    gate_up = torch.empty((16, 2 * 14336), dtype=bf16)
+    qkv = torch.empty((2, 1, 48, 128), dtype=bf16)
+    cos = torch.empty((2, 1, 128), dtype=torch.float32)
+    cache = torch.empty((64, 8, 128), dtype=fp8)
+    return {
+        "decode cuda-core, split-K": lambda: launch(x, w, one, one, None, bf16),
+        "decode wgmma, gated": lambda: launch(
+            gate_up, torch.empty((4096, 14336), dtype=fp8), one, one, None, bf16, gated=True
+        ),  # fmt: skip
+        "add_rms_norm": lambda: fused.add_rms_norm(x, x.clone(), x[0], 1e-5),
+        "rope": lambda: fused.rope(qkv[:, :, :32], cos, cos),
+        "rope_into_cache fp8": lambda: fused.rope_into_cache(
+            qkv[:, :, 32:40],
+            qkv[:, :, 40:],
+            cos,
+            cos,
+            cache,
+            cache.clone(),
+            torch.zeros(2, dtype=torch.int64),
+            (0.5, 0.5),
+        ),
+        "silu_mul": lambda: fused.silu_mul(gate_up, 14336),
+        "quantize": lambda: quantize_fp8(x, one),
+        "argmax": lambda: argmax_rows(torch.empty((2, 128256), dtype=bf16)),
+    }
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and (a.dtype, a.shape, a.stride()) == (b.dtype, b.shape, b.stride())
+    return type(a) is type(b) and a == b
+
+
+def test_the_direct_launch_hands_the_launcher_what_tritons_own_launch_hands_it(compiled, monkeypatch):
+    """DirectLauncher calls a compiled kernel's launcher itself after the first call: with the same
+    arguments Triton's JITFunction.run passes it (grid, stream, function, metadata, every argument
+    in order with the constexprs), in this Triton. Outside launcher.DIRECT_VERSIONS it is not used."""
+    compile_check, _ = compiled
+    import triton
+
+    from fp8route.backends.kernels import launcher
+
+    if not launcher.DIRECT:
+        pytest.skip(f"triton {triton.__version__} is outside {launcher.DIRECT_VERSIONS}: its own launch path runs")
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0, raising=False)
+    with compile_check.compile_only_sm90():
+        launcher._no_launch_hooks = lambda: True  # nobody listens; compile_only_sm90 restores it
+        for name, call in _entry_points(compile_check).items():
+            compile_check.LAUNCHED.clear()
+            call()  # through JITFunction.run: compiles, launches, and the launcher keeps the kernel
+            own = list(compile_check.LAUNCHED)
+            compile_check.LAUNCHED.clear()
+            call()  # straight to the kernel's launcher
+            direct = list(compile_check.LAUNCHED)
+            assert own and len(own) == len(direct), name
+            for a, b in zip(own, direct):
+                assert len(a) == len(b), f"{name}: {len(a)} arguments from Triton, {len(b)} direct"
+                assert all(_same(x, y) for x, y in zip(a[:6], b[:6])), name  # grid, stream, function, metadata
+                assert b[6:9] == (None, None, None) and all(launcher._idle(hook) for hook in a[7:9]), name
+                mismatched = [i for i, (x, y) in enumerate(zip(a[9:], b[9:])) if not _same(x, y)]
+                assert not mismatched, f"{name}: arguments {mismatched} differ"

@@ -40,3 +40,21 @@ def test_changing_an_option_moves_the_epoch_that_graphs_check(pdl_possible: None
     assert both != on and options.kernel_options() == options.KernelOptions(pdl=True, silu_in_down=True)
     options.set_kernel_options(pdl=False, silu_in_down=False)
     assert plans_epoch() not in (before, on, both) and pdl.launch_options() == {"USE_PDL": False}
+
+
+def test_a_triton_whose_gdc_wait_does_not_compile_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda = pytest.importorskip("triton.language.extra.cuda", reason="needs triton")
+    compiler = pytest.importorskip("triton.backends.nvidia.compiler", reason="needs triton")
+    has_option = "launch_pdl" in compiler.CUDAOptions.__dataclass_fields__
+
+    def current(_semantic=None):  # Triton 3.5 on
+        pass
+
+    def old(_builder=None):  # Triton 3.4's, whose compiler passes _semantic (results/cpu/sm90_compile/)
+        pass
+
+    monkeypatch.setattr(cuda, "gdc_launch_dependents", current, raising=False)
+    monkeypatch.setattr(cuda, "gdc_wait", current, raising=False)
+    assert options.triton_compiles_pdl() == has_option
+    monkeypatch.setattr(cuda, "gdc_wait", old)
+    assert not options.triton_compiles_pdl()

@@ -45,7 +45,7 @@ class FakeJit:
 
 @pytest.fixture
 def fake_triton(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
-    runtime = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    runtime = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None, interpret=False)
     fake = SimpleNamespace(__version__="3.6.0", knobs=SimpleNamespace(runtime=runtime))
     monkeypatch.setattr(launcher_module, "triton", fake)
     monkeypatch.setattr(launcher_module, "DIRECT", True)

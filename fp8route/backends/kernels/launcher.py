@@ -28,9 +28,12 @@ log = logging.getLogger("fp8route")
 
 # The compiled launcher's calling convention, (grid, stream, function, packed metadata, launch
 # metadata, enter hook, exit hook, *every bound argument constexprs included), is that of Triton
-# 3.4 to 3.6's JITFunction.run. Older Triton passes other arguments; it keeps its own path.
+# 3.4 to 3.9's JITFunction.run (each checked on a CPU by tests/backends/test_compile_sm90.py, the
+# direct launch against Triton's own; 3.6 on the H200 too). Other versions keep their own path, and
+# so does Triton's interpreter (TRITON_INTERPRET=1), which compiles nothing.
+DIRECT_VERSIONS = ((3, 4), (3, 9))
 _TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2]) if triton is not None else (0, 0)
-DIRECT = (3, 4) <= _TRITON_VERSION <= (3, 6)
+DIRECT = DIRECT_VERSIONS[0] <= _TRITON_VERSION <= DIRECT_VERSIONS[1] and not triton.knobs.runtime.interpret
 
 
 def int_key(*values: int) -> tuple[tuple[bool, bool, bool], ...]:
@@ -79,14 +82,16 @@ class DirectLauncher:
             meta = {**meta, **launch_options()}
         kernel = self.fn[grid](*args, **meta)
         if not DIRECT:
-            if not self._warned:
+            if not self._warned and not triton.knobs.runtime.interpret:
                 self._warned = True
+                (lo_major, lo_minor), (hi_major, hi_minor) = DIRECT_VERSIONS
                 log.warning(
                     "fp8route: triton %s launches %s through its own path (about 15 us more host time per "
-                    "call than triton 3.4-3.6, whose compiled kernels fp8route launches directly)",
+                    "call than triton %d.%d-%d.%d, whose compiled kernels fp8route launches directly)",
                     triton.__version__,
                     self.fn.__name__,
-                )
+                    lo_major, lo_minor, hi_major, hi_minor,
+                )  # fmt: skip
             return
         params = self.fn.params[len(args) :]
         self._compiled[full_key] = (kernel, tuple(meta[p.name] for p in params))

@@ -11,6 +11,7 @@ captured before are captured again with the new kernels.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, replace
 
 import torch
@@ -57,13 +58,17 @@ def launch_generation() -> int:
     return _generation[0]
 
 
-def _triton_has_pdl() -> bool:
+def triton_compiles_pdl() -> bool:
+    """Whether this Triton can compile and launch a kernel that waits under PDL (wait_for_inputs)."""
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
-        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
     except ImportError:
         return False
-    return "launch_pdl" in CUDAOptions.__dataclass_fields__
+    # Triton 3.4's gdc_* still take `_builder` where its compiler passes `_semantic`: a kernel that
+    # calls them does not compile there (benchmarks/compile_check.py, results/cpu/sm90_compile/).
+    compiles = all("_semantic" in inspect.signature(f).parameters for f in (gdc_wait, gdc_launch_dependents))
+    return compiles and "launch_pdl" in CUDAOptions.__dataclass_fields__
 
 
 def why_not_pdl(device: torch.device | str | None = None) -> str | None:
@@ -79,6 +84,9 @@ def why_not_pdl(device: torch.device | str | None = None) -> str | None:
     major, minor = torch.cuda.get_device_capability(device)
     if major < 9:
         return f"it needs compute capability 9.0 or later (Hopper); this GPU has {major}.{minor}"
-    if not _triton_has_pdl():
-        return f"triton {triton.__version__} cannot launch with it (no launch_pdl option or gdc_wait)"
+    if not triton_compiles_pdl():
+        return (
+            f"triton {triton.__version__} cannot launch with it (no launch_pdl option, or a gdc_wait that "
+            "does not compile, as in 3.4): triton 3.5 or later can"
+        )
     return None
