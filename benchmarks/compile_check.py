@@ -2,11 +2,11 @@
 
 The kernels are reached through their real entry points (decode_gemm, the fused norms, RoPE and
 SiLU, quantize_fp8, decode_attention, argmax, the tensor-parallel reduce) with CPU tensors of
-Llama-3.1-8B's shapes, under a Triton driver that targets sm_90 and launches nothing. So each
-kernel is specialized and compiled as a GPU run would (same constexprs, dtypes, integer and
-alignment classes, launch options), through Triton's own pipeline and its bundled ptxas down to a
-cubin, and checked for what a launch checks first (shared memory, threads). Each compile's
-registers and spilled bytes come from cuobjdump on the cubin.
+Llama-3.1-8B's shapes (one GPU's and a TP2 rank's) and SmolLM2-135M's, under a Triton driver
+that targets sm_90 and launches nothing. So each kernel is specialized and compiled as a GPU run
+would (same constexprs, dtypes, integer and alignment classes, launch options), through Triton's
+own pipeline and its bundled ptxas down to a cubin, and checked for what a launch checks first
+(shared memory, threads). Each compile's registers and spilled bytes come from cuobjdump.
 
     python benchmarks/compile_check.py            # the table
     python benchmarks/compile_check.py --json F   # and the rows as JSON
@@ -34,9 +34,32 @@ import torch
 
 FAKE_DEVICE = -1  # the index Triton keys these compiles by: never a real GPU's
 H200_SHARED = 232448  # bytes of shared memory a block may use on sm_90 (227 KB)
-HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 4096, 14336, 32, 8, 128, 128256
-# (N, K) of Llama-3.1-8B's projections: qkv, o, gate_up, down
-GEMMS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+
+
+@dataclass(frozen=True)
+class Model:
+    """The dimensions a rank's kernels see: heads and the MLP width already divided by the TP size."""
+
+    hidden: int
+    inter: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    @property
+    def gemms(self) -> dict[str, tuple[int, int]]:
+        """(N, K) of the projections."""
+        qkv = (self.heads + 2 * self.kv_heads) * self.head_dim
+        return {"qkv": (qkv, self.hidden), "o": (self.hidden, self.heads * self.head_dim),
+                "gate_up": (2 * self.inter, self.hidden), "down": (self.hidden, self.inter)}  # fmt: skip
+
+
+MODELS = {
+    "llama-3.1-8b": Model(4096, 14336, 32, 8, 128, 128256),
+    "llama-3.1-8b tp2": Model(4096, 7168, 16, 4, 128, 128256),
+    "smollm2-135m": Model(576, 1536, 9, 3, 64, 49152),  # README's real model: odd widths, 64-wide heads
+}
 
 
 @dataclass
@@ -158,95 +181,95 @@ def _with_pdl(pdl: bool) -> None:
     options._current[0] = options.KernelOptions(pdl=pdl)
 
 
-def _decode_gemms(dtype: torch.dtype) -> None:
+def _decode_gemms(model: Model, dtype: torch.dtype) -> None:
+    from fp8route.backends.kernels.decode.configs import why_not
     from fp8route.backends.kernels.decode.launch import launch
     from fp8route.engine.decode_graphs import buckets
     from fp8route.quant import FP8_DTYPE
 
     one = torch.ones((), dtype=torch.float32)
-    for name, (n, k) in GEMMS.items():
+    for name, (n, k) in model.gemms.items():
         weight = torch.empty((n, k), dtype=FP8_DTYPE)
         for m in buckets(256):
+            if why_not(m, n, k) is not None:  # a plan would route this shape elsewhere
+                continue
             launch(torch.empty((m, k), dtype=dtype), weight, one, one, None, dtype)
             if name == "down":
                 launch(torch.empty((m, 2 * k), dtype=dtype), weight, one, one, None, dtype, gated=True)
-        # x quantized before (a prefill-quantized input) and a bias (Qwen's qkv), at decode's ends
-        for m in (1, 64):
-            launch(torch.empty((m, k), dtype=FP8_DTYPE), weight, one, one, None, dtype)
-            launch(torch.empty((m, k), dtype=dtype), weight, one, one, torch.empty(n, dtype=dtype), dtype)
+            if m in (1, 64):  # x quantized before (a prefill-quantized input), and a bias (Qwen's qkv)
+                launch(torch.empty((m, k), dtype=FP8_DTYPE), weight, one, one, None, dtype)
+                launch(torch.empty((m, k), dtype=dtype), weight, one, one, torch.empty(n, dtype=dtype), dtype)
 
 
-def _fused(dtype: torch.dtype) -> None:
+def _fused(model: Model, dtype: torch.dtype) -> None:
     from fp8route.backends.kernels.quantize import quantize_fp8
     from fp8route.models import fused
     from fp8route.quant import FP8_DTYPE
 
-    w = torch.empty(HIDDEN, dtype=dtype)
+    hidden, heads, kv, dim = model.hidden, model.heads, model.kv_heads, model.head_dim
+    w, one = torch.empty(hidden, dtype=dtype), torch.ones((), dtype=torch.float32)
     for rows in (1, 64, 8192):
-        x = torch.empty((rows, HIDDEN), dtype=dtype)
+        x = torch.empty((rows, hidden), dtype=dtype)
         fused.rms_norm(x, w, 1e-5)
         fused.add_rms_norm(x, torch.empty_like(x), w, 1e-5)
-        fused.silu_mul(torch.empty((rows, 2 * INTER), dtype=dtype), INTER)
-        quantize_fp8(x, torch.ones((), dtype=torch.float32))
+        fused.silu_mul(torch.empty((rows, 2 * model.inter), dtype=dtype), model.inter)
+        quantize_fp8(x, one)
     # A prefill chunk past 2^31 elements takes 64-bit offsets (never touched: nothing launches).
-    quantize_fp8(torch.empty((2**31 // HIDDEN + 1, HIDDEN), dtype=dtype), torch.ones((), dtype=torch.float32))
-    width = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+    quantize_fp8(torch.empty((2**31 // hidden + 1, hidden), dtype=dtype), one)
     for b, t in ((1, 4096), (4, 2048), (64, 1)):
-        qkv = torch.empty((b, t, HEADS + 2 * KV_HEADS, HEAD_DIM), dtype=dtype)
-        assert qkv.stride(1) == width
-        cos = torch.empty((t, HEAD_DIM), dtype=torch.float32)
-        fused.rope(qkv[:, :, :HEADS], cos, cos)
-        fused.rope(qkv[:, :, HEADS : HEADS + KV_HEADS], cos, cos, token_major=True)
-        per_row = torch.empty((b, t, HEAD_DIM), dtype=torch.float32)
-        fused.rope(qkv[:, :, :HEADS], per_row, per_row)
+        qkv = torch.empty((b, t, heads + 2 * kv, dim), dtype=dtype)
+        cos, per_row = torch.empty((t, dim)), torch.empty((b, t, dim))
+        fused.rope(qkv[:, :, :heads], cos, cos)
+        fused.rope(qkv[:, :, heads : heads + kv], cos, cos, token_major=True)
+        fused.rope(qkv[:, :, :heads], per_row, per_row)
     for b in (1, 64):
-        qkv = torch.empty((b, 1, HEADS + 2 * KV_HEADS, HEAD_DIM), dtype=dtype)
-        k, v = qkv[:, :, HEADS : HEADS + KV_HEADS], qkv[:, :, HEADS + KV_HEADS :]
-        cos = torch.empty((b, 1, HEAD_DIM), dtype=torch.float32)
-        slots = torch.zeros(b, dtype=torch.int64)
+        qkv = torch.empty((b, 1, heads + 2 * kv, dim), dtype=dtype)
+        k, v = qkv[:, :, heads : heads + kv], qkv[:, :, heads + kv :]
+        cos, slots = torch.empty((b, 1, dim)), torch.zeros(b, dtype=torch.int64)
         for cache_dtype, scales in ((dtype, None), (FP8_DTYPE, (0.5, 0.25))):
-            cache = torch.empty((4096, KV_HEADS, HEAD_DIM), dtype=cache_dtype)
+            cache = torch.empty((4096, kv, dim), dtype=cache_dtype)
             fused.rope_into_cache(k, v, cos, cos, cache, torch.empty_like(cache), slots, scales)
 
 
-def _attention(dtype: torch.dtype) -> None:
+def _attention(model: Model, dtype: torch.dtype) -> None:
     from fp8route.engine import paged_decode as pd
     from fp8route.quant import FP8_DTYPE
 
+    heads, kv, dim = model.heads, model.kv_heads, model.head_dim
     page, max_blocks = 16, 8192 // 16
     for b in (1, 16, 64):
-        qkv = torch.empty((b, HEADS + 2 * KV_HEADS, HEAD_DIM), dtype=dtype)
-        q, k, v = qkv[:, :HEADS], qkv[:, HEADS : HEADS + KV_HEADS], qkv[:, HEADS + KV_HEADS :]
-        cos = torch.empty((b, HEAD_DIM), dtype=torch.float32)
+        qkv = torch.empty((b, heads + 2 * kv, dim), dtype=dtype)
+        q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv], qkv[:, heads + kv :]
+        cos = torch.empty((b, dim))
         tables = torch.zeros((b + 1, max_blocks), dtype=torch.int32)
-        rows, lengths = torch.arange(b, dtype=torch.int64), torch.ones(b, dtype=torch.int64)
+        rows, lengths = torch.arange(b), torch.ones(b, dtype=torch.int64)
         for cache_dtype, scales in ((dtype, (1.0, 1.0)), (FP8_DTYPE, (0.5, 0.25))):
-            blocks = torch.empty((b * max_blocks, page, KV_HEADS, HEAD_DIM), dtype=cache_dtype)
+            blocks = torch.empty((b * max_blocks, page, kv, dim), dtype=cache_dtype)
             pages = pd.Pages(blocks, torch.empty_like(blocks), tables, rows, *scales)
             pd.decode_attention(q, pages, lengths, new=pd.NewToken(k, v, cos, cos))
             pd.decode_attention(q.contiguous(), pages, lengths)
 
 
-def _argmax(dtype: torch.dtype) -> None:
+def _argmax(model: Model, dtype: torch.dtype) -> None:
     from fp8route.engine.argmax import argmax_rows
 
     for rows in (1, 64):
-        argmax_rows(torch.empty((rows, VOCAB), dtype=dtype))
+        argmax_rows(torch.empty((rows, model.vocab), dtype=dtype))
 
 
-def _peer_reduce(dtype: torch.dtype) -> None:
+def _peer_reduce(model: Model, dtype: torch.dtype) -> None:
     from fp8route.models import peer_reduce
 
-    w = torch.empty(HIDDEN, dtype=dtype)
+    w = torch.empty(model.hidden, dtype=dtype)
     for world in (2, 4):
         buffers = torch.zeros(world, dtype=torch.int64)
         for rank in range(world):
             for rows in (1, 64):
-                x = torch.empty((rows, HIDDEN), dtype=dtype)
+                x = torch.empty((rows, model.hidden), dtype=dtype)
                 peer_reduce.launch(x, torch.empty_like(x), w, 1e-5, buffers, rank, 256, 0)
 
 
-SWEEPS: dict[str, Callable[[torch.dtype], None]] = {
+SWEEPS: dict[str, Callable[[Model, torch.dtype], None]] = {
     "decode_gemm": _decode_gemms,
     "fused": _fused,
     "attention": _attention,
@@ -256,16 +279,18 @@ SWEEPS: dict[str, Callable[[torch.dtype], None]] = {
 
 
 def compile_all(dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)) -> list[Compiled]:
-    """Every sweep at every activation dtype, with and without PDL (where this Triton can): what each compiled."""
+    """Every sweep for every model at every activation dtype, with and without PDL (where this
+    Triton can): what each compiled."""
     from fp8route.backends.kernels.options import triton_compiles_pdl
 
     with compile_only_sm90():
         LAUNCHED.clear()
         for pdl in (False, True) if triton_compiles_pdl() else (False,):
             _with_pdl(pdl)
-            for dtype in dtypes:
-                for sweep in SWEEPS.values():
-                    sweep(dtype)
+            for model in MODELS.values():
+                for dtype in dtypes:
+                    for sweep in SWEEPS.values():
+                        sweep(model, dtype)
         LAUNCHED.clear()
         return [_describe(fn, kernel) for fn in _kernel_functions() for kernel in _compiled(fn)]
 
