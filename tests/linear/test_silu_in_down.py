@@ -1,11 +1,13 @@
 """The silu_in_down kernel option's dispatch, on a CPU with a stand-in for a fusing backend: an MLP
 hands its gate_up to the down projection only when the option is on and the backend the plan runs
 at that M computes SiLU * up itself; otherwise it computes the product first, as before. Either way
-the output is the same; a gate_up of the wrong width is one clear error."""
+the output is the same; a gate_up of the wrong width is one clear error. Under Triton's interpreter
+(TRITON_INTERPRET=1) the real fusing backend, fp8_gemv, runs its kernel on CPU tensors too."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -75,3 +77,28 @@ def test_a_gate_up_of_the_wrong_width_is_one_clear_error(down):
     set_kernel_options(silu_in_down=True)
     with pytest.raises(Fp8InputError, match=r"down_proj: gate_up's last dim must be 2K=128, got \(3, 64\)"):
         layer.forward_silu_mul(torch.randn(3, 64, dtype=torch.bfloat16))
+
+
+@pytest.mark.interpreter
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1" or torch.cuda.is_available(),
+    reason="Triton's interpreter on a CPU (on a GPU, tests/gpu/test_silu_in_down_gpu.py)",
+)
+def test_the_real_backend_fuses_through_its_kernel_bit_for_bit(monkeypatch):
+    from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR
+
+    assert TRITON_IMPORT_ERROR is None, TRITON_IMPORT_ERROR
+    weight, scale = quantize_per_tensor(torch.randn(48, 256))
+    layer = Fp8Linear(weight, scale, torch.tensor(0.02), name="down_proj").to(torch.float16)
+    gemv = get_backend("fp8_gemv")  # the plan a GPU makes at decode sizes, which a CPU cannot
+    monkeypatch.setattr(layer, "_plan", dataclasses.replace(layer.plan, routes={
+        dtype: tuple(gemv for _ in route) for dtype, route in layer.plan.routes.items()
+    }))  # fmt: skip
+    set_kernel_options(silu_in_down=True)
+    try:
+        for m in (1, 3, 8, 16):  # the CUDA-core kernel, then the wgmma one
+            gate_up = (torch.randn(m, 512) * 2).to(torch.float16)
+            fused = layer.forward_silu_mul(gate_up)
+            assert fused is not None and torch.equal(fused, layer(silu_mul(gate_up, 256))), m
+    finally:
+        set_kernel_options(silu_in_down=False)
