@@ -43,3 +43,22 @@ def poison_allocator(numel: int, device: str) -> None:
     """Fill a block with NaN and free it, so an output that reuses it and skips elements shows NaN."""
     block = torch.full((numel,), float("nan"), device=device)
     del block
+
+
+def paged(
+    dense: torch.Tensor, page: int, seed: int | None = 0, fill: float = float("nan")
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """dense [B, Hkv, S, D] -> (blocks [1 + B * S / page, page, Hkv, D], tables [B + 1, S / page]): the
+    rows' blocks in a shuffled order (seed), or in order (None); block 0 and the last table row are
+    the scratch block and the padding row, as the engine's pool has them, and hold `fill`."""
+    b, hkv, s, d = dense.shape
+    per_row = s // page
+    if seed is None:
+        order = torch.arange(1, 1 + b * per_row)
+    else:
+        order = torch.randperm(b * per_row, generator=torch.Generator().manual_seed(seed)) + 1
+    blocks = torch.full((1 + b * per_row, page, hkv, d), fill, dtype=dense.dtype, device=dense.device)
+    tables = torch.zeros(b + 1, per_row, dtype=torch.int32, device=dense.device)
+    tables[:b] = order.view(b, per_row).to(dense.device, torch.int32)
+    blocks[tables[:b].flatten().long()] = dense.permute(0, 2, 1, 3).reshape(b * per_row, page, hkv, d)
+    return blocks, tables

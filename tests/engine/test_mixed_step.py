@@ -1,7 +1,7 @@
 """The runner's mixed forward: decode rows riding at the end of a packed prefill give the logits and
 write the K/V that the same chunks' prefill followed by a decode step give, through the torch
 reference and through the Triton decode kernel (on CUDA, or on a CPU under Triton's interpreter:
-TRITON_INTERPRET=1 in a venv with triton, see benchmarks/paged_decode_interpreter.py)."""
+TRITON_INTERPRET=1 with the triton extra, as README's test command runs it)."""
 
 import os
 

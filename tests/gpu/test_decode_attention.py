@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import paged
 
 from fp8route.engine import paged_decode as da
 from fp8route.engine.attention import decode_attention_torch
@@ -25,20 +26,6 @@ CASES = [  # (B, H, Hkv, D, S, lengths, block size)
     (16, 32, 32, 128, 8192, [37 * i + 1 for i in range(16)], 16),
     (5, 64, 8, 128, 32768, [1, 9000, 16385, 32768, 100], 128),
 ]
-
-
-def paged(dense: torch.Tensor, block_size: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """dense [B, Hkv, S, D] -> (blocks [1 + B * S / BS, BS, Hkv, D] in a shuffled order, tables [B + 1, S / BS]):
-    block 0 and the last table row are the scratch and the padding row, as the engine's pool has them."""
-    b, hkv, s, d = dense.shape
-    per_row = s // block_size
-    order = torch.randperm(b * per_row, generator=torch.Generator().manual_seed(seed)) + 1
-    blocks = torch.full((1 + b * per_row, block_size, hkv, d), float("nan"), dtype=dense.dtype, device=dense.device)
-    tables = torch.zeros(b + 1, per_row, dtype=torch.int32, device=dense.device)
-    tables[:b] = order.view(b, per_row).to(dense.device, torch.int32)
-    pieces = dense.permute(0, 2, 1, 3).reshape(b * per_row, block_size, hkv, d)
-    blocks[tables[:b].flatten().long()] = pieces
-    return blocks, tables
 
 
 def make(b, h, hkv, d, s, lengths, block_size, dtype, seed=0):

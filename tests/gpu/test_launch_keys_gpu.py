@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import paged
 
 from fp8route.backends.kernels import launcher
 from fp8route.engine import paged_decode as da
@@ -146,17 +147,6 @@ def assert_same_e4m3(out: torch.Tensor, ref: torch.Tensor) -> None:
     assert bool(ok.all()), (a[~ok], b[~ok])
 
 
-def paged(dense: torch.Tensor, page: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """dense [B, Hkv, S, D] -> (blocks [1 + B * S / page, page, Hkv, D] in order, tables [B + 1, S / page])."""
-    b, hkv, s, d = dense.shape
-    per_row = s // page
-    blocks = torch.zeros((1 + b * per_row, page, hkv, d), dtype=dense.dtype, device=dense.device)
-    tables = torch.zeros(b + 1, per_row, dtype=torch.int32, device=dense.device)
-    tables[:b] = torch.arange(1, 1 + b * per_row, device=dense.device, dtype=torch.int32).view(b, per_row)
-    blocks[1:] = dense.permute(0, 2, 1, 3).reshape(b * per_row, page, hkv, d)
-    return blocks, tables
-
-
 def new_token_case(fused: Any, d: int, scales: tuple[float, float] | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused new token's attention, and the unfused reference's (rope_into_cache, rope, decode)."""
     b, h, hkv, s, page = 3, 8, 2, 256, 16
@@ -165,9 +155,11 @@ def new_token_case(fused: Any, d: int, scales: tuple[float, float] | None) -> tu
     g = torch.Generator().manual_seed(1)
     dense = [torch.randn(b, hkv, s, d, generator=g) for _ in range(2)]
     if scales is None:
-        (k_blocks, tables), (v_blocks, _) = (paged(x.to(DEVICE, DTYPE), page) for x in dense)
+        (k_blocks, tables), (v_blocks, _) = (paged(x.to(DEVICE, DTYPE), page, None, 0.0) for x in dense)
     else:
-        (k_blocks, tables), (v_blocks, _) = (paged(quantize_kv(x, sc).to(DEVICE), page) for x, sc in zip(dense, scales))
+        (k_blocks, tables), (v_blocks, _) = (
+            paged(quantize_kv(x, sc).to(DEVICE), page, None, 0.0) for x, sc in zip(dense, scales)
+        )
     rows = torch.arange(b, device=DEVICE)
     extra = scales if scales is not None else ()
     out = da.decode_attention(
