@@ -8,8 +8,7 @@ would (same constexprs, dtypes, integer and alignment classes, launch options), 
 own pipeline and its bundled ptxas down to a cubin, and checked for what a launch checks first
 (shared memory, threads). Each compile's registers and spilled bytes come from cuobjdump.
 
-    python benchmarks/compile_check.py            # the table
-    python benchmarks/compile_check.py --json F   # and the rows as JSON
+    python benchmarks/compile_check.py
 
 tests/backends/test_compile_sm90.py runs the same sweep in CI. What this cannot see: anything at
 run time (numerics are tests/gpu's, under Triton's interpreter on a CPU or on the GPU).
@@ -19,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import re
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +81,7 @@ class _Launches:
     """A Triton launcher that launches nothing (and records its arguments in LAUNCHED)."""
 
     def __init__(self, src: Any, metadata: Any) -> None:
-        self.name = metadata.name
+        pass
 
     def __call__(self, *args: Any) -> None:
         LAUNCHED.append(args)
@@ -295,24 +293,28 @@ def compile_all(dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16
         return [_describe(fn, kernel) for fn in _kernel_functions() for kernel in _compiled(fn)]
 
 
+def _module_values() -> Iterator[Any]:
+    """Every global of every fp8route module imported so far."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith("fp8route."):
+            yield from vars(module).values()
+
+
 def _kernel_functions() -> list[Any]:
     from triton.runtime.jit import JITFunction
 
     found: dict[int, Any] = {}
-    for name, module in list(sys.modules.items()):
-        if name.startswith("fp8route."):
-            for value in vars(module).values():
-                for fn in (value, getattr(value, "fn", None)):  # a DirectLauncher holds its kernel
-                    if isinstance(fn, JITFunction):
-                        found[id(fn)] = fn
+    for value in _module_values():
+        for fn in (value, getattr(value, "fn", None)):  # a DirectLauncher holds its kernel
+            if isinstance(fn, JITFunction):
+                found[id(fn)] = fn
     return sorted(found.values(), key=lambda fn: fn.__name__)
 
 
 def _launchers() -> list[Any]:
     from fp8route.backends.kernels.launcher import DirectLauncher
 
-    return [v for name, m in list(sys.modules.items()) if name.startswith("fp8route.") for v in vars(m).values()
-            if isinstance(v, DirectLauncher)]  # fmt: skip
+    return [value for value in _module_values() if isinstance(value, DirectLauncher)]
 
 
 def _compiled(fn: Any) -> list[Any]:
@@ -342,7 +344,7 @@ def _describe(fn: Any, kernel: Any) -> Compiled:
 
 
 def _short(value: Any) -> str:
-    return {True: "1", False: "0"}.get(value, str(value)) if isinstance(value, bool) else str(value)
+    return str(int(value)) if isinstance(value, bool) else str(value)
 
 
 def _resource_usage(cubin: bytes) -> tuple[int | None, int | None]:
@@ -360,9 +362,7 @@ def _resource_usage(cubin: bytes) -> tuple[int | None, int | None]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", type=Path, help="also write every compile's row here")
-    args = ap.parse_args()
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     import triton
 
     start = time.perf_counter()
@@ -382,8 +382,6 @@ def main() -> None:
         f"{len(spills)} spill to local memory; largest shared {max(r.shared for r in rows) / 1024:.1f} KB "
         f"of {H200_SHARED / 1024:.0f}"
     )
-    if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
 
 
 if __name__ == "__main__":
