@@ -49,8 +49,8 @@ def paged(
     dense: torch.Tensor, page: int, seed: int | None = 0, fill: float = float("nan")
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """dense [B, Hkv, S, D] -> (blocks [1 + B * S / page, page, Hkv, D], tables [B + 1, S / page]): the
-    rows' blocks in a shuffled order (seed), or in order (None); block 0 and the last table row are
-    the scratch block and the padding row, as the engine's pool has them, and hold `fill`."""
+    rows' blocks in a shuffled order (seed), or in order (None). As in the engine's pool, block 0 is
+    the scratch block (it holds `fill`) and the last table row the padding row (all block 0)."""
     b, hkv, s, d = dense.shape
     per_row = s // page
     if seed is None:

@@ -1,7 +1,7 @@
 """Every fp8route Triton kernel compiles for the H200 (sm_90), specialized as a GPU run specializes
 it, on a machine without a GPU: benchmarks/compile_check.py reaches each kernel through its real
-entry point with CPU tensors of Llama-3.1-8B's shapes, under a Triton driver that compiles to a
-cubin with Triton's bundled ptxas and launches nothing.
+entry point with CPU tensors of Llama-3.1-8B's, a TP2 rank's and SmolLM2-135M's shapes, under a
+Triton driver that compiles to a cubin with Triton's bundled ptxas and launches nothing.
 
 This catches what only a GPU run caught before: a kernel that fails to compile in one of its
 variants (a constexpr branch, a dtype, PDL on), or that asks for more shared memory than an SM has.

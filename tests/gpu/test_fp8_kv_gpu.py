@@ -33,7 +33,7 @@ DTYPES = [torch.bfloat16, torch.float16] if torch.cuda.is_available() else [torc
 
 
 def paged(dense: torch.Tensor, page: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    return paged_filled(dense, page, seed, fill=0.0)  # e4m3 blocks: no NaN compares equal
+    return paged_filled(dense, page, seed, fill=0.0)
 
 
 def assert_same_fp8(out: torch.Tensor, ref: torch.Tensor) -> None:

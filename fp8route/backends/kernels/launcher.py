@@ -34,6 +34,7 @@ log = logging.getLogger("fp8route")
 DIRECT_VERSIONS = ((3, 4), (3, 9))
 _TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2]) if triton is not None else (0, 0)
 DIRECT = DIRECT_VERSIONS[0] <= _TRITON_VERSION <= DIRECT_VERSIONS[1] and not triton.knobs.runtime.interpret
+_DIRECT_RANGE = "{}.{}-{}.{}".format(*DIRECT_VERSIONS[0], *DIRECT_VERSIONS[1])
 
 
 def int_key(*values: int) -> tuple[tuple[bool, bool, bool], ...]:
@@ -84,14 +85,13 @@ class DirectLauncher:
         if not DIRECT:
             if not self._warned and not triton.knobs.runtime.interpret:
                 self._warned = True
-                (lo_major, lo_minor), (hi_major, hi_minor) = DIRECT_VERSIONS
                 log.warning(
                     "fp8route: triton %s launches %s through its own path (about 15 us more host time per "
-                    "call than triton %d.%d-%d.%d, whose compiled kernels fp8route launches directly)",
+                    "call than triton %s, whose compiled kernels fp8route launches directly)",
                     triton.__version__,
                     self.fn.__name__,
-                    lo_major, lo_minor, hi_major, hi_minor,
-                )  # fmt: skip
+                    _DIRECT_RANGE,
+                )
             return
         params = self.fn.params[len(args) :]
         self._compiled[full_key] = (kernel, tuple(meta[p.name] for p in params))

@@ -168,7 +168,7 @@ else:
             # Token by token: a [BLOCK_N, BLOCK_M, BLOCK_K] product would spread K over the threads
             # one element each and move every operand through shared memory.
             for i in tl.static_range(BLOCK_M):
-                x_mask = tl.where(i < M, k_mask, False)  # as in _finish: interpretable
+                x_mask = tl.where(i < M, k_mask, False)  # not k_mask & (i < M): see _finish
                 xt = tl.load(x_ptrs + i * stride_xm, mask=x_mask, other=0.0)
                 if GATED:
                     xt = silu_times(xt, tl.load(x_ptrs + i * stride_xm + K, mask=x_mask, other=0.0))
