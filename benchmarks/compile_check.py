@@ -1,7 +1,7 @@
 """Compile every fp8route Triton kernel for the H200 (sm_90) on a machine without a GPU.
 
 The kernels are reached through their real entry points (decode_gemm, the fused norms, RoPE and
-SiLU, quantize_fp8, decode_attention, argmax, the tensor-parallel reduce) with CPU tensors of
+SiLU, quantize_fp8, decode_attention, paged_attention, argmax, the tensor-parallel reduce) with CPU tensors of
 Llama-3.1-8B's shapes (one GPU's and a TP2 rank's) and SmolLM2-135M's, under a Triton driver
 that targets sm_90 and launches nothing. So each kernel is specialized and compiled as a GPU run
 would (same constexprs, dtypes, integer and alignment classes, launch options), through Triton's
@@ -248,6 +248,23 @@ def _attention(model: Model, dtype: torch.dtype) -> None:
             pd.decode_attention(q.contiguous(), pages, lengths)
 
 
+def _paged_attention(model: Model, dtype: torch.dtype) -> None:
+    from fp8route.kernels import paged_attention as pa
+    from fp8route.quant import FP8_DTYPE
+
+    heads, kv, dim = model.heads, model.kv_heads, model.head_dim
+    page, max_blocks = 16, 8192 // 16
+    # Decode rows alone (a decode graph's bucket), and a mixed step: decode rows then chunks.
+    for singles, queries in ((64, [1] * 64), (3, [1, 1, 1, 2048, 17])):
+        q = torch.empty((sum(queries), heads, dim), dtype=dtype)
+        cu = torch.tensor([0, *torch.tensor(queries).cumsum(0).tolist()], dtype=torch.int32)
+        seqs = pa.Sequences(cu, torch.ones(len(queries), dtype=torch.int32), torch.arange(len(queries)), singles)
+        tables = torch.zeros((len(queries) + 1, max_blocks), dtype=torch.int32)
+        for cache_dtype, scales in ((dtype, (1.0, 1.0)), (FP8_DTYPE, (0.5, 0.25))):
+            blocks = torch.empty((len(queries) * max_blocks, page, kv, dim), dtype=cache_dtype)
+            pa.paged_attention(q, pa.PagedKV(blocks, torch.empty_like(blocks), tables, *scales), seqs)
+
+
 def _argmax(model: Model, dtype: torch.dtype) -> None:
     from fp8route.engine.argmax import argmax_rows
 
@@ -271,6 +288,7 @@ SWEEPS: dict[str, Callable[[Model, torch.dtype], None]] = {
     "decode_gemm": _decode_gemms,
     "fused": _fused,
     "attention": _attention,
+    "paged_attention": _paged_attention,
     "argmax": _argmax,
     "peer_reduce": _peer_reduce,  # tensor parallel's all-reduce fused with the norm after it
 }

@@ -1,0 +1,57 @@
+"""The paged attention kernel under Triton's interpreter on a CPU (TRITON_INTERPRET=1, with the triton
+extra) against a plain float64 reference: one call over decode rows, fresh chunks and chunks that
+continue a cached prefix, blocks shuffled through the pool, GQA (also a group of 3), bf16 and fp8
+caches. tests/gpu/test_paged_attention_gpu.py runs the same checks on a GPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from paged_cases import MIXED, make_batch, reference, relative
+
+from fp8route.kernels import paged_attention as pa
+
+pytestmark = [
+    pytest.mark.interpreter,
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET") != "1" or pa.TRITON_IMPORT_ERROR is not None or torch.cuda.is_available(),
+        reason="Triton's interpreter on a CPU: needs triton and TRITON_INTERPRET=1 (on a GPU, tests/gpu covers it)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("h", "hkv", "d", "page"), [(4, 2, 32, 16), (6, 2, 16, 8), (8, 8, 64, 32)])
+def test_one_call_serves_decodes_and_chunks_in_fp32(h, hkv, d, page):
+    queries, lengths, singles = MIXED
+    q, cache, seqs, dense = make_batch(queries, lengths, singles, h, hkv, d, page, torch.float32, torch.float32)
+    out = pa.paged_attention(q, cache, seqs)
+    assert out.isfinite().all()
+    assert relative(out, reference(q, queries, lengths, dense, hkv)) < 1e-5  # one dropped tile is ~1e-2
+
+
+# The interpreter's tl.dot misreads bfloat16 operands (Triton 3.9: a bf16 [16, 16] product off by 1e10),
+# so q is fp32 here; the caches are the engine's. bf16 queries run in tests/gpu.
+@pytest.mark.parametrize(("cache_dtype", "scales"), [(torch.bfloat16, (1.0, 1.0)), (torch.float8_e4m3fn, (0.05, 0.02))])
+def test_a_16_bit_or_fp8_cache_is_read_as_cached(cache_dtype, scales):
+    queries, lengths, singles = MIXED
+    q, cache, seqs, dense = make_batch(
+        queries, lengths, singles, 8, 2, 32, 16, torch.float32, cache_dtype, seed=2, scales=scales
+    )
+    out = pa.paged_attention(q, cache, seqs)
+    # The cached values are exact in fp32: only the softmax and the products round.
+    assert relative(out, reference(q, queries, lengths, dense, 2)) < 1e-5
+
+
+def test_a_rows_result_does_not_depend_on_the_batch():
+    queries, lengths, singles = MIXED
+    q, cache, seqs, _ = make_batch(queries, lengths, singles, 4, 2, 32, 16, torch.float32, torch.float32, seed=5)
+    together = pa.paged_attention(q, cache, seqs)
+    for i in (3, 5):  # a decode row of four segments; a continuing chunk
+        start, n = int(seqs.cu_q[i]), queries[i]
+        alone = pa.Sequences(
+            torch.tensor([0, n], dtype=torch.int32), seqs.lengths[i : i + 1], seqs.rows[i : i + 1], int(n == 1)
+        )
+        out = pa.paged_attention(q[start : start + n].clone(), cache, alone)
+        assert torch.equal(out, together[start : start + n])
