@@ -16,8 +16,8 @@ import warnings
 import torch
 
 from fp8route.engine.llm import LLM
-from fp8route.engine.serve_bench import drive
-from fp8route.engine.workload import make_load
+from fp8route.bench.serve import drive
+from fp8route.bench.workload import make_load
 
 
 def span(text: str) -> tuple[int, int]:

@@ -27,7 +27,7 @@ import torch
 
 from fp8route.checkpoint.random import write_random
 from fp8route.engine import paged_decode
-from fp8route.engine.e2e_bench import timed_calls, weight_bytes
+from fp8route.bench.e2e import timed_calls, weight_bytes
 from fp8route.engine.flashinfer_attention import ATTENTION
 from fp8route.engine.generate import Rows
 from fp8route.engine.kv_pool import KVPool

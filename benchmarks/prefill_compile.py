@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from fp8route.checkpoint.random import write_random
-from fp8route.engine.e2e_bench import timed_calls
+from fp8route.bench.e2e import timed_calls
 from fp8route.engine.load import load_model
 from fp8route.models.shapes import MODELS
 from fp8route.routing.fingerprint import Fingerprint

@@ -13,14 +13,16 @@ from pathlib import Path
 import torch
 
 from fp8route.backends import BACKENDS
+from fp8route.bench.results import load_options, loads, write_results
+from fp8route.bench.serve import Arm, run_arm
+from fp8route.bench.workload import LoadRequest, ServeReport, table
 from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.random import write_random
 from fp8route.cli import bench_serve_http
-from fp8route.cli.serve_results import load_options, loads, write_results
+from fp8route.cli.sweep_args import command_line
+from fp8route.engine.config import EngineConfig, add_engine_args
 from fp8route.engine.kv_quant import kv_cache_dtype_list
-from fp8route.engine.llm import eos_token_ids, resolve_model
-from fp8route.engine.serve_bench import Arm, run_arm
-from fp8route.engine.workload import LoadRequest, ServeReport, table
+from fp8route.engine.load import eos_token_ids, resolve_model
 from fp8route.errors import Fp8InputError
 from fp8route.models.shapes import MODELS
 from fp8route.routing.fingerprint import Fingerprint
@@ -35,42 +37,37 @@ def _on_off(value: str, flag: str) -> list[bool]:
     return [m == "on" for m in dict.fromkeys(modes)]
 
 
+# The settings bench serve can compare as arms (each flag takes a comma-separated list), and how an arm's
+# name shows them when a list has more than one value.
+AXES = {
+    "enable_prefix_caching": ("--prefix-caching", "prefix"),
+    "async_scheduling": ("--async-scheduling", "async"),
+    "prefill_graphs": ("--prefill-graphs", "graphs"),
+}
+ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "max_model_len", "num_kv_blocks",
+               "block_size", "attention", "use_cuda_graphs", "dtype")  # fmt: skip
+
+
 def _arms(args: argparse.Namespace, folders: dict[str, Path]) -> list[Arm]:
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise Fp8InputError(f"--policy: unknown {', '.join(unknown)}; known: {', '.join(POLICIES)}")
-    prefix, mixed = _on_off(args.prefix_caching, "--prefix-caching"), _on_off(args.mixed_steps, "--mixed-steps")
-    ahead = _on_off(args.async_scheduling, "--async-scheduling")
-    graphs = _on_off(args.prefill_graphs, "--prefill-graphs")
+    axes = {name: _on_off(getattr(args, name), flag) for name, (flag, _) in AXES.items()}
     kv_dtypes = kv_cache_dtype_list(args.kv_cache_dtype)
+    base = EngineConfig.from_args(
+        args, kv_cache_dtype=kv_dtypes[0], **{axis: values[0] for axis, values in axes.items()}
+    )
     arms = []
     for policy in policies:
-        for on, kv, mix, asy, gr in itertools.product(prefix, kv_dtypes, mixed, ahead, graphs):
-            name = policy + (f" prefix-{'on' if on else 'off'}" if len(prefix) > 1 else "")
-            name += f" kv-{kv}" if len(kv_dtypes) > 1 else ""
-            name += f" mixed-{'on' if mix else 'off'}" if len(mixed) > 1 else ""
-            name += f" async-{'on' if asy else 'off'}" if len(ahead) > 1 else ""
-            name += f" graphs-{'on' if gr else 'off'}" if len(graphs) > 1 else ""
+        for kv, *values in itertools.product(kv_dtypes, *axes.values()):
+            settings = dict(zip(axes, values, strict=True))
+            name = policy + (f" kv-{kv}" if len(kv_dtypes) > 1 else "")
+            for axis, value in settings.items():
+                name += f" {AXES[axis][1]}-{'on' if value else 'off'}" if len(axes[axis]) > 1 else ""
             folder = folders["bf16" if policy == "bf16" else "fp8"]
-            arms.append(
-                Arm(
-                    name,
-                    policy,
-                    folder,
-                    on,
-                    args.max_num_seqs,
-                    args.max_num_batched_tokens,
-                    args.gpu_memory_utilization,
-                    args.max_model_len,
-                    args.lone_prefill,
-                    args.static_batch,
-                    kv,
-                    mix,
-                    asy,
-                    gr,
-                )  # fmt: skip
-            )
+            config = base.replace(kv_cache_dtype=kv, **settings)
+            arms.append(Arm(name, policy, folder, config, args.lone_prefill, args.static_batch))
     return arms
 
 
@@ -114,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     print("\n" + table(reports))
     print("\n" + "\n".join(_checks(reports, digests, arms)))
     out = Path(args.out).expanduser() if args.out else Path("bench-results") / fingerprint.slug
-    where = {"fingerprint": fingerprint.to_json() if device == "cuda" else {"device": "cpu"}}
+    where = {"command": command_line(), "fingerprint": fingerprint.to_json() if device == "cuda" else {"device": "cpu"}}
     title = f"{args.random or args.path}: {args.num_prompts} requests"
     write_results(args, reports, out, f"serve-{args.random or Path(args.path).name}", title, where)
     return 0 if all(r.failed == 0 and not r.extra.get("leaked") for r in reports) else 1
@@ -144,18 +141,15 @@ def _checks(reports: list[ServeReport], digests: dict[str, list[str]], arms: lis
                 f"{e['prefill_tok_s_in_steps']:,.0f} prompt tok/s within them; "
                 f"host {e['prefill_host_ms_mean']:.1f} ms a step"
             )
-    # Arms that differ only in the prefix cache, mixed steps, async scheduling or prefill graphs should give
-    # the same tokens (an fp8 KV cache's are compared with its own, not bf16's).
-    axes = {
-        "prefix_caching": "the prefix cache",
-        "mixed_steps": "mixed steps",
-        "async_scheduling": "async scheduling",
-        "prefill_graphs": "prefill graphs",
-    }
-    for axis, label in axes.items():
+    # Arms that differ only in the prefix cache, async scheduling or prefill graphs should give the same
+    # tokens (an fp8 KV cache's are compared with its own, not bf16's).
+    labels = {"enable_prefix_caching": "the prefix cache", "async_scheduling": "async scheduling",
+              "prefill_graphs": "prefill graphs"}  # fmt: skip
+    for axis, label in labels.items():
         groups: dict[tuple[object, ...], list[Arm]] = {}
         for arm in arms:
-            key = (arm.policy, arm.kv_cache_dtype, *(getattr(arm, a) for a in axes if a != axis))
+            c = arm.config
+            key = (arm.policy, c.kv_cache_dtype, *(getattr(c, a) for a in labels if a != axis))
             groups.setdefault(key, []).append(arm)
         for group in groups.values():
             if len(group) == 2:
@@ -182,6 +176,13 @@ def _ratios(r: ServeReport) -> list[str]:
             f"{r.arm}: input {r.input_throughput:,.0f} tok/s = {r.input_throughput / lone:.2f}x a lone "
             f"{e['lone_prefill_tokens']}-token prefill ({lone:,.0f} tok/s)"
         )
+    if e.get("load_bound_output_tok_s"):
+        bound = float(e["load_bound_output_tok_s"])  # type: ignore[arg-type]
+        lines.append(
+            f"{r.arm}: output {r.output_throughput:,.0f} tok/s = {r.output_throughput / bound:.2f} of the load's own "
+            f"bound ({bound:,.0f} tok/s: prompts at the lone-prefill rate, then each output token's KV and the "
+            f"weights once per step of {e['max_num_seqs']} rows at {e['copy_gbs']:,.0f} GB/s)"
+        )
     if e.get("static_output_tok_s"):
         static = float(e["static_output_tok_s"])  # type: ignore[arg-type]
         lines.append(
@@ -196,17 +197,16 @@ def register(kinds: argparse._SubParsersAction) -> None:
     serve.add_argument("path", nargs="?", help="a checkpoint folder (or smollm2); with --url, the served one's")
     serve.add_argument("--random", help=f"write and serve a random checkpoint of {' | '.join(MODELS)}")
     serve.add_argument("--policy", default="routed", help=f"arms: {', '.join(POLICIES)} (comma-separated)")
-    serve.add_argument("--prefix-caching", default="on", help="on, off, or on,off (both, as arms)")
     serve.add_argument(
-        "--mixed-steps", default="off", help="decodes inside the prefill forward: off, on, or off,on (both, as arms)"
+        "--prefix-caching", dest="enable_prefix_caching", default="on", help="on, off, or on,off (both, as arms)"
     )
     serve.add_argument(
         "--async-scheduling", default="on",
-        help="decode steps launched before the last one is read back: off, on, or off,on (both, as arms)",
+        help="the next step prepared while the GPU runs this one: off, on, or off,on (both, as arms)",
     )  # fmt: skip
     serve.add_argument(
         "--prefill-graphs", default="on",
-        help="prefills up to 2048 tokens from CUDA graphs between the attentions: on, off, or off,on (both, as arms)",
+        help="a mixed step's work between attentions from CUDA graphs: on, off, or off,on (both, as arms)",
     )  # fmt: skip
     serve.add_argument(
         "--kv-cache-dtype", default="auto", help="auto (the model's dtype), fp8, or auto,fp8 (both, as arms)"
@@ -216,10 +216,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
     serve.add_argument("--output-len", default="128:128", help="output tokens A:B, uniform (EOS ignored)")
     serve.add_argument("--request-rate", default="inf", help="requests per second (Poisson), or inf: all at once")
     serve.add_argument("--shared-prefix", type=int, default=0, help="tokens every prompt starts with")
-    serve.add_argument("--max-num-seqs", type=int, default=256)
-    serve.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    serve.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    serve.add_argument("--max-model-len", type=int, default=None)
+    add_engine_args(serve, ENGINE_ARGS)
     serve.add_argument("--lone-prefill", type=int, default=0, help="also time one prefill of this many tokens")
     serve.add_argument("--static-batch", type=int, default=0, help="also time the static generate at this batch")
     serve.add_argument("--seed", type=int, default=0)

@@ -11,10 +11,11 @@ import re
 from pathlib import Path
 from typing import Any
 
+from fp8route.bench.results import load_options, loads, write_results
+from fp8route.bench.workload import LoadRequest, ServeReport, summarize, table
 from fp8route.checkpoint.formats import CONFIG, read_json
-from fp8route.cli.serve_results import load_options, loads, write_results
-from fp8route.engine.llm import eos_token_ids, resolve_model
-from fp8route.engine.workload import LoadRequest, ServeReport, summarize, table
+from fp8route.cli.sweep_args import command_line
+from fp8route.engine.load import eos_token_ids, resolve_model
 from fp8route.errors import Fp8InputError
 from fp8route.models.shapes import MODELS
 
@@ -64,7 +65,7 @@ def _prompts(args: argparse.Namespace, folder: Path | None, load: list[LoadReque
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from fp8route.serve.http_bench import run_http_load
+        from fp8route.bench.http import run_http_load
     except ImportError as exc:
         if exc.name != "aiohttp":
             raise
@@ -105,7 +106,14 @@ def run(args: argparse.Namespace) -> int:
     print("\n" + "\n".join(lines))
     out = Path(args.out).expanduser() if args.out else Path("bench-results") / "http"
     stem = "serve-http-" + re.sub(r"[^A-Za-z0-9._-]+", "_", model).strip("_")
-    write_results(args, [report], out, stem, f"{model} at {url}: {args.num_prompts} requests", {"url": url})
+    write_results(
+        args,
+        [report],
+        out,
+        stem,
+        f"{model} at {url}: {args.num_prompts} requests",
+        {"command": command_line(), "url": url},
+    )
     return 0 if run_.lost == 0 and not used else 1
 
 

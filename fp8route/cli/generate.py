@@ -18,19 +18,16 @@ import torch
 
 from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.gguf_tokenizer import apply_chat_template
-from fp8route.checkpoint.hub import resolve_model_path
-from fp8route.checkpoint.smollm2 import smollm2_folder
-from fp8route.engine.flashinfer_attention import ATTENTION
-from fp8route.engine.kv_quant import check_kv_cache_dtype
-from fp8route.engine.load import load_model
+from fp8route.engine.config import EngineConfig, add_engine_args
+from fp8route.engine.kv_pool import blocks_for
+from fp8route.engine.sampling import SamplingParams
+from fp8route.engine.load import load_model, resolve_model
 from fp8route.errors import Fp8InputError
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.plan import size_text
 from fp8route.models.parallel import Shard
 from fp8route.models.spawn import run_ranks
 from fp8route.models.tokenizer import load_tokenizer
-from fp8route.progress import TextProgress
-from fp8route.quant import FLOAT_DTYPE_NAMES
 
 
 def plan_summary(model: torch.nn.Module, prompt_tokens: int, dtype: torch.dtype) -> str:
@@ -61,22 +58,14 @@ def eos_ids(folder: Path) -> list[int] | None:
 def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise Fp8InputError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    if args.tp < 1:
-        raise Fp8InputError(f"--tp must be at least 1, got {args.tp}")
-    check_kv_cache_dtype(args.kv_cache_dtype, "--kv-cache-dtype")
+    # Every flag checked before anything loads or starts.
+    EngineConfig.from_args(args)
+    SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     if args.tp > 1 and "WORLD_SIZE" not in os.environ:  # start the ranks; each runs this command
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         run_ranks(args.tp, run, args, device=device)
         return 0
-    if args.model == "smollm2":
-        folder = smollm2_folder(progress=TextProgress("preparing smollm2"))
-    else:
-        folder = resolve_model_path(args.model)
-    if not folder.is_dir():
-        raise Fp8InputError(
-            f"{folder}: not a checkpoint folder (give a folder, a repository id in the Hugging Face hub cache, "
-            "or `smollm2` for the packaged model)"
-        )
+    folder = resolve_model(args.model)
     tokenizer = load_tokenizer(folder)
     text = args.prompt
     if args.chat:
@@ -84,11 +73,12 @@ def run(args: argparse.Namespace) -> int:
     ids = tokenizer.encode(text, add_special_tokens=False).ids
     if not ids:
         raise Fp8InputError("--prompt is empty after tokenization")
-    dtype = FLOAT_DTYPE_NAMES[args.dtype]
-    model = load_model(
-        folder, args.device, dtype=dtype, max_batch_size=1, max_seq_len=len(ids) + args.max_new_tokens,
-        attention=args.attention, kv_cache_dtype=args.kv_cache_dtype,
-    )  # fmt: skip
+    # One request: a pool of its own blocks, its context, and no memory profiling.
+    total = len(ids) + args.max_new_tokens
+    config = EngineConfig.from_args(args, max_num_seqs=1, max_model_len=total)
+    config = config.replace(num_kv_blocks=1 + blocks_for(total, config.block_size))
+    model = load_model(folder, config=config, quiet=True)
+    dtype = config.torch_dtype
     shard = Shard.current()
     if shard is not None and shard.rank != 0:  # under torchrun every rank runs the step; rank 0 speaks
         sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (for the life of this process)
@@ -98,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     if model.attention != "builtin":
         print(f"attention: {model.attention}", file=sys.stderr)
     eos = eos_ids(folder)
-    input_ids = torch.tensor([ids], device=model.device)
+    input_ids = torch.tensor([ids])
     new: list[int] = []
     shown = ""
     start = time.perf_counter()
@@ -106,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
     def on_token(step: int, tokens: torch.Tensor) -> None:
         nonlocal shown
-        token = int(tokens[0])  # streaming needs the token on the host: one sync per step
+        token = int(tokens[0])
         if not first:
             first.append(time.perf_counter())
         if eos is not None and token in eos:
@@ -134,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     rate = (len(new) - 1) / decode_s if len(new) > 1 and decode_s > 0 else float("nan")
     print(
         f"{len(ids)} prompt tokens, {len(new)} new; TTFT {ttft * 1e3:.0f} ms, {rate:.1f} tokens/s after the first "
-        f"({model.device.type}, {args.dtype})",
+        f"({model.device.type}, {config.dtype})",
         file=sys.stderr,
     )
     return 0
@@ -142,28 +132,12 @@ def run(args: argparse.Namespace) -> int:
 
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("generate", help="load a checkpoint and stream its answer to a prompt, timed")
-    parser.add_argument(
-        "model",
-        help="checkpoint folder (FP8 or bf16, with tokenizer.json), a repository id in the Hugging Face hub cache "
-        "(org/name), or `smollm2`",
-    )
-    parser.add_argument("--prompt", required=True)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    add_engine_args(parser, ["model"])
+    parser.add_argument("--prompt", required=True, help="the text to continue (or, with --chat, to answer)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most (default: 64)")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--dtype", choices=sorted(FLOAT_DTYPE_NAMES), default="bfloat16")
-    parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
-    parser.add_argument(
-        "--attention", choices=ATTENTION, default="builtin",
-        help="builtin: SDPA prefill and fp8route's decode kernel; flashinfer: FlashInfer's (the extra, CUDA)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--kv-cache-dtype", default="auto",
-        help="auto: the KV cache in --dtype; fp8: float8_e4m3fn with the checkpoint's k/v scales (1.0 without)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--tp", type=int, default=1, help="tensor parallel ranks to start on this machine (one GPU each; on CPU: gloo)"
-    )
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default: 0)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's mass (default: 1)")
+    parser.add_argument("--seed", type=int, default=None, help="a sampled answer's seed (default: none)")
+    add_engine_args(parser, ("dtype", "device", "attention", "kv_cache_dtype", "use_cuda_graphs", "tp", "all_reduce"))
     parser.set_defaults(run=run)

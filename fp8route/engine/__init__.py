@@ -1,12 +1,12 @@
-"""The runtime: a paged KV pool and its block manager (prefix caching), attention over it, the
-model runner (packed prefill chunks, CUDA-graph decode), the static generate, load_model, and the
-serving engine: scheduler (continuous batching, chunked prefill, preemption), LLMEngine and LLM."""
+"""The runtime: EngineConfig (every setting once), the scheduler (requests, KV blocks, prefix cache)
+and its SchedulerOutput, the model runner (KV pool, device tables, graphs; one forward per step), the
+sampler, LLMEngine and the APIs over it: LLM, CausalLM.generate / load_model, AsyncLLM."""
 
 from fp8route.engine.causal_lm import CausalLM
-from fp8route.engine.generate import Generation
+from fp8route.engine.config import EngineConfig
 from fp8route.engine.llm import LLM
 from fp8route.engine.load import load_model
 from fp8route.engine.request import CompletionOutput, RequestOutput
 from fp8route.engine.sampling import SamplingParams
 
-__all__ = ["LLM", "CausalLM", "CompletionOutput", "Generation", "RequestOutput", "SamplingParams", "load_model"]
+__all__ = ["LLM", "CausalLM", "CompletionOutput", "EngineConfig", "RequestOutput", "SamplingParams", "load_model"]

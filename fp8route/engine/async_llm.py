@@ -62,7 +62,7 @@ class EngineStats:
     generation_tokens: int = 0
     finished: dict[str, int] = field(default_factory=dict)  # finish reason -> requests
     preemptions: int = 0
-    steps_launched_ahead: int = 0  # async scheduling's decode steps launched before the last was read back
+    steps_launched_ahead: int = 0  # async scheduling's steps launched before the one before was read back
 
 
 _Queue = asyncio.Queue[StreamOutput | BaseException]
@@ -159,7 +159,7 @@ class AsyncLLM(EngineClient):
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()  # guards stats against the reader
-        self.stats = EngineStats(kv_total_blocks=llm.model.blocks.usable_blocks)
+        self.stats = EngineStats(kv_total_blocks=llm.engine.blocks.usable_blocks)
         self._thread = threading.Thread(target=self._loop, name="fp8route-engine", daemon=True)
         self._thread.start()
 
@@ -262,7 +262,7 @@ class AsyncLLM(EngineClient):
             self._deliver(request.request_id, error)
 
     def _count(self) -> None:
-        engine, blocks = self.engine, self.llm.model.blocks
+        engine, blocks = self.engine, self.engine.blocks
         with self._lock:
             self.stats.running, self.stats.waiting = engine.num_running, engine.num_waiting
             self.stats.kv_used_blocks = blocks.used_blocks

@@ -1,37 +1,29 @@
-"""Attention over the paged KV cache, one context per forward: prefill (packed tokens of several
-sequences, each a chunk starting at some position, and maybe a tail of decoding rows) and decode
-(one new token per row).
+"""Attention over the paged KV cache, one context per forward.
 
-Prefill writes each token's K/V into its slot first, then attends per sequence: a chunk that
-starts at position 0 attends to its own keys (SDPA, causal); one that continues a sequence (a
-later chunk, or a prompt whose head was found in the prefix cache) gathers the sequence's K/V from
-its blocks and attends with the causal mask aligned to its end. The decode tail (one token per
-row, riding in the same forward when the engine runs mixed steps) attends in one paged decode call
-for all its rows, its K/V already written with the chunks'. FlashInfer's paged prefill does all of
-it in one call per layer when asked for (fp8route.engine.flashinfer_attention).
+StepAttention serves a step's flat batch: decode rows (one token each) and prefill chunks, fresh or
+continuing a cached prefix, of any number of sequences. Each layer writes every token's rotated key
+and its value into the token's slot (one kernel), then attends in one call over all rows, reading
+K/V through the block tables: fp8route's paged attention kernel (fp8route.kernels.paged_attention)
+on CUDA, its torch path elsewhere, or FlashInfer's paged prefill when asked for. Every read goes
+through the cache, so with an fp8 pool a fresh chunk attends to its own K/V as cached (rounded to
+e4m3), as every later step does (vLLM V1 does the same).
 
-Decode runs the split-KV Triton kernel on CUDA (fp8route.engine.paged_decode), which also rotates
-and writes the new key; elsewhere (and as its reference) SDPA over each row's gathered positions.
-
-With an fp8 pool (kv_cache_dtype "fp8") every write quantizes and every read of the cache
-dequantizes: the decode kernel inside itself, gather_rows after gathering. A fresh chunk (one that
-starts its sequence) attends to its own K/V as computed, not as cached (as vLLM's V0 prefill did;
-its V1 FlashAttention reads the chunk back from the cache): only what a later chunk or a decode
-step reads back has gone through e4m3.
+DecodeAttention serves a decode step replayed from a CUDA graph: the split-KV decode kernel
+(fp8route.engine.paged_decode), which also rotates and writes the new key, tuned for a whole batch of
+decode rows; elsewhere SDPA over each row's gathered positions.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from fp8route.engine import paged_decode as kernel
-from fp8route.engine.kv_pool import KVPool, upload
+from fp8route.engine.kv_pool import KVPool
+from fp8route.kernels.paged_attention import PagedKV, Sequences, paged_attention, paged_attention_reference
 from fp8route.models.fused import rope, rope_into_cache
 
 if TYPE_CHECKING:
@@ -83,116 +75,39 @@ def paged_decode_attention(
     return decode_attention_torch(q, k_rows, v_rows, lengths)
 
 
-@dataclass(frozen=True)
-class DecodeTail:
-    """Decoding rows at the end of a packed prefill: tokens [offset, N) of the batch, one per table
-    row rows[i] (device), each attending to its first lengths[i] positions (device; limit bounds
-    them on the host). triton: the paged decode kernel, else the torch reference."""
+class StepAttention:
+    """A step's tokens [T]: each written at slots[t], each sequence of `seqs` attending causally over
+    its cached positions. triton: the paged attention kernel (on a CPU: under Triton's interpreter),
+    else its torch path. With FlashInfer (planned for this step by the caller) its paged prefill runs."""
 
-    offset: int
-    rows: torch.Tensor
-    lengths: torch.Tensor
-    limit: int
-    triton: bool
-
-
-@dataclass(frozen=True)
-class PrefillSeq:
-    """One sequence's chunk in a packed prefill: tokens [offset, offset + length) of the batch,
-    at positions start .. start + length - 1, its blocks in table row `row`."""
-
-    offset: int
-    length: int
-    start: int
-    row: int
-
-
-# SDPA on CUDA picks cuDNN's attention, the fastest here, which builds a plan for each new sequence
-# length: ~1.4 ms of host time a call, per layer and sequence, more than the GPU work of a serving
-# step's chunks (benchmarks/results/h200/serve/). Lengths padded to a multiple of this reuse a few plans.
-_LENGTH_CLASS = 128
-
-
-def _causal_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal SDPA of one chunk over its own keys, [1, H, T, D]; on CUDA with T padded to a length
-    class (the padding comes after every real token, so no real query sees it)."""
-    t = q.shape[2]
-    pad = -t % _LENGTH_CLASS if q.is_cuda else 0
-    if pad:
-        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    return out[:, :, :t] if pad else out
-
-
-@dataclass(frozen=True)
-class _Continuations:
-    """Chunks that continue their sequences with the same length and the same end: one attention call
-    for all of them (prompts behind a shared cached prefix come this way, many to a step)."""
-
-    length: int
-    end: int
-    rows: torch.Tensor  # [G] table rows, on the device
-    tokens: torch.Tensor  # [G * length] their tokens' places in the packed batch, on the device
-
-
-class PrefillAttention:
     def __init__(
         self,
         pool: KVPool,
-        seqs: list[PrefillSeq],
         slots: torch.Tensor,
+        seqs: Sequences,
+        triton: bool,
         flashinfer: FlashInferAttention | None = None,
-        tail: DecodeTail | None = None,
     ) -> None:
-        """seqs: the chunks; slots: every token's slot, the tail's included. With FlashInfer the tail's
-        rows are planned as one-token sequences (by the caller) and attend in its one prefill call."""
-        self.pool, self.seqs, self.slots, self.flashinfer, self.tail = pool, seqs, slots, flashinfer, tail
-        self.fresh = [seq for seq in seqs if seq.start == 0]
-        groups: dict[tuple[int, int], list[PrefillSeq]] = {}
-        for seq in seqs:
-            if seq.start:
-                groups.setdefault((seq.length, seq.start + seq.length), []).append(seq)
-        device = slots.device
-        self.continuations = [
-            _Continuations(
-                length,
-                end,
-                upload(torch.tensor([seq.row for seq in members]), device),
-                upload(torch.tensor([seq.offset + i for seq in members for i in range(length)]), device),
-            )  # fmt: skip
-            for (length, end), members in groups.items()
-        ]
+        self.pool, self.slots, self.seqs, self.triton, self.flashinfer = pool, slots, seqs, triton, flashinfer
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
-        """q [1, N, H, D], k and v [1, N, Hkv, D] (the packed tokens), cos/sin [1, N, D] -> [1, H, N, D]."""
-        k = rope(k, cos, sin, token_major=True)  # [1, Hkv, N, D] over [1, N, Hkv, D] storage
-        self.pool.store(layer, self.slots, k[0].transpose(0, 1), v[0])
+        """q [1, T, H, D], k and v [1, T, Hkv, D], cos/sin [1, T, D] -> [1, H, T, D]."""
+        pool = self.pool
         if self.flashinfer is not None:
+            pool.store(layer, self.slots, rope(k, cos, sin, token_major=True)[0].transpose(0, 1), v[0])
             return self.flashinfer.prefill(layer, rope(q, cos, sin, token_major=True))
-        q = rope(q, cos, sin)
-        v = v.transpose(1, 2)
-        if len(self.fresh) == len(self.seqs) == 1 and self.tail is None:
-            return _causal_self_attention(q, k, v)
-        out = torch.empty_like(q)
-        for seq in self.fresh:
-            part = slice(seq.offset, seq.offset + seq.length)
-            out[:, :, part] = _causal_self_attention(q[:, :, part], k[:, :, part], v[:, :, part])
-        for group in self.continuations:
-            k_i, v_i = gather_rows(self.pool, layer, group.rows, -(-group.end // self.pool.block_size))
-            q_i = q[0][:, group.tokens].unflatten(1, (-1, group.length)).transpose(0, 1)  # [G, H, length, D]
-            mask = causal_lower_right(group.length, group.end)
-            o = F.scaled_dot_product_attention(
-                q_i, k_i[:, :, : group.end], v_i[:, :, : group.end], attn_mask=mask, enable_gqa=True
-            )
-            out[0].index_copy_(1, group.tokens, o.transpose(0, 1).flatten(1, 2))
-        if self.tail is not None:
-            tail = self.tail
-            q_tail = q[0, :, tail.offset :].transpose(0, 1)  # [T, H, D], unit stride on D
-            o = paged_decode_attention(self.pool, layer, q_tail, tail.rows, tail.lengths, tail.limit, tail.triton)
-            out[0, :, tail.offset :] = o.transpose(0, 1)
-        return out
+        k_flat, v_flat = pool.flat(layer)
+        scales = pool.layer_scales(layer) if pool.quantized else None
+        rope_into_cache(
+            k[0][:, None], v[0][:, None], cos[0][:, None], sin[0][:, None], k_flat, v_flat, self.slots, scales
+        )
+        q = rope(q, cos, sin, token_major=True)[0].transpose(0, 1)  # [T, H, D]
+        k_blocks, v_blocks = pool.layer(layer)
+        cache = PagedKV(k_blocks, v_blocks, pool.tables, *pool.layer_scales(layer))
+        attend = paged_attention if self.triton else paged_attention_reference
+        return attend(q, cache, self.seqs).transpose(0, 1)[None]
 
 
 class DecodeAttention:

@@ -1,192 +1,146 @@
-"""CausalLM: a Llama-family model with what running it needs: a paged KV pool, its block manager,
-and a runner for prefill chunks and CUDA-graph decode steps.
+"""CausalLM: a Llama-family model with an engine to generate with.
 
-`model(ids)` is the full forward (no cache, for evaluation), `model.generate(ids, n)` the static
-batch loop (fp8route.engine.generate), and the serving engine (fp8route.engine.llm_engine) drives
-the same runner, pool and decode graphs request by request.
+`model(ids)` is the full forward (no cache, for evaluation); `model.generate(ids, n)` runs the
+rows of a static batch as requests of the model's engine (fp8route.engine.generate): the same
+scheduler, KV pool, steps and sampler as `LLM.generate` and the server. The model definition
+(fp8route.models.llama) holds no runtime state: the engine does.
+
+The engine's KV pool takes what is left of gpu_memory_utilization x the GPU's memory once the
+weights are loaded and a step of max_num_batched_tokens has been run to measure its activations
+(num_kv_blocks sets it instead); on a CPU it holds CPU_KV_TOKENS tokens.
 """
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from fp8route.engine.blocks import BlockManager
-from fp8route.engine.kv_pool import KVPool, blocks_for
+from fp8route.engine.config import EngineConfig
+from fp8route.engine.flashinfer_attention import check_attention
+from fp8route.engine.kv_pool import blocks_for
 from fp8route.engine.kv_quant import KVScales
-from fp8route.engine.runner import ModelRunner
+from fp8route.engine.llm_engine import LLMEngine
 from fp8route.errors import Fp8InputError
 from fp8route.models.llama import LlamaConfig, LlamaForCausalLM
 from fp8route.models.token_ids import check_token_ids
 
-if TYPE_CHECKING:
-    from fp8route.engine.generate import Generation
-
-BLOCK_SIZE = 16  # tokens per KV block (vLLM's default): the unit of sharing a cached prefix
-# Tokens one prefill forward takes at most: bounds its activations (a gate_up output of M x 28672
-# for Llama-3.1-8B is 0.94 G elements at 16384) whatever the batch a caller hands in.
-MAX_PREFILL_TOKENS = 16384
+DEFAULT_CONTEXT = 8192  # for a config.json without max_position_embeddings
+CPU_KV_TOKENS = 32768  # a CPU pool's size: no device memory to size it from
+_GRAPH_RESERVE = 1 << 30  # decode graphs' own memory (logits and activations per bucket), kept free
 
 
 class CausalLM(LlamaForCausalLM):
-    """A Llama-family model ready to generate.
-
-    The KV pool holds max_batch_size x max_seq_len tokens unless num_blocks says otherwise (2 x
-    layers x tokens x kv_heads x head_dim in dtype: 17 GB for Llama-3.1-8B at 16 x 8192 in bf16),
-    allocated on the load device once; the model is not meant to be moved afterwards. With
-    kv_scales (kv_cache_dtype "fp8": fp8route.engine.kv_quant) it holds float8_e4m3fn, half the bytes."""
-
     def __init__(
         self,
         cfg: LlamaConfig,
         linears: Mapping[str, nn.Module],
         tensors: Mapping[str, torch.Tensor],
+        config: EngineConfig | None = None,
         *,
-        max_batch_size: int = 16,
-        max_seq_len: int = 8192,
-        dtype: torch.dtype = torch.bfloat16,
-        device: torch.device | str | None = None,
-        use_cuda_graphs: bool = True,
-        attention: str = "builtin",
-        num_blocks: int | None = None,
-        block_size: int = BLOCK_SIZE,
-        enable_prefix_caching: bool = False,
-        max_prefill_tokens: int = MAX_PREFILL_TOKENS,
+        device: torch.device | None = None,
+        max_positions: int | None = None,
         kv_scales: KVScales | None = None,
+        eos_token_ids: Sequence[int] = (),
+        quiet: bool = False,
     ) -> None:
+        """The model over these parts, and its engine (config; device: the tensors' by default;
+        max_positions: the checkpoint's context, when it says)."""
         super().__init__(cfg, linears, tensors)
+        self.config = config = config or EngineConfig()
+        self.device = device or next(iter(tensors.values())).device
+        check_attention(config.attention, self.device)
+        context = max_positions or DEFAULT_CONTEXT
+        if config.max_model_len is not None and config.max_model_len > context:
+            raise Fp8InputError(f"max_model_len={config.max_model_len} exceeds the model's context of {context} tokens")
+        self.max_model_len = config.max_model_len or context
         self.kv_scales = kv_scales
-        self.dtype = dtype
-        first = next(iter(tensors.values()))
-        target = torch.device(device) if device is not None else first.device
-        if max_prefill_tokens < 1:
-            raise Fp8InputError(f"max_prefill_tokens must be at least 1, got {max_prefill_tokens}")
-        self.max_prefill_tokens = max_prefill_tokens
-        self.enable_prefix_caching = enable_prefix_caching
-        if num_blocks is None:
-            num_blocks = 1 + max_batch_size * blocks_for(max_seq_len, block_size)
-        pool = self._new_pool(num_blocks, block_size, max_batch_size, max_seq_len, target)
-        self.runner = ModelRunner(self, pool, dtype=dtype, use_cuda_graphs=use_cuda_graphs, attention=attention)
-        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self.parallel: str | None = None  # how this rank shares the model, when it is sharded
-
-    def _new_pool(self, num_blocks: int, block_size: int, rows: int, max_seq_len: int, device: torch.device) -> KVPool:
-        cfg = self.cfg
-        return KVPool(
-            cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_size,
-            rows, max_seq_len, self.dtype, device, self.kv_scales,
+        self.engine = LLMEngine(
+            self, config, device=self.device, max_model_len=self.max_model_len, num_blocks=2,
+            kv_scales=kv_scales, eos_token_ids=eos_token_ids,
         )  # fmt: skip
+        self._size_engine(quiet)
 
-    def resize_pool(self, num_blocks: int) -> None:
-        """A new pool of num_blocks (nothing may be running): the serving engine sizes it from the
-        memory left after a profile run."""
-        old = self.pool
-        block_size, rows, max_seq_len, device = old.block_size, old.max_rows, old.max_seq_len, old.device
-        self.runner.set_pool(None)  # the old pool's memory goes before the new one is taken
-        del old
-        self.runner.set_pool(self._new_pool(num_blocks, block_size, rows, max_seq_len, device))
-        self.blocks = BlockManager(num_blocks, block_size, self.enable_prefix_caching)
+    def _size_engine(self, quiet: bool) -> None:
+        """The pool's real size, then every graph and kernel variant a step can meet, captured and
+        compiled before any request waits for them."""
+        engine, runner, config = self.engine, self.engine.runner, self.config
+        start = time.perf_counter()
+        graphs = runner.prefill_graphs_for(1)
+        if graphs is not None:  # before the pool is sized, which then counts their memory as taken
+            graphs.capture_all()
+        engine.resize_pool(config.num_kv_blocks or self._fit_blocks())
+        if runner.use_cuda_graphs:
+            runner.capture_decode_graphs(config.max_num_seqs)
+            runner.warm_up()
+            torch.cuda.synchronize(self.device)
+        if quiet:
+            return
+        pool = runner.pool
+        eager = runner.why_prefill_eager() if runner.use_cuda_graphs and graphs is None else None
+        print(
+            f"fp8route: KV cache {pool.capacity_tokens} tokens ({pool.num_blocks - 1} blocks of {pool.block_size}, "
+            f"{pool.nbytes / 2**30:.2f} GiB {str(pool.dtype).removeprefix('torch.')}) on {pool.device}; context "
+            f"{self.max_model_len} tokens"
+            + (f"; graphs captured in {time.perf_counter() - start:.1f} s" if runner.use_cuda_graphs else "")
+            + (f"; mixed steps run eagerly: {eager}" if eager else ""),
+            file=sys.stderr,
+        )
 
-    @property
-    def pool(self) -> KVPool:
-        return self.runner.pool
-
-    @property
-    def device(self) -> torch.device:
-        return self.runner.rope_cos.device
+    def _fit_blocks(self) -> int:
+        """Blocks that fit what is left after the weights and one largest step's activations; every
+        rank of a tensor-parallel group takes the smallest count, so that all schedule alike."""
+        runner, config = self.engine.runner, self.config
+        per_block = runner.pool.bytes_per_token * config.block_size
+        if self.device.type != "cuda":
+            tokens = min(CPU_KV_TOKENS, config.max_num_seqs * self.max_model_len)
+            return 1 + blocks_for(tokens, config.block_size)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        tokens = min(runner.max_tokens, self.max_model_len)
+        runner.dummy_forward(tokens, min(config.max_num_seqs, tokens - 1))
+        torch.cuda.synchronize(self.device)
+        activations = torch.cuda.max_memory_allocated(self.device) - before
+        free, total = torch.cuda.mem_get_info(self.device)
+        budget = int(total * config.gpu_memory_utilization) - (total - free) - activations - _GRAPH_RESERVE
+        blocks = torch.tensor(budget // per_block, device=self.device)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(blocks, op=dist.ReduceOp.MIN)
+        if int(blocks) < 2:
+            raise Fp8InputError(
+                f"no GPU memory left for the KV cache: {budget / 2**30:.2f} GiB after the weights and a "
+                f"{tokens}-token step at gpu_memory_utilization={config.gpu_memory_utilization}; raise it, or "
+                "lower max_num_batched_tokens"
+            )
+        return int(blocks) + 1
 
     @property
     def kv_cache_dtype(self) -> str:
         return "auto" if self.kv_scales is None else "fp8"
 
     @property
-    def max_batch_size(self) -> int:
-        return self.pool.max_rows
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.pool.max_seq_len
-
-    @property
     def attention(self) -> str:
-        return self.runner.attention
-
-    @property
-    def plans_on_host(self) -> bool:
-        return self.runner.plans_on_host
-
-    @property
-    def use_cuda_graphs(self) -> bool:
-        return self.runner.use_cuda_graphs
-
-    @use_cuda_graphs.setter
-    def use_cuda_graphs(self, value: bool) -> None:
-        self.runner.use_cuda_graphs = value
-
-    @property
-    def use_triton(self) -> bool | None:
-        return self.runner.use_triton
-
-    @use_triton.setter
-    def use_triton(self, value: bool | None) -> None:
-        self.runner.use_triton = value
-
-    def check_request(self, batch: int, prompt_lengths: Sequence[int], max_new_tokens: int) -> None:
-        """Raise Fp8InputError unless every row's prompt plus max_new_tokens fits the model's cache."""
-        if batch > self.max_batch_size:
-            raise Fp8InputError(
-                f"generate: {batch} rows exceed the KV cache's max_batch_size={self.max_batch_size}; "
-                "split the batch or load the model with a larger max_batch_size"
-            )
-        longest = max(prompt_lengths)
-        if longest + max_new_tokens > self.max_seq_len:
-            raise Fp8InputError(
-                f"generate: a prompt of {longest} tokens + max_new_tokens={max_new_tokens} = "
-                f"{longest + max_new_tokens} exceeds the KV cache's max_seq_len={self.max_seq_len}; "
-                "shorten the prompt, lower max_new_tokens, or load the model with a larger max_seq_len"
-            )
+        return self.config.attention
 
     def forward(self, input_ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """Logits [B, T, vocab] for token ids [B, T]: the full causal forward, no cache, run over
-        groups of rows of at most max_prefill_tokens tokens (a larger batch is safe, not one launch)."""
+        """Logits [B, T, vocab] for token ids [B, T]: the full causal forward, no cache, over groups
+        of rows of at most max_num_batched_tokens tokens (a larger batch is safe, not one launch)."""
         check_token_ids("model(input_ids)", input_ids, self.cfg.vocab_size, self.cfg.max_position_embeddings)
-        dtype = dtype or self.dtype
-        rows = max(1, self.max_prefill_tokens // input_ids.shape[-1])
+        dtype = dtype or self.config.torch_dtype
+        rows = max(1, self.engine.runner.max_tokens // input_ids.shape[-1])
         parts = [self.logits(ids, dtype) for ids in input_ids.split(rows)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def prefill(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Right-padded prompts [B, T] with lengths [B]: the logits [B, vocab] of each row's last real
-        token, computed as generate computes them (into blocks taken for the call and freed after)."""
-        from fp8route.engine.generate import Rows, prefill_rows
-
-        host = [int(n) for n in lengths.tolist()]
-        with Rows(self, host) as rows:
-            return prefill_rows(self, input_ids, host, rows)
-
-    def step(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        rows: torch.Tensor | None = None,
-        limit: int | None = None,
-        host_lengths: Sequence[int] | None = None,
-        host_blocks: Sequence[Sequence[int]] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One decode step (ModelRunner.decode); rows default to table rows 0..B-1."""
-        if rows is None:
-            rows = torch.arange(tokens.shape[0], device=tokens.device)
-        return self.runner.decode(
-            tokens, positions, rows, limit=limit, host_lengths=host_lengths, host_blocks=host_blocks
-        )
-
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> CausalLM:
         super()._apply(fn, recurse)
-        self.runner.graphs = None  # they replay the tensors they captured, not the moved ones
-        self.runner.prefill_graphs = None
+        if hasattr(self, "engine"):  # graphs replay the tensors they captured, not the moved ones
+            self.engine.runner.drop_graphs()
         return self
 
     @torch.no_grad()
@@ -202,23 +156,11 @@ class CausalLM(LlamaForCausalLM):
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int | None = None,
         on_token: Callable[[int, torch.Tensor], None] | None = None,
-        eos_check_every: int = 1,
-        return_logits: bool = False,
-    ) -> torch.Tensor | Generation:
+    ) -> torch.Tensor:
         """Token ids [B, T + max_new_tokens]; see fp8route.engine.generate.generate."""
         from fp8route.engine.generate import generate
 
         return generate(
-            self,
-            input_ids,
-            max_new_tokens,
-            prompt_lengths=prompt_lengths,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            eos_token_id=eos_token_id,
-            pad_token_id=pad_token_id,
-            on_token=on_token,
-            eos_check_every=eos_check_every,
-            return_logits=return_logits,
-        )
+            self, input_ids, max_new_tokens, prompt_lengths=prompt_lengths, temperature=temperature, top_p=top_p,
+            seed=seed, eos_token_id=eos_token_id, pad_token_id=pad_token_id, on_token=on_token,
+        )  # fmt: skip

@@ -2,9 +2,10 @@
 
 At decode sizes a step is hundreds of small kernels whose launches cost more host time than the
 GPU needs to run them; a graph replays them all with one launch. A graph has fixed shapes and
-addresses, so each bucket gets static token, position and table-row buffers that the caller's
-values are copied into before each replay; a batch of B runs in the smallest bucket >= B, its
-extra rows reading and writing only the scratch block (table row `pad_row`, position 0).
+addresses, so each bucket gets static buffers for the step's inputs (token ids, whether each comes
+from the device, positions, table rows) that the caller's values are copied into before each replay;
+a batch of B runs in the smallest bucket >= B, its extra rows reading and writing only the scratch
+block (table row `pad_row`, position 0).
 
 A graph replays the kernels, operands and workspaces it captured: when any Fp8Linear is replanned
 (its prepared operands rebuilt) the graphs are dropped and captured again on the next step.
@@ -21,7 +22,7 @@ import torch
 
 from fp8route.linear.layer import plans_epoch
 
-StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (ids, pending, positions, rows) -> (logits, argmax)
 
 
 def buckets(max_batch_size: int) -> list[int]:
@@ -41,16 +42,14 @@ def buckets(max_batch_size: int) -> list[int]:
 @dataclass
 class _Captured:
     graph: torch.cuda.CUDAGraph
-    tokens: torch.Tensor  # [bucket] int64, read by the graph
-    positions: torch.Tensor  # [bucket] int64, read by the graph
-    rows: torch.Tensor  # [bucket] int64 table rows, read by the graph
+    inputs: list[torch.Tensor]  # each [bucket] int64, read by the graph
     logits: torch.Tensor  # [bucket, vocab], written by the graph
     next_tokens: torch.Tensor  # [bucket] int64 greedy argmax, written by the graph
     used: int  # rows the last replay filled: those past a smaller batch are reset to padding
 
 
 class DecodeGraphs:
-    """Runs step(tokens [B], positions [B], rows [B]) -> (logits [B, vocab], argmax [B]) from CUDA graphs."""
+    """Runs step(ids, pending, positions, rows; each [B]) -> (logits [B, vocab], argmax [B]) from CUDA graphs."""
 
     def __init__(self, step: StepFn, max_batch_size: int, pad_row: int, device: torch.device) -> None:
         self.step, self.pad_row, self.device = step, pad_row, device
@@ -66,52 +65,50 @@ class DecodeGraphs:
         self.graphs.clear()
         self.pool = None
 
-    def run(
-        self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.epoch != plans_epoch():
             self.drop()
             self.epoch = plans_epoch()
-        b = tokens.shape[0]
+        b = inputs[0].shape[0]
         size = self.bucket(b)
         captured = self.graphs.get(size)
         if captured is None:
-            captured = self.graphs[size] = self._capture(size, tokens, positions, rows)
+            captured = self.graphs[size] = self._capture(size, inputs)
         else:
-            captured.tokens[:b].copy_(tokens)
-            captured.positions[:b].copy_(positions)
-            captured.rows[:b].copy_(rows)
+            for buffer, value in zip(captured.inputs, inputs, strict=True):
+                buffer[:b].copy_(value)
             if captured.used > b:
-                self._pad(captured, b)
+                self._pad(captured.inputs, b)
             captured.used = b
         captured.graph.replay()
         return captured.logits[:b], captured.next_tokens[:b]
 
-    def _pad(self, captured: _Captured, start: int) -> None:
-        captured.tokens[start:].zero_()
-        captured.positions[start:].zero_()
-        captured.rows[start:].fill_(self.pad_row)
+    def _pad(self, inputs: list[torch.Tensor], start: int) -> None:
+        """Rows from start on: token 0 from the host at position 0 of the padding row."""
+        *others, rows = inputs
+        for buffer in others:
+            buffer[start:].zero_()
+        rows[start:].fill_(self.pad_row)
 
-    def _capture(self, size: int, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> _Captured:
-        b = tokens.shape[0]
+    def _capture(self, size: int, inputs: tuple[torch.Tensor, ...]) -> _Captured:
+        b = inputs[0].shape[0]
         # Ordinary tensors even when captured under inference_mode: a later step outside it writes them.
         with torch.inference_mode(False):
-            static = [torch.zeros(size, dtype=torch.int64, device=self.device) for _ in range(3)]
-        for buffer, value in zip(static, (tokens, positions, rows), strict=True):
+            static = [torch.zeros(size, dtype=torch.int64, device=self.device) for _ in inputs]
+        for buffer, value in zip(static, inputs, strict=True):
             buffer[:b].copy_(value)
-        static_tokens, static_positions, static_rows = static
-        static_rows[b:].fill_(self.pad_row)
+        self._pad(static, b)
         # One eager step first, on a side stream as capture wants: kernels that compile or pick a
         # configuration on their first call for a shape (Triton, fp8_gemv) do it here, outside the
         # graph. It writes the same K/V the replay that follows writes, so it changes nothing.
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            self.step(static_tokens, static_positions, static_rows)
+            self.step(*static)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            logits, next_tokens = self.step(static_tokens, static_positions, static_rows)
+            logits, next_tokens = self.step(*static)
         if self.pool is None:
             self.pool = graph.pool()
-        return _Captured(graph, static_tokens, static_positions, static_rows, logits, next_tokens, b)
+        return _Captured(graph, static, logits, next_tokens, b)

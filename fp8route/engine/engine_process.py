@@ -27,18 +27,21 @@ from typing import Any
 
 from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.engine.async_llm import AsyncLLM, EngineClient, EngineError, EngineStats, StreamOutput
+from fp8route.engine.config import EngineConfig
 from fp8route.engine.llm_engine import EngineLimits, check_prompt
 from fp8route.engine.request import RequestMetrics
 from fp8route.engine.sampling import SamplingParams
 from fp8route.errors import Fp8InputError, Fp8RouteError
+from fp8route.linear.policy import Policy
 from fp8route.models.tokenizer import load_tokenizer
 
 
 class EngineProcess(EngineClient):
     """AsyncLLM's interface (generate, abort, check, snapshot, on_finished) over an engine running
-    LLM(folder, **llm_kwargs) in a child process. Raises Fp8InputError if the child refuses the model."""
+    LLM(folder, policy=policy, config=config) in a child process. Raises Fp8InputError if the child
+    refuses the model."""
 
-    def __init__(self, folder: Path, **llm_kwargs: Any) -> None:
+    def __init__(self, folder: Path, config: EngineConfig, policy: Policy | None = None) -> None:
         super().__init__()
         read_json(folder / CONFIG)  # a missing folder is named as LLM names it, not as a missing tokenizer
         self.tokenizer = load_tokenizer(folder)
@@ -46,7 +49,7 @@ class EngineProcess(EngineClient):
         child_in, self._to_child = context.Pipe(duplex=False)
         self._from_child, child_out = context.Pipe(duplex=False)
         self._process = context.Process(
-            target=_child_main, args=(child_in, child_out, str(folder), llm_kwargs), name="fp8route-engine"
+            target=_child_main, args=(child_in, child_out, str(folder), config, policy), name="fp8route-engine"
         )
         self._process.start()
         child_in.close()
@@ -158,13 +161,14 @@ class _PipedEngine(AsyncLLM):
             self._deliver_all([])
 
 
-def _child_main(inbox: Connection, out: Connection, folder: str, llm_kwargs: dict[str, Any]) -> None:
+def _child_main(inbox: Connection, out: Connection, folder: str, config: EngineConfig, policy: Policy | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from fp8route.engine.llm import LLM
 
     try:
-        llm = LLM(folder, skip_tokenizer_init=True, **llm_kwargs)  # the server's process detokenizes
+        # The server's process detokenizes.
+        llm = LLM(folder, policy=policy, config=config.replace(skip_tokenizer_init=True))
     except Fp8InputError as exc:
         out.send(("refused", str(exc)))
         return

@@ -34,8 +34,9 @@ class Request:
     metrics: RequestMetrics
     prompt: str | None = None
     max_tokens: int = 0  # params.max_tokens, or what the context leaves
-    token_ids: list[int] = field(default_factory=list)  # prompt, then output
-    num_computed: int = 0  # tokens whose K/V are in the cache
+    token_ids: list[int] = field(default_factory=list)  # prompt, then the output the host has read back
+    num_pending: int = 0  # tokens sampled by launched steps, not yet read back (they follow token_ids)
+    num_computed: int = 0  # positions whose K/V are in the cache or being written by a launched step
     blocks: list[int] = field(default_factory=list)
     num_cached_blocks: int = 0  # blocks[:n] are registered in the prefix cache
     last_key: int = ROOT  # the key id of blocks[num_cached_blocks - 1]
@@ -63,9 +64,19 @@ class Request:
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property
+    def length(self) -> int:
+        """Tokens so far, those still on their way back from the device included."""
+        return len(self.token_ids) + self.num_pending
+
+    @property
     def remaining(self) -> int:
-        """Tokens still to compute before the next one can be sampled (1 when decoding)."""
-        return len(self.token_ids) - self.num_computed
+        """Positions still to compute before the next token can be sampled (1 when decoding)."""
+        return self.length - self.num_computed
+
+    @property
+    def num_output_scheduled(self) -> int:
+        """Output tokens read back or on their way."""
+        return self.length - self.num_prompt_tokens
 
     @property
     def finished(self) -> bool:

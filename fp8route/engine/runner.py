@@ -1,211 +1,201 @@
-"""ModelRunner: a Llama-family model over a paged KV pool. It runs two kinds of forward:
+"""ModelRunner: runs the scheduler's steps on a Llama-family model over a paged KV pool.
 
-- prefill: packed tokens of several sequences, each a chunk at its own positions, eager; its
-  K/V go into the sequences' blocks and only the logits asked for (each sequence's last token,
-  where its prompt ends) reach lm_head. Decoding rows may ride at its end, one token each
-  (`DecodeRows`): a step with both prefill chunks and decodes is then one forward, its weights
-  read once; every decode row reaches lm_head;
-- decode: one token per row, from a CUDA graph per batch bucket on a GPU.
+It owns what lives on the device: the KV pool and its block tables (written from each
+SchedulerOutput before its step), the rotary tables, the CUDA graphs, and each table row's last
+sampled token. A step is one forward over a flat batch of tokens:
 
-Who owns which blocks and table rows is the caller's business (the scheduler, or the static
-generate); the runner only reads and writes what the tables say.
+- every piece one token long (a decode step): the batch's CUDA graph, one per batch bucket, with the
+  split-KV decode kernel (it rotates and writes the new key itself);
+- otherwise: one eager forward over all tokens, its work between attentions replayed from CUDA
+  graphs per token-count bucket (fp8route.engine.prefill_graphs), its attention one call per layer
+  over every row (fp8route.engine.attention.StepAttention).
+
+Then the sampled rows' logits reach lm_head and the sampler, and the chosen tokens are stored for each
+row on the device (the next decode of that row reads its input there, so the host need not have
+seen it) and copied back to pinned host memory behind the step. Nothing in a step waits for the GPU.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from fp8route.engine.argmax import greedy_tokens
-from fp8route.engine.attention import (
-    DecodeAttention,
-    DecodeTail,
-    PrefillAttention,
-    PrefillSeq,
-    paged_decode_attention,
-    triton_decode_available,
-)
-from fp8route.engine.decode_graphs import DecodeGraphs
-from fp8route.engine.flashinfer_attention import FlashInferAttention, check_attention
+from fp8route.engine.attention import DecodeAttention, StepAttention, triton_decode_available
+from fp8route.engine.decode_graphs import DecodeGraphs, buckets
+from fp8route.engine.flashinfer_attention import FlashInferAttention
 from fp8route.engine.kv_pool import KVPool, upload
-from fp8route.engine.paged_decode import split_len
+from fp8route.engine.kv_quant import KVScales
 from fp8route.engine.prefill_graphs import MAX_TOKENS, PrefillGraphs, why_not_graphed
-from fp8route.errors import Fp8InputError
+from fp8route.engine.request import Request, RequestMetrics
+from fp8route.engine.sampling import SamplingParams, choose
+from fp8route.engine.scheduler import ScheduledSeq, SchedulerOutput
+from fp8route.kernels.paged_attention import Sequences
 from fp8route.models.llama import LlamaForCausalLM, rope_tables
 
+_DUMMY_PARAMS = SamplingParams(max_tokens=1, temperature=0)
 
-class DecodeRows(NamedTuple):
-    """Decoding sequences for a packed prefill to carry, one token each: row i computes tokens[i]
-    at position positions[i] of table row rows[i], whose blocks are blocks[i]."""
 
-    tokens: Sequence[int]
-    positions: Sequence[int]
-    rows: Sequence[int]
-    blocks: Sequence[Sequence[int]]
+@dataclass
+class InFlight:
+    """A launched step: its pieces, those that sample (in the order of `sampled`), the tokens on the
+    device and (on a GPU) on their way to pinned host memory behind the step."""
+
+    out: SchedulerOutput
+    sampling: list[ScheduledSeq]
+    sampled: torch.Tensor | None
+    host: torch.Tensor | None = None
+    copied: torch.cuda.Event | None = None
+
+    @classmethod
+    def start(cls, out: SchedulerOutput, sampling: list[ScheduledSeq], sampled: torch.Tensor | None) -> InFlight:
+        """The tokens are taken as they are now: a CUDA graph's next replay overwrites its outputs."""
+        if sampled is None:
+            return cls(out, sampling, sampled)
+        if not sampled.is_cuda:
+            return cls(out, sampling, sampled, sampled.clone())
+        host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
+        host.copy_(sampled, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return cls(out, sampling, sampled, host, copied)
+
+    def tokens(self) -> list[int]:
+        """The step's tokens on the host: the one wait for the GPU."""
+        if self.sampled is None:
+            return []
+        if self.copied is not None:
+            self.copied.synchronize()
+        return (self.host if self.host is not None else self.sampled).tolist()
 
 
 class ModelRunner:
     def __init__(
         self,
         model: LlamaForCausalLM,
-        pool: KVPool,
         *,
+        device: torch.device,
         dtype: torch.dtype,
-        use_cuda_graphs: bool = True,
+        num_blocks: int,
+        block_size: int,
+        max_rows: int,
+        max_seq_len: int,
+        max_tokens: int,
+        kv_scales: KVScales | None = None,
         attention: str = "builtin",
+        use_cuda_graphs: bool = True,
+        use_prefill_graphs: bool = True,
+        eos_token_ids: Sequence[int] = (),
     ) -> None:
-        check_attention(attention, pool.device)
-        self.model, self.dtype = model, dtype
-        self.use_cuda_graphs = use_cuda_graphs
-        self.use_triton: bool | None = None  # decode attention: None = Triton on CUDA when it imports
-        self.attention = attention
-        # The prefill's pieces between attentions, from CUDA graphs (fp8route.engine.prefill_graphs),
-        # when use_cuda_graphs and use_prefill_graphs are both set.
-        self.use_prefill_graphs = True
-        self.prefill_graphs: PrefillGraphs | None = None
+        """max_tokens: the most tokens one forward takes (the step budget); eos_token_ids: what
+        min_tokens holds back besides a request's stop ids."""
+        self.model, self.device, self.dtype = model, device, dtype
+        self.block_size, self.max_rows, self.max_seq_len, self.max_tokens = (
+            block_size,
+            max_rows,
+            max_seq_len,
+            max_tokens,
+        )
+        self.kv_scales, self.attention = kv_scales, attention
+        self.use_cuda_graphs = use_cuda_graphs and device.type == "cuda"
+        self.use_prefill_graphs = use_prefill_graphs
+        self.use_triton: bool | None = None  # attention kernels: None = Triton on CUDA when it imports
+        self.eos_token_ids = tuple(eos_token_ids)
         # Computed once for every position the cache can hold, then indexed: the same values
         # rope_tables gives for any positions, without per-step host work.
-        self.rope_cos, self.rope_sin = rope_tables(model.cfg, torch.arange(pool.max_seq_len, device=pool.device))
-        self.pool: KVPool = pool
-        self.set_pool(pool)
+        self.rope_cos, self.rope_sin = rope_tables(model.cfg, torch.arange(max_seq_len, device=device))
+        self.last_token = torch.zeros(max_rows + 1, dtype=torch.int64, device=device)  # per table row
+        self.prefill_graphs: PrefillGraphs | None = None
+        self.set_pool(num_blocks)
 
-    def set_pool(self, pool: KVPool | None) -> None:
-        """Run over another pool (before serving: the engine sizes the real one after a profile run;
-        None lets the old one go first). The decode graphs captured the old pool's addresses, so they go."""
+    # -- the pool and what was captured over it -------------------------------------------------
+
+    def set_pool(self, num_blocks: int) -> None:
+        """A pool of num_blocks (the engine sizes the real one after a profile run). The decode graphs
+        captured the old pool's addresses, so they go; the old pool's memory goes before the new one."""
         self.graphs: DecodeGraphs | None = None
         self.flashinfer: FlashInferAttention | None = None
-        if pool is None:
+        if hasattr(self, "pool"):
             del self.pool
-            return
-        self.pool = pool
+        cfg = self.model.cfg
+        self.pool = KVPool(
+            cfg.num_hidden_layers, num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_size,
+            self.max_rows, self.max_seq_len, self.dtype, self.device, self.kv_scales,
+        )  # fmt: skip
         if self.attention == "flashinfer":
-            self.flashinfer = FlashInferAttention(pool, self.model.cfg.num_attention_heads, self.dtype, pool.device)
+            self.flashinfer = FlashInferAttention(self.pool, cfg.num_attention_heads, self.dtype, self.device)
+
+    def drop_graphs(self) -> None:
+        """Forget every captured graph (the model's tensors moved)."""
+        self.graphs = None
+        self.prefill_graphs = None
 
     @property
     def plans_on_host(self) -> bool:
-        """Whether decode needs each row's host lengths and blocks (FlashInfer plans from them)."""
+        """Whether a step needs each row's host lengths and blocks (FlashInfer plans from them)."""
         return self.flashinfer is not None
 
-    def prefill(
-        self,
-        tokens: Sequence[Sequence[int]],
-        starts: Sequence[int],
-        rows: Sequence[int],
-        blocks: Sequence[Sequence[int]],
-        wanted: Sequence[int],
-        decodes: DecodeRows | None = None,
-    ) -> torch.Tensor:
-        """One packed forward: sequence i computes tokens[i] at positions starts[i].., its K/V going
-        into blocks[i] (table row rows[i], already holding those blocks); the decode rows, when
-        given, ride after the chunks. Returns the logits of the last token of each sequence listed
-        in wanted, then of each decode row: [len(wanted) + len(decodes.tokens), vocab]."""
-        lengths = [len(t) for t in tokens]
-        if not lengths or min(lengths) < 1:
-            raise Fp8InputError("prefill: every sequence needs at least one token")
-        tail = decodes or DecodeRows([], [], [], [])
-        page = self.pool.block_size
-        offsets = np.cumsum([0, *lengths])
-        chunked = int(offsets[-1])  # the chunks' tokens; the tail's come after them
-        at = np.asarray(tail.positions, dtype=np.int64)
-        positions = np.concatenate([*(np.arange(s, s + n) for s, n in zip(starts, lengths, strict=True)), at])
-        tail_blocks = np.asarray([b[p // page] for b, p in zip(tail.blocks, tail.positions, strict=True)], np.int64)
-        slots = np.concatenate(
-            [
-                *(
-                    np.asarray(b, dtype=np.int64)[pos // page] * page + pos % page
-                    for b, pos in zip(blocks, np.split(positions[:chunked], offsets[1:-1]), strict=True)
-                ),
-                tail_blocks * page + at % page,
-            ]
-        )
-        ids = np.asarray([*(t for seq in tokens for t in seq), *tail.tokens], dtype=np.int64)
-        total = len(ids)
-        logit_rows = np.concatenate([offsets[1:][np.asarray(wanted, dtype=np.int64)] - 1, np.arange(chunked, total)])
-        # One copy to the device: ids, positions, slots, the rows lm_head takes, the tail's table rows.
-        token_ids, pos, slot, outputs, tail_rows = _upload_parts(
-            [ids, positions, slots, logit_rows, np.asarray(tail.rows, dtype=np.int64)], self.pool.device
-        )
-        seqs = [PrefillSeq(int(o), n, s, r) for o, n, s, r in zip(offsets, lengths, starts, rows, strict=False)]
-        decoding = None
-        if len(at):
-            limit = int(at.max()) + 1
-            decoding = DecodeTail(chunked, tail_rows, pos[chunked:] + 1, limit, self._triton_tail())
-        if self.flashinfer is not None:  # the decode rows as one-token sequences of the same call
-            ends = [s + n for s, n in zip(starts, lengths, strict=True)] + [p + 1 for p in tail.positions]
-            self.flashinfer.plan_prefill([*lengths, *[1] * len(at)], ends, [*blocks, *tail.blocks])
-        h = self.model.model.embed_tokens(token_ids)[None].to(self.dtype)
-        cos, sin = self.rope_cos[pos][None], self.rope_sin[pos][None]
-        context = PrefillAttention(self.pool, seqs, slot, self.flashinfer, decoding)
-        graphs = self.prefill_graphs_for(total)
-        if graphs is not None:
-            normed = graphs.run(h[0], cos, sin, context)[None]
+    @property
+    def triton(self) -> bool:
+        """Whether attention runs fp8route's Triton kernels: use_triton when set (True on a CPU needs
+        Triton's interpreter, TRITON_INTERPRET=1), else on CUDA when Triton imports."""
+        return self.use_triton if self.use_triton is not None else triton_decode_available()
+
+    # -- a step ------------------------------------------------------------------------------------
+
+    def execute(self, out: SchedulerOutput) -> InFlight:
+        """Write out's tables, launch its forward and sampling; returns the step in flight."""
+        self._write_tables(out)
+        seqs = out.seqs
+        sampling = [s for s in seqs if s.samples]
+        if out.singles == len(seqs):
+            logits, greedy = self._decode(seqs)
+            if len(sampling) < len(seqs):
+                picked = upload(torch.tensor([i for i, s in enumerate(seqs) if s.samples]), self.device)
+                logits, greedy = logits[picked], greedy[picked]
         else:
-            normed = self.model.model.run_layers(h, cos, sin, context)
-        return self.model.lm_head(normed[0, outputs])
+            logits, greedy = self._forward(out), None
+        if not sampling:
+            return InFlight.start(out, [], None)
+        requests = [s.request for s in sampling]
+        sampled = choose(logits, greedy, requests, self.eos_token_ids)
+        rows = upload(torch.tensor([s.row for s in sampling]), self.device)
+        self.last_token.index_copy_(0, rows, sampled)
+        return InFlight.start(out, sampling, sampled)
 
-    def prefill_graphs_for(self, tokens: int) -> PrefillGraphs | None:
-        """The prefill graphs for a forward of this many tokens, made on first use: on CUDA with
-        use_cuda_graphs, builtin attention and no tensor parallelism (None: run eagerly)."""
-        if not (self.use_cuda_graphs and self.use_prefill_graphs):
-            return None
-        graphs = self.prefill_graphs
-        if graphs is None and self.pool.device.type == "cuda" and self.why_prefill_eager() is None:
-            most = min(MAX_TOKENS, getattr(self.model, "max_prefill_tokens", MAX_TOKENS))
-            graphs = self.prefill_graphs = PrefillGraphs(self.model.model, most, self.pool.device, self.dtype)
-        return graphs if graphs is not None and tokens <= graphs.max_tokens else None
+    def _write_tables(self, out: SchedulerOutput) -> None:
+        if out.tables:
+            self.pool.set_rows(list(out.tables), list(out.tables.values()))
+        if out.entries:
+            rows, columns, blocks = zip(*out.entries)
+            self.pool.set_entries(rows, columns, blocks)
 
-    def why_prefill_eager(self) -> str | None:
-        """Why this model's prefill on CUDA cannot run from the prefill graphs (None: it can)."""
-        if self.flashinfer is not None:
-            return "FlashInfer's prefill plans its own call per forward"
-        return why_not_graphed(self.model.model)
-
-    def warm_decode_tail(self) -> int:
-        """Compile now, not in the middle of serving, the decode kernel's variants a mixed step's tail
-        can take: one per split length (paged_decode.split_len) over 1..max_rows rows. Returns how
-        many calls it made (0 where the tail does not run the Triton kernel)."""
-        if not self._triton_tail():
-            return 0
-        pool, cfg = self.pool, self.model.cfg
-        heads, size = cfg.num_attention_heads, cfg.head_size
-        seen: set[int] = set()
-        for rows in range(1, pool.max_rows + 1):
-            split = split_len(rows * cfg.num_key_value_heads)
-            if split in seen:
-                continue
-            seen.add(split)
-            q = torch.zeros((rows, heads, size), dtype=self.dtype, device=pool.device)
-            pad = torch.full((rows,), pool.pad_row, dtype=torch.int64, device=pool.device)
-            paged_decode_attention(pool, 0, q, pad, torch.ones_like(pad), 1, True)
-        return len(seen)
-
-    def _triton_tail(self) -> bool:
-        """Whether a prefill's decode tail runs the Triton kernel: use_triton when set (True on a CPU
-        needs Triton's interpreter, TRITON_INTERPRET=1), else on CUDA when Triton imports."""
-        if self.use_triton is not None:
-            return self.use_triton
-        return self.pool.device.type == "cuda" and triton_decode_available()
-
-    def decode_step(
-        self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, limit: int | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One token per row: tokens [B] at positions [B] of table rows [B] (device) -> (logits
-        [B, vocab], argmax [B]). Reads its inputs only from device tensors and never syncs the host,
-        so a CUDA graph can capture it. limit (a host bound on positions + 1) narrows the eager torch
-        attention's read; a captured step passes None."""
-        h = self.model.model.embed_tokens(tokens)[:, None].to(self.dtype)
-        cos = self.rope_cos[positions][:, None]  # [B, 1, D]: each row at its own position
-        sin = self.rope_sin[positions][:, None]
-        context = DecodeAttention(self.pool, positions, rows, limit, self.use_triton, self.flashinfer)
-        logits = self.model.lm_head(self.model.model.run_layers(h, cos, sin, context)[:, 0])
-        return logits, greedy_tokens(logits)
+    def _decode(self, seqs: Sequence[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every piece one token: (logits, argmax) of each row."""
+        requests = [s.request for s in seqs]
+        host = np.array(
+            [
+                [_token(s.request, s.start) for s in seqs],
+                [s.start >= len(s.request.token_ids) for s in seqs],  # the token is the row's last sampled
+                [s.start for s in seqs],
+                [s.row for s in seqs],
+            ],
+            dtype=np.int64,
+        )
+        ids, pending, positions, rows = upload(torch.from_numpy(host), self.device)
+        lengths = [s.start + 1 for s in seqs] if self.plans_on_host else None
+        return self.decode(
+            ids, pending, positions, rows, limit=int(host[2].max()) + 1, host_lengths=lengths,
+            host_blocks=[r.blocks for r in requests] if lengths else None,
+        )  # fmt: skip
 
     def decode(
         self,
-        tokens: torch.Tensor,
+        ids: torch.Tensor,
+        pending: torch.Tensor,
         positions: torch.Tensor,
         rows: torch.Tensor,
         *,
@@ -213,21 +203,134 @@ class ModelRunner:
         host_lengths: Sequence[int] | None = None,
         host_blocks: Sequence[Sequence[int]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """decode_step, replayed from a CUDA graph when on CUDA and use_cuda_graphs is set.
+        """decode_step, replayed from the batch bucket's CUDA graph on a GPU with use_cuda_graphs.
         host_lengths (positions + 1) and host_blocks (each row's blocks) are what FlashInfer plans from."""
         graphs = None
-        if self.use_cuda_graphs and tokens.is_cuda:
+        if self.use_cuda_graphs:
             if self.graphs is None:
-                self.graphs = DecodeGraphs(self.decode_step, self.pool.max_rows, self.pool.pad_row, tokens.device)
+                self.graphs = DecodeGraphs(self.decode_step, self.max_rows, self.pool.pad_row, self.device)
             graphs = self.graphs
         if self.flashinfer is not None:
-            if host_lengths is None or host_blocks is None:
-                raise Fp8InputError("attention='flashinfer' plans each decode step from host lengths and blocks")
-            size = graphs.bucket(len(tokens)) if graphs is not None else len(tokens)
+            assert host_lengths is not None and host_blocks is not None
+            size = graphs.bucket(len(ids)) if graphs is not None else len(ids)
             self.flashinfer.plan_decode(size, host_lengths, host_blocks)
         if graphs is not None:
-            return graphs.run(tokens, positions, rows)
-        return self.decode_step(tokens, positions, rows, limit)
+            return graphs.run(ids, pending, positions, rows)
+        return self.decode_step(ids, pending, positions, rows, limit)
+
+    def decode_step(
+        self,
+        ids: torch.Tensor,
+        pending: torch.Tensor,
+        positions: torch.Tensor,
+        rows: torch.Tensor,
+        limit: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per row: row b computes position positions[b] of table row rows[b], its input
+        ids[b], or the row's last sampled token where pending[b] -> (logits [B, vocab], argmax [B]).
+        Reads only device tensors and never syncs the host, so a CUDA graph can capture it. limit (a
+        host bound on positions + 1) narrows the eager torch attention's read; a captured step passes None."""
+        tokens = torch.where(pending.bool(), self.last_token[rows], ids)
+        h = self.model.model.embed_tokens(tokens)[:, None].to(self.dtype)
+        cos = self.rope_cos[positions][:, None]  # [B, 1, D]: each row at its own position
+        sin = self.rope_sin[positions][:, None]
+        context = DecodeAttention(self.pool, positions, rows, limit, self.use_triton, self.flashinfer)
+        logits = self.model.lm_head(self.model.model.run_layers(h, cos, sin, context)[:, 0])
+        return logits, greedy_tokens(logits)
+
+    def _forward(self, out: SchedulerOutput) -> torch.Tensor:
+        """One forward over every piece's tokens; the logits of the pieces that sample."""
+        seqs, page = out.seqs, self.block_size
+        starts = np.array([s.start for s in seqs], dtype=np.int64)
+        counts = np.array([s.num_tokens for s in seqs], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        total = int(offsets[-1])
+        positions = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1] - starts, counts)
+        ids = np.zeros(total, dtype=np.int64)
+        pending = np.zeros(total, dtype=np.int64)
+        token_rows = np.repeat(np.array([s.row for s in seqs], dtype=np.int64), counts)
+        slots = np.empty(total, dtype=np.int64)
+        for s, first in zip(seqs, offsets[:-1].tolist(), strict=True):
+            known = s.request.token_ids[s.start : s.start + s.num_tokens]
+            ids[first : first + len(known)] = known
+            pending[first + len(known) : first + s.num_tokens] = 1
+            blocks = np.asarray(s.request.blocks, dtype=np.int64)
+            where = positions[first : first + s.num_tokens]
+            slots[first : first + s.num_tokens] = blocks[where // page] * page + where % page
+        sample_at = (offsets[1:] - 1)[[i for i, s in enumerate(seqs) if s.samples]]
+        parts = _upload_parts(
+            [ids, pending, positions, slots, token_rows, offsets, starts + counts, token_rows[offsets[:-1]], sample_at],
+            self.device,
+        )
+        ids_d, pending_d, pos_d, slots_d, token_rows_d, cu_q, lengths, rows, sample_d = parts
+        if pending.any():
+            ids_d = torch.where(pending_d.bool(), self.last_token[token_rows_d], ids_d)
+        if self.flashinfer is not None:
+            self.flashinfer.plan_prefill(counts.tolist(), (starts + counts).tolist(), [s.request.blocks for s in seqs])
+        context = StepAttention(
+            self.pool, slots_d, Sequences(cu_q, lengths, rows, out.singles), self.triton, self.flashinfer
+        )
+        h = self.model.model.embed_tokens(ids_d).to(self.dtype)
+        cos, sin = self.rope_cos[pos_d][None], self.rope_sin[pos_d][None]
+        graphs = self.prefill_graphs_for(total)
+        if graphs is not None:
+            normed = graphs.run(h, cos, sin, context)
+        else:
+            normed = self.model.model.run_layers(h[None], cos, sin, context)[0]
+        return self.model.lm_head(normed[sample_d])
+
+    # -- graphs and warm-up --------------------------------------------------------------------------
+
+    def prefill_graphs_for(self, tokens: int) -> PrefillGraphs | None:
+        """The graphs for a forward of this many tokens (None: eager). Made on first use on CUDA with
+        use_cuda_graphs and use_prefill_graphs, builtin attention and no tensor parallelism."""
+        if not self.use_prefill_graphs:
+            return None
+        graphs = self.prefill_graphs
+        if graphs is None and self.use_cuda_graphs and self.why_prefill_eager() is None:
+            most = min(MAX_TOKENS, self.max_tokens)
+            graphs = self.prefill_graphs = PrefillGraphs(self.model.model, most, self.device, self.dtype)
+        return graphs if graphs is not None and tokens <= graphs.max_tokens else None
+
+    def why_prefill_eager(self) -> str | None:
+        """Why this model's mixed steps cannot run from the prefill graphs (None: they can)."""
+        if self.flashinfer is not None:
+            return "FlashInfer's prefill plans its own call per forward"
+        return why_not_graphed(self.model.model)
+
+    def capture_decode_graphs(self, max_num_seqs: int) -> int:
+        """Every decode bucket's graph now, so that no request waits for a capture; how many."""
+        sizes = buckets(max_num_seqs)
+        for size in sizes:
+            pad = torch.full((size,), self.pool.pad_row, dtype=torch.int64, device=self.device)
+            zeros = torch.zeros(size, dtype=torch.int64, device=self.device)
+            self.decode(zeros, zeros, zeros, pad, host_lengths=[1] * size, host_blocks=[[0]] * size)
+        return len(sizes)
+
+    def dummy_forward(self, tokens: int, singles: int, chunks: int = 1) -> None:
+        """A mixed step of `singles` one-token rows and `chunks` chunks sharing the other tokens, every
+        row on the padding row (its K/V into the scratch block): to measure activations, and to compile
+        what a step of these counts compiles before any request waits for it."""
+        request = Request("dummy", [0] * tokens, _DUMMY_PARAMS, 0, RequestMetrics(0.0))
+        request.row, request.blocks = self.pool.pad_row, [0] * self.pool.max_blocks_per_seq
+        rest = tokens - singles
+        sizes = [rest // chunks + (i < rest % chunks) for i in range(chunks)]
+        seqs = [ScheduledSeq(request, 0, 1, False, 0) for _ in range(singles)]
+        seqs += [ScheduledSeq(request, 0, n, True, 0) for n in sizes]
+        self._forward(SchedulerOutput(seqs))
+
+    def warm_up(self) -> None:
+        """Compile the kernel variants a mixed step can take (Triton tells apart a count of 1, one
+        divisible by 16, and any other) before a request waits for one."""
+        for singles in (0, 1, 3, 16):
+            for chunks in (1, 3, 16):
+                for extra in (0, 1):
+                    self.dummy_forward(singles + 2 * chunks + extra, singles, chunks)
+
+
+def _token(request: Request, position: int) -> int:
+    ids = request.token_ids
+    return ids[position] if position < len(ids) else 0
 
 
 def _upload_parts(parts: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:

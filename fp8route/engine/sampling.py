@@ -1,9 +1,9 @@
-"""SamplingParams (vLLM's names and defaults) and the batched sampler.
+"""SamplingParams (vLLM's names and defaults) and the engine's one sampler.
 
 Each request samples from its own stream: the noise for a request's t-th token is a hash of
 (its seed, t, token id), so the tokens it draws do not depend on which other requests share its
 batch, and a seed reproduces them exactly. Drawn as the exponential race argmax(p / E), E = -log U,
-with no op that waits on the host.
+with no op that waits on the host: every per-row value reaches the device from pinned memory.
 """
 
 from __future__ import annotations
@@ -11,10 +11,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
+from fp8route.engine.argmax import greedy_tokens
+from fp8route.engine.kv_pool import upload
 from fp8route.errors import Fp8InputError
+
+if TYPE_CHECKING:
+    from fp8route.engine.request import Request
 
 _MASK64 = (1 << 64) - 1
 
@@ -81,6 +87,24 @@ def _uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tens
     return (mantissa.double() + 0.5) / float(1 << 53)
 
 
+def choose(
+    logits: torch.Tensor, greedy: torch.Tensor | None, requests: Sequence[Request], eos_token_ids: Sequence[int]
+) -> torch.Tensor:
+    """Each row's next token: row i of logits [R, vocab] is requests[i]'s, for its next output token
+    (its t-th, t = output tokens so far, pending ones included). greedy: the rows' argmax when the
+    forward computed it. Before min_tokens, EOS (unless ignored) and the stop ids are held back."""
+    steps = [r.num_output_scheduled - 1 for r in requests]
+    masked = [i for i, (r, t) in enumerate(zip(requests, steps, strict=True)) if t < r.params.min_tokens]
+    if not masked and all(r.params.greedy for r in requests):
+        return greedy if greedy is not None else greedy_tokens(logits)
+    if masked:
+        banned = [[*(() if requests[i].params.ignore_eos else eos_token_ids), *requests[i].params.stop_token_ids]
+                  for i in masked]  # fmt: skip
+        logits = mask_tokens(logits, masked, banned)
+    params = [r.params for r in requests]
+    return sample(logits, [p.temperature for p in params], [p.top_p for p in params], [r.seed for r in requests], steps)
+
+
 def sample(
     logits: torch.Tensor,
     temperatures: Sequence[float],
@@ -90,23 +114,21 @@ def sample(
 ) -> torch.Tensor:
     """One token per row of logits [B, vocab]: argmax where the temperature is 0, else drawn from
     softmax(logits / temperature) cut to its top_p nucleus with the row's (seed, step) stream."""
-    greedy = logits.argmax(-1)
+    greedy = greedy_tokens(logits)
     sampled = [i for i, t in enumerate(temperatures) if t > 0]
     if not sampled:
         return greedy
     device = logits.device
-    index = torch.tensor(sampled, device=device)
-    temps = torch.tensor([temperatures[i] for i in sampled], device=device, dtype=torch.float32)
+    ints = upload(torch.tensor([sampled, [_signed(seeds[i]) for i in sampled], [steps[i] for i in sampled]]), device)
+    index, seed_t, step_t = ints
+    floats = upload(torch.tensor([[temperatures[i] for i in sampled], [top_ps[i] for i in sampled]]), device)
+    temps, cut = floats[0], floats[1]
     probs = torch.softmax(logits[index].float() / temps[:, None], dim=-1)
-    cut = [top_ps[i] for i in sampled]
-    if any(p < 1.0 for p in cut):
+    if any(top_ps[i] < 1.0 for i in sampled):
         sorted_p, order = probs.sort(dim=-1, descending=True)
         # Keep the smallest prefix whose mass reaches top_p; the most likely token always stays.
-        limit = torch.tensor(cut, device=device, dtype=torch.float32)[:, None]
-        sorted_p = sorted_p.masked_fill(sorted_p.cumsum(-1) - sorted_p > limit, 0.0)
+        sorted_p = sorted_p.masked_fill(sorted_p.cumsum(-1) - sorted_p > cut[:, None], 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    seed_t = torch.tensor([_signed(seeds[i]) for i in sampled], device=device, dtype=torch.int64)
-    step_t = torch.tensor([steps[i] for i in sampled], device=device, dtype=torch.int64)
     noise = -torch.log(_uniform(seed_t, step_t, logits.shape[-1]))
     chosen = (probs.double() / noise).argmax(dim=-1)
     return greedy.index_copy(0, index, chosen)
@@ -118,6 +140,6 @@ def mask_tokens(logits: torch.Tensor, rows: Sequence[int], banned: Sequence[Sequ
     if not pairs:
         return logits
     logits = logits.clone()
-    where = torch.tensor(pairs, device=logits.device).T
+    where = upload(torch.tensor(pairs).T.contiguous(), logits.device)
     logits[where[0], where[1]] = float("-inf")
     return logits

@@ -1,4 +1,6 @@
-"""The scheduler: which requests run in the next step, and with how many tokens each.
+"""The scheduler: which requests run in the next step, with how many tokens each, and the KV blocks
+and table rows they hold. It owns the requests' queues and the block manager; what it decides goes to
+the model runner as a plain SchedulerOutput, and nothing here touches a device.
 
 Every step, in this order:
 1. Running requests, oldest first, each get their next piece: one token when decoding, else the
@@ -8,7 +10,12 @@ Every step, in this order:
    cache, so the recompute often finds them), until the pool can give it or it was the newest.
 2. Waiting requests are admitted in arrival order while a table row, budget and blocks remain:
    the longest cached prefix of a new request is taken from the prefix cache and not computed.
-Nothing here touches the GPU: the tables the step needs are written by flush_tables.
+
+A step is scheduled before the tokens of the step before it are read back (the engine overlaps the
+two), so a request's positions count as computed once scheduled, and a token sampled but not yet
+read counts as pending (Request.num_pending): the next decode reads it on the device. A request that
+has all its output scheduled is not scheduled again; one that a token will stop is, once more, and
+that step's token is dropped.
 """
 
 from __future__ import annotations
@@ -17,83 +24,133 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from fp8route.engine.blocks import ROOT, BlockManager
-from fp8route.engine.kv_pool import KVPool, blocks_for
 from fp8route.engine.request import Request, Status
 
 
+@dataclass(frozen=True)
+class ScheduledSeq:
+    """One request's piece of a step: positions start .. start + num_tokens - 1; samples: the last
+    one's logits choose its next token. generation: the request's preemptions when scheduled (a step
+    launched before a preemption must not register blocks the request no longer holds)."""
+
+    request: Request
+    start: int
+    num_tokens: int
+    samples: bool
+    generation: int
+
+    @property
+    def row(self) -> int:
+        assert self.request.row is not None
+        return self.request.row
+
+
 @dataclass
-class Step:
-    decodes: list[Request] = field(default_factory=list)  # one token each
-    prefills: list[tuple[Request, int]] = field(default_factory=list)  # (request, tokens this step)
+class SchedulerOutput:
+    """What one step runs: the one-token pieces first (decodes), then the chunks; the table rows
+    given whole this step (row -> blocks) and the blocks appended to running rows (row, column,
+    block), for the runner to write before the step."""
+
+    seqs: list[ScheduledSeq] = field(default_factory=list)
+    tables: dict[int, list[int]] = field(default_factory=dict)
+    entries: list[tuple[int, int, int]] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
-        return not self.decodes and not self.prefills
+        return not self.seqs
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.seqs)
+
+    @property
+    def singles(self) -> int:
+        """How many pieces lead with one token each."""
+        return next((i for i, s in enumerate(self.seqs) if s.num_tokens > 1), len(self.seqs))
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, pool: KVPool, max_num_seqs: int, max_num_batched_tokens: int) -> None:
-        self.blocks, self.pool = blocks, pool
-        self.max_num_seqs, self.budget = max_num_seqs, max_num_batched_tokens
-        self.block_size = pool.block_size
+    def __init__(
+        self,
+        blocks: BlockManager,
+        max_rows: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+    ) -> None:
+        self.blocks = blocks
+        self.block_size = blocks.block_size
+        self.max_num_seqs, self.budget, self.max_model_len = max_num_seqs, max_num_batched_tokens, max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.free_rows = list(range(pool.max_rows - 1, -1, -1))
-        self._new_rows: dict[int, list[int]] = {}  # row -> whole table, for requests admitted this step
-        self._entries: tuple[list[int], list[int], list[int]] = ([], [], [])  # (row, column, block) grown
+        self.free_rows = list(range(max_rows - 1, -1, -1))
         self.preemptions = 0
+        self._building: SchedulerOutput | None = None  # the step being scheduled
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
 
-    def schedule(self) -> Step:
-        step = Step()
+    def schedule(self) -> SchedulerOutput:
+        out = self._building = SchedulerOutput()
+        singles: list[ScheduledSeq] = []
+        chunks: list[ScheduledSeq] = []
         budget = self.budget
         i = 0
         while i < len(self.running):
             request = self.running[i]
+            if self._done(request):  # every output token is scheduled; it ends when they are read back
+                i += 1
+                continue
             n = 1 if request.remaining == 1 else min(request.remaining, budget)
             if n == 0:
                 i += 1
                 continue
-            while not self.grow(request, n):
+            while not self._grow(request, n, out):
                 victim = self.running[-1]
                 self.preempt(victim)
-                step.preempted.append(victim)
+                out.preempted.append(victim)
                 if victim is request:
                     break
             if request.status is not Status.RUNNING:
                 break  # it was the newest, preempted for itself: nothing after it remains
-            self._schedule(step, request, n)
+            (singles if n == 1 else chunks).append(self._take(request, n))
             budget -= n
             i += 1
-        while self.waiting and not step.preempted and budget > 0 and len(self.running) < self.max_num_seqs:
-            taken = self._admit(self.waiting[0], budget, step)
-            if not taken:
+        while self.waiting and not out.preempted and budget > 0 and len(self.running) < self.max_num_seqs:
+            piece = self._admit(self.waiting[0], budget, out)
+            if piece is None:
                 break
-            budget -= taken
-        return step
+            (singles if piece.num_tokens == 1 else chunks).append(piece)
+            budget -= piece.num_tokens
+        out.seqs = singles + chunks
+        self._building = None
+        return out
 
-    def _schedule(self, step: Step, request: Request, n: int) -> None:
-        if request.remaining == 1:
-            step.decodes.append(request)
-        else:
-            step.prefills.append((request, n))
+    def _done(self, request: Request) -> bool:
+        return request.num_output_scheduled >= request.max_tokens or request.length >= self.max_model_len
 
-    def _admit(self, request: Request, budget: int, step: Step) -> int:
-        """Admit the first waiting request with up to budget tokens: the tokens scheduled, 0 if it must wait."""
-        if not self.free_rows:
-            return 0
+    def _take(self, request: Request, n: int) -> ScheduledSeq:
+        """Schedule n positions of request: they count as computed from now on."""
+        samples = request.num_computed + n == request.length
+        piece = ScheduledSeq(request, request.num_computed, n, samples, request.num_preemptions)
+        request.num_computed += n
+        request.num_pending += samples
+        return piece
+
+    def _admit(self, request: Request, budget: int, out: SchedulerOutput) -> ScheduledSeq | None:
+        """Admit the first waiting request with up to budget tokens; None if it must wait."""
+        if not self.free_rows or request.num_pending:  # a preempted request's last token is still on its way
+            return None
         cached, parent = self.blocks.match_prefix(request.token_ids, len(request.token_ids) - 1)
         computed = len(cached) * self.block_size
         n = min(len(request.token_ids) - computed, budget)
-        need = blocks_for(computed + n, self.block_size) - len(cached)
+        need = _blocks_for(computed + n, self.block_size) - len(cached)
         # Keep a block for each running request to grow into, so admitting does not force preemption.
         fresh = self.blocks.allocate(need) if self.blocks.free_blocks - need >= len(self.running) else None
         if fresh is None:
             self.blocks.free(cached)
-            return 0
+            return None
         self.waiting.popleft()
         self.blocks.stats.queried_tokens += len(request.token_ids)
         self.blocks.stats.hit_tokens += computed
@@ -103,37 +160,23 @@ class Scheduler:
         request.num_cached_tokens = computed
         request.row = self.free_rows.pop()
         request.status = Status.RUNNING
-        self._new_rows[request.row] = request.blocks
+        out.tables[request.row] = request.blocks
         self.running.append(request)
-        self._schedule(step, request, n)
-        return n
+        return self._take(request, n)
 
-    def grow(self, request: Request, n: int) -> bool:
-        """Blocks for positions up to num_computed + n - 1; False (nothing taken) if the pool is short."""
-        need = blocks_for(request.num_computed + n, self.block_size) - len(request.blocks)
+    def _grow(self, request: Request, n: int, out: SchedulerOutput) -> bool:
+        """Blocks for positions up to num_computed + n - 1; False if the pool is short (nothing taken)."""
+        need = _blocks_for(request.num_computed + n, self.block_size) - len(request.blocks)
         if need <= 0:
             return True
         fresh = self.blocks.allocate(need)
         if fresh is None:
             return False
         assert request.row is not None
-        rows, columns, blocks = self._entries
-        for j, block in enumerate(fresh):
-            rows.append(request.row)
-            columns.append(len(request.blocks) + j)
-            blocks.append(block)
+        if request.row not in out.tables:  # a row given whole this step already lists them
+            out.entries += [(request.row, len(request.blocks) + j, block) for j, block in enumerate(fresh)]
         request.blocks += fresh
         return True
-
-    def flush_tables(self) -> None:
-        """Write this step's new and grown block tables to the device (before the step runs)."""
-        if self._new_rows:
-            self.pool.set_rows(list(self._new_rows), list(self._new_rows.values()))
-            self._new_rows = {}
-        rows, columns, blocks = self._entries
-        if rows:
-            self.pool.set_entries(rows, columns, blocks)
-            self._entries = ([], [], [])
 
     def preempt(self, request: Request) -> None:
         """Back to the front of the queue holding nothing; it is computed again when readmitted."""
@@ -155,22 +198,30 @@ class Scheduler:
         self.running.remove(request)
         self.blocks.free(request.blocks)
         assert request.row is not None
-        self._new_rows.pop(request.row, None)
-        rows, columns, blocks = self._entries
-        keep = [i for i, r in enumerate(rows) if r != request.row]
-        self._entries = ([rows[i] for i in keep], [columns[i] for i in keep], [blocks[i] for i in keep])
+        out = self._building
+        if out is not None:  # preempted while this step is scheduled: write nothing for its row
+            out.tables.pop(request.row, None)
+            out.entries = [e for e in out.entries if e[0] != request.row]
         self.free_rows.append(request.row)
         request.row = None
         request.blocks = []
         request.num_computed = 0
         request.num_cached_blocks, request.last_key = 0, ROOT
 
-    def computed(self, request: Request, n: int) -> None:
-        """The step computed n more tokens of request: register the blocks they filled in the prefix cache."""
-        request.num_computed += n
+    def computed(self, piece: ScheduledSeq) -> None:
+        """A step's piece has run and its tokens are read back: register the blocks it filled whose
+        tokens are all known in the prefix cache."""
+        request = piece.request
+        if request.status is not Status.RUNNING or request.num_preemptions != piece.generation:
+            return
+        filled = min(piece.start + piece.num_tokens, len(request.token_ids))
         size = self.block_size
-        while (request.num_cached_blocks + 1) * size <= request.num_computed:
+        while (request.num_cached_blocks + 1) * size <= filled:
             index = request.num_cached_blocks
             tokens = request.token_ids[index * size : (index + 1) * size]
             request.last_key = self.blocks.cache_full_block(request.blocks[index], request.last_key, tokens)
             request.num_cached_blocks += 1
+
+
+def _blocks_for(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)

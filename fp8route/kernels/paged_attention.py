@@ -36,9 +36,21 @@ import torch.nn.functional as F
 from fp8route.backends.kernels.launcher import DirectLauncher, int_key
 from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
 
-TILE = 64  # positions per step of the inner loop
+TILE = 64  # positions per step of the one-query grid's inner loop
 SPLIT_MIN = 256  # a one-query sequence's segment holds at least this many positions
 MAX_SPLITS = 16
+
+
+class Launch(NamedTuple):
+    """The multi-query grid's tiling: query rows and positions per step, warps, pipeline stages."""
+
+    block_m: int = 128
+    tile: int = 64
+    warps: int = 8
+    stages: int = 2
+
+
+MULTI = Launch()
 _LOG2E = 1.4426950408889634
 
 
@@ -81,11 +93,11 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def block_m_for(group: int, dtype: torch.dtype) -> int:
-    """Query rows per program of the multi-query grid: 128 (32 for fp32, whose tiles take twice the
-    registers), or the group's power of two when larger. Fixed by the model, never by the batch: a
+def block_m_for(group: int, dtype: torch.dtype, launch: Launch = MULTI) -> int:
+    """Query rows per program of the multi-query grid: the launch's (32 for fp32, whose tiles take twice
+    the registers), or the group's power of two when larger. Fixed by the model, never by the batch: a
     block's tokens, and so its rows' results, depend on their own sequence alone."""
-    return max(32 if dtype == torch.float32 else 128, _pow2_at_least(group))
+    return max(32 if dtype == torch.float32 else launch.block_m, _pow2_at_least(group))
 
 
 def _pow2_at_least(n: int) -> int:
@@ -96,11 +108,17 @@ def _pow2_at_least(n: int) -> int:
 
 
 def paged_attention(
-    q: torch.Tensor, cache: PagedKV, seqs: Sequences, scale: float | None = None, out: torch.Tensor | None = None
+    q: torch.Tensor,
+    cache: PagedKV,
+    seqs: Sequences,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+    launch: Launch = MULTI,
 ) -> torch.Tensor:
     """q [T, H, D] (after RoPE; unit stride on D) attending causally over its sequences' cached
     positions -> [T, H, D] in q's dtype (into out when given), by the Triton kernels (on CUDA, or on
-    a CPU under Triton's interpreter; paged_attention_reference is the torch path)."""
+    a CPU under Triton's interpreter; paged_attention_reference is the torch path). launch: the
+    multi-query grid's tiling (for benchmarks)."""
     if TRITON_IMPORT_ERROR is not None:
         raise RuntimeError(TRITON_IMPORT_ERROR)
     t, h, d = q.shape
@@ -111,7 +129,7 @@ def paged_attention(
     out = torch.empty_like(q) if out is None else out
     qk_scale = (d**-0.5 if scale is None else scale) * _LOG2E * (k_scale if fp8 else 1.0)
     common = {
-        "G": group, "D": d, "D_PAD": max(16, triton.next_power_of_2(d)), "PAGE": k.shape[1], "TILE": TILE,
+        "G": group, "D": d, "D_PAD": max(16, triton.next_power_of_2(d)), "PAGE": k.shape[1],
         "SPLIT_MIN": SPLIT_MIN, "FP8": fp8,
         # fp32 tensors ask for fp32 products (tl.dot would round them to TF32); 16-bit ones are exact.
         "PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
@@ -120,12 +138,13 @@ def paged_attention(
     if singles:
         _singles(q, cache, seqs, out, qk_scale, v_scale, common)
     if rest:
-        block_m = block_m_for(group, q.dtype)
+        block_m = block_m_for(group, q.dtype, launch)
         block_q = block_m // group
         grid = ((t - singles) // block_q + rest, hkv, 1)
         args = _args(q, cache, seqs.cu_q[singles:], seqs.lengths[singles:], seqs.rows[singles:], out, out, out, rest)
-        meta = {**common, "BLOCK_M": block_m, "BLOCK_Q": block_q, "SPLITS": 1, "num_warps": 8 if block_m == 128 else 4}
-        _ATTENTION(grid, _key(args), (*args, qk_scale, v_scale), {**meta, "num_stages": 2})
+        meta = {**common, "TILE": launch.tile, "BLOCK_M": block_m, "BLOCK_Q": block_q, "SPLITS": 1}
+        _ATTENTION(grid, _key(args), (*args, qk_scale, v_scale), {**meta, "num_warps": launch.warps,
+                                                                  "num_stages": launch.stages})  # fmt: skip
     return out
 
 
@@ -141,8 +160,9 @@ def _singles(
     lse = torch.empty((n, h, MAX_SPLITS), dtype=torch.float32, device=q.device)
     cu_q = seqs.cu_q[: n + 1]
     args = _args(q, cache, cu_q, seqs.lengths[:n], seqs.rows[:n], out, partial, lse, n)
-    meta = {**common, "BLOCK_M": block_m, "BLOCK_Q": block_m // group, "SPLITS": MAX_SPLITS, "num_warps": 4}
-    _ATTENTION((n, cache.k.shape[2], MAX_SPLITS), _key(args), (*args, qk_scale, v_scale), {**meta, "num_stages": 3})
+    meta = {**common, "TILE": TILE, "BLOCK_M": block_m, "BLOCK_Q": block_m // group, "SPLITS": MAX_SPLITS}
+    grid = (n, cache.k.shape[2], MAX_SPLITS)
+    _ATTENTION(grid, _key(args), (*args, qk_scale, v_scale), {**meta, "num_warps": 4, "num_stages": 3})
     merge = (partial, lse, cu_q, seqs.lengths[:n], out, *partial.stride()[:3], *lse.stride()[:2], *out.stride()[:2])
     meta = {"D": d, "D_PAD": common["D_PAD"], "TILE": TILE, "SPLIT_MIN": SPLIT_MIN, "SPLITS": MAX_SPLITS}
     _MERGE((n, h), _key(merge, pointers=5), merge, {**meta, "num_warps": 4})
@@ -247,6 +267,38 @@ if TRITON_IMPORT_ERROR is None:
         return lo - 1
 
     @triton.jit
+    def _tile(
+        q, acc, m_i, l_i, n0, end, sees, table, k_head, v_head, d, d_ok,
+        stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
+        PAGE: tl.constexpr, TILE: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr,
+    ):  # fmt: skip
+        """One tile of positions n0 .. n0 + TILE - 1 into the online softmax; MASKED: some of them lie
+        at or past `end`, or past what a row sees."""
+        pos = n0 + tl.arange(0, TILE)
+        if MASKED:
+            pos_ok = pos < end
+            blocks = tl.load(table + pos // PAGE, mask=pos_ok, other=0).to(tl.int64)
+            kv_ok = pos_ok[:, None] & d_ok[None, :]
+        else:
+            blocks = tl.load(table + pos // PAGE).to(tl.int64)
+            kv_ok = d_ok[None, :]
+        within = pos % PAGE
+        k_at = k_head + blocks[:, None] * stride_kb + within[:, None] * stride_ks + d[None, :]
+        v_at = v_head + blocks[:, None] * stride_vb + within[:, None] * stride_vs + d[None, :]
+        k = tl.load(k_at, mask=kv_ok, other=0.0) if MASKED or not EVEN_D else tl.load(k_at)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * qk_scale
+        if MASKED:
+            s = tl.where(pos_ok[None, :] & (pos[None, :] <= sees[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row that has seen nothing yet (or never will: a padding row) keeps a finite offset.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        v = tl.load(v_at, mask=kv_ok, other=0.0) if MASKED or not EVEN_D else tl.load(v_at)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
+        return acc, m_new, l_i * alpha + tl.sum(p, 1)
+
+    @triton.jit
     def _attention_kernel(
         q_ptr, k_ptr, v_ptr, tab_ptr, row_ptr, cu_ptr, len_ptr, o_ptr, part_ptr, lse_ptr,
         count,
@@ -260,7 +312,9 @@ if TRITON_IMPORT_ERROR is None:
         wait_for_inputs(USE_PDL)
         kvh = tl.program_id(1)
         if SPLITS == 1:
-            block = tl.program_id(0)
+            # The last blocks first: under the causal mask they see the most positions, so the grid's
+            # longest programs start in its first wave rather than trail in its last.
+            block = tl.num_programs(0) - 1 - tl.program_id(0)
             seq = _sequence_of(cu_ptr, block, count, BLOCK_Q)
             local = block - ((tl.load(cu_ptr + seq) - tl.load(cu_ptr)) // BLOCK_Q + seq)
         else:
@@ -299,26 +353,17 @@ if TRITON_IMPORT_ERROR is None:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
-        for n0 in range(start, end, TILE):
-            pos = n0 + tl.arange(0, TILE)
-            pos_ok = pos < end
-            blocks = tl.load(table + pos // PAGE, mask=pos_ok, other=0).to(tl.int64)
-            within = pos % PAGE
-            kv_ok = pos_ok[:, None] & d_ok[None, :]
-            k = tl.load(k_head + blocks[:, None] * stride_kb + within[:, None] * stride_ks + d[None, :],
-                        mask=kv_ok, other=0.0).to(q.dtype)  # fmt: skip
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-            s = tl.where(pos_ok[None, :] & (pos[None, :] <= sees[:, None]), s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            # A row that has seen nothing yet (or never will: a padding row) keeps a finite offset.
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_safe[:, None])
-            alpha = tl.exp2(m_i - m_safe)
-            v = tl.load(v_head + blocks[:, None] * stride_vb + within[:, None] * stride_vs + d[None, :],
-                        mask=kv_ok, other=0.0).to(q.dtype)  # fmt: skip
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            m_i = m_new
+        # Tiles every row sees whole (below the block's first query's position) go without masks; the
+        # rest (the causal diagonal, a segment's or the length's ragged end) with them.
+        whole = tl.maximum(start + (tl.minimum(context + local * BLOCK_Q + 1, end) - start) // TILE * TILE, start)
+        for n0 in range(start, whole, TILE):
+            acc, m_i, l_i = _tile(q, acc, m_i, l_i, n0, end, sees, table, k_head, v_head, d, d_ok,
+                                  stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
+                                  PAGE, TILE, D == D_PAD, PRECISION, False)  # fmt: skip
+        for n0 in range(whole, end, TILE):
+            acc, m_i, l_i = _tile(q, acc, m_i, l_i, n0, end, sees, table, k_head, v_head, d, d_ok,
+                                  stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
+                                  PAGE, TILE, D == D_PAD, PRECISION, True)  # fmt: skip
         result = acc / l_i[:, None]
         if FP8:
             result = result * v_scale

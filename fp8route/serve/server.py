@@ -25,12 +25,11 @@ from typing import Any
 import uvicorn
 
 from fp8route.backends import BACKENDS
+from fp8route.engine.config import EngineConfig
 from fp8route.engine.engine_process import EngineProcess
-from fp8route.engine.kv_quant import check_kv_cache_dtype
-from fp8route.engine.llm import resolve_model
+from fp8route.engine.load import resolve_model
 from fp8route.errors import Fp8InputError
 from fp8route.linear.policy import Policy
-from fp8route.quant import FLOAT_DTYPE_NAMES
 from fp8route.serve.app import build_app
 from fp8route.serve.serving import Serving
 
@@ -111,9 +110,6 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-_ASYNC = {"auto": None, "on": True, "off": False}  # --async-scheduling -> LLM(async_scheduling=...)
-
-
 def serve(args: argparse.Namespace) -> int:
     for name, low in (("--max-queue", 0), ("--max-request-bytes", 1), ("--shutdown-timeout", 0)):
         value = getattr(args, name[2:].replace("-", "_"))
@@ -121,23 +117,19 @@ def serve(args: argparse.Namespace) -> int:
             raise Fp8InputError(f"{name} must be at least {low}, got {value}")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     policy = _policy(args.policy)
-    check_kv_cache_dtype(args.kv_cache_dtype, "--kv-cache-dtype")
+    config = EngineConfig.from_args(args)
     sock = _bind(args.host, args.port)
     try:
-        return _serve(args, sock, api_key, policy)
+        return _serve(args, config, sock, api_key, policy)
     finally:
         sock.close()
 
 
-def _serve(args: argparse.Namespace, sock: socket.socket, api_key: str | None, policy: Policy) -> int:
+def _serve(
+    args: argparse.Namespace, config: EngineConfig, sock: socket.socket, api_key: str | None, policy: Policy
+) -> int:
     folder = resolve_model(args.model)
-    engine = EngineProcess(
-        folder, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=not args.no_prefix_caching,
-        policy=policy, max_model_len=args.max_model_len, device=args.device, num_kv_blocks=args.num_kv_blocks,
-        kv_cache_dtype=args.kv_cache_dtype, async_scheduling=_ASYNC[args.async_scheduling],
-        dtype=FLOAT_DTYPE_NAMES[args.dtype],
-    )  # fmt: skip
+    engine = EngineProcess(folder, config, policy)
     name = args.served_model_name or args.model
     serving = Serving(
         engine, name, folder, max_num_seqs=args.max_num_seqs, max_queue=args.max_queue,

@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from fp8route.cli.bench_serve import _arms, _checks, _ratios
-from fp8route.engine.workload import ServeReport
+from fp8route.bench.workload import ServeReport
 
 
 def args(**over: str) -> argparse.Namespace:

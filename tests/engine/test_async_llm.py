@@ -82,16 +82,16 @@ def test_a_request_that_cannot_run_is_refused_before_it_is_queued(llm):
 
 def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(llm, monkeypatch):
     engine = AsyncLLM(llm)
-    real = llm.engine._run
+    real = llm.engine.runner.execute
     calls = []
 
-    def broken(plan):
+    def broken(out):
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("a kernel failed")
-        return real(plan)
+        return real(out)
 
-    monkeypatch.setattr(llm.engine, "_run", broken)
+    monkeypatch.setattr(llm.engine.runner, "execute", broken)
     try:
         with pytest.raises(EngineError, match="RuntimeError: a kernel failed"):
             collect(engine, llm.encode("the"), SamplingParams(max_tokens=4))

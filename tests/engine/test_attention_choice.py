@@ -8,7 +8,7 @@ import torch
 from checkpoint_helpers import TINY, llama_tensors, modelopt_folder
 
 from fp8route import Fp8InputError
-from fp8route.engine import CausalLM, load_model
+from fp8route.engine import CausalLM, EngineConfig, load_model
 from fp8route.engine.flashinfer_attention import check_attention
 from fp8route.engine.runner import ModelRunner
 from fp8route.models import LlamaConfig
@@ -27,21 +27,37 @@ def test_flashinfer_without_the_extra_says_how_to_install_it(monkeypatch):
 
 def test_flashinfer_on_cpu_is_refused_first(tmp_path):
     with pytest.raises(Fp8InputError, match="runs on CUDA GPUs; the model is on cpu"):
-        load_model(modelopt_folder(tmp_path), "cpu", attention="flashinfer")
+        load_model(modelopt_folder(tmp_path), device="cpu", attention="flashinfer")
 
 
-def test_generate_gives_each_step_its_lengths_and_blocks_on_the_host_when_the_model_plans_from_them(monkeypatch):
-    model = CausalLM(LlamaConfig.from_hf(TINY), {}, llama_tensors(), max_batch_size=4, max_seq_len=32)
-    monkeypatch.setattr(ModelRunner, "plans_on_host", property(lambda self: True))  # as FlashInfer's, on CUDA
+def tiny() -> CausalLM:
+    config = EngineConfig(dtype="float32", max_num_seqs=4, max_model_len=32, block_size=4)
+    return CausalLM(LlamaConfig.from_hf(TINY), {}, llama_tensors(), config, quiet=True)
+
+
+def record_decodes(monkeypatch) -> list:
+    """Each decode step's device lengths and table rows beside the host lengths and blocks it got."""
     seen = []
-    step = model.step
+    decode = ModelRunner.decode
 
-    def recording_step(tokens, positions, rows, limit=None, host_lengths=None, host_blocks=None):
-        tables = model.pool.tables[rows, : len(host_blocks[0])].tolist()
-        seen.append(((positions + 1).tolist(), list(host_lengths), tables, [list(b) for b in host_blocks]))
-        return step(tokens, positions, rows, limit, host_lengths, host_blocks)
+    def recording(self, ids, pending, positions, rows, *, limit=None, host_lengths=None, host_blocks=None):
+        if host_lengths is None:
+            seen.append(None)
+        else:
+            width = max(len(b) for b in host_blocks)
+            tables = self.pool.tables[rows, :width].tolist()
+            blocks = [list(b) + [0] * (width - len(b)) for b in host_blocks]
+            seen.append(((positions + 1).tolist(), list(host_lengths), tables, blocks))
+        return decode(self, ids, pending, positions, rows, limit=limit)
 
-    model.step = recording_step  # type: ignore[method-assign]
+    monkeypatch.setattr(ModelRunner, "decode", recording)
+    return seen
+
+
+def test_decode_steps_get_their_lengths_and_blocks_on_the_host_when_the_runner_plans_from_them(monkeypatch):
+    model = tiny()
+    monkeypatch.setattr(ModelRunner, "plans_on_host", property(lambda self: True))  # as FlashInfer's, on CUDA
+    seen = record_decodes(monkeypatch)
     ids = torch.randint(0, TINY["vocab_size"], (3, 6), generator=torch.Generator().manual_seed(0))
     model.generate(ids, 5, prompt_lengths=[6, 2, 4], pad_token_id=0)
     assert len(seen) == 4 and all(device == host for device, host, _, _ in seen)
@@ -49,15 +65,8 @@ def test_generate_gives_each_step_its_lengths_and_blocks_on_the_host_when_the_mo
     assert seen[0][1] == [7, 3, 5] and seen[-1][1] == [10, 6, 8]
 
 
-def test_a_model_that_does_not_plan_on_the_host_gets_no_host_lengths():
-    model = CausalLM(LlamaConfig.from_hf(TINY), {}, llama_tensors(), max_batch_size=4, max_seq_len=32)
-    seen = []
-    step = model.step
-
-    def recording_step(tokens, positions, rows, limit=None, host_lengths=None, host_blocks=None):
-        seen.append(host_lengths)
-        return step(tokens, positions, rows, limit, host_lengths, host_blocks)
-
-    model.step = recording_step  # type: ignore[method-assign]
+def test_a_runner_that_does_not_plan_on_the_host_gets_no_host_lengths(monkeypatch):
+    model = tiny()
+    seen = record_decodes(monkeypatch)
     model.generate(torch.zeros(1, 4, dtype=torch.int64), 3)
     assert seen == [None, None]

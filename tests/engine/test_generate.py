@@ -1,13 +1,14 @@
-"""The static generate on CPU, over the paged KV pool: cached decode equals the full forward, batches
-equal single rows, chunked prefill equals one forward, EOS, overflow, determinism, and load_model on
-FP8 and bf16 checkpoints."""
+"""The static generate on CPU, run as requests of the model's engine: cached decode equals the full
+forward, batches equal single rows (a batch larger than the engine runs at once too), chunked prefill
+equals one forward, EOS, bad input refused before any work, determinism, the same tokens as
+LLM.generate for the same seed, and load_model on FP8 and bf16 checkpoints."""
 
 import pytest
 import torch
 from checkpoint_helpers import TINY, llama_tensors, modelopt_folder, write_checkpoint
 
 from fp8route import Fp8InputError, load_checkpoint
-from fp8route.engine import CausalLM, Generation, load_model
+from fp8route.engine import CausalLM, EngineConfig, SamplingParams, load_model
 from fp8route.engine.attention import decode_attention_torch
 from fp8route.engine.decode_graphs import buckets
 from fp8route.models import LlamaConfig, LlamaForCausalLM
@@ -16,9 +17,19 @@ CFG = LlamaConfig.from_hf(TINY)
 VOCAB = TINY["vocab_size"]
 
 
-def tiny(max_batch_size=4, max_seq_len=64, dtype=torch.float32, tensors=None):
+def tiny(max_num_seqs=4, max_model_len=64, dtype=torch.float32, tensors=None, **settings):
     tensors = {k: v.to(dtype) for k, v in (tensors or llama_tensors()).items()}
-    return CausalLM(CFG, {}, tensors, max_batch_size=max_batch_size, max_seq_len=max_seq_len, dtype=dtype)
+    config = EngineConfig(dtype=dtype, max_num_seqs=max_num_seqs, max_model_len=max_model_len, **settings)
+    return CausalLM(CFG, {}, tensors, config, quiet=True)
+
+
+def full_forward_greedy(model, ids, n):
+    """Greedy continuation by the full forward, no cache: the independent reference."""
+    seq = ids
+    with torch.no_grad():
+        for _ in range(n):
+            seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return seq
 
 
 def prompts(batch, length, seed=1):
@@ -32,16 +43,10 @@ def model():
 
 def test_generate_equals_stepwise_argmax_of_the_full_forward(model):
     ids = prompts(2, 7)
-    result = model.generate(ids, 6, return_logits=True)
-    assert isinstance(result, Generation) and result.tokens.shape == (2, 13) and result.tokens.dtype == torch.int64
-    assert torch.equal(result.tokens[:, :7], ids)
-    seq = ids
-    with torch.no_grad():
-        for step in range(6):
-            full = model(seq)[:, -1].float()
-            torch.testing.assert_close(result.logits[:, step], full, rtol=1e-4, atol=1e-4)
-            seq = torch.cat([seq, full.argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(result.tokens, seq)
+    tokens = model.generate(ids, 6)
+    assert tokens.shape == (2, 13) and tokens.dtype == torch.int64 and torch.equal(tokens[:, :7], ids)
+    assert torch.equal(tokens, full_forward_greedy(model, ids, 6))
+    assert model.engine.leaked() is None
 
 
 def test_full_forward_keeps_the_reference_numerics(model):
@@ -96,21 +101,38 @@ def test_eos_stops_a_row_and_then_the_call(model):
     assert steps == [0] and torch.all(out[:, 6:] == both[0])
 
 
-def test_overflow_raises_before_any_work(model, monkeypatch):
-    def no_prefill(*args, **kwargs):
-        raise AssertionError("prefill ran")
+def test_more_rows_than_the_engine_runs_at_once_queue_and_equal_each_alone(model):
+    ids = prompts(9, 5, seed=21)  # max_num_seqs is 4
+    out = model.generate(ids, 4)
+    assert torch.equal(out, full_forward_greedy(model, ids, 4))
 
-    monkeypatch.setattr(model.runner, "prefill", no_prefill)
-    with pytest.raises(Fp8InputError, match="5 rows exceed the KV cache's max_batch_size=4"):
-        model.generate(prompts(5, 3), 2)
-    with pytest.raises(
-        Fp8InputError, match=r"60 tokens \+ max_new_tokens=5 = 65 exceeds the KV cache's max_seq_len=64"
-    ):
+
+def test_bad_input_is_refused_before_any_work(model, monkeypatch):
+    def no_step(*args, **kwargs):
+        raise AssertionError("a step ran")
+
+    monkeypatch.setattr(model.engine.runner, "execute", no_step)
+    with pytest.raises(Fp8InputError, match=r"row 0: a prompt of 60 tokens \+ max_tokens=5 = 65 exceeds the model's"):
         model.generate(prompts(1, 60), 5)
     with pytest.raises(Fp8InputError, match="prompt_lengths must give each of the 2 rows a length in 1..4"):
         model.generate(prompts(2, 4), 2, prompt_lengths=[4, 5])
     with pytest.raises(Fp8InputError, match=f"token ids must be in 0..{VOCAB - 1}"):
         model.generate(torch.tensor([[1, VOCAB]]), 2)
+    for bad in ({"temperature": float("nan")}, {"temperature": -1}, {"top_p": 0}):
+        with pytest.raises(Fp8InputError, match="SamplingParams: "):
+            model.generate(prompts(1, 4), 2, **bad)
+    assert not model.engine.has_unfinished
+
+
+def test_the_same_seed_gives_the_same_tokens_through_generate_and_the_engines_requests(model):
+    ids = prompts(3, 6, seed=17)
+    out = model.generate(ids, 6, temperature=1.3, top_p=0.95, seed=5)
+    engine = model.engine
+    params = SamplingParams(max_tokens=6, temperature=1.3, top_p=0.95, seed=5, ignore_eos=True)
+    requests = [engine.add_request(row.tolist(), params) for row in ids]
+    while engine.has_unfinished:
+        engine.step()
+    assert [r.output_token_ids for r in requests] == out[:, 6:].tolist()
 
 
 def test_greedy_and_seeded_sampling_are_deterministic(model):
@@ -128,12 +150,13 @@ def test_greedy_and_seeded_sampling_are_deterministic(model):
 def test_bf16_engine_tracks_its_full_forward():
     model = tiny(dtype=torch.bfloat16)
     ids = prompts(2, 8, seed=6)
-    result = model.generate(ids, 4, return_logits=True)
-    assert model.pool.k.dtype == torch.bfloat16
+    tokens = model.generate(ids, 4)
+    assert model.engine.runner.pool.k.dtype == torch.bfloat16
     with torch.no_grad():
-        full = model(result.tokens[:, :-1]).float()[:, 7:]
-    rel = ((result.logits - full).norm() / full.norm()).item()
-    assert rel < 0.02
+        full = model(tokens[:, :-1]).float()[:, 7:]
+    # Each token the engine chose is the full forward's argmax, or within bf16's rounding of it.
+    chosen = full.gather(-1, tokens[:, 8:, None])[..., 0]
+    assert torch.all(chosen >= full.max(-1).values - 0.02 * full.abs().max())
 
 
 def test_buckets():
@@ -145,25 +168,21 @@ def test_chunked_prefill_and_small_blocks_give_the_same_tokens_and_logits():
     """Prompts split over forwards of 5 tokens (later chunks attend to their earlier blocks through
     the table) against whole-prompt prefill, with 4-token blocks against 16."""
     whole = tiny()
-    chunked = CausalLM(
-        CFG, {}, {k: v.float() for k, v in llama_tensors().items()}, max_batch_size=4, max_seq_len=64,
-        dtype=torch.float32, max_prefill_tokens=5, block_size=4,
-    )  # fmt: skip
+    chunked = tiny(max_num_batched_tokens=5, block_size=4)
     ids = prompts(3, 19, seed=14)
     lengths = [19, 7, 12]
-    a = whole.generate(ids, 8, prompt_lengths=lengths, return_logits=True)
-    b = chunked.generate(ids, 8, prompt_lengths=lengths, return_logits=True)
-    assert torch.equal(a.tokens, b.tokens)
-    torch.testing.assert_close(a.logits, b.logits, rtol=1e-5, atol=1e-5)
+    a = whole.generate(ids, 8, prompt_lengths=lengths)
+    b = chunked.generate(ids, 8, prompt_lengths=lengths)
+    assert torch.equal(a, b)
     with torch.no_grad():
         assert torch.equal(whole(ids), chunked(ids))  # the full forward in groups of rows: the same
-    assert whole.blocks.check_empty() is None and chunked.blocks.check_empty() is None
+    assert whole.engine.leaked() is None and chunked.engine.leaked() is None
 
 
 def test_load_model_fp8_checkpoint_equals_the_llama_forward(tmp_path):
     folder = modelopt_folder(tmp_path)
-    model = load_model(folder, "cpu", dtype=torch.float32, max_batch_size=2, max_seq_len=32)
-    assert model.max_seq_len == 32
+    model = load_model(folder, device="cpu", dtype="float32", max_num_seqs=2, max_model_len=32, quiet=True)
+    assert model.max_model_len == 32
     reference = LlamaForCausalLM.from_checkpoint(load_checkpoint(folder, device="cpu"))
     ids = prompts(2, 10, seed=7)
     with torch.no_grad():
@@ -177,15 +196,15 @@ def test_load_model_fp8_checkpoint_equals_the_llama_forward(tmp_path):
 def test_load_model_bf16_checkpoint_and_max_position_embeddings(tmp_path):
     tensors = llama_tensors()
     folder = write_checkpoint(tmp_path / "bf16", tensors, {**TINY, "max_position_embeddings": 48})
-    model = load_model(folder, "cpu", max_batch_size=2)
-    assert model.max_seq_len == 48 and model.model.embed_tokens.weight.dtype == torch.bfloat16
+    model = load_model(folder, device="cpu", max_num_seqs=2, quiet=True)
+    assert model.max_model_len == 48 and model.model.embed_tokens.weight.dtype == torch.bfloat16
     ids = prompts(2, 10, seed=8)
     with torch.no_grad():
         assert torch.equal(model(ids), LlamaForCausalLM(CFG, {}, tensors)(ids))
-    fp32 = load_model(folder, "cpu", dtype=torch.float32, max_seq_len=16)
-    assert fp32.max_seq_len == 16 and fp32.pool.k.dtype == torch.float32
-    with pytest.raises(Fp8InputError, match="dtype must be bfloat16, float16 or float32"):
-        load_model(folder, "cpu", dtype=torch.int8)
+    fp32 = load_model(folder, device="cpu", dtype=torch.float32, max_model_len=16, quiet=True)
+    assert fp32.max_model_len == 16 and fp32.engine.runner.pool.k.dtype == torch.float32
+    with pytest.raises(Fp8InputError, match="^dtype must be one of bfloat16, float16, float32, got 'torch.int8'$"):
+        load_model(folder, device="cpu", dtype=torch.int8)
 
 
 def test_qwen_style_biases_and_head_norms_decode_like_the_full_forward():
@@ -202,10 +221,7 @@ def test_qwen_style_biases_and_head_norms_decode_like_the_full_forward():
     model = tiny(tensors=tensors)
     assert model.model.layers[0].self_attn.q_norm is not None
     ids = prompts(2, 6, seed=10)
-    result = model.generate(ids, 4, return_logits=True)
-    with torch.no_grad():
-        full = model(result.tokens[:, :-1])[:, 5:]
-    torch.testing.assert_close(result.logits, full, rtol=1e-4, atol=1e-4)
+    assert torch.equal(model.generate(ids, 4), full_forward_greedy(model, ids, 4))
 
 
 def test_the_attention_kernel_takes_the_engines_new_token_and_refuses_other_shapes():

@@ -1,15 +1,15 @@
 """The serving engine on CPU: under continuous batching (staggered arrivals, mixed lengths, chunked
-prefill, decodes riding in the prefill chunks' forward, preemption forced by a small pool, prefix
-hits) each request's greedy tokens equal the same request computed alone by a plain full forward;
-aborts free their blocks; nothing leaks. The tests that run requests to their end run with and
-without async scheduling (decode steps launched before the step before them is read back)."""
+prefill, decodes and chunks in one forward, preemption forced by a small pool, prefix hits) each
+request's greedy tokens equal the same request computed alone by a plain full forward; aborts free
+their blocks; nothing leaks. The tests that run requests to their end run with and without async
+scheduling (each step launched before the step before it is read back)."""
 
 import pytest
 import torch
 from checkpoint_helpers import TINY, llama_tensors
 
 from fp8route import Fp8InputError, SamplingParams
-from fp8route.engine import CausalLM
+from fp8route.engine import CausalLM, EngineConfig
 from fp8route.engine.llm_engine import LLMEngine
 from fp8route.models import LlamaConfig, LlamaForCausalLM
 
@@ -20,11 +20,11 @@ GREEDY = SamplingParams(max_tokens=6, temperature=0)
 
 
 def engine(num_blocks=200, block_size=4, budget=16, max_num_seqs=8, prefix=True, max_seq_len=64, ahead=False):
-    model = CausalLM(
-        CFG, {}, TENSORS, max_batch_size=max_num_seqs, max_seq_len=max_seq_len, dtype=torch.float32,
-        num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=prefix, max_prefill_tokens=budget,
+    config = EngineConfig(
+        dtype="float32", max_num_seqs=max_num_seqs, max_model_len=max_seq_len, num_kv_blocks=num_blocks,
+        block_size=block_size, enable_prefix_caching=prefix, max_num_batched_tokens=budget, async_scheduling=ahead,
     )  # fmt: skip
-    return LLMEngine(model, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, async_scheduling=ahead)
+    return CausalLM(CFG, {}, TENSORS, config, quiet=True).engine
 
 
 @pytest.fixture(params=[False, True], ids=["sync", "async"])
@@ -115,23 +115,23 @@ def test_a_shared_prefix_is_computed_once_and_changes_nothing(ahead):
     assert cached["d"] == 16  # the last token is always computed, so its block is not taken whole
     for rid, ids in {**first, **later}.items():
         assert outputs[rid] == alone(ids, 6), rid
-    stats = eng.model.blocks.stats
+    stats = eng.blocks.stats
     assert stats.hit_tokens == 56 and 0 < stats.hit_rate < 1
     assert eng.leaked() is None and launched_ahead(eng, ahead)
 
 
 def test_an_abort_frees_its_blocks_at_once_and_the_others_finish(ahead):
     eng = engine(budget=64, ahead=ahead)
-    free = eng.model.blocks.free_blocks
+    free = eng.blocks.free_blocks
     long = SamplingParams(max_tokens=40, temperature=0)
     eng.add_request(prompt(10, 5), long, request_id="x")
     eng.add_request(prompt(6, 6), GREEDY, request_id="y")
     for _ in range(3):
         eng.step()
-    assert (eng._ahead is not None) == ahead  # x's next token is on its way: it is dropped
-    held = free - eng.model.blocks.free_blocks
+    assert (eng._inflight is not None) == ahead  # x's next token is on its way: it is dropped
+    held = free - eng.blocks.free_blocks
     assert held > 0 and eng.abort("x") and not eng.abort("x") and not eng.abort("unknown")
-    assert free - eng.model.blocks.free_blocks < held  # x's blocks are back before the next step
+    assert free - eng.blocks.free_blocks < held  # x's blocks are back before the next step
     outputs = run(eng, {})
     assert "x" not in outputs and len(last().output_token_ids) == 6
     assert last().output_token_ids == alone(prompt(6, 6), 6)
@@ -223,19 +223,15 @@ def test_chunks_behind_one_cached_prefix_attend_in_one_group_and_equal_each_alon
     assert eng.leaked() is None
 
 
-@pytest.mark.parametrize("mixed_steps", [True, False])
-def test_decodes_with_prefill_chunks_equal_each_request_alone(mixed_steps, ahead):
-    """With mixed steps the decodes ride in the prefill forward; without, they run a forward of their own."""
+def test_decodes_with_prefill_chunks_in_one_forward_equal_each_request_alone(ahead):
     eng = engine(num_blocks=16, block_size=4, budget=8, ahead=ahead)  # 15 usable blocks: preemption; chunks of 8
-    eng.record_stats, eng.mixed_steps = True, mixed_steps
+    eng.record_stats = True
     shared = prompt(12, 42)
     params = SamplingParams(max_tokens=10, temperature=0)
     requests = {f"r{i}": shared + prompt(2 + 3 * i, 50 + i) if i % 2 else prompt(5 + 4 * i, 50 + i) for i in range(6)}
     outputs = run(eng, {3 * i: [(rid, ids, params)] for i, (rid, ids) in enumerate(requests.items())})
-    both = [s for s in eng.stats if s.decodes and s.prefill_tokens]
-    assert both and all(s.mixed == mixed_steps for s in both)
-    assert all(not s.mixed for s in eng.stats if not s.prefill_tokens or not s.decodes)
-    assert eng.scheduler.preemptions > 0 and eng.model.blocks.stats.hit_tokens > 0
+    assert any(s.decodes and s.prefill_tokens for s in eng.stats)  # steps that held both
+    assert eng.scheduler.preemptions > 0 and eng.blocks.stats.hit_tokens > 0
     for rid, ids in requests.items():
         assert outputs[rid] == alone(ids, 10), rid
     assert eng.leaked() is None and launched_ahead(eng, ahead)
@@ -243,8 +239,7 @@ def test_decodes_with_prefill_chunks_equal_each_request_alone(mixed_steps, ahead
 
 def test_async_scheduling_matches_sync_with_stops_sampling_and_arrivals_while_decoding():
     """Stop ids and EOS that end requests while a step is launched ahead, seeded sampling and
-    min_tokens (no step ahead while they apply), arrivals during long decode runs: the same tokens
-    and finish reasons either way."""
+    min_tokens, arrivals during long decode runs: the same tokens and finish reasons either way."""
     ids = {f"r{i}": prompt(3 + 2 * i, 300 + i) for i in range(6)}
     free = {rid: alone(p, 12) for rid, p in ids.items()}
     stops = {rid: out[4] for rid, out in free.items()}
@@ -280,12 +275,12 @@ def test_async_scheduling_reads_tokens_before_a_graph_replay_overwrites_them(mon
 
     decode, outputs = ModelRunner.decode, {}
 
-    def replayed(self, tokens, positions, rows, **kwargs):
-        logits, greedy = decode(self, tokens, positions, rows, **kwargs)
-        size = next(s for s in buckets(self.pool.max_rows) if s >= len(tokens))
+    def replayed(self, ids, *inputs, **kwargs):
+        logits, greedy = decode(self, ids, *inputs, **kwargs)
+        size = next(s for s in buckets(self.pool.max_rows) if s >= len(ids))
         out = outputs.setdefault((id(self), size), torch.zeros(size, dtype=torch.int64))
-        out[: len(tokens)] = greedy
-        return logits, out[: len(tokens)]
+        out[: len(ids)] = greedy
+        return logits, out[: len(ids)]
 
     monkeypatch.setattr(ModelRunner, "decode", replayed)
     requests = {f"r{i}": prompt(4 + i, 40 + i) for i in range(3)}

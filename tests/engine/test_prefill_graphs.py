@@ -1,6 +1,6 @@
-"""The prefill from graphed pieces: a packed forward through PrefillGraphs' static buffers, padded to
+"""A mixed step from graphed pieces: a flat forward through PrefillGraphs' static buffers, padded to
 its token bucket, gives the logits and writes the K/V of the eager forward: fresh chunks,
-continuations, a decode tail, forwards of falling sizes (the rows a larger one left behind must not
+continuations, decode rows, forwards of falling sizes (the rows a larger one left behind must not
 reach a dynamic input scale). On a CPU the pieces run eagerly over the same buffers; on CUDA they
 are captured graphs."""
 
@@ -9,10 +9,12 @@ import pytest
 import torch
 from checkpoint_helpers import TINY, llama_tensors
 
-from fp8route import Fp8Linear
-from fp8route.engine import CausalLM
+from fp8route import Fp8Linear, SamplingParams
+from fp8route.engine import CausalLM, EngineConfig
 from fp8route.engine.prefill_graphs import PrefillGraphs, token_buckets, why_not_graphed
-from fp8route.engine.runner import DecodeRows, _upload_parts
+from fp8route.engine.request import Request, RequestMetrics
+from fp8route.engine.runner import _upload_parts
+from fp8route.engine.scheduler import ScheduledSeq, SchedulerOutput
 from fp8route.models import LlamaConfig
 
 CONFIG = {**TINY, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
@@ -26,10 +28,25 @@ def model(device: str, fp8: bool, weights: torch.dtype = torch.float32) -> Causa
     if fp8:  # no input scale: each linear quantizes x with a scale from its amax, padded rows included
         for name in [n for n in tensors if n.rsplit(".", 2)[-2] in PROJECTIONS]:
             linears[name.removesuffix(".weight")] = Fp8Linear.from_float(tensors.pop(name))
-    return CausalLM(
-        LlamaConfig.from_hf(CONFIG), linears, tensors, max_batch_size=6, max_seq_len=64, dtype=torch.float32,
-        device=device, use_cuda_graphs=True, num_blocks=100, block_size=BLOCK,
+    config = EngineConfig(
+        dtype="float32", device=device, max_num_seqs=6, max_model_len=64, num_kv_blocks=100, block_size=BLOCK,
+        use_cuda_graphs=device == "cuda",
     )  # fmt: skip
+    return CausalLM(LlamaConfig.from_hf(CONFIG), linears, tensors, config, quiet=True)
+
+
+def request(lm: CausalLM, row: int, prompt: list[int]) -> Request:
+    """A request holding table row `row` and blocks for its prompt and one token more."""
+    r = Request(str(row), prompt, SamplingParams(max_tokens=1), 0, RequestMetrics(0.0))
+    r.row, r.blocks = row, lm.engine.blocks.allocate(-(-(len(prompt) + 1) // BLOCK))
+    lm.engine.runner.pool.set_rows([row], [r.blocks])
+    return r
+
+
+def forward(lm: CausalLM, pieces: list[tuple[Request, int, int]]) -> torch.Tensor:
+    """One step of these (request, start, tokens) pieces, each sampling: their last tokens' logits."""
+    out = SchedulerOutput([ScheduledSeq(r, start, n, True, 0) for r, start, n in pieces])
+    return lm.engine.runner._forward(out)
 
 
 def test_token_buckets_step_by_128_above_64_and_end_at_the_maximum():
@@ -47,52 +64,39 @@ def test_graphed_pieces_give_the_eager_forward(device, fp8):
     vocab = CONFIG["vocab_size"]
     prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (37, 21, 12, 9, 30)]
     graphed, eager = model(device, fp8), model(device, fp8)
-    graphed.runner.prefill_graphs = PrefillGraphs(
+    graphed.engine.runner.prefill_graphs = PrefillGraphs(
         graphed.model, 64, torch.device(device), torch.float32, capture=device == "cuda"
     )
-    eager.runner.use_prefill_graphs = False
-    held = {}
-    for lm in (graphed, eager):
-        held[lm] = []
-        for row, p in enumerate(prompts):
-            taken = lm.blocks.allocate(-(-(len(p) + 1) // BLOCK))
-            lm.pool.set_rows([row], [taken])
-            held[lm].append(taken)
-    # Falling sizes: 58 tokens, then 33 (a continuation after a cached head, and a fresh chunk), then
-    # a fresh chunk with three decoding rows at its end (13 tokens), each into a smaller bucket.
+    eager.engine.runner.use_prefill_graphs = False
+    held = {lm: [request(lm, row, p) for row, p in enumerate(prompts)] for lm in (graphed, eager)}
+    # Falling sizes: 58 tokens, then 24, then 33 (a continuation after a cached head, and a fresh chunk),
+    # then three decoding rows and a fresh chunk (12 tokens), each into a smaller bucket.
     forwards = [
-        lambda b: ([prompts[0], prompts[1]], [0, 0], [0, 1], [b[0], b[1]], [0, 1], None),
-        lambda b: ([prompts[4][:24]], [0], [4], [b[4]], [0], None),
-        lambda b: ([prompts[4][24:], prompts[2]], [24, 0], [4, 2], [b[4], b[2]], [0, 1], None),
-        lambda b: (
-            [prompts[3]],
-            [0],
-            [3],
-            [b[3]],
-            [0],
-            DecodeRows([p[-1] for p in prompts[:3]], [len(p) - 1 for p in prompts[:3]], [0, 1, 2], b[:3]),
-        ),  # fmt: skip
+        lambda r: [(r[0], 0, 37), (r[1], 0, 21)],
+        lambda r: [(r[4], 0, 24)],
+        lambda r: [(r[4], 24, 6), (r[2], 0, 12)],
+        lambda r: [(r[0], 36, 1), (r[1], 20, 1), (r[2], 11, 1), (r[3], 0, 9)],
     ]
     with torch.no_grad():
-        for i, forward in enumerate(forwards):
-            ours = graphed.runner.prefill(*forward(held[graphed]))
-            theirs = eager.runner.prefill(*forward(held[eager]))
+        for i, pieces in enumerate(forwards):
+            ours, theirs = forward(graphed, pieces(held[graphed])), forward(eager, pieces(held[eager]))
             torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4, msg=lambda m, i=i: f"forward {i}: {m}")
-    assert graphed.runner.prefill_graphs.pieces.keys() == {64, 32, 16}
-    torch.testing.assert_close(graphed.pool.k, eager.pool.k, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(graphed.pool.v, eager.pool.v, rtol=1e-4, atol=1e-4)
+    assert graphed.engine.runner.prefill_graphs.pieces.keys() == {64, 32, 16}
+    ours, theirs = graphed.engine.runner.pool, eager.engine.runner.pool
+    torch.testing.assert_close(ours.k, theirs.k, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ours.v, theirs.v, rtol=1e-4, atol=1e-4)
 
 
 def test_a_forward_past_the_largest_bucket_runs_eagerly():
     lm = model("cpu", False)
-    lm.runner.prefill_graphs = PrefillGraphs(lm.model, 16, torch.device("cpu"), torch.float32, capture=False)
-    taken = lm.blocks.allocate(5)
-    lm.pool.set_rows([0], [taken])
+    runner = lm.engine.runner
+    runner.prefill_graphs = PrefillGraphs(lm.model, 16, torch.device("cpu"), torch.float32, capture=False)
+    r = request(lm, 0, list(range(17)))
     with torch.no_grad():
-        lm.runner.prefill([list(range(17))], [0], [0], [taken], [0])
-        assert not lm.runner.prefill_graphs.pieces
-        lm.runner.prefill([list(range(16))], [0], [0], [taken], [0])
-        assert list(lm.runner.prefill_graphs.pieces) == [16]
+        forward(lm, [(r, 0, 17)])
+        assert not runner.prefill_graphs.pieces
+        forward(lm, [(r, 0, 16)])
+        assert list(runner.prefill_graphs.pieces) == [16]
 
 
 def test_graphs_refuse_row_parallel_projections_or_biases_after_the_attention():
@@ -107,15 +111,15 @@ def test_graphs_refuse_row_parallel_projections_or_biases_after_the_attention():
 
 def test_the_buffers_hold_the_forwards_dtype_not_the_weights():
     graphed, eager = model("cpu", False, torch.bfloat16), model("cpu", False, torch.bfloat16)
-    graphed.runner.prefill_graphs = PrefillGraphs(graphed.model, 32, torch.device("cpu"), torch.float32, capture=False)
-    eager.runner.use_prefill_graphs = False
+    graphed.engine.runner.prefill_graphs = PrefillGraphs(
+        graphed.model, 32, torch.device("cpu"), torch.float32, capture=False
+    )
+    eager.engine.runner.use_prefill_graphs = False
     outs = []
     for lm in (graphed, eager):
-        taken = lm.blocks.allocate(5)
-        lm.pool.set_rows([0], [taken])
         with torch.no_grad():
-            outs.append(lm.runner.prefill([list(range(1, 18))], [0], [0], [taken], [0]))
-    assert graphed.runner.prefill_graphs.pieces and outs[0].dtype == torch.float32
+            outs.append(forward(lm, [(request(lm, 0, list(range(1, 18))), 0, 17)]))
+    assert graphed.engine.runner.prefill_graphs.pieces and outs[0].dtype == torch.float32
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
 
 
@@ -128,11 +132,10 @@ def test_the_packed_inputs_reach_the_device_as_aligned_views():
 
 def test_graphs_first_made_under_inference_mode_serve_a_forward_outside_it():
     lm = model("cpu", False)
-    taken = lm.blocks.allocate(5)
-    lm.pool.set_rows([0], [taken])
-    with torch.inference_mode():  # as a caller's scoring loop might make the first prefill
-        lm.runner.prefill_graphs = PrefillGraphs(lm.model, 32, torch.device("cpu"), torch.float32, capture=False)
-        first = lm.runner.prefill([list(range(1, 18))], [0], [0], [taken], [0])
+    r = request(lm, 0, list(range(1, 18)))
+    with torch.inference_mode():  # as a caller's scoring loop might make the first forward
+        lm.engine.runner.prefill_graphs = PrefillGraphs(lm.model, 32, torch.device("cpu"), torch.float32, capture=False)
+        first = forward(lm, [(r, 0, 17)])
     with torch.no_grad():
-        again = lm.runner.prefill([list(range(1, 18))], [0], [0], [taken], [0])
+        again = forward(lm, [(r, 0, 17)])
     torch.testing.assert_close(first, again)

@@ -1,7 +1,7 @@
-"""`fp8route bench serve` on the offline engine: one arm (a policy, with or without prefix caching)
-run in its own process over a load, with what the must-show figures compare it to measured in the
-same process: a lone prefill's speed, the static generate's output speed at a fixed batch, and the
-floor of every decode step (weights plus the KV it reads, over the copy bandwidth of this run).
+"""`fp8route bench serve` on the offline engine: one arm (a policy and an EngineConfig) run in its own
+process over a load, with what its figures are compared with measured in the same process: a lone
+prefill's speed, the static generate's output speed at a fixed batch, the floor of every decode step
+(weights plus the KV it reads, over the copy bandwidth of this run), and the load's own bound.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
-from fp8route.engine.e2e_bench import FORCE_ENV, timed_calls, weight_bytes
-from fp8route.engine.generate import Rows
+from fp8route.bench.e2e import FORCE_ENV, timed_calls, weight_bytes
+from fp8route.bench.workload import LoadRequest, RequestResult, ServeReport, summarize
+from fp8route.engine.config import EngineConfig
 from fp8route.engine.llm import LLM
 from fp8route.engine.llm_engine import StepStats
 from fp8route.engine.request import Request
 from fp8route.engine.sampling import SamplingParams
-from fp8route.engine.workload import LoadRequest, RequestResult, ServeReport, summarize
 from fp8route.linear.policy import Policy
 
 
@@ -31,17 +31,9 @@ class Arm:
     name: str  # shown in the report
     policy: str  # routed, bf16, or a backend forced for every layer
     folder: Path
-    prefix_caching: bool = True
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int | None = None
+    config: EngineConfig
     lone_prefill: int = 0  # tokens of the lone prefill to time (0: none)
     static_batch: int = 0  # rows of the static generate to time (0: none)
-    kv_cache_dtype: str = "auto"
-    mixed_steps: bool = False
-    async_scheduling: bool = True
-    prefill_graphs: bool = True
 
 
 def drive(llm: LLM, load: list[LoadRequest]) -> tuple[list[RequestResult], float, list[str]]:
@@ -96,38 +88,55 @@ def drive(llm: LLM, load: list[LoadRequest]) -> tuple[list[RequestResult], float
 
 
 def _lone_prefill_tok_s(llm: LLM, tokens: int) -> float:
-    """One prompt of `tokens` through one prefill forward, as the engine runs it: tokens/s."""
-    model = llm.model
-    ids = torch.randint(0, model.cfg.vocab_size, (tokens,)).tolist()
-    with Rows(model, [tokens]) as blocks:
-        times, _ = timed_calls(lambda: model.runner.prefill([ids], [0], [0], blocks, [0]), repeats=5)
+    """One fresh prompt of `tokens` alone through the engine to its first token: tokens/s."""
+    vocab = llm.model.cfg.vocab_size
+    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+
+    def once() -> None:
+        llm.generate([torch.randint(0, vocab, (tokens,)).tolist()], params, use_tqdm=False)
+
+    times, _ = timed_calls(once, repeats=5)
     return tokens / statistics.median(times)
 
 
 def _static_generate(llm: LLM, batch: int, input_len: int, output_len: int) -> dict[str, float]:
     """The static generate at this batch: output tokens/s over the whole call (prefill included,
-    as a served load's output tokens/s is) and its decode step."""
+    as a served load's output tokens/s is) and its decode step. Fresh prompts each call."""
     model = llm.model
-    ids = torch.randint(0, model.cfg.vocab_size, (batch, input_len), device=model.device)
-    fulls, _ = timed_calls(lambda: model.generate(ids, output_len), repeats=3)
-    ones, _ = timed_calls(lambda: model.generate(ids, 1), repeats=3)
+
+    def prompts() -> torch.Tensor:
+        return torch.randint(0, model.cfg.vocab_size, (batch, input_len))
+
+    fulls, _ = timed_calls(lambda: model.generate(prompts(), output_len), repeats=3)
+    ones, _ = timed_calls(lambda: model.generate(prompts(), 1), repeats=3)
     full, one = statistics.median(fulls), statistics.median(ones)
     return {"output_tok_s": batch * output_len / full, "step_ms": 1e3 * (full - one) / max(1, output_len - 1)}
 
 
+def load_bound(llm: LLM, load: list[LoadRequest], lone_tok_s: float, copy_gbs: float) -> float:
+    """The output tokens/s no engine can beat on this load: every prompt at the lone-prefill rate, then
+    every output token's KV read plus the weights once per step of max_num_seqs rows, at copy bandwidth."""
+    per_token = llm.engine.runner.pool.bytes_per_token
+    outputs = sum(r.output_len for r in load)
+    prefill_s = sum(len(r.prompt_ids) for r in load) / lone_tok_s
+    kv = sum(per_token * (r.output_len * len(r.prompt_ids) + r.output_len * (r.output_len - 1) / 2) for r in load)
+    steps = -(-outputs // llm.config.max_num_seqs)
+    decode_s = (steps * weight_bytes(llm.model) + kv) / (copy_gbs * 1e9)
+    return outputs / (prefill_s + decode_s)
+
+
 def _step_floors(llm: LLM, stats: list[StepStats], copy_gbs: float) -> dict[str, float]:
     """Pure decode steps (a decode graph's, no prefill chunk) against their floor: (weights + the KV
-    they read) / copy bandwidth; and how many steps were mixed (decodes riding in a prefill's forward)."""
-    model = llm.model
-    per_token = model.pool.bytes_per_token
-    weights = weight_bytes(model)
+    they read) / copy bandwidth; and how many steps were mixed (decodes and prefill chunks in one forward)."""
+    per_token = llm.engine.runner.pool.bytes_per_token
+    weights = weight_bytes(llm.model)
     decode = [s for s in stats if s.decodes and not s.prefill_tokens]
     if not decode:
         return {}
     read = [weights + s.decode_context * per_token for s in decode]
     floors = [nbytes / (copy_gbs * 1e9) for nbytes in read]
     walls = [s.wall_s for s in decode]
-    mixed = [s.wall_s for s in stats if s.mixed]
+    mixed = [s.wall_s for s in stats if s.decodes and s.prefill_tokens]
     return {
         "decode_steps": len(decode),
         "mixed_steps": len(mixed),
@@ -178,19 +187,16 @@ def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tup
         os.environ[FORCE_ENV] = arm.policy
     else:
         os.environ.pop(FORCE_ENV, None)
-    llm = LLM(
-        arm.folder, max_num_seqs=arm.max_num_seqs, max_num_batched_tokens=arm.max_num_batched_tokens,
-        gpu_memory_utilization=arm.gpu_memory_utilization, enable_prefix_caching=arm.prefix_caching,
-        policy=Policy.from_env(), max_model_len=arm.max_model_len, skip_tokenizer_init=True, record_stats=True,
-        kv_cache_dtype=arm.kv_cache_dtype, mixed_steps=arm.mixed_steps, async_scheduling=arm.async_scheduling,
-        prefill_graphs=arm.prefill_graphs,
-    )  # fmt: skip
+    config = arm.config.replace(skip_tokenizer_init=True, record_stats=True)
+    llm = LLM(arm.folder, policy=Policy.from_env(), config=config)
     engine = llm.engine
     cuda = llm.model.device.type == "cuda"
+    pool = engine.runner.pool
     extra: dict[str, object] = {
-        "policy": arm.policy, "prefix_caching": arm.prefix_caching, "kv_cache_dtype": arm.kv_cache_dtype,
-        "mixed_steps": arm.mixed_steps, "async_scheduling": arm.async_scheduling, "prefill_graphs": arm.prefill_graphs,
-        "kv_cache_tokens": llm.model.pool.capacity_tokens,
+        "policy": arm.policy, "prefix_caching": config.enable_prefix_caching, "kv_cache_dtype": config.kv_cache_dtype,
+        "async_scheduling": engine.async_scheduling, "prefill_graphs": config.prefill_graphs,
+        "max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": engine.runner.max_tokens,
+        "kv_cache_tokens": pool.capacity_tokens,
     }  # fmt: skip
     drive(llm, warmup)  # kernels' first calls, at the sizes the load brings
     extra.update(_unloaded(llm, load))
@@ -203,16 +209,15 @@ def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tup
         mean_out = max(2, round(statistics.fmean(r.output_len for r in load)))
         extra["static_batch"] = arm.static_batch
         extra.update({f"static_{k}": v for k, v in _static_generate(llm, arm.static_batch, mean_in, mean_out).items()})
-    llm.model.blocks.reset_prefix_cache()  # the load starts with an empty prefix cache
+    engine.blocks.reset_prefix_cache()  # the load starts with an empty prefix cache
     engine.scheduler.preemptions = 0
     results, duration, digests = drive(llm, load)
     stats = engine.stats
-    pool = llm.model.pool
     extra.update(
         {
             "kv_pool_tokens": pool.capacity_tokens,
             "kv_pool_peak_use": max((s.used_blocks for s in stats), default=0) / max(1, pool.num_blocks - 1),
-            "prefix_hit_rate": llm.model.blocks.stats.hit_rate,
+            "prefix_hit_rate": engine.blocks.stats.hit_rate,
             "leaked": engine.leaked() or "",
             "preemptions": engine.scheduler.preemptions,
         }
@@ -224,4 +229,6 @@ def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tup
         extra["copy_gbs"] = copy_gbs
         extra.update(_step_floors(llm, stats, copy_gbs))
         extra.update(_prefill_steps(stats))
+        if arm.lone_prefill:
+            extra["load_bound_output_tok_s"] = load_bound(llm, load, float(extra["lone_prefill_tok_s"]), copy_gbs)
     return summarize(arm.name, results, duration, **extra), digests

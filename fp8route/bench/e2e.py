@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from fp8route.backends.kernels.options import KernelOptions, set_kernel_options
+from fp8route.engine.config import EngineConfig
 from fp8route.engine.load import load_model
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.policy import Policy
@@ -37,7 +38,7 @@ class E2ERow:
     arm: str
     batch: int
     input_tokens: int
-    ttft_ms: float  # prefill of the batch, to the first token's logits
+    ttft_ms: float  # the batch's prompts through the engine to every row's first token
     prefill_tok_s: float
     decode_step_ms: float  # one new token for every row, from the CUDA graph
     decode_tok_s: float  # batch / step time
@@ -132,11 +133,15 @@ def _bench_arm(
         os.environ.pop(FORCE_ENV, None)
     device = init_from_env("cuda") or torch.device("cuda")  # under run_ranks: this rank's GPU, set current
     torch.cuda.reset_peak_memory_stats(device)
+    # Each timed call brings prompts no earlier call did, but the repeats of one call share theirs: the
+    # prefix cache would answer them, so it is off.
+    config = EngineConfig(
+        device=str(device), max_num_seqs=max(batches), max_model_len=max(inputs) + output,
+        max_num_batched_tokens=max(8192, max(inputs)), enable_prefix_caching=False, all_reduce=all_reduce,
+        attention=attention, tp=tp,
+    )  # fmt: skip
     try:
-        model = load_model(
-            folder, device, max_batch_size=max(batches), max_seq_len=max(inputs) + output, policy=Policy.from_env(),
-            all_reduce=all_reduce, attention=attention,
-        )  # fmt: skip
+        model = load_model(folder, policy=Policy.from_env(), config=config, quiet=True)
     finally:
         if saved is None:
             os.environ.pop(FORCE_ENV, None)
@@ -148,20 +153,19 @@ def _bench_arm(
     vocab = model.cfg.vocab_size
     rows = []
     for batch in batches:
-        # Warm-up: the kernels' first calls and this batch size's decode graph.
+        # Warm-up: the kernels' first calls.
         warm = torch.randint(0, vocab, (batch, 16), device="cuda", generator=gen)
         model.generate(warm, 4)
         for tokens in inputs:
             ids = torch.randint(0, vocab, (batch, tokens), device="cuda", generator=gen)
-            lengths = torch.full((batch,), tokens, device="cuda", dtype=torch.int64)
-            ttfts, _ = timed_calls(functools.partial(model.prefill, ids, lengths), repeats)
+            # TTFT: the batch's prompts through the engine to each row's first token.
+            ttfts, _ = timed_calls(functools.partial(model.generate, ids, 1), repeats)
             fulls, generated = timed_calls(functools.partial(model.generate, ids, output), repeats)
             assert isinstance(generated, torch.Tensor)
-            ones, _ = timed_calls(functools.partial(model.generate, ids, 1), repeats)
-            ttft, full, one = (statistics.median(t) for t in (ttfts, fulls, ones))
-            step = (full - one) / (output - 1)
+            ttft, full = statistics.median(ttfts), statistics.median(fulls)
+            step = (full - ttft) / (output - 1)
             # The timed steps attend to tokens + 1 ... tokens + output - 1 positions: tokens + output / 2 on average.
-            kv = batch * (tokens + output / 2) * model.pool.bytes_per_token
+            kv = batch * (tokens + output / 2) * model.engine.runner.pool.bytes_per_token
             floor = (nbytes + kv) / (copy_gbs * 1e9)
             rows.append(
                 E2ERow(

@@ -8,8 +8,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from fp8route.cli.sweep_args import command_line
-from fp8route.engine.workload import LoadRequest, ServeReport, make_load, parse_range, parse_rate
+from fp8route.bench.workload import LoadRequest, ServeReport, make_load, parse_range, parse_rate
 from fp8route.errors import Fp8InputError
 
 LOAD_ARGS = ("num_prompts", "input_len", "output_len", "request_rate", "shared_prefix")
@@ -45,10 +44,9 @@ def loads(args: argparse.Namespace, vocab: int, specials: list[int]) -> tuple[li
 def write_results(
     args: argparse.Namespace, reports: list[ServeReport], out: Path, stem: str, title: str, where: Mapping[str, object]
 ) -> None:
-    """stem.json (the command, where it ran, the load, every report) and stem.png in out."""
+    """stem.json (where: the command and where it ran; the load, every report) and stem.png in out."""
     out.mkdir(parents=True, exist_ok=True)
     doc = {
-        "command": command_line(),
         **where,
         "load": {k: getattr(args, k) for k in LOAD_ARGS},
         "reports": [r.to_json() for r in reports],

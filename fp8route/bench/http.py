@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from fp8route.engine.workload import LoadRequest, RequestResult
+from fp8route.bench.workload import LoadRequest, RequestResult
 from fp8route.errors import Fp8InputError
 
 COMPLETED, DISCONNECTED, INCOMPLETE, ERROR = "completed", "disconnected", "incomplete", "error"

@@ -5,7 +5,7 @@ import importlib.util
 from checkpoint_helpers import TINY
 
 from fp8route.checkpoint.random import write_random
-from fp8route.engine.e2e_bench import E2ERow, as_json, plot, table, weight_bytes
+from fp8route.bench.e2e import E2ERow, as_json, plot, table, weight_bytes
 from fp8route.engine.load import load_model
 
 ROWS = [

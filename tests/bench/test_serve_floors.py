@@ -6,9 +6,9 @@ import pytest
 from checkpoint_helpers import text_model_folder
 
 from fp8route import LLM
-from fp8route.engine.e2e_bench import weight_bytes
+from fp8route.bench.e2e import weight_bytes
 from fp8route.engine.llm_engine import StepStats
-from fp8route.engine.serve_bench import _prefill_steps, _step_floors
+from fp8route.bench.serve import _prefill_steps, _step_floors
 
 
 def test_decode_steps_are_set_against_weights_plus_the_kv_they_read(tmp_path):
