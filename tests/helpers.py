@@ -62,3 +62,23 @@ def paged(
     tables[:b] = order.view(b, per_row).to(dense.device, torch.int32)
     blocks[tables[:b].flatten().long()] = dense.permute(0, 2, 1, 3).reshape(b * per_row, page, hkv, d)
     return blocks, tables
+
+
+def generate_with_logits(model, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[no-untyped-def]
+    """model.generate's tokens [B, T + n] and the logits each new token was chosen from [B, n, vocab]:
+    the sampler's input at every step, for calls whose rows all sample at every step (prompts that
+    one step prefills, no stop ids)."""
+    from unittest import mock
+
+    from fp8route.engine import runner
+
+    seen: list[torch.Tensor] = []
+    real = runner.choose
+
+    def recording(logits: torch.Tensor, *rest):  # type: ignore[no-untyped-def]
+        seen.append(logits.float().clone())
+        return real(logits, *rest)
+
+    with mock.patch.object(runner, "choose", recording):
+        tokens = model.generate(*args, **kwargs)
+    return tokens, torch.stack(seen, dim=1)

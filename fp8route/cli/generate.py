@@ -20,8 +20,8 @@ from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.gguf_tokenizer import apply_chat_template
 from fp8route.engine.config import EngineConfig, add_engine_args
 from fp8route.engine.kv_pool import blocks_for
-from fp8route.engine.sampling import SamplingParams
 from fp8route.engine.load import load_model, resolve_model
+from fp8route.engine.sampling import SamplingParams
 from fp8route.errors import Fp8InputError
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.plan import size_text

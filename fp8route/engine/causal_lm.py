@@ -1,8 +1,10 @@
 """CausalLM: a Llama-family model with an engine to generate with.
 
 `model(ids)` is the full forward (no cache, for evaluation); `model.generate(ids, n)` runs the
-rows of a static batch as requests of the model's engine (fp8route.engine.generate): the same
-scheduler, KV pool, steps and sampler as `LLM.generate` and the server. The model definition
+rows of a static batch as requests of the model's engine: the same scheduler, KV pool, steps and
+sampler as `LLM.generate` and the server, so the same seed gives the same tokens either way, and a
+batch larger than the engine's max_num_seqs, or than its pool holds at once, queues (or is preempted
+and recomputed) instead of failing. The model definition
 (fp8route.models.llama) holds no runtime state: the engine does.
 
 The engine's KV pool takes what is left of gpu_memory_utilization x the GPU's memory once the
@@ -25,11 +27,12 @@ from fp8route.engine.flashinfer_attention import check_attention
 from fp8route.engine.kv_pool import blocks_for
 from fp8route.engine.kv_quant import KVScales
 from fp8route.engine.llm_engine import LLMEngine
+from fp8route.engine.sampling import SamplingParams
 from fp8route.errors import Fp8InputError
 from fp8route.models.llama import LlamaConfig, LlamaForCausalLM
 from fp8route.models.token_ids import check_token_ids
 
-DEFAULT_CONTEXT = 8192  # for a config.json without max_position_embeddings
+DEFAULT_CONTEXT = 8192  # for a config without max_position_embeddings
 CPU_KV_TOKENS = 32768  # a CPU pool's size: no device memory to size it from
 _GRAPH_RESERVE = 1 << 30  # decode graphs' own memory (logits and activations per bucket), kept free
 
@@ -43,18 +46,16 @@ class CausalLM(LlamaForCausalLM):
         config: EngineConfig | None = None,
         *,
         device: torch.device | None = None,
-        max_positions: int | None = None,
         kv_scales: KVScales | None = None,
         eos_token_ids: Sequence[int] = (),
         quiet: bool = False,
     ) -> None:
-        """The model over these parts, and its engine (config; device: the tensors' by default;
-        max_positions: the checkpoint's context, when it says)."""
+        """The model over these parts, and its engine (config; device: the tensors' by default)."""
         super().__init__(cfg, linears, tensors)
         self.config = config = config or EngineConfig()
         self.device = device or next(iter(tensors.values())).device
         check_attention(config.attention, self.device)
-        context = max_positions or DEFAULT_CONTEXT
+        context = cfg.max_position_embeddings or DEFAULT_CONTEXT
         if config.max_model_len is not None and config.max_model_len > context:
             raise Fp8InputError(f"max_model_len={config.max_model_len} exceeds the model's context of {context} tokens")
         self.max_model_len = config.max_model_len or context
@@ -157,10 +158,79 @@ class CausalLM(LlamaForCausalLM):
         pad_token_id: int | None = None,
         on_token: Callable[[int, torch.Tensor], None] | None = None,
     ) -> torch.Tensor:
-        """Token ids [B, T + max_new_tokens]; see fp8route.engine.generate.generate."""
-        from fp8route.engine.generate import generate
+        """Continue each row of input_ids [B, T] by up to max_new_tokens tokens -> [B, T + max_new_tokens].
 
-        return generate(
-            self, input_ids, max_new_tokens, prompt_lengths=prompt_lengths, temperature=temperature, top_p=top_p,
-            seed=seed, eos_token_id=eos_token_id, pad_token_id=pad_token_id, on_token=on_token,
+        Rows of different lengths: right-pad them to T and pass prompt_lengths (row b's prompt is
+        input_ids[b, :prompt_lengths[b]]); its new tokens start at prompt_lengths[b]. temperature 0
+        is greedy; otherwise tokens are sampled from the top_p nucleus, each row from the stream of
+        `seed` (as SamplingParams(seed=seed) samples). A row stops after emitting an id in eos_token_id
+        (the model's own EOS does not stop it). on_token(step, tokens [B]) sees each engine step's new
+        tokens on the host (pad for rows that got none)."""
+        batch, width = check_token_ids("generate", input_ids, self.cfg.vocab_size)
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise Fp8InputError(f"generate: max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        eos = _eos_ids(eos_token_id)
+        params = SamplingParams(
+            max_tokens=max(max_new_tokens, 1), temperature=temperature, top_p=top_p, seed=seed, stop_token_ids=eos,
+            ignore_eos=True,
         )  # fmt: skip
+        lengths = _prompt_lengths(prompt_lengths, batch, width)
+        pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
+        rows = input_ids.tolist()
+        out = torch.full((batch, width + max_new_tokens), pad, dtype=torch.int64)
+        for b, n in enumerate(lengths):
+            out[b, :n] = torch.tensor(rows[b][:n])
+        if max_new_tokens == 0:
+            return out.to(input_ids.device)
+        engine = self.engine
+        if engine.has_unfinished:
+            raise Fp8InputError("generate: the model's engine is serving other requests; wait for them to finish")
+        prompts = [rows[b][:n] for b, n in enumerate(lengths)]
+        for i, ids in enumerate(prompts):
+            try:
+                engine.check_prompt(ids, params)
+            except Fp8InputError as e:
+                raise Fp8InputError(f"generate: row {i}: {e}") from None
+        requests = [engine.add_request(ids, params, request_id=f"generate-{i}") for i, ids in enumerate(prompts)]
+        row_of = {id(r): b for b, r in enumerate(requests)}
+        written = [0] * batch
+        step = 0
+        try:
+            while engine.has_unfinished:
+                updates = engine.step()
+                news = torch.full((batch,), pad, dtype=torch.int64)
+                got = False
+                for update in updates:
+                    b = row_of[id(update.request)]
+                    for token in update.new_token_ids:
+                        out[b, lengths[b] + written[b]] = token
+                        news[b] = token
+                        written[b] += 1
+                        got = True
+                if on_token is not None and got:
+                    on_token(step, news)
+                    step += 1
+        except BaseException:
+            for request in requests:
+                engine.abort(request.request_id)
+            engine.drain()
+            raise
+        return out.to(input_ids.device)
+
+
+def _prompt_lengths(lengths: Sequence[int] | torch.Tensor | None, batch: int, width: int) -> list[int]:
+    if lengths is None:
+        return [width] * batch
+    values = [int(n) for n in (lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths)]
+    if len(values) != batch or any(not 1 <= n <= width for n in values):
+        raise Fp8InputError(
+            f"generate: prompt_lengths must give each of the {batch} rows a length in 1..{width} "
+            f"(the width of input_ids), got {values}"
+        )
+    return values
+
+
+def _eos_ids(eos_token_id: int | Sequence[int] | None) -> list[int]:
+    if eos_token_id is None:
+        return []
+    return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id]

@@ -118,9 +118,17 @@ class EngineConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **overrides: Any) -> EngineConfig:
-        """The config a command line's flags (add_engine_args) ask for; overrides win."""
+        """The config a command line's flags (add_engine_args) ask for; overrides win. A bad value's
+        message names the flag."""
         values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
-        return cls(**{**values, **overrides})
+        try:
+            return cls(**{**values, **overrides})
+        except Fp8InputError as exc:
+            text = str(exc)
+            name = next((f.name for f in dataclasses.fields(cls) if text.startswith(f.name + " ")), None)
+            if name is None:
+                raise
+            raise Fp8InputError("--" + name.replace("_", "-") + text[len(name) :]) from None
 
 
 def _fail(name: str, wanted: str, got: object) -> None:
@@ -148,8 +156,10 @@ def add_engine_args(parser: argparse.ArgumentParser, names: Sequence[str], **def
         kind = _kind(f)
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
-        else:
-            parser.add_argument(flag, type=kind, default=default, choices=meta["choices"], help=help_text)
+        else:  # choices are EngineConfig's to check: one line naming the flag, not argparse's usage
+            choices = meta["choices"]
+            metavar = "{" + ",".join(choices) + "}" if choices else None
+            parser.add_argument(flag, type=kind, default=default, metavar=metavar, help=help_text)
 
 
 def _kind(f: dataclasses.Field) -> type:

@@ -24,7 +24,9 @@ def resolve_model(model: str | os.PathLike[str]) -> Path:
         from fp8route.checkpoint.smollm2 import smollm2_folder
 
         return smollm2_folder(progress=TextProgress("preparing smollm2"))
-    return resolve_model_path(model)
+    folder = resolve_model_path(model)
+    read_json(folder / CONFIG)  # a folder that is not there, or holds no config.json, is named as such first
+    return folder
 
 
 def eos_token_ids(config: dict[str, Any]) -> list[int]:
@@ -54,6 +56,7 @@ def load_model(
     scales (1.0 and a warning when it has none; fp8route.engine.kv_quant)."""
     config = (config or EngineConfig()).replace(model=str(path), **settings)
     folder = resolve_model(path)
+    eos = eos_token_ids(read_json(folder / CONFIG))
     parts = load_parts(
         folder, config.device, dtype=config.torch_dtype, policy=policy, all_reduce=config.all_reduce,
         tp_lm_head=config.tp_lm_head,  # type: ignore[arg-type]
@@ -62,8 +65,8 @@ def load_model(
     layers = parts.cfg.num_hidden_layers
     scales = kv_scales_for(config.kv_cache_dtype, parts.kv_scales, layers, str(folder), parts.kv_scheme)
     model = CausalLM(
-        parts.cfg, parts.linears, parts.tensors, config, device=parts.device, max_positions=parts.max_positions,
-        kv_scales=scales, eos_token_ids=eos_token_ids(read_json(folder / CONFIG)), quiet=quiet,
+        parts.cfg, parts.linears, parts.tensors, config, device=parts.device, kv_scales=scales, eos_token_ids=eos,
+        quiet=quiet,
     )  # fmt: skip
     model.parallel = parts.parallel
     return model

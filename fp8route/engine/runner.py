@@ -161,7 +161,9 @@ class ModelRunner:
         if not sampling:
             return InFlight.start(out, [], None)
         requests = [s.request for s in sampling]
-        sampled = choose(logits, greedy, requests, self.eos_token_ids)
+        steps = [r.num_output_scheduled - 1 for r in requests]  # each request's output token being chosen
+        params, seeds = [r.params for r in requests], [r.seed for r in requests]
+        sampled = choose(logits, greedy, params, seeds, steps, self.eos_token_ids)
         rows = upload(torch.tensor([s.row for s in sampling]), self.device)
         self.last_token.index_copy_(0, rows, sampled)
         return InFlight.start(out, sampling, sampled)

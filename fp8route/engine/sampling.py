@@ -11,16 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from fp8route.engine.argmax import greedy_tokens
 from fp8route.engine.kv_pool import upload
 from fp8route.errors import Fp8InputError
-
-if TYPE_CHECKING:
-    from fp8route.engine.request import Request
 
 _MASK64 = (1 << 64) - 1
 
@@ -88,21 +84,23 @@ def _uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tens
 
 
 def choose(
-    logits: torch.Tensor, greedy: torch.Tensor | None, requests: Sequence[Request], eos_token_ids: Sequence[int]
+    logits: torch.Tensor,
+    greedy: torch.Tensor | None,
+    params: Sequence[SamplingParams],
+    seeds: Sequence[int],
+    steps: Sequence[int],
+    eos_token_ids: Sequence[int],
 ) -> torch.Tensor:
-    """Each row's next token: row i of logits [R, vocab] is requests[i]'s, for its next output token
-    (its t-th, t = output tokens so far, pending ones included). greedy: the rows' argmax when the
-    forward computed it. Before min_tokens, EOS (unless ignored) and the stop ids are held back."""
-    steps = [r.num_output_scheduled - 1 for r in requests]
-    masked = [i for i, (r, t) in enumerate(zip(requests, steps, strict=True)) if t < r.params.min_tokens]
-    if not masked and all(r.params.greedy for r in requests):
+    """Each row's next token: row i of logits [R, vocab] chooses its request's steps[i]-th output
+    token with params[i] from the stream of seeds[i]. greedy: the rows' argmax when the forward
+    computed it. Before min_tokens, EOS (unless ignored) and the stop ids are held back."""
+    masked = [i for i, (p, t) in enumerate(zip(params, steps, strict=True)) if t < p.min_tokens]
+    if not masked and all(p.greedy for p in params):
         return greedy if greedy is not None else greedy_tokens(logits)
     if masked:
-        banned = [[*(() if requests[i].params.ignore_eos else eos_token_ids), *requests[i].params.stop_token_ids]
-                  for i in masked]  # fmt: skip
+        banned = [[*(() if params[i].ignore_eos else eos_token_ids), *params[i].stop_token_ids] for i in masked]
         logits = mask_tokens(logits, masked, banned)
-    params = [r.params for r in requests]
-    return sample(logits, [p.temperature for p in params], [p.top_p for p in params], [r.seed for r in requests], steps)
+    return sample(logits, [p.temperature for p in params], [p.top_p for p in params], seeds, steps)
 
 
 def sample(

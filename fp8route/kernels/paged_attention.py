@@ -1,27 +1,23 @@
 """Causal attention of a flat batch of query tokens from any number of sequences over the paged KV cache.
 
-Sequence i's queries are tokens cu_q[i] .. cu_q[i+1] - 1 of q [T, H, D]: the last q_len positions of
-its lengths[i] positions, every one of which (these too) is already in the cache, in the blocks that
-table row rows[i] lists. Query j of sequence i sees positions 0 .. lengths[i] - q_len + j. So one
-call serves a decode row (one query), a fresh prompt chunk (query = whole length) and a chunk that
-continues a cached prefix alike: a serving step's whole batch, per layer.
+Sequence i's queries are tokens cu_q[i] .. cu_q[i+1] - 1 of q [T, H, D]: the last q_len of its
+lengths[i] positions, all of them already in the cache, in the blocks table row rows[i] lists. Query
+j sees positions 0 .. lengths[i] - q_len + j. So one call serves decode rows (one query), fresh prompt
+chunks and chunks continuing a cached prefix alike: a serving step's whole batch, per layer.
 
-The call runs two grids of one kernel over disjoint sequences, so that each row's result depends on
-its own sequence only, never on what else is in the batch:
+It runs two grids of one kernel over disjoint sequences, so that a row's result depends on its own
+sequence only, never on the rest of the batch:
 - one-query sequences (decode rows, listed first) split their positions into segments sized from
   their own length (at least SPLIT_MIN positions, at most MAX_SPLITS segments), one program per
-  (sequence, KV head, segment); a second kernel merges a row's segments by their log-sum-exp.
-  A short row is one segment, written directly.
-- the other sequences cut their queries into blocks of BLOCK_Q tokens; one program per (block, KV
-  head) takes the G query heads that share the KV head for each of its tokens (BLOCK_M = BLOCK_Q * G
+  (sequence, KV head, segment); a second kernel merges a row's segments by their log-sum-exp;
+- the others cut their queries into blocks of BLOCK_Q tokens from their own start; one program per
+  (block, KV head) takes the G query heads sharing the KV head for each token (BLOCK_M = BLOCK_Q * G
   rows for tl.dot) and streams the positions the block's last token sees, TILE at a time, with an
-  fp32 online softmax. A block finds its sequence by binary search over cu_q, so the grid is known
-  from the token and sequence counts alone.
+  fp32 online softmax. A block finds its sequence by binary search over cu_q.
 
 Cached K and V meet q in q's dtype for tl.dot: an fp8 cache (float8_e4m3fn blocks, one scale per
-tensor) is read as e4m3 and converted, exactly; the key's scale is folded into the score scale and
-the value's into the output (exact algebra for per-tensor scales). Offsets into the cache are int64:
-a pool of many blocks passes 2^31 elements. Every length is read on the device, and the grids follow
+tensor) is converted exactly, the key's scale folded into the score scale and the value's into the
+output. Offsets into the cache are int64. Every length is read on the device and the grids follow
 from the token and sequence counts: a CUDA graph can capture a call of fixed counts.
 """
 
@@ -168,17 +164,9 @@ def _singles(
     _MERGE((n, h), _key(merge, pointers=5), merge, {**meta, "num_warps": 4})
 
 
-def _args(
-    q: torch.Tensor,
-    cache: PagedKV,
-    cu_q: torch.Tensor,
-    lengths: torch.Tensor,
-    rows: torch.Tensor,
-    out: torch.Tensor,
-    partial: torch.Tensor,
-    lse: torch.Tensor,
-    count: int,
-) -> tuple:
+def _args(q: torch.Tensor, cache: PagedKV, cu_q: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor,
+          out: torch.Tensor, partial: torch.Tensor, lse: torch.Tensor, count: int) -> tuple:  # fmt: skip
+    """The kernel's arguments in its order: pointers, the sequence count, strides."""
     k, v, tables = cache.k, cache.v, cache.tables
     return (
         q, k, v, tables, rows, cu_q, lengths, out, partial, lse,

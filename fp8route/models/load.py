@@ -75,7 +75,6 @@ class ModelParts:
     linears: dict[str, nn.Module]
     tensors: dict[str, torch.Tensor]
     device: torch.device
-    max_positions: int | None  # config.json's max_position_embeddings
     parallel: str | None  # how this rank shares the model, when it is sharded
     kv_scales: dict[str, torch.Tensor] = field(default_factory=dict)  # Checkpoint.kv_scales (FP8 KV cache)
     kv_scheme: str | None = None  # what the quantization config says of the KV cache ("FP8" or None)
@@ -105,7 +104,6 @@ def load_parts(
     folder = resolve_model_path(path)
     config = read_json(folder / CONFIG)
     cfg = LlamaConfig.from_hf(config, CONFIG)
-    limit = config.get("max_position_embeddings")
     target = init_from_env(device) or default_device(device)
     if before_weights is not None:
         before_weights(target)
@@ -126,5 +124,4 @@ def load_parts(
         linears, tensors = wrap_layers(linears, tensors, slicer, reduce)
         cfg = local_config(cfg, slicer.shard.size)
         parallel = f"tensor parallel rank {shard.rank} of {shard.size}; all-reduce {reduce.describe()}"
-    positions = limit if isinstance(limit, int) and limit > 0 else None
-    return ModelParts(cfg, linears, tensors, target, positions, parallel, kv_scales, kv_scheme)
+    return ModelParts(cfg, linears, tensors, target, parallel, kv_scales, kv_scheme)

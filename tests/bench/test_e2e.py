@@ -4,8 +4,8 @@ import importlib.util
 
 from checkpoint_helpers import TINY
 
-from fp8route.checkpoint.random import write_random
 from fp8route.bench.e2e import E2ERow, as_json, plot, table, weight_bytes
+from fp8route.checkpoint.random import write_random
 from fp8route.engine.load import load_model
 
 ROWS = [
@@ -16,8 +16,8 @@ ROWS = [
 
 def test_weight_bytes_counts_fp8_weights_once_and_float_ones_at_their_width(tmp_path):
     config = {**TINY, "vocab_size": 64}
-    fp8 = load_model(write_random(tmp_path / "fp8", config, fp8=True, device="cpu"), "cpu", max_seq_len=8)
-    bf16 = load_model(write_random(tmp_path / "bf16", config, fp8=False, device="cpu"), "cpu", max_seq_len=8)
+    fp8 = load_model(write_random(tmp_path / "fp8", config, fp8=True, device="cpu"), device="cpu", max_model_len=8)
+    bf16 = load_model(write_random(tmp_path / "bf16", config, fp8=False, device="cpu"), device="cpu", max_model_len=8)
     h, i, layers = TINY["hidden_size"], TINY["intermediate_size"], TINY["num_hidden_layers"]
     heads, kv = TINY["num_attention_heads"], TINY.get("num_key_value_heads", TINY["num_attention_heads"])
     hd = h // heads

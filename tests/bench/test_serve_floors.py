@@ -7,19 +7,19 @@ from checkpoint_helpers import text_model_folder
 
 from fp8route import LLM
 from fp8route.bench.e2e import weight_bytes
-from fp8route.engine.llm_engine import StepStats
 from fp8route.bench.serve import _prefill_steps, _step_floors
+from fp8route.engine.llm_engine import StepStats
 
 
 def test_decode_steps_are_set_against_weights_plus_the_kv_they_read(tmp_path):
     llm = LLM(text_model_folder(tmp_path / "tiny"), max_num_seqs=4, max_num_batched_tokens=32, device="cpu")
-    weights, per_token = weight_bytes(llm.model), llm.model.pool.bytes_per_token
+    weights, per_token = weight_bytes(llm.model), llm.engine.runner.pool.bytes_per_token
     copy_gbs = 1.0  # 1e9 bytes a second: a floor in seconds is its bytes / 1e9
     stats = [
-        StepStats(0, 32, False, 0, 3, 0.001, 0.5),  # a prefill: not a decode step
-        StepStats(2, 0, False, 100, 3, 0.001, 2 * (weights + 100 * per_token) / 1e9),  # 2x its floor
-        StepStats(4, 0, False, 300, 5, 0.003, 1 * (weights + 300 * per_token) / 1e9),  # at its floor
-        StepStats(2, 8, True, 50, 5, 0.002, 0.25),  # mixed: a prefill's forward, not a decode graph's
+        StepStats(0, 32, 0, 3, 0.001, 0.5),  # a prefill: not a decode step
+        StepStats(2, 0, 100, 3, 0.001, 2 * (weights + 100 * per_token) / 1e9),  # 2x its floor
+        StepStats(4, 0, 300, 5, 0.003, 1 * (weights + 300 * per_token) / 1e9),  # at its floor
+        StepStats(2, 8, 50, 5, 0.002, 0.25),  # mixed: decodes and a chunk, not a decode graph's step
     ]
     floors = _step_floors(llm, stats, copy_gbs)
     assert floors["decode_steps"] == 2 and floors["mixed_steps"] == 1 and floors["steps"] == 4
@@ -31,9 +31,9 @@ def test_decode_steps_are_set_against_weights_plus_the_kv_they_read(tmp_path):
 
 def test_steps_with_prefill_chunks_count_their_prompt_tokens_over_their_own_time():
     stats = [
-        StepStats(0, 300, False, 0, 3, 0.010, 0.030),
-        StepStats(5, 0, False, 100, 3, 0.001, 0.500),  # a decode step: not counted
-        StepStats(2, 100, True, 50, 5, 0.020, 0.010),
+        StepStats(0, 300, 0, 3, 0.010, 0.030),
+        StepStats(5, 0, 100, 3, 0.001, 0.500),  # a decode step: not counted
+        StepStats(2, 100, 50, 5, 0.020, 0.010),
     ]
     steps = _prefill_steps(stats)
     assert steps["prefill_steps"] == 2 and steps["prefill_step_ms"] == pytest.approx(20.0)

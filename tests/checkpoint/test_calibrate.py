@@ -77,7 +77,7 @@ def test_cli_calib_text_keep_float_and_the_record(source, text_file, tmp_path, c
     ckpt = load_checkpoint(dst, device="cpu", fuse=False)
     assert set(ckpt.excluded) == {*kept, "lm_head"} and len(ckpt.linears) == 12
     assert all(ckpt.tensors[f"{name}.weight"].dtype == torch.bfloat16 for name in kept)
-    model = load_model(dst, device="cpu", dtype=torch.float32, max_batch_size=1, max_seq_len=32)
+    model = load_model(dst, device="cpu", dtype=torch.float32, max_num_seqs=1, max_model_len=32)
     assert model is not None
 
     assert main(["inspect", str(dst), "--device", "cpu"]) == 0

@@ -110,7 +110,7 @@ def test_load_model_refuses_a_config_that_contradicts_the_tensors(tmp_path, fp8,
     folder = damaged(tmp_path, edit, config, fp8)
     start = time.perf_counter()
     with pytest.raises(CheckpointError) as info:
-        load_model(folder, "cpu")
+        load_model(folder, device="cpu")
     assert time.perf_counter() - start < 1.0
     # A layer of the FP8 checkpoint holds 2 norms and 7 linears of 3 tensors; the bf16 one, 9 tensors.
     assert str(info.value) == message.format(more=22 if fp8 else 8)
@@ -138,7 +138,7 @@ def test_a_missing_tensor_of_a_layer_the_config_has(tmp_path):
     del tensors["model.layers.1.self_attn.o_proj.weight"]
     folder = write_checkpoint(tmp_path / "bf16", tensors, TINY)
     with pytest.raises(CheckpointError) as info:
-        load_model(folder, "cpu")
+        load_model(folder, device="cpu")
     assert str(info.value) == (
         "model.layers.1.self_attn.o_proj.weight is in no shard, but config.json has num_hidden_layers=2, "
         "which includes layer 1: the checkpoint is incomplete (a shard missing?) or num_hidden_layers is wrong"
@@ -149,7 +149,7 @@ def test_lm_head_rows_must_match_the_vocabulary(tmp_path):
     tensors = llama_tensors()
     tensors["lm_head.weight"] = tensors["lm_head.weight"][:250]
     with pytest.raises(CheckpointError) as info:
-        load_model(write_checkpoint(tmp_path / "bf16", tensors, TINY), "cpu")
+        load_model(write_checkpoint(tmp_path / "bf16", tensors, TINY), device="cpu")
     assert str(info.value).startswith(
         "lm_head.weight in model.safetensors has shape [250, 64], but config.json's vocab_size=256"
     )
@@ -187,7 +187,7 @@ def test_the_real_model_with_one_layer_too_few_in_its_config(tmp_path):
     (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 29}))
     start = time.perf_counter()
     with pytest.raises(CheckpointError) as info:
-        load_model(folder, "cpu")
+        load_model(folder, device="cpu")
     assert time.perf_counter() - start < 1.0
     assert str(info.value) == (
         "config.json has num_hidden_layers=29, but the checkpoint holds layer 29 too (model.layers.29.input_layernorm"

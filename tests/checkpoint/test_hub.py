@@ -40,10 +40,10 @@ def cache(tmp_path, monkeypatch):
 
 
 def test_a_snapshot_folder_loads_by_path(tmp_path, cache):
-    reference = load_model(modelopt_folder(tmp_path / "a"), "cpu", dtype=torch.float32)(IDS)
+    reference = load_model(modelopt_folder(tmp_path / "a"), device="cpu", dtype=torch.float32)(IDS)
     snapshot = hub_snapshot(cache, "acme/tiny", modelopt_folder(tmp_path / "b"))
     assert (snapshot / "model.safetensors").is_symlink()
-    torch.testing.assert_close(load_model(snapshot, "cpu", dtype=torch.float32)(IDS), reference)
+    torch.testing.assert_close(load_model(snapshot, device="cpu", dtype=torch.float32)(IDS), reference)
     assert load_checkpoint(snapshot, "cpu").dims is not None
 
 
@@ -51,7 +51,7 @@ def test_a_repository_id_resolves_to_its_snapshot(tmp_path, cache):
     snapshot = hub_snapshot(cache, "acme/tiny", modelopt_folder(tmp_path))
     assert resolve_model_path("acme/tiny") == snapshot
     assert load_checkpoint("acme/tiny", "cpu").path == snapshot
-    assert load_model("acme/tiny", "cpu")(IDS).shape == (1, 5, 256)
+    assert load_model("acme/tiny", device="cpu")(IDS).shape == (1, 5, 256)
     commit = snapshot.name
     assert resolve_model_path(f"acme/tiny@{commit}") == snapshot
     (cache / "models--acme--tiny" / "refs" / "v1").write_text(commit)
@@ -98,7 +98,7 @@ def test_an_uncached_repository_is_one_line(cache, capsys):
         "download acme/missing`), point HF_HUB_CACHE at the cache that holds it, or give the checkpoint folder's path"
     )
     with pytest.raises(CheckpointError) as info:
-        load_model("acme/missing", "cpu")
+        load_model("acme/missing", device="cpu")
     assert str(info.value) == message
     assert main(["inspect", "acme/missing"]) == 2
     assert capsys.readouterr().err == f"fp8route inspect: {message}\n"
@@ -111,7 +111,7 @@ def test_a_link_leaving_the_repository_is_refused(tmp_path, cache):
     link.unlink()
     link.symlink_to(os.path.relpath((other / "model.safetensors").resolve(), snapshot))
     with pytest.raises(CheckpointError) as info:
-        load_model("acme/tiny", "cpu")
+        load_model("acme/tiny", device="cpu")
     target = (other / "model.safetensors").resolve()
     repository = (cache / "models--acme--tiny").resolve()
     assert str(info.value) == (

@@ -46,28 +46,30 @@ def modelopt_kv(folder):
 
 
 def test_modelopt_scales_on_k_proj_and_v_proj_reach_the_pool(tmp_path):
-    model = load_model(modelopt_kv(tmp_path / "mo"), "cpu", dtype=torch.float32, max_seq_len=64, kv_cache_dtype="fp8")
-    assert model.pool.dtype == FP8_KV and model.kv_cache_dtype == "fp8"
+    model = load_model(
+        modelopt_kv(tmp_path / "mo"), device="cpu", dtype=torch.float32, max_model_len=64, kv_cache_dtype="fp8"
+    )
+    assert model.engine.runner.pool.dtype == FP8_KV and model.kv_cache_dtype == "fp8"
     assert model.kv_scales.k == pytest.approx(K_SCALES) and model.kv_scales.v == pytest.approx(V_SCALES)
-    assert model.pool.layer_scales(1) == pytest.approx((K_SCALES[1], V_SCALES[1]))
+    assert model.engine.runner.pool.layer_scales(1) == pytest.approx((K_SCALES[1], V_SCALES[1]))
     out = model.generate(torch.randint(0, TINY["vocab_size"], (2, 6)), 4)
     assert out.shape == (2, 10)
-    auto = load_model(modelopt_kv(tmp_path / "mo2"), "cpu", dtype=torch.float32, max_seq_len=64)
-    assert auto.pool.dtype == torch.float32 and auto.kv_scales is None  # "auto" ignores the checkpoint's scales
+    auto = load_model(modelopt_kv(tmp_path / "mo2"), device="cpu", dtype=torch.float32, max_model_len=64)
+    assert auto.engine.runner.pool.dtype == torch.float32 and auto.kv_scales is None  # "auto": no checkpoint scales
 
 
 def test_compressed_tensors_kv_cache_scheme_scales_on_the_attention(tmp_path):
     scheme = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
     config = {**TINY, "quantization_config": {**ct_config(), "kv_cache_scheme": scheme}}
     folder = write_checkpoint(tmp_path / "ct", with_kv_scales("attn", (1,)), config)
-    model = load_model(folder, "cpu", dtype=torch.float32, max_seq_len=64, kv_cache_dtype="fp8")
+    model = load_model(folder, device="cpu", dtype=torch.float32, max_model_len=64, kv_cache_dtype="fp8")
     assert model.kv_scales.k == pytest.approx(K_SCALES) and model.kv_scales.v == pytest.approx(V_SCALES)
 
 
 def test_no_scales_means_one_and_one_warning(tmp_path, caplog):
     folder = write_checkpoint(tmp_path / "plain", fp8_llama(), TINY, **{"hf_quant_config.json": MODELOPT_HF_QUANT})
     with caplog.at_level(logging.WARNING, logger="fp8route"):
-        model = load_model(folder, "cpu", dtype=torch.float32, max_seq_len=64, kv_cache_dtype="fp8")
+        model = load_model(folder, device="cpu", dtype=torch.float32, max_model_len=64, kv_cache_dtype="fp8")
     warnings = [r.getMessage() for r in caplog.records if "kv_cache_dtype" in r.getMessage()]
     assert len(warnings) == 1 and "1.0" in warnings[0] and "no KV-cache scales" in warnings[0]
     assert "\n" not in warnings[0]
@@ -75,7 +77,7 @@ def test_no_scales_means_one_and_one_warning(tmp_path, caplog):
     bf16 = write_checkpoint(tmp_path / "bf16", llama_tensors(), TINY)  # an unquantized checkpoint: the same
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="fp8route"):
-        load_model(bf16, "cpu", dtype=torch.float32, max_seq_len=64, kv_cache_dtype="fp8")
+        load_model(bf16, device="cpu", dtype=torch.float32, max_model_len=64, kv_cache_dtype="fp8")
     assert sum("kv_cache_dtype" in r.getMessage() for r in caplog.records) == 1
 
 
@@ -84,9 +86,9 @@ def test_partial_scales_and_bad_values_are_refused(tmp_path):
     del tensors["model.layers.1.self_attn.v_proj.v_scale"]
     folder = write_checkpoint(tmp_path / "partial", tensors, TINY, **{"hf_quant_config.json": MODELOPT_HF_QUANT})
     with pytest.raises(CheckpointError, match="missing layer 1 v_scale"):
-        load_model(folder, "cpu", dtype=torch.float32, max_seq_len=64, kv_cache_dtype="fp8")
+        load_model(folder, device="cpu", dtype=torch.float32, max_model_len=64, kv_cache_dtype="fp8")
     with pytest.raises(Fp8InputError, match=r"kv_cache_dtype must be one of auto, fp8, got 'e4m3'"):
-        load_model(folder, "cpu", kv_cache_dtype="e4m3")
+        load_model(folder, device="cpu", kv_cache_dtype="e4m3")
 
 
 @pytest.mark.parametrize("format", ["modelopt", "compressed-tensors"])
@@ -96,7 +98,7 @@ def test_quantize_kv_cache_fp8_calibrates_the_rotated_key_and_value(tmp_path, fo
     dst = tmp_path / "dst"
     report = quantize_checkpoint(src, dst, format=format, calib=calib, device="cpu", kv_cache="fp8")
     assert len(report.kv_scales) == 2 * LAYERS and report.record["kv_cache"]["dtype"] == "fp8"
-    model = load_model(dst, "cpu", dtype=torch.float32, max_seq_len=64, kv_cache_dtype="fp8")
+    model = load_model(dst, device="cpu", dtype=torch.float32, max_model_len=64, kv_cache_dtype="fp8")
     # Independently: layer 0's rotated keys on the calibration tokens, from the float model's own weights.
     from fp8route.models.fused import rope
     from fp8route.models.llama import LlamaForCausalLM, rope_tables

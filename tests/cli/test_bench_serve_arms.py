@@ -4,18 +4,19 @@ options that vary, and the token comparisons between arms that differ in one opt
 import argparse
 from pathlib import Path
 
-from fp8route.cli.bench_serve import _arms, _checks, _ratios
 from fp8route.bench.workload import ServeReport
+from fp8route.cli.bench_serve import _arms, _checks, _ratios
 
 
 def args(**over: str) -> argparse.Namespace:
     base = {
-        "policy": "routed", "prefix_caching": "on", "mixed_steps": "off", "kv_cache_dtype": "auto",
-        "async_scheduling": "off", "prefill_graphs": "on",
+        "policy": "routed", "enable_prefix_caching": "on", "kv_cache_dtype": "auto", "async_scheduling": "off",
+        "prefill_graphs": "on",
     }  # fmt: skip
     base.update(over)
     return argparse.Namespace(
         **base, max_num_seqs=8, max_num_batched_tokens=64, gpu_memory_utilization=0.9, max_model_len=None,
+        num_kv_blocks=None, block_size=16, attention="builtin", use_cuda_graphs=True, dtype="bfloat16",
         lone_prefill=0, static_batch=0,
     )  # fmt: skip
 
@@ -23,10 +24,10 @@ def args(**over: str) -> argparse.Namespace:
 def test_arms_cross_the_options_and_name_what_varies():
     folders = {"fp8": Path("f")}
     assert [a.name for a in _arms(args(), folders)] == ["routed"]
-    arms = _arms(args(mixed_steps="off,on", prefix_caching="on,off"), folders)
-    names = [f"routed prefix-{p} mixed-{m}" for p in ("on", "off") for m in ("off", "on")]
+    arms = _arms(args(prefill_graphs="off,on", enable_prefix_caching="on,off"), folders)
+    names = [f"routed prefix-{p} graphs-{g}" for p in ("on", "off") for g in ("off", "on")]
     assert [a.name for a in arms] == names
-    assert [(a.prefix_caching, a.mixed_steps) for a in arms] == [
+    assert [(a.config.enable_prefix_caching, a.config.prefill_graphs) for a in arms] == [
         (True, False),
         (True, True),
         (False, False),
@@ -34,25 +35,24 @@ def test_arms_cross_the_options_and_name_what_varies():
     ]
     arms = _arms(args(async_scheduling="off,on", kv_cache_dtype="auto,fp8"), folders)
     assert [a.name for a in arms] == [f"routed kv-{k} async-{a}" for k in ("auto", "fp8") for a in ("off", "on")]
-    assert [(a.kv_cache_dtype, a.async_scheduling) for a in arms] == [
+    assert [(a.config.kv_cache_dtype, a.config.async_scheduling) for a in arms] == [
         ("auto", False), ("auto", True), ("fp8", False), ("fp8", True)
     ]  # fmt: skip
-    arms = _arms(args(prefill_graphs="off,on"), folders)
-    assert [(a.name, a.prefill_graphs) for a in arms] == [("routed graphs-off", False), ("routed graphs-on", True)]
+    assert all(a.config.max_num_seqs == 8 and a.config.max_num_batched_tokens == 64 for a in arms)
 
 
 def test_tokens_are_compared_between_arms_that_differ_in_one_option():
-    arms = _arms(args(mixed_steps="off,on", prefix_caching="on,off"), {"fp8": Path("f")})
+    arms = _arms(args(prefill_graphs="off,on", enable_prefix_caching="on,off"), {"fp8": Path("f")})
     digests = {a.name: ["x", "y"] for a in arms}
-    digests["routed prefix-off mixed-on"] = ["x", "z"]
+    digests["routed prefix-off graphs-on"] = ["x", "z"]
     reports = [ServeReport(a.name, 2, 0, 1.0, 1.0, 1.0, 1.0, {}, {}, {}, {}, 0) for a in arms]
     lines = _checks(reports, digests, arms)
     assert (
-        "routed prefix-on mixed-off / routed prefix-off mixed-off: tokens with and without the prefix cache equal"
+        "routed prefix-on graphs-off / routed prefix-off graphs-off: tokens with and without the prefix cache equal"
         in lines
     )
     assert any(
-        "prefix-off mixed-off / routed prefix-off mixed-on" in line and "DIFFER for 1 of 2" in line for line in lines
+        "prefix-off graphs-off / routed prefix-off graphs-on" in line and "DIFFER for 1 of 2" in line for line in lines
     )
     arms = _arms(args(async_scheduling="off,on"), {"fp8": Path("f")})
     reports = [ServeReport(a.name, 2, 0, 1.0, 1.0, 1.0, 1.0, {}, {}, {}, {}, 0) for a in arms]
@@ -79,7 +79,8 @@ def test_a_gpu_arm_reports_its_decode_steps_against_their_floor():
 def test_the_must_show_ratios_are_printed_against_what_the_arm_measured_apart():
     extra = {
         "unloaded_ttft_ms": 20.0, "unloaded_itl_ms": 3.0, "lone_prefill_tok_s": 60000.0, "lone_prefill_tokens": 4096,
-        "static_output_tok_s": 3000.0, "static_batch": 16,
+        "static_output_tok_s": 3000.0, "static_batch": 16, "load_bound_output_tok_s": 10000.0, "max_num_seqs": 256,
+        "copy_gbs": 4250.0,
     }  # fmt: skip
     report = ServeReport(
         "routed", 4, 0, 1.0, 4.0, 54000.0, 7500.0, {"p50": 50.0}, {}, {"p50": 6.0, "p99": 45.0}, {}, 0, extra
@@ -87,6 +88,8 @@ def test_the_must_show_ratios_are_printed_against_what_the_arm_measured_apart():
     assert _ratios(report) == [
         "routed: TTFT p50 2.50x a request alone (20.0 ms), ITL p99 15.0x its step (3.00 ms)",
         "routed: input 54,000 tok/s = 0.90x a lone 4096-token prefill (60,000 tok/s)",
+        "routed: output 7,500 tok/s = 0.75 of the load's own bound (10,000 tok/s: prompts at the lone-prefill rate, "
+        "then each output token's KV and the weights once per step of 256 rows at 4,250 GB/s)",
         "routed: output 7,500 tok/s = 2.50x the static generate at batch 16 (3,000 tok/s)",
     ]
     assert _ratios(ServeReport("cpu", 1, 0, 1.0, 1.0, 1.0, 1.0, {"p50": 1.0}, {}, {"p99": 1.0}, {}, 0)) == []

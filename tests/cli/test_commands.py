@@ -61,7 +61,7 @@ def test_generate_tp2_starts_two_ranks_and_says_the_same(tiny_fp8):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["generate", "{tmp}/nowhere", "--prompt", "x"], "not a checkpoint folder"),
+        (["generate", "{tmp}/nowhere", "--prompt", "x"], "nowhere is not there: expected a checkpoint folder"),
         (["generate", "{fp8}", "--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
         (
             ["generate", "{fp8}", "--prompt", "x", "--device", "cuda"]
@@ -83,7 +83,9 @@ def test_generate_tp2_starts_two_ranks_and_says_the_same(tiny_fp8):
             "auto, fp8, got 'fp4'",
         ),
         (["bench", "serve", "{fp8}", "--kv-cache-dtype", "auto,e5m2"], "--kv-cache-dtype must be one of auto, fp8"),
-        (["bench", "serve", "{fp8}", "--mixed-steps", "yes"], "--mixed-steps: on, off or on,off, got 'yes'"),
+        (["bench", "serve", "{fp8}", "--prefill-graphs", "yes"], "--prefill-graphs: on, off or on,off, got 'yes'"),
+        (["serve", "{fp8}", "--max-num-seqs", "0"], "--max-num-seqs must be an integer >= 1, got 0"),
+        (["generate", "{fp8}", "--prompt", "x", "--temperature", "nan"], "temperature must be a number in [0, 100]"),
         (["bench", "serve", "{fp8}", "--async-scheduling", "1"], "--async-scheduling: on, off or on,off, got '1'"),
         (["demo", "--layers", "0"], "--layers must be at least 1"),
         (["inspect", "{fp8}/config.json"], "expected a checkpoint folder"),
@@ -118,7 +120,7 @@ def test_explain_takes_a_checkpoint(tiny_fp8):
 def test_a_random_checkpoint_of_real_form_loads_and_generates(tmp_path):
     config = {**TINY, "vocab_size": 64, "architectures": ["LlamaForCausalLM"]}
     folder = write_random(tmp_path / "random", config, fp8=True, device="cpu")
-    model = load_model(folder, "cpu", max_batch_size=2, max_seq_len=16)
+    model = load_model(folder, device="cpu", max_num_seqs=2, max_model_len=16)
     assert len(model.model.layers) == TINY["num_hidden_layers"]
     out = model.generate(torch.tensor([[1, 2, 3], [4, 5, 6]]), 4)
     assert out.shape == (2, 7) and bool((out[:, :3] == torch.tensor([[1, 2, 3], [4, 5, 6]])).all())

@@ -153,8 +153,9 @@ def test_new_token_fused_is_rope_and_the_cache_write_then_attention(b, h, hkv, d
 @pytest.mark.parametrize("kv_heads", [1, 2, 4])
 def test_engine_graphs_and_triton_match_eager_torch_decode(kv_heads):
     from checkpoint_helpers import TINY, llama_tensors
+    from helpers import generate_with_logits
 
-    from fp8route.engine import CausalLM
+    from fp8route.engine import CausalLM, EngineConfig
     from fp8route.models import LlamaConfig
 
     config = {**TINY, "num_key_value_heads": kv_heads, "hidden_size": 256, "num_attention_heads": 4}
@@ -164,17 +165,20 @@ def test_engine_graphs_and_triton_match_eager_torch_decode(kv_heads):
         0, config["vocab_size"], (3, 20), device="cuda", generator=torch.Generator("cuda").manual_seed(1)
     )
     lengths = [20, 7, 13]
+
+    def model(graphs: bool) -> CausalLM:
+        settings = EngineConfig(dtype="float32", max_num_seqs=4, max_model_len=256, use_cuda_graphs=graphs)
+        return CausalLM(cfg, {}, tensors, settings, quiet=True)
+
     results = {}
     for graphs in (True, False):
-        model = CausalLM(
-            cfg, {}, tensors, max_batch_size=4, max_seq_len=256, dtype=torch.float32, use_cuda_graphs=graphs
-        )
-        results[graphs] = model.generate(ids, 24, prompt_lengths=lengths, return_logits=True)
-        assert (model.runner.graphs is not None) == graphs
-    torch.testing.assert_close(results[True].logits, results[False].logits, rtol=1e-3, atol=1e-3)
+        lm = model(graphs)
+        results[graphs] = generate_with_logits(lm, ids, 24, prompt_lengths=lengths)
+        assert (lm.engine.runner.graphs is not None) == graphs
+    torch.testing.assert_close(results[True][1], results[False][1], rtol=1e-3, atol=1e-3)
     # The reference: eager torch attention, no Triton, no graphs.
-    model = CausalLM(cfg, {}, tensors, max_batch_size=4, max_seq_len=256, dtype=torch.float32, use_cuda_graphs=False)
-    model.use_triton = False
-    reference = model.generate(ids, 24, prompt_lengths=lengths, return_logits=True)
-    torch.testing.assert_close(results[True].logits, reference.logits, rtol=1e-3, atol=1e-3)
-    assert torch.equal(results[True].tokens, reference.tokens)
+    lm = model(False)
+    lm.engine.runner.use_triton = False
+    tokens, logits = generate_with_logits(lm, ids, 24, prompt_lengths=lengths)
+    torch.testing.assert_close(results[True][1], logits, rtol=1e-3, atol=1e-3)
+    assert torch.equal(results[True][0], tokens)

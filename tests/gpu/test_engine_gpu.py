@@ -1,7 +1,8 @@
-"""The serving engine on the GPU: Triton paged decode from CUDA graphs, chunked prefill with decodes
-riding in its forward, preemption and prefix hits, checked against an independent fp32 full forward
-of the same weights; padded graph rows touch only the scratch block; FP8 layers and FlashInfer
-attention too; async scheduling gives the tokens the engine gives without it."""
+"""The serving engine on the GPU: Triton paged decode from CUDA graphs, mixed steps (decodes and
+chunks in one forward, through the paged attention kernel and the prefill graphs), preemption and
+prefix hits, checked against an independent fp32 full forward of the same weights; padded graph rows
+touch only the scratch block; FP8 layers and FlashInfer attention too; async scheduling gives the
+tokens the engine gives without it."""
 
 from __future__ import annotations
 
@@ -22,17 +23,15 @@ NUM_BLOCKS = 16  # for test_fp32_engine_...: its requests preempt each other and
 
 
 def make_engine(dtype, *, num_blocks=400, budget=48, attention="builtin", linears=None, tensors=None, prefix=True):
-    from fp8route.engine import CausalLM
-    from fp8route.engine.llm_engine import LLMEngine
+    from fp8route.engine import CausalLM, EngineConfig
     from fp8route.models import LlamaConfig
 
-    cfg = LlamaConfig.from_hf(CONFIG)
-    model = CausalLM(
-        cfg, linears or {}, {n: t.to("cuda", dtype) for n, t in tensors.items()}, max_batch_size=8,
-        max_seq_len=256, dtype=dtype, device="cuda", num_blocks=num_blocks, block_size=16,
-        enable_prefix_caching=prefix, max_prefill_tokens=budget, attention=attention,
+    config = EngineConfig(
+        dtype=dtype, device="cuda", max_num_seqs=8, max_model_len=256, num_kv_blocks=num_blocks, block_size=16,
+        enable_prefix_caching=prefix, max_num_batched_tokens=budget, attention=attention,
     )  # fmt: skip
-    return LLMEngine(model, max_num_seqs=8, max_num_batched_tokens=budget)
+    tensors = {n: t.to("cuda", dtype) for n, t in tensors.items()}
+    return CausalLM(LlamaConfig.from_hf(CONFIG), linears or {}, tensors, config, quiet=True).engine
 
 
 def run(engine, requests, params, stagger=2):
@@ -77,8 +76,7 @@ def assert_near_argmax(reference, prompt, output, tol=0.1, name=""):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("mixed_steps", [False, True])
-def test_fp32_engine_equals_the_full_forward_under_batching_chunking_preemption_and_prefix_hits(mixed_steps):
+def test_fp32_engine_equals_the_full_forward_under_batching_chunking_preemption_and_prefix_hits():
     from checkpoint_helpers import llama_tensors
 
     from fp8route import SamplingParams
@@ -89,10 +87,10 @@ def test_fp32_engine_equals_the_full_forward_under_batching_chunking_preemption_
     requests = {**prompts(10), **{f"p{i}": shared + [i + 1] * (i + 1) for i in range(4)}}
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
     engine = make_engine(torch.float32, num_blocks=NUM_BLOCKS, tensors=tensors)  # too few: preemption
-    engine.record_stats, engine.mixed_steps = True, mixed_steps
+    engine.record_stats = True
     outputs = run(engine, requests, params)
-    assert engine.scheduler.preemptions > 0 and engine.model.blocks.stats.hit_tokens > 0
-    assert any(s.mixed for s in engine.stats) == mixed_steps  # decodes rode in prefill forwards (the Triton tail)
+    assert engine.scheduler.preemptions > 0 and engine.blocks.stats.hit_tokens > 0
+    assert any(s.decodes and s.prefill_tokens for s in engine.stats)  # decodes and chunks in one forward
     for rid, ids in requests.items():
         seq = torch.tensor([ids], device="cuda")
         with torch.no_grad():
@@ -109,7 +107,7 @@ def test_padded_graph_rows_write_only_the_scratch_block():
     from fp8route import SamplingParams
 
     engine = make_engine(torch.bfloat16, tensors=llama_tensors(CONFIG))
-    pool = engine.model.pool
+    pool = engine.runner.pool
     for rid, ids in prompts(3).items():  # three rows: the bucket of 4 pads one
         engine.add_request(ids, SamplingParams(max_tokens=30, temperature=0, ignore_eos=True), request_id=rid)
     engine.step()  # the prefills
@@ -130,8 +128,7 @@ def test_padded_graph_rows_write_only_the_scratch_block():
     ["builtin", pytest.param("flashinfer", marks=pytest.mark.skipif(
         importlib.util.find_spec("flashinfer") is None, reason="needs flashinfer"))],
 )  # fmt: skip
-@pytest.mark.parametrize("mixed_steps", [False, True])
-def test_fp8_engine_picks_what_an_fp32_forward_of_its_weights_picks(attention, mixed_steps, tmp_path):
+def test_fp8_engine_picks_what_an_fp32_forward_of_its_weights_picks(attention, tmp_path):
     from checkpoint_helpers import MODELOPT_HF_QUANT, fp8_llama, write_checkpoint
 
     from fp8route import Fp8Linear, SamplingParams
@@ -143,10 +140,10 @@ def test_fp8_engine_picks_what_an_fp32_forward_of_its_weights_picks(attention, m
     assert all(isinstance(m, Fp8Linear) for m in checkpoint.linears.values())
     reference = reference_model(checkpoint.tensors, checkpoint.linears)  # the same FP8 layers, fp32 activations
     engine = make_engine(torch.bfloat16, linears=checkpoint.linears, tensors=checkpoint.tensors, attention=attention)
-    engine.record_stats, engine.mixed_steps = True, mixed_steps
+    engine.record_stats = True
     requests = prompts(8, seed=3)
     outputs = run(engine, requests, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
-    assert any(s.mixed for s in engine.stats) == mixed_steps
+    assert any(s.decodes and s.prefill_tokens for s in engine.stats)
     for rid, ids in requests.items():
         assert_near_argmax(reference, ids, outputs[rid], name=rid)
 

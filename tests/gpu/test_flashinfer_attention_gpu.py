@@ -20,8 +20,9 @@ gpu = pytest.mark.skipif(
 @pytest.mark.parametrize(("graphs", "kv_fp8"), [(True, False), (False, False), (True, True), (False, True)])
 def test_flashinfer_is_as_close_to_the_fp32_forward_as_builtin(graphs: bool, kv_fp8: bool) -> None:
     from checkpoint_helpers import TINY, llama_tensors
+    from helpers import generate_with_logits
 
-    from fp8route.engine import CausalLM
+    from fp8route.engine import CausalLM, EngineConfig
     from fp8route.engine.kv_quant import FP8_KV, KVScales
     from fp8route.models import LlamaConfig
 
@@ -29,7 +30,13 @@ def test_flashinfer_is_as_close_to_the_fp32_forward_as_builtin(graphs: bool, kv_
     config = {**TINY, "hidden_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2}
     tensors = {n: t.cuda() for n, t in llama_tensors(config).items()}
     cfg = LlamaConfig.from_hf(config)
-    reference = CausalLM(cfg, {}, {n: t.float() for n, t in tensors.items()}, dtype=torch.float32, max_seq_len=128)
+    reference = CausalLM(
+        cfg,
+        {},
+        {n: t.float() for n, t in tensors.items()},
+        EngineConfig(dtype="float32", max_model_len=128),
+        quiet=True,
+    )
     gen = torch.Generator("cuda").manual_seed(1)
     ids = torch.randint(0, config["vocab_size"], (3, 40), device="cuda", generator=gen)
     lengths, steps = [40, 11, 27], 24
@@ -39,16 +46,17 @@ def test_flashinfer_is_as_close_to_the_fp32_forward_as_builtin(graphs: bool, kv_
     scales = KVScales(k_scales, v_scales, "test")
     errors = {}
     for attention in ("builtin", "flashinfer"):
+        settings = EngineConfig(max_num_seqs=4, max_model_len=512, use_cuda_graphs=graphs, attention=attention)
         model = CausalLM(
-            cfg, {}, {n: t.bfloat16() for n, t in tensors.items()}, max_batch_size=4, max_seq_len=512,
-            dtype=torch.bfloat16, use_cuda_graphs=graphs, attention=attention, kv_scales=scales if kv_fp8 else None,
+            cfg, {}, {n: t.bfloat16() for n, t in tensors.items()}, settings, kv_scales=scales if kv_fp8 else None,
+            quiet=True,
         )  # fmt: skip
-        assert (model.pool.dtype == FP8_KV) == kv_fp8
-        out = model.generate(ids, steps, prompt_lengths=lengths, return_logits=True)
+        assert (model.engine.runner.pool.dtype == FP8_KV) == kv_fp8
+        tokens, logits = generate_with_logits(model, ids, steps, prompt_lengths=lengths)
         worst = 0.0
         for row, n in enumerate(lengths):
             with torch.no_grad():
-                full = reference(out.tokens[row : row + 1, : n + steps - 1])[0, n - 1 :].float()
-            worst = max(worst, ((out.logits[row] - full).abs().max() / full.abs().max()).item())
+                full = reference(tokens[row : row + 1, : n + steps - 1])[0, n - 1 :].float()
+            worst = max(worst, ((logits[row] - full).abs().max() / full.abs().max()).item())
         errors[attention] = worst
     assert errors["flashinfer"] <= 2 * errors["builtin"] + 1e-3, errors

@@ -122,8 +122,9 @@ def test_fused_new_token_writes_what_rope_into_cache_writes(dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_engine_fp8_kv_captured_decode_matches_its_eager_torch_decode(dtype):
     from checkpoint_helpers import TINY, llama_tensors
+    from helpers import generate_with_logits
 
-    from fp8route.engine import CausalLM
+    from fp8route.engine import CausalLM, EngineConfig
     from fp8route.engine.kv_quant import KVScales
     from fp8route.models import LlamaConfig
 
@@ -136,13 +137,12 @@ def test_engine_fp8_kv_captured_decode_matches_its_eager_torch_decode(dtype):
     )
     runs = {}
     for triton, graphs in ((True, True), (False, False)):
-        model = CausalLM(
-            cfg, {}, tensors, max_batch_size=4, max_seq_len=256, dtype=dtype, use_cuda_graphs=graphs, kv_scales=scales
-        )
-        model.use_triton = triton
-        runs[triton] = model.generate(ids, 24, prompt_lengths=[40, 17, 29], return_logits=True)
-        assert model.pool.dtype == FP8_KV
-    assert_same_until_a_near_tie(runs[True].logits, runs[False].logits)
+        settings = EngineConfig(dtype=dtype, max_num_seqs=4, max_model_len=256, use_cuda_graphs=graphs)
+        model = CausalLM(cfg, {}, tensors, settings, kv_scales=scales, quiet=True)
+        model.engine.runner.use_triton = triton
+        runs[triton] = generate_with_logits(model, ids, 24, prompt_lengths=[40, 17, 29])[1]
+        assert model.engine.runner.pool.dtype == FP8_KV
+    assert_same_until_a_near_tie(runs[True], runs[False])
 
 
 def assert_same_until_a_near_tie(logits: torch.Tensor, reference: torch.Tensor, tol: float = 0.1) -> None:

@@ -37,6 +37,7 @@ def options_off_after():
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: f"pdl={o.pdl},silu_in_down={o.silu_in_down}")
 def test_the_options_give_the_logits_plain_kernels_give(tmp_path, dtype, kv_cache_dtype, options):
     from checkpoint_helpers import MODELOPT_HF_QUANT, fp8_llama, write_checkpoint
+    from helpers import generate_with_logits
 
     from fp8route.engine import load_model
     from fp8route.linear.layer import plans_epoch
@@ -48,8 +49,10 @@ def test_the_options_give_the_logits_plain_kernels_give(tmp_path, dtype, kv_cach
         tmp_path / "fp8", fp8_llama(config=CONFIG), CONFIG, **{"hf_quant_config.json": MODELOPT_HF_QUANT}
     )
     model = load_model(
-        folder, "cuda", dtype=dtype, max_batch_size=16, max_seq_len=512, kv_cache_dtype=kv_cache_dtype,
+        folder, device="cuda", dtype=dtype, max_num_seqs=16, max_model_len=512, kv_cache_dtype=kv_cache_dtype,
+        enable_prefix_caching=False,  # each run computes its prompts again, as the first did
         policy=Policy(force="fp8_gemv"),  # every decode bucket on the kernel the options change (prefill falls back)
+        gpu_memory_utilization=0.3, quiet=True,
     )  # fmt: skip
     down = model.model.layers[0].mlp.down_proj
     assert all(down.plan.backend_for(m, dtype).fuses_silu_mul for m in (1, 5, 16))
@@ -59,10 +62,10 @@ def test_the_options_give_the_logits_plain_kernels_give(tmp_path, dtype, kv_cach
         runs, epochs = {}, []
         for on in (False, True, False):
             set_kernel_options(pdl=on and options.pdl, silu_in_down=on and options.silu_in_down)
-            runs.setdefault(on, []).append(model.generate(ids[:batch], 40, return_logits=True))
-            epochs.append(model.runner.graphs.epoch)  # the epoch the replayed graphs were captured in
+            runs.setdefault(on, []).append(generate_with_logits(model, ids[:batch], 40))
+            epochs.append(model.engine.runner.graphs.epoch)  # the epoch the replayed graphs were captured in
         assert epochs[0] != epochs[1] != epochs[2] and epochs[2] == plans_epoch(), "graphs were not captured again"
         (off, off_again), (on,) = runs[False], runs[True]
-        assert torch.equal(off.logits, off_again.logits), "plain launches are not repeatable here"
-        assert torch.equal(on.tokens, off.tokens), f"batch {batch}: tokens differ with {options}"
-        assert torch.equal(on.logits, off.logits), f"batch {batch}: logits differ with {options}"
+        assert torch.equal(off[1], off_again[1]), "plain launches are not repeatable here"
+        assert torch.equal(on[0], off[0]), f"batch {batch}: tokens differ with {options}"
+        assert torch.equal(on[1], off[1]), f"batch {batch}: logits differ with {options}"

@@ -22,7 +22,7 @@ def test_greedy_generate_matches_fp8routes_runner(folder, cache):
     model = fp8route.hf.from_pretrained(folder, dtype=torch.float32)
     kwargs = {} if cache is None else {"cache_implementation": cache}
     tokens = model.generate(PROMPT, max_new_tokens=6, do_sample=False, **kwargs)
-    expected = load_model(folder, "cpu", dtype=torch.float32).generate(PROMPT, 6)
+    expected = load_model(folder, device="cpu", dtype=torch.float32).generate(PROMPT, 6)
     assert torch.equal(tokens, expected)
 
 

@@ -35,7 +35,7 @@ def test_from_pretrained_matches_fp8routes_own_runner(tmp_path, fmt):
     assert model.model.embed_tokens.weight.dtype == torch.float32
     with torch.no_grad():
         ours = model(IDS).logits
-    reference = load_model(folder, "cpu", dtype=torch.float32)(IDS)
+    reference = load_model(folder, device="cpu", dtype=torch.float32)(IDS)
     torch.testing.assert_close(ours, reference, atol=2e-4, rtol=1e-4)
 
 

@@ -90,7 +90,7 @@ def test_save_pretrained_round_trips_through_every_loader(float_model, tmp_path)
     with torch.no_grad():
         torch.testing.assert_close(reloaded(IDS).logits, quantized, atol=0, rtol=0)
     # Our runner fuses q/k/v and gate/up, requantizing shards to the largest weight scale: close, not equal.
-    ours = load_model(folder, "cpu", dtype=torch.float32)(IDS)
+    ours = load_model(folder, device="cpu", dtype=torch.float32)(IDS)
     torch.testing.assert_close(ours, quantized, atol=0.1, rtol=0.05)
 
 

@@ -95,7 +95,9 @@ def run_rank(rank: int, world: int, folder: str, lm_head: str, init: str, out: s
 
     layer_module.make_plan = recording_plan  # type: ignore[assignment]
     try:
-        model = load_model(folder, "cpu", dtype=torch.float32, max_batch_size=2, max_seq_len=16, tp_lm_head=lm_head)
+        model = load_model(
+            folder, device="cpu", dtype=torch.float32, max_num_seqs=2, max_model_len=16, tp_lm_head=lm_head
+        )
         attn = model.model.layers[0].self_attn
         qkv = attn.qkv_proj if hasattr(attn, "qkv_proj") else attn.q_proj
         fp8 = [m for m in model.modules() if isinstance(m, Fp8Linear)]
@@ -150,7 +152,7 @@ def local_shape(name: str, shape: tuple[int, ...], case: Case) -> tuple[int, ...
                          + ("-tied" if c.tied else "") + ("-bias" if c.bias else ""))  # fmt: skip
 def test_two_ranks_read_their_slices_and_give_the_unsharded_logits_and_tokens(tmp_path, case):
     folder, full_shapes = checkpoint(tmp_path, case)
-    full = load_model(folder, "cpu", dtype=torch.float32, max_batch_size=2, max_seq_len=16)
+    full = load_model(folder, device="cpu", dtype=torch.float32, max_num_seqs=2, max_model_len=16)
     expected_logits, expected_tokens = full(PROMPT), full.generate(PROMPT, NEW)
     mp.start_processes(
         run_rank,
@@ -208,14 +210,14 @@ def test_sizes_that_do_not_divide_the_heads_or_the_vocabulary_are_named(tmp_path
     with pytest.raises(Fp8InputError, match="tp_lm_head must be one of vocab, replicated"):
         Slicer.of(cfg, Shard(0, 2), "rows")  # type: ignore[arg-type]
     with pytest.raises(Fp8InputError, match="tp_lm_head must be one of"):
-        load_model(tmp_path, "cpu", tp_lm_head="rows")  # type: ignore[arg-type]
+        load_model(tmp_path, device="cpu", tp_lm_head="rows")  # type: ignore[arg-type]
 
 
 def sample_rank(rank: int, world: int, folder: str, init: str, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world, init_method=init)
     try:
         torch.manual_seed(rank)  # each rank's own RNG differs: the sampled tokens must not
-        model = load_model(folder, "cpu", dtype=torch.float32, max_batch_size=2, max_seq_len=16)
+        model = load_model(folder, device="cpu", dtype=torch.float32, max_num_seqs=2, max_model_len=16)
         torch.save(model.generate(PROMPT, NEW, temperature=1.0), f"{out}/sampled{rank}.pt")
     finally:
         dist.destroy_process_group()

@@ -16,7 +16,7 @@ def server(tiny_folder, tmp_path_factory):
     from serve_helpers import API_KEY, MODEL, Server
 
     log = tmp_path_factory.mktemp("server") / "server.log"
-    args = ["--served-model-name", MODEL, "--api-key", API_KEY, "--max-num-seqs", "32", "--async-scheduling", "on"]
+    args = ["--served-model-name", MODEL, "--api-key", API_KEY, "--max-num-seqs", "32", "--async-scheduling"]
     args += ["--dtype", "float32"]
     running = Server(tiny_folder, log, *args, "--max-num-batched-tokens", "512", "--max-request-bytes", "65536")
     yield running

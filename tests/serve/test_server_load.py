@@ -10,8 +10,8 @@ import torch
 from serve_helpers import API_KEY, MODEL, Server, metrics, request, wait_for
 
 from fp8route import LLM, SamplingParams
-from fp8route.bench.workload import make_load
 from fp8route.bench.http import run_http_load
+from fp8route.bench.workload import make_load
 
 openai = pytest.importorskip("openai")
 

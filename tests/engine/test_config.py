@@ -1,0 +1,87 @@
+"""EngineConfig: every bad value refused at construction in one line naming the setting (on a command
+line, naming the flag); the flags, their defaults and help made from the fields; the same seed gives
+the same text through LLM.generate and the model's static generate."""
+
+import argparse
+
+import pytest
+import torch
+from checkpoint_helpers import text_model_folder
+
+from fp8route import LLM, Fp8InputError, SamplingParams
+from fp8route.engine import EngineConfig
+from fp8route.engine.config import add_engine_args
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"dtype": "float64"}, "dtype must be one of bfloat16, float16, float32, got 'float64'"),
+        ({"dtype": torch.int8}, "dtype must be one of bfloat16, float16, float32, got 'torch.int8'"),
+        ({"device": "gpu7"}, "device must be cuda, cuda:N or cpu, got 'gpu7'"),
+        ({"max_model_len": 0}, "max_model_len must be an integer >= 1, got 0"),
+        ({"max_num_seqs": 0}, "max_num_seqs must be an integer >= 1, got 0"),
+        ({"max_num_seqs": 2.5}, "max_num_seqs must be an integer >= 1, got 2.5"),
+        ({"max_num_batched_tokens": -3}, "max_num_batched_tokens must be an integer >= 1, got -3"),
+        ({"max_num_seqs": 64, "max_num_batched_tokens": 32}, "max_num_batched_tokens (32) must be at least"),
+        ({"gpu_memory_utilization": 0}, "gpu_memory_utilization must be in (0, 1], got 0"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in (0, 1], got 1.5"),
+        ({"gpu_memory_utilization": float("nan")}, "gpu_memory_utilization must be in (0, 1], got nan"),
+        ({"num_kv_blocks": 1}, "num_kv_blocks must be at least 2 (one is scratch), got 1"),
+        ({"block_size": 12}, "block_size must be a power of two, got 12"),
+        ({"block_size": True}, "block_size must be an integer >= 1, got True"),
+        ({"kv_cache_dtype": "int8"}, "kv_cache_dtype must be one of auto, fp8, got 'int8'"),
+        ({"attention": "flash"}, "attention must be one of builtin, flashinfer, got 'flash'"),
+        ({"tp": 0}, "tp must be an integer >= 1, got 0"),
+        ({"all_reduce": "mpi"}, "all_reduce must be one of nccl, symm_mem, fused, got 'mpi'"),
+        ({"tp_lm_head": "rows"}, "tp_lm_head must be one of vocab, replicated, got 'rows'"),
+        ({"attention": "flashinfer", "async_scheduling": True}, "async_scheduling does not run with attention="),
+    ],
+)
+def test_each_bad_setting_is_one_line_naming_it(settings, message):
+    with pytest.raises(Fp8InputError) as caught:
+        EngineConfig(**settings)
+    text = str(caught.value)
+    assert message in text and "\n" not in text
+
+
+def parser(*names: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="x")
+    add_engine_args(p, names)
+    return p
+
+
+def test_flags_come_from_the_fields_with_their_defaults_and_help():
+    p = parser("max_num_seqs", "enable_prefix_caching", "kv_cache_dtype", "async_scheduling")
+    text = p.format_help()
+    assert "--max-num-seqs MAX_NUM_SEQS" in text and "(default: 256)" in text
+    assert "--enable-prefix-caching, --no-enable-prefix-caching" in text and "{auto,fp8}" in text
+    args = p.parse_args(["--max-num-seqs", "8", "--no-enable-prefix-caching", "--kv-cache-dtype", "fp8"])
+    config = EngineConfig.from_args(args)
+    assert (config.max_num_seqs, config.enable_prefix_caching, config.kv_cache_dtype) == (8, False, "fp8")
+    assert config.async_scheduling is None  # default: decided by the device
+
+
+def test_a_bad_flag_names_the_flag():
+    with pytest.raises(Fp8InputError, match=r"^--kv-cache-dtype must be one of auto, fp8, got 'fp4'$"):
+        EngineConfig.from_args(parser("kv_cache_dtype").parse_args(["--kv-cache-dtype", "fp4"]))
+    with pytest.raises(Fp8InputError, match=r"^--max-num-seqs must be an integer >= 1, got 0$"):
+        EngineConfig.from_args(parser("max_num_seqs").parse_args(["--max-num-seqs", "0"]))
+
+
+def test_the_token_budget_defaults_by_device():
+    assert EngineConfig().batched_tokens(torch.device("cuda")) == 8192
+    assert EngineConfig().batched_tokens(torch.device("cpu")) == 2048
+    assert EngineConfig(max_num_batched_tokens=100, max_num_seqs=4).batched_tokens(torch.device("cpu")) == 100
+
+
+def test_the_same_seed_gives_the_same_text_through_llm_generate_and_the_models_generate(tmp_path):
+    llm = LLM(text_model_folder(tmp_path / "m"), device="cpu", dtype="float32", max_num_seqs=4)
+    ids = torch.randint(3, 200, (3, 7), generator=torch.Generator().manual_seed(4))
+    params = SamplingParams(max_tokens=8, temperature=1.2, top_p=0.9, seed=11, ignore_eos=True)
+    offline = llm.generate([row.tolist() for row in ids], params, use_tqdm=False)
+    static = llm.model.generate(ids, 8, temperature=1.2, top_p=0.9, seed=11)
+    assert [o.token_ids for o in offline] == static[:, 7:].tolist()
+    assert [o.text for o in offline] == [
+        llm.tokenizer.decode(row, skip_special_tokens=True) for row in static[:, 7:].tolist()
+    ]
