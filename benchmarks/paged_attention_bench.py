@@ -140,30 +140,32 @@ def sweep(launches: list[pa.Launch]) -> None:
 
 
 def diagnose_fp8() -> None:
-    """Which grid leaks a NaN from unused pool blocks into an fp8 cache's output."""
-    for fill in ("nan", "zero"):
-        for launch in (pa.Launch(128, 64, 8, 2), pa.Launch(64, 64, 4, 2), pa.Launch(32, 64, 4, 1)):
-            for singles, queries, lengths in ((0, [70, 20, 33], [70, 100, 33]), (3, [1, 1, 1], [37, 300, 1000])):
-                cache_rows = len(queries)
-                per_row = 64
-                tables = (1 + torch.arange(cache_rows * per_row, dtype=torch.int32, device="cuda")).view(
-                    cache_rows, per_row
-                )
-                shape = (2 + cache_rows * per_row, PAGE, HKV, D)
-                value = float("nan") if fill == "nan" else 0.0
-                k = torch.full(shape, value, device="cuda").to(torch.float8_e4m3fn)
-                v = torch.full(shape, value, device="cuda").to(torch.float8_e4m3fn)
-                for i, n in enumerate(lengths):
-                    for j in range(-(-n // PAGE)):
-                        fill_n = min(PAGE, n - j * PAGE)
-                        block = int(tables[i, j])
-                        k[block, :fill_n] = torch.randn(fill_n, HKV, D, device="cuda").to(torch.float8_e4m3fn)
-                        v[block, :fill_n] = torch.randn(fill_n, HKV, D, device="cuda").to(torch.float8_e4m3fn)
-                cache = pa.PagedKV(k, v, tables, 0.5, 0.5)
-                q = torch.randn(sum(queries), H, D, device="cuda", dtype=BF16)
-                out = pa.paged_attention(q, cache, seqs_for(queries, lengths, singles), launch=launch)
-                bad = (~out.isfinite()).sum().item()
-                print(f"fp8 fill={fill} launch={tuple(launch)} singles={singles}: {bad} non-finite", flush=True)
+    """Which sequences of the GPU test's fp8 batches come out non-finite, called whole and split into
+    its one-query and multi-query parts, with the test's scales and with scales of 0.5."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"))
+    from paged_cases import MIXED, make_batch
+
+    for scales in ((0.05, 0.02), (0.5, 0.5)):
+        for dtype in (BF16, torch.float32):
+            queries, lengths, singles = MIXED
+            q, cache, seqs, _ = make_batch(queries, lengths, singles, H, HKV, D, PAGE, dtype, torch.float8_e4m3fn,
+                                           seed=1, scales=scales)  # fmt: skip
+            q = q.cuda()
+            cache = pa.PagedKV(cache.k.cuda(), cache.v.cuda(), cache.tables.cuda(), *scales)
+            cu, lens, rows = (x.cuda() for x in (seqs.cu_q, seqs.lengths, seqs.rows))
+            whole = pa.paged_attention(q, cache, pa.Sequences(cu, lens, rows, singles))
+            parts = [pa.paged_attention(q[:singles].clone(), cache, pa.Sequences(cu[: singles + 1], lens[:singles],
+                                                                                rows[:singles], singles))]  # fmt: skip
+            rest_cu = cu[singles:] - cu[singles]
+            parts.append(pa.paged_attention(q[singles:].clone(), cache, pa.Sequences(rest_cu, lens[singles:],
+                                                                                    rows[singles:], 0)))  # fmt: skip
+            split = torch.cat(parts)
+            for name, out in (("whole", whole), ("split", split)):
+                bad = [(~out[int(cu[i]) : int(cu[i + 1])].isfinite()).sum().item() for i in range(len(queries))]
+                print(f"fp8 scales={scales} q={dtype} {name}: non-finite per sequence {bad}", flush=True)
 
 
 def main() -> None:

@@ -75,10 +75,29 @@ def paged_decode_attention(
     return decode_attention_torch(q, k_rows, v_rows, lengths)
 
 
+# SDPA on CUDA picks cuDNN's attention, which plans once per sequence length (~1.4 ms of host time):
+# lengths padded to a multiple of this reuse a few plans.
+_LENGTH_CLASS = 128
+
+
+def causal_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal SDPA of one sequence over its own keys, [1, H, T, D]; on CUDA with T padded to a length
+    class (the padding comes after every real token, so no real query sees it)."""
+    t = q.shape[2]
+    pad = -t % _LENGTH_CLASS if q.is_cuda else 0
+    if pad:
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    return out[:, :, :t] if pad else out
+
+
 class StepAttention:
     """A step's tokens [T]: each written at slots[t], each sequence of `seqs` attending causally over
     its cached positions. triton: the paged attention kernel (on a CPU: under Triton's interpreter),
-    else its torch path. With FlashInfer (planned for this step by the caller) its paged prefill runs."""
+    else its torch path. With FlashInfer (planned for this step by the caller) its paged prefill runs.
+    solo: the step is one fresh sequence alone (a lone prompt's first chunk) in a 16-bit cache: it
+    attends over its own K/V with SDPA, cuDNN's kernel on a GPU, which runs a long causal prefill
+    1.5-2x faster than the paged kernel (benchmarks/results/h200/paged_attention/)."""
 
     def __init__(
         self,
@@ -87,8 +106,10 @@ class StepAttention:
         seqs: Sequences,
         triton: bool,
         flashinfer: FlashInferAttention | None = None,
+        solo: bool = False,
     ) -> None:
         self.pool, self.slots, self.seqs, self.triton, self.flashinfer = pool, slots, seqs, triton, flashinfer
+        self.solo = solo and not pool.quantized and flashinfer is None
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -98,6 +119,10 @@ class StepAttention:
         if self.flashinfer is not None:
             pool.store(layer, self.slots, rope(k, cos, sin, token_major=True)[0].transpose(0, 1), v[0])
             return self.flashinfer.prefill(layer, rope(q, cos, sin, token_major=True))
+        if self.solo:
+            k = rope(k, cos, sin, token_major=True)  # [1, Hkv, T, D] over token-major storage
+            pool.store(layer, self.slots, k[0].transpose(0, 1), v[0])
+            return causal_self_attention(rope(q, cos, sin), k, v.transpose(1, 2))
         k_flat, v_flat = pool.flat(layer)
         scales = pool.layer_scales(layer) if pool.quantized else None
         rope_into_cache(

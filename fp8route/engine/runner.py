@@ -142,7 +142,9 @@ class ModelRunner:
     def triton(self) -> bool:
         """Whether attention runs fp8route's Triton kernels: use_triton when set (True on a CPU needs
         Triton's interpreter, TRITON_INTERPRET=1), else on CUDA when Triton imports."""
-        return self.use_triton if self.use_triton is not None else triton_decode_available()
+        if self.use_triton is not None:
+            return self.use_triton
+        return self.device.type == "cuda" and triton_decode_available()
 
     # -- a step ------------------------------------------------------------------------------------
 
@@ -269,9 +271,9 @@ class ModelRunner:
             ids_d = torch.where(pending_d.bool(), self.last_token[token_rows_d], ids_d)
         if self.flashinfer is not None:
             self.flashinfer.plan_prefill(counts.tolist(), (starts + counts).tolist(), [s.request.blocks for s in seqs])
-        context = StepAttention(
-            self.pool, slots_d, Sequences(cu_q, lengths, rows, out.singles), self.triton, self.flashinfer
-        )
+        solo = len(seqs) == 1 and seqs[0].start == 0  # a lone prompt's first chunk
+        layout = Sequences(cu_q, lengths, rows, out.singles)
+        context = StepAttention(self.pool, slots_d, layout, self.triton, self.flashinfer, solo)
         h = self.model.model.embed_tokens(ids_d).to(self.dtype)
         cos, sin = self.rope_cos[pos_d][None], self.rope_sin[pos_d][None]
         graphs = self.prefill_graphs_for(total)

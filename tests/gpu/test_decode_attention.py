@@ -167,7 +167,9 @@ def test_engine_graphs_and_triton_match_eager_torch_decode(kv_heads):
     lengths = [20, 7, 13]
 
     def model(graphs: bool) -> CausalLM:
-        settings = EngineConfig(dtype="float32", max_num_seqs=4, max_model_len=256, use_cuda_graphs=graphs)
+        settings = EngineConfig(
+            dtype="float32", max_num_seqs=4, max_model_len=256, use_cuda_graphs=graphs, num_kv_blocks=128
+        )
         return CausalLM(cfg, {}, tensors, settings, quiet=True)
 
     results = {}

@@ -34,7 +34,7 @@ def test_flashinfer_is_as_close_to_the_fp32_forward_as_builtin(graphs: bool, kv_
         cfg,
         {},
         {n: t.float() for n, t in tensors.items()},
-        EngineConfig(dtype="float32", max_model_len=128),
+        EngineConfig(dtype="float32", max_model_len=128, num_kv_blocks=64),
         quiet=True,
     )
     gen = torch.Generator("cuda").manual_seed(1)
@@ -46,7 +46,9 @@ def test_flashinfer_is_as_close_to_the_fp32_forward_as_builtin(graphs: bool, kv_
     scales = KVScales(k_scales, v_scales, "test")
     errors = {}
     for attention in ("builtin", "flashinfer"):
-        settings = EngineConfig(max_num_seqs=4, max_model_len=512, use_cuda_graphs=graphs, attention=attention)
+        settings = EngineConfig(
+            max_num_seqs=4, max_model_len=512, use_cuda_graphs=graphs, attention=attention, num_kv_blocks=256
+        )
         model = CausalLM(
             cfg, {}, {n: t.bfloat16() for n, t in tensors.items()}, settings, kv_scales=scales if kv_fp8 else None,
             quiet=True,

@@ -137,7 +137,9 @@ def test_engine_fp8_kv_captured_decode_matches_its_eager_torch_decode(dtype):
     )
     runs = {}
     for triton, graphs in ((True, True), (False, False)):
-        settings = EngineConfig(dtype=dtype, max_num_seqs=4, max_model_len=256, use_cuda_graphs=graphs)
+        settings = EngineConfig(
+            dtype=dtype, max_num_seqs=4, max_model_len=256, use_cuda_graphs=graphs, num_kv_blocks=128
+        )
         model = CausalLM(cfg, {}, tensors, settings, kv_scales=scales, quiet=True)
         model.engine.runner.use_triton = triton
         runs[triton] = generate_with_logits(model, ids, 24, prompt_lengths=[40, 17, 29])[1]
