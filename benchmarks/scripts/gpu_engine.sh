@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one-forward engine (issue 36) on one H200, in one device call, output under $OUT. PHASES lists
 # what to run, in order:
-#   kernel:  the paged attention kernel: where an fp8 cache's NaN leaks (if it does), its tilings
+#   kernel:  the paged attention kernel: where an fp8 cache's NaN leaks (if it does); SWEEP=1: its tilings
 #   tests:   the GPU tests of the kernel, the engine, the graphs (TESTS overrides which); the serving
 #            phases after it are skipped when one fails
 #   decode:  bench serve's decode-heavy load (1024 prompts of 512-1536, 128-512 out), against its own
@@ -44,7 +44,8 @@ for phase in $PHASES; do
     case $phase in
     kernel)
         timeout 120 python3 benchmarks/paged_attention_bench.py --diagnose-fp8 2>&1 | grep -v Warn | tee -a "$log"
-        timeout 150 python3 benchmarks/paged_attention_bench.py --sweep 2>&1 | grep -v Warn | tee -a "$log" ;;
+        [ "${SWEEP:-0}" = 1 ] && timeout 150 python3 benchmarks/paged_attention_bench.py --sweep 2>&1 | grep -v Warn | tee -a "$log"
+        ;;
     tests)
         tests=${TESTS:-"tests/gpu/test_paged_attention_gpu.py tests/engine/test_mixed_step.py tests/engine/test_prefill_graphs.py \
 tests/gpu/test_engine_gpu.py tests/gpu/test_decode_attention.py tests/gpu/test_fp8_kv_gpu.py"}
