@@ -82,7 +82,9 @@ def main() -> None:
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     print(Fingerprint.of().to_json())
-    llm = LLM(args.checkpoint, max_num_seqs=max(batches), skip_tokenizer_init=True, record_stats=True)
+    llm = LLM(
+        args.checkpoint, max_num_seqs=max(batches), max_model_len=8192, skip_tokenizer_init=True, record_stats=True
+    )
     rows = []
     for batch in batches:
         rows.append(measure(llm, batch, args.steps, arrivals=0) | {"kind": "decode"})

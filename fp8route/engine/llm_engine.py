@@ -42,8 +42,8 @@ class StepStats:
     prefill_tokens: int  # the chunks' tokens
     decode_context: int  # positions the decodes attend to, summed: the KV they read
     used_blocks: int  # the pool's blocks in use when the step was launched
-    host_s: float  # scheduling, inputs and launch, and the bookkeeping of the step read back with it
-    wall_s: float  # the whole engine.step() call, the wait for the GPU included
+    host_s: float  # its scheduling, inputs and launches, and its bookkeeping once read back
+    wall_s: float  # from the step before it being read back to itself being read back
 
 
 @dataclass
@@ -127,6 +127,8 @@ class LLMEngine:
         self.stats: list[StepStats] = []
         self.ahead_steps = 0  # steps launched before the step before them was read back
         self._inflight: InFlight | None = None
+        self._stats_of: dict[int, StepStats] = {}  # the accounting of steps launched, not yet read back
+        self._read_at = 0.0  # when the last step was read back
 
     def resize_pool(self, num_blocks: int) -> None:
         """A new pool of num_blocks (nothing may be running): sized from the memory a profile left."""
@@ -213,6 +215,8 @@ class LLMEngine:
         """Schedule and launch the next step; read back the step before it (async scheduling) or this
         one. Returns what the step read back did for each request it ran."""
         start = time.perf_counter()
+        if self._inflight is None:  # nothing launched before this call: the step read back is timed from here
+            self._read_at = start
         out = self.scheduler.schedule()
         launched = None
         if not out.empty:
@@ -221,44 +225,42 @@ class LLMEngine:
                 if piece.request.metrics.first_scheduled_time is None:
                     piece.request.metrics.first_scheduled_time = now
             launched = self.runner.execute(out)
-            if self.record_stats:
-                self._record(launched)
+        if launched is not None and self.record_stats:
+            self.stats.append(self._record(launched, time.perf_counter() - start))
+            self._stats_of[id(launched)] = self.stats[-1]
         previous, self._inflight = self._inflight, launched
         if previous is not None:
             self.ahead_steps += launched is not None
         elif not self.async_scheduling or launched is None:
             previous, self._inflight = launched, None
-        launched_at = time.perf_counter()
         if previous is None:
             return []
         tokens = previous.tokens()
         read = time.perf_counter()
         updates = self._advance(previous, tokens)
-        if self.record_stats and self.stats:
-            end = time.perf_counter()
-            stats = self.stats[-1]
-            stats.host_s = (launched_at - start) + (end - read)
-            stats.wall_s = end - start
+        stats = self._stats_of.pop(id(previous), None)
+        if stats is not None:
+            # A step's wall time is from the step before it being read back to itself being read back:
+            # with async scheduling, the host's work for the next step is inside it.
+            stats.host_s += time.perf_counter() - read
+            stats.wall_s = read - self._read_at
+        self._read_at = read
         return updates
 
     def drain(self) -> list[Update]:
         """Read back the step in flight, if any (after aborts, before the engine is let go)."""
         launched, self._inflight = self._inflight, None
-        return [] if launched is None else self._advance(launched, launched.tokens())
+        if launched is None:
+            return []
+        self._stats_of.pop(id(launched), None)
+        return self._advance(launched, launched.tokens())
 
-    def _record(self, launched: InFlight) -> None:
-        seqs = launched.out.seqs
-        singles = launched.out.singles
-        self.stats.append(
-            StepStats(
-                singles,
-                sum(s.num_tokens for s in seqs[singles:]),
-                sum(s.start + 1 for s in seqs[:singles]),
-                self.blocks.used_blocks,
-                0.0,
-                0.0,
-            )  # fmt: skip
-        )
+    def _record(self, launched: InFlight, host_s: float) -> StepStats:
+        seqs, singles = launched.out.seqs, launched.out.singles
+        return StepStats(
+            singles, sum(s.num_tokens for s in seqs[singles:]), sum(s.start + 1 for s in seqs[:singles]),
+            self.blocks.used_blocks, host_s, 0.0,
+        )  # fmt: skip
 
     def _advance(self, step: InFlight, tokens: list[int]) -> list[Update]:
         """Register what a step read back computed and append its tokens; a request that ended after

@@ -30,16 +30,22 @@ from fp8route.linear.layer import plans_epoch
 if TYPE_CHECKING:
     from fp8route.models.llama import AttentionContext, DecoderLayer, LlamaModel, RMSNorm
 
-MAX_TOKENS = 2048  # above this a prefill's GPU time is several times its eager host time
-STEP = 128
+# Every step of a serving load is graphed up to the step budget: a mixed step of a few thousand
+# tokens took ~28 ms of host time eagerly on the H200, more than its GPU time, with the host
+# preparing the next step meanwhile (benchmarks/results/h200/engine/).
+MAX_TOKENS = 8192
+STEP = 128  # bucket spacing up to WIDE, then twice that
+WIDE = 2048
 
 
 def token_buckets(max_tokens: int) -> list[int]:
-    """16, 32, 64, then every STEP tokens up to max_tokens (a forward pads by at most 2x below
-    STEP tokens, where it costs about a weight read whatever its size, and by < STEP above)."""
+    """16, 32, 64, then every STEP tokens up to WIDE and every 2 * STEP above, up to max_tokens (a
+    forward pads by at most 2x below STEP tokens, where it costs about a weight read whatever its
+    size, by < STEP up to WIDE and < 2 * STEP, 12% at most, above)."""
     sizes = [s for s in (16, 32, 64) if s < max_tokens]
-    sizes += list(range(STEP, max_tokens, STEP))
-    return [*sizes, max_tokens]
+    sizes += list(range(STEP, min(max_tokens, WIDE + 1), STEP))
+    sizes += list(range(WIDE + 2 * STEP, max_tokens, 2 * STEP))
+    return sorted({*sizes, max_tokens})
 
 
 def why_not_graphed(model: LlamaModel) -> str | None:
