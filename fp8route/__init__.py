@@ -11,7 +11,7 @@ from fp8route.backends.kernels.options import KernelOptions, set_kernel_options
 from fp8route.backends.problem import DeviceInfo, GemmProblem
 from fp8route.checkpoint.load import Checkpoint, load_checkpoint
 from fp8route.checkpoint.quantize import quantize_checkpoint
-from fp8route.engine import LLM, RequestOutput, SamplingParams, load_model
+from fp8route.engine import LLM, EngineConfig, RequestOutput, SamplingParams, load_model
 from fp8route.errors import (
     BackendUnavailableError,
     CheckpointError,
@@ -37,6 +37,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "DeviceInfo",
+    "EngineConfig",
     "Fp8InputError",
     "Fp8Linear",
     "Fp8RouteError",

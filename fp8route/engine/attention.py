@@ -97,7 +97,7 @@ class StepAttention:
     else its torch path. With FlashInfer (planned for this step by the caller) its paged prefill runs.
     solo: the step is one fresh sequence alone (a lone prompt's first chunk) in a 16-bit cache: it
     attends over its own K/V with SDPA, cuDNN's kernel on a GPU, which runs a long causal prefill
-    1.5-2x faster than the paged kernel (benchmarks/results/h200/paged_attention/)."""
+    1.5-2x faster than the paged kernel (benchmarks/results/h200/engine/)."""
 
     def __init__(
         self,

@@ -40,7 +40,7 @@ MAX_SPLITS = 16
 class Launch(NamedTuple):
     """The multi-query grid's tiling: query rows and positions per step, warps, pipeline stages. The
     default measured fastest of seven on the H200 at 2048 and 8192 fresh tokens (8B heads, bf16:
-    benchmarks/results/h200/paged_attention/)."""
+    benchmarks/results/h200/engine/)."""
 
     block_m: int = 128
     tile: int = 128
@@ -262,7 +262,7 @@ if TRITON_IMPORT_ERROR is None:
     def _e4m3(x, dtype: tl.constexpr):
         """float8_e4m3fn values / 256, exactly, in dtype: the byte's sign, exponent and mantissa moved
         into float16's bits (a subnormal too). Triton 3.6's own conversion on the H200 turned some
-        values of 256 and above into inf (benchmarks/results/h200/paged_attention/)."""
+        values of 256 and above into inf (benchmarks/results/h200/engine/)."""
         b = x.to(tl.uint8, bitcast=True).to(tl.uint16)
         return (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True).to(dtype)
 
