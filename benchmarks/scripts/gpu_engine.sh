@@ -10,7 +10,7 @@
 #            vs CUTLASS-rowwise-only, each against a lone 4096-token prefill
 #   poisson: Poisson arrivals at RATE requests/s (512-1536 in, 128-512 out, budget 2048)
 #   prefix:  256 requests behind a 2048-token shared prefix, the prefix cache on and off
-#   e2e:     bench e2e, routed, batch 1 and 16 (TTFT and decode against what held before)
+#   e2e:     bench e2e, routed, BATCH (1,16) x INPUT (1024,4096): TTFT and decode against what held before
 #   profile: host time per step and the GPU's idle time between decode steps (benchmarks/engine_idle.py)
 # A random Llama-3.1-8B FP8 checkpoint is written first where a phase needs it.
 set -u -o pipefail
@@ -66,8 +66,9 @@ tests/gpu/test_engine_gpu.py tests/gpu/test_decode_attention.py tests/gpu/test_f
         serve prefix --policy routed --prefix-caching on,off --num-prompts 256 --shared-prefix 2048 \
             --input-len 64:64 --output-len 16:16 ;;
     e2e)
-        timeout "${E2E_TIMEOUT:-300}" python3 -m fp8route bench e2e --random llama-3.1-8b --batch 1,16 --input 1024,4096 \
-            --output 64 --policy routed --tmp /tmp --out "$OUT" > "$OUT/e2e.log" 2>&1
+        checkpoint
+        timeout "${E2E_TIMEOUT:-300}" python3 -m fp8route bench e2e "$ckpt" --batch "${BATCH:-1,16}" \
+            --input "${INPUT:-1024,4096}" --output 64 --policy routed --out "$OUT" > "$OUT/e2e.log" 2>&1
         echo "== e2e (rc $?)" | tee -a "$log"; tail -8 "$OUT/e2e.log" | tee -a "$log" ;;
     profile)
         checkpoint
