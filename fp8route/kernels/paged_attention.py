@@ -125,9 +125,7 @@ def paged_attention(
     group = h // hkv
     fp8 = k.dtype == torch.float8_e4m3fn
     out = torch.empty_like(q) if out is None else out
-    # An fp8 tile is read as its values / 256 (_e4m3): the scales take the 256 back.
-    qk_scale = (d**-0.5 if scale is None else scale) * _LOG2E * (k_scale * 256 if fp8 else 1.0)
-    v_scale = v_scale * 256 if fp8 else v_scale
+    qk_scale = (d**-0.5 if scale is None else scale) * _LOG2E * (k_scale if fp8 else 1.0)
     common = {
         "G": group, "D": d, "D_PAD": max(16, triton.next_power_of_2(d)), "PAGE": k.shape[1],
         "SPLIT_MIN": SPLIT_MIN, "FP8": fp8,
@@ -259,19 +257,10 @@ if TRITON_IMPORT_ERROR is None:
         return lo - 1
 
     @triton.jit
-    def _e4m3(x, dtype: tl.constexpr):
-        """float8_e4m3fn values / 256, exactly, in dtype: the byte's sign, exponent and mantissa moved
-        into float16's bits (a subnormal too). Triton 3.6's own conversion on the H200 turned some
-        values of 256 and above into inf (benchmarks/results/h200/engine/)."""
-        b = x.to(tl.uint8, bitcast=True).to(tl.uint16)
-        return (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True).to(dtype)
-
-    @triton.jit
     def _tile(
         q, acc, m_i, l_i, n0, end, sees, table, k_head, v_head, d, d_ok,
         stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
         PAGE: tl.constexpr, TILE: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr,
-        FP8: tl.constexpr,
     ):  # fmt: skip
         """One tile of positions n0 .. n0 + TILE - 1 into the online softmax; MASKED: some of them lie
         at or past `end`, or past what a row sees."""
@@ -287,8 +276,7 @@ if TRITON_IMPORT_ERROR is None:
         k_at = k_head + blocks[:, None] * stride_kb + within[:, None] * stride_ks + d[None, :]
         v_at = v_head + blocks[:, None] * stride_vb + within[:, None] * stride_vs + d[None, :]
         k = tl.load(k_at, mask=kv_ok, other=0.0) if MASKED or not EVEN_D else tl.load(k_at)
-        k = _e4m3(k, q.dtype) if FP8 else k.to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * qk_scale
         if MASKED:
             s = tl.where(pos_ok[None, :] & (pos[None, :] <= sees[:, None]), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -297,8 +285,7 @@ if TRITON_IMPORT_ERROR is None:
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         v = tl.load(v_at, mask=kv_ok, other=0.0) if MASKED or not EVEN_D else tl.load(v_at)
-        v = _e4m3(v, q.dtype) if FP8 else v.to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
         return acc, m_new, l_i * alpha + tl.sum(p, 1)
 
     @triton.jit
@@ -362,11 +349,11 @@ if TRITON_IMPORT_ERROR is None:
         for n0 in range(start, whole, TILE):
             acc, m_i, l_i = _tile(q, acc, m_i, l_i, n0, end, sees, table, k_head, v_head, d, d_ok,
                                   stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
-                                  PAGE, TILE, D == D_PAD, PRECISION, False, FP8)  # fmt: skip
+                                  PAGE, TILE, D == D_PAD, PRECISION, False)  # fmt: skip
         for n0 in range(whole, end, TILE):
             acc, m_i, l_i = _tile(q, acc, m_i, l_i, n0, end, sees, table, k_head, v_head, d, d_ok,
                                   stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
-                                  PAGE, TILE, D == D_PAD, PRECISION, True, FP8)  # fmt: skip
+                                  PAGE, TILE, D == D_PAD, PRECISION, True)  # fmt: skip
         result = acc / l_i[:, None]
         if FP8:
             result = result * v_scale
