@@ -120,9 +120,8 @@ def dequantize_kv(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Te
 class RoundTripAttention:
     """An AttentionContext for the full (cache-less) forward in which every query reads K and V as an
     fp8 cache would give them back: rotated K and V rounded through e4m3 with the layer's scales,
-    then causal SDPA. It is how `fp8route eval --kv-cache-dtype fp8` scores a prompt: as if every
-    position were read from the cache (a decode step's view), where the engine's fresh prefill
-    chunks attend to their own K/V unrounded; so it bounds the engine's loss from above."""
+    then causal SDPA. It is how `fp8route eval --kv-cache-dtype fp8` scores a prompt: as the engine
+    reads an fp8 cache, every position through the cache, a fresh chunk's own too."""
 
     def __init__(self, scales: KVScales) -> None:
         self.scales = scales

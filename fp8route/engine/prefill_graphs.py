@@ -30,9 +30,9 @@ from fp8route.linear.layer import plans_epoch
 if TYPE_CHECKING:
     from fp8route.models.llama import AttentionContext, DecoderLayer, LlamaModel, RMSNorm
 
-# Every step of a serving load is graphed up to the step budget: a mixed step of a few thousand
-# tokens took ~28 ms of host time eagerly on the H200, more than its GPU time, with the host
-# preparing the next step meanwhile (benchmarks/results/h200/engine/).
+# Graphs up to the step budget: an eager forward of an 8B model costs ~18 ms of host time whatever its
+# token count (benchmarks/results/h200/serve/, run 9), more than a mixed step of ~1,300 tokens needs
+# of the GPU.
 MAX_TOKENS = 8192
 STEP = 128  # bucket spacing up to WIDE, then twice that
 WIDE = 2048
