@@ -82,3 +82,13 @@ def generate_with_logits(model, *args, **kwargs) -> tuple[torch.Tensor, torch.Te
     with mock.patch.object(runner, "choose", recording):
         tokens = model.generate(*args, **kwargs)
     return tokens, torch.stack(seen, dim=1)
+
+
+def greedy_continuation(model, ids: torch.Tensor, n: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """ids [B, T] continued greedily by n tokens with model's full forward, no cache: [B, T + n], the
+    independent reference the engine's tokens are held to."""
+    seq = ids
+    with torch.no_grad():
+        for _ in range(n):
+            seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return seq

@@ -114,7 +114,7 @@ class LLMEngine:
         )  # fmt: skip
         self.scheduler = Scheduler(
             BlockManager(num_blocks, config.block_size, config.enable_prefix_caching),
-            config.max_num_seqs, config.max_num_seqs, budget, max_model_len,
+            config.max_num_seqs, budget, max_model_len,
         )  # fmt: skip
         async_scheduling = config.async_scheduling
         if async_scheduling is None:

@@ -17,6 +17,7 @@ seen it) and copied back to pinned host memory behind the step. Nothing in a ste
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,9 +34,10 @@ from fp8route.engine.prefill_graphs import MAX_TOKENS, PrefillGraphs, why_not_gr
 from fp8route.engine.request import Request, RequestMetrics
 from fp8route.engine.sampling import SamplingParams, choose
 from fp8route.engine.scheduler import ScheduledSeq, SchedulerOutput
-from fp8route.kernels.paged_attention import Sequences
+from fp8route.kernels.paged_attention import TRITON_IMPORT_ERROR, Sequences
 from fp8route.models.llama import LlamaForCausalLM, rope_tables
 
+log = logging.getLogger("fp8route")
 _DUMMY_PARAMS = SamplingParams(max_tokens=1, temperature=0)
 
 
@@ -110,6 +112,12 @@ class ModelRunner:
         self.last_token = torch.zeros(max_rows + 1, dtype=torch.int64, device=device)  # per table row
         self.prefill_graphs: PrefillGraphs | None = None
         self.set_pool(num_blocks)
+        if device.type == "cuda" and not triton_decode_available():
+            log.warning(
+                "fp8route: attention runs in torch, not fp8route's Triton kernels (%s): every step gathers "
+                "its rows' K/V and reads their lengths back to the host",
+                TRITON_IMPORT_ERROR,
+            )
 
     # -- the pool and what was captured over it -------------------------------------------------
 

@@ -72,19 +72,15 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(
-        self,
-        blocks: BlockManager,
-        max_rows: int,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        max_model_len: int,
+        self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int
     ) -> None:
+        """max_num_seqs: the requests running at once, each on a table row of its own."""
         self.blocks = blocks
         self.block_size = blocks.block_size
         self.max_num_seqs, self.budget, self.max_model_len = max_num_seqs, max_num_batched_tokens, max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.free_rows = list(range(max_rows - 1, -1, -1))
+        self.free_rows = list(range(max_num_seqs - 1, -1, -1))
         self.preemptions = 0
         self._building: SchedulerOutput | None = None  # the step being scheduled
 

@@ -6,6 +6,7 @@ LLM.generate for the same seed, and load_model on FP8 and bf16 checkpoints."""
 import pytest
 import torch
 from checkpoint_helpers import TINY, llama_tensors, modelopt_folder, write_checkpoint
+from helpers import greedy_continuation
 
 from fp8route import Fp8InputError, load_checkpoint
 from fp8route.engine import CausalLM, EngineConfig, SamplingParams, load_model
@@ -23,15 +24,6 @@ def tiny(max_num_seqs=4, max_model_len=64, dtype=torch.float32, tensors=None, **
     return CausalLM(CFG, {}, tensors, config, quiet=True)
 
 
-def full_forward_greedy(model, ids, n):
-    """Greedy continuation by the full forward, no cache: the independent reference."""
-    seq = ids
-    with torch.no_grad():
-        for _ in range(n):
-            seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return seq
-
-
 def prompts(batch, length, seed=1):
     return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
 
@@ -45,7 +37,7 @@ def test_generate_equals_stepwise_argmax_of_the_full_forward(model):
     ids = prompts(2, 7)
     tokens = model.generate(ids, 6)
     assert tokens.shape == (2, 13) and tokens.dtype == torch.int64 and torch.equal(tokens[:, :7], ids)
-    assert torch.equal(tokens, full_forward_greedy(model, ids, 6))
+    assert torch.equal(tokens, greedy_continuation(model, ids, 6))
     assert model.engine.leaked() is None
 
 
@@ -104,7 +96,7 @@ def test_eos_stops_a_row_and_then_the_call(model):
 def test_more_rows_than_the_engine_runs_at_once_queue_and_equal_each_alone(model):
     ids = prompts(9, 5, seed=21)  # max_num_seqs is 4
     out = model.generate(ids, 4)
-    assert torch.equal(out, full_forward_greedy(model, ids, 4))
+    assert torch.equal(out, greedy_continuation(model, ids, 4))
 
 
 def test_bad_input_is_refused_before_any_work(model, monkeypatch):
@@ -221,7 +213,7 @@ def test_qwen_style_biases_and_head_norms_decode_like_the_full_forward():
     model = tiny(tensors=tensors)
     assert model.model.layers[0].self_attn.q_norm is not None
     ids = prompts(2, 6, seed=10)
-    assert torch.equal(model.generate(ids, 4), full_forward_greedy(model, ids, 4))
+    assert torch.equal(model.generate(ids, 4), greedy_continuation(model, ids, 4))
 
 
 def test_the_attention_kernel_takes_the_engines_new_token_and_refuses_other_shapes():

@@ -7,6 +7,7 @@ scheduling (each step launched before the step before it is read back)."""
 import pytest
 import torch
 from checkpoint_helpers import TINY, llama_tensors
+from helpers import greedy_continuation
 
 from fp8route import Fp8InputError, SamplingParams
 from fp8route.engine import CausalLM, EngineConfig
@@ -42,11 +43,7 @@ REFERENCE = LlamaForCausalLM(CFG, {}, TENSORS)
 
 def alone(prompt: list[int], n: int) -> list[int]:
     """Greedy continuation from the full forward, no cache: the independent reference."""
-    seq = torch.tensor([prompt])
-    with torch.no_grad():
-        for _ in range(n):
-            seq = torch.cat([seq, REFERENCE(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return seq[0, len(prompt) :].tolist()
+    return greedy_continuation(REFERENCE, torch.tensor([prompt]), n)[0, len(prompt) :].tolist()
 
 
 def last():

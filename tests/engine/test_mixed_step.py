@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 from checkpoint_helpers import TINY, llama_tensors
+from helpers import greedy_continuation
 
 from fp8route import SamplingParams
 from fp8route.engine import CausalLM, EngineConfig
@@ -27,11 +28,7 @@ interpreted = [
 
 
 def alone(prompt: list[int], n: int) -> list[int]:
-    seq = torch.tensor([prompt])
-    with torch.no_grad():
-        for _ in range(n):
-            seq = torch.cat([seq, REFERENCE(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return seq[0, len(prompt) :].tolist()
+    return greedy_continuation(REFERENCE, torch.tensor([prompt]), n)[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize(
