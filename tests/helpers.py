@@ -70,16 +70,16 @@ def generate_with_logits(model, *args, **kwargs) -> tuple[torch.Tensor, torch.Te
     one step prefills, no stop ids)."""
     from unittest import mock
 
-    from fp8route.engine import runner
+    from fp8route.engine.sampler import Sampler
 
     seen: list[torch.Tensor] = []
-    real = runner.choose
+    real = Sampler.__call__
 
-    def recording(logits: torch.Tensor, *rest):  # type: ignore[no-untyped-def]
+    def recording(self, logits: torch.Tensor, *rest):  # type: ignore[no-untyped-def]
         seen.append(logits.float().clone())
-        return real(logits, *rest)
+        return real(self, logits, *rest)
 
-    with mock.patch.object(runner, "choose", recording):
+    with mock.patch.object(Sampler, "__call__", recording):
         tokens = model.generate(*args, **kwargs)
     return tokens, torch.stack(seen, dim=1)
 

@@ -23,7 +23,8 @@ from typing import Any, cast
 import torch
 
 from fp8route.engine.llm import LLM
-from fp8route.engine.request import Request, RequestMetrics
+from fp8route.engine.llm_engine import Update
+from fp8route.engine.request import Request, RequestMetrics, TokenLogprobs
 from fp8route.engine.sampling import SamplingParams
 from fp8route.errors import Fp8RouteError
 
@@ -36,7 +37,8 @@ class EngineError(Fp8RouteError, RuntimeError):
 
 @dataclass
 class StreamOutput:
-    """One step's news for one request."""
+    """One step's news for one sample (index) of a request; the prompt's log-probabilities come once,
+    with its first sample's first news."""
 
     request_id: str
     new_token_ids: list[int]
@@ -46,6 +48,9 @@ class StreamOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
+    index: int = 0
+    new_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
 
 @dataclass
@@ -110,26 +115,24 @@ class EngineClient:
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None
     ) -> AsyncIterator[StreamOutput]:
-        """Each step's news for this request until it finishes; abandoning the iterator aborts it."""
+        """Each step's news for this request until all its samples finish; abandoning the iterator aborts it."""
         ids = list(prompt_ids)
         self.check(ids, params)
         request_id = request_id or f"req-{next(self._ids)}"
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         self._streams[request_id] = stream
         self._send("add", (request_id, ids, params, time.monotonic()))
-        finished = False
+        finished = 0
         try:
-            while True:
+            while finished < params.n:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
                     raise item
-                finished = item.finished
+                finished += item.finished
                 yield item
-                if finished:
-                    return
         finally:
             self._streams.pop(request_id, None)
-            if not finished:
+            if finished < params.n:
                 self._send("abort", request_id)
 
     def abort(self, request_id: str) -> None:
@@ -231,9 +234,10 @@ class AsyncLLM(EngineClient):
                 self._fail(list(touched.values()), exc)
                 continue
             self._count()  # before the news goes out: a client that reads /metrics next sees this step
-            self._deliver_all([self._publish(u.request, u.new_token_ids, u.finished) for u in updates])
+            self._deliver_all([self._publish(u) for u in updates])
 
-    def _publish(self, request: Request, new: list[int], finished: bool) -> tuple[str, StreamOutput]:
+    def _publish(self, update: Update) -> tuple[str, StreamOutput]:
+        request, new, finished = update.request, update.new_token_ids, update.finished
         with self._lock:
             self.stats.generation_tokens += len(new)
             if finished:
@@ -243,23 +247,19 @@ class AsyncLLM(EngineClient):
         if finished:
             for callback in self.on_finished:
                 callback(request.metrics)
+        first_news = request.num_output_tokens == len(new) and bool(new or finished)
         output = StreamOutput(
-            request.request_id,
-            new,
-            finished,
-            request.finish_reason,
-            request.stop_reason,
-            request.num_prompt_tokens,
-            request.num_output_tokens,
-            request.num_cached_tokens,
+            request.group_id, new, finished, request.finish_reason, request.stop_reason, request.num_prompt_tokens,
+            request.num_output_tokens, request.num_cached_tokens, request.index, update.new_logprobs,
+            request.prompt_logprobs if first_news else None,
         )  # fmt: skip
-        return request.request_id, output
+        return request.group_id, output
 
     def _fail(self, requests: list[Request], exc: Exception) -> None:
-        for request in requests:
-            self.engine.abort(request.request_id)
-            error = EngineError(f"the engine failed running request {request.request_id}: {type(exc).__name__}: {exc}")
-            self._deliver(request.request_id, error)
+        for group in {request.group_id for request in requests}:
+            self.engine.abort(group)
+            error = EngineError(f"the engine failed running request {group}: {type(exc).__name__}: {exc}")
+            self._deliver(group, error)
 
     def _count(self) -> None:
         engine, blocks = self.engine, self.engine.blocks

@@ -31,6 +31,7 @@ from fp8route.engine.config import EngineConfig
 from fp8route.engine.llm_engine import EngineLimits, check_prompt
 from fp8route.engine.request import RequestMetrics
 from fp8route.engine.sampling import SamplingParams
+from fp8route.engine.structured import Grammars
 from fp8route.errors import Fp8InputError, Fp8RouteError
 from fp8route.linear.policy import Policy
 from fp8route.models.tokenizer import load_tokenizer
@@ -45,6 +46,7 @@ class EngineProcess(EngineClient):
         super().__init__()
         read_json(folder / CONFIG)  # a missing folder is named as LLM names it, not as a missing tokenizer
         self.tokenizer = load_tokenizer(folder)
+        self._grammars: Grammars | None = None
         context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
         child_in, self._to_child = context.Pipe(duplex=False)
         self._from_child, child_out = context.Pipe(duplex=False)
@@ -86,7 +88,13 @@ class EngineProcess(EngineClient):
         return self._process.pid
 
     def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
-        check_prompt(list(prompt_ids), params, self.limits)
+        grammars = None
+        if params.structured_outputs is not None:  # compiled here too: a schema that fails is a 400
+            if self._grammars is None:
+                limits = self.limits
+                self._grammars = Grammars(self.tokenizer, limits.vocab_size, limits.eos_token_ids)
+            grammars = self._grammars
+        check_prompt(list(prompt_ids), params, self.limits, grammars)
 
     def snapshot(self) -> EngineStats:
         with self._stats_lock:

@@ -10,18 +10,25 @@ Keyword arguments are EngineConfig's settings (fp8route.engine.config), checked 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import Any, cast
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from fp8route.checkpoint.gguf_tokenizer import apply_chat_template
 from fp8route.engine.config import EngineConfig
 from fp8route.engine.llm_engine import LLMEngine
 from fp8route.engine.load import load_model, resolve_model
-from fp8route.engine.request import CompletionOutput, Request, RequestOutput
+from fp8route.engine.request import CompletionOutput, Request, RequestOutput, logprob_dict
 from fp8route.engine.sampling import SamplingParams
+from fp8route.engine.structured import Grammars
 from fp8route.errors import Fp8InputError
 from fp8route.linear.policy import Policy
 from fp8route.models.tokenizer import load_tokenizer
 from fp8route.progress import TextProgress
+
+Prompt = (
+    str | Sequence[int] | Mapping[str, Any]
+)  # text, token ids, or vLLM's {"prompt": ...} / {"prompt_token_ids": ...}
+Message = Mapping[str, str]
 
 
 class LLM:
@@ -35,10 +42,14 @@ class LLM:
     ) -> None:
         config = (config or EngineConfig()).replace(model=str(model), **settings)
         folder = resolve_model(model)
+        self.folder = folder
         # skip_tokenizer_init (vLLM's name): token ids in and out, for a folder without tokenizer.json.
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(folder)
         self.model = load_model(folder, policy=policy, config=config)
         self.config = config
+        engine, vocab = self.engine, self.model.cfg.vocab_size
+        # Structured output compiles against the tokenizer, read when a request first asks for it.
+        engine.grammar_source = lambda: Grammars(self.tokenizer or load_tokenizer(folder), vocab, engine.eos_token_ids)
 
     @property
     def engine(self) -> LLMEngine:
@@ -48,63 +59,135 @@ class LLM:
     def max_model_len(self) -> int:
         return self.model.max_model_len
 
-    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+    def encode(self, prompt: Prompt) -> list[int]:
+        """A prompt's token ids: text is tokenized without special tokens (a chat template adds its own)."""
+        if isinstance(prompt, Mapping):
+            if "prompt_token_ids" in prompt:
+                prompt = prompt["prompt_token_ids"]
+            elif "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise Fp8InputError(f"a prompt dict holds 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise Fp8InputError("a text prompt needs the tokenizer: give token ids (skip_tokenizer_init=True)")
             return list(self.tokenizer.encode(prompt, add_special_tokens=False).ids)
         if isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
-            return [int(t) for t in prompt]
-        raise Fp8InputError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+                raise Fp8InputError("a list prompt holds token ids (integers); give a string for text")
+            return list(prompt)
+        raise Fp8InputError(f"a prompt is a string, a list of token ids or a prompt dict, got {type(prompt).__name__}")
 
     def generate(
         self,
-        prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
+        prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """One output per prompt, in order: each a string or a list of token ids; one SamplingParams
-        for all of them or one each. Every prompt is checked before any runs."""
-        one = isinstance(prompts, str) or (bool(prompts) and isinstance(prompts[0], int))
-        batch = cast("list[str | Sequence[int]]", [prompts] if one else list(prompts))
+        """One output per prompt, in order (with n completions when its params ask for n): each prompt
+        a string, a list of token ids or a vLLM prompt dict; one SamplingParams for all of them or one
+        each. Every prompt is checked before any runs."""
+        batch = _prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(batch)
         else:
             params = list(sampling_params)
             if len(params) != len(batch):
                 raise Fp8InputError(f"{len(params)} SamplingParams for {len(batch)} prompts: give one, or one each")
-        encoded = [self.encode(p) for p in batch]
-        for i, (ids, p) in enumerate(zip(encoded, params, strict=True)):
+        encoded = []
+        for i, (prompt, p) in enumerate(zip(batch, params, strict=True)):
             try:
+                ids = self.encode(prompt)
                 self.engine.check_prompt(ids, p)
             except Fp8InputError as e:
                 raise Fp8InputError(f"prompt {i}: {e}") from None
+            encoded.append(ids)
+        return self._run(encoded, params, [_text(p) for p in batch], use_tqdm)
+
+    def chat(
+        self,
+        messages: Sequence[Message] | Sequence[Sequence[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """generate for one conversation (a list of {"role", "content"} messages) or a list of them,
+        each rendered with the tokenizer's chat template and a generation prompt."""
+        if not messages:
+            raise Fp8InputError("chat: no messages; give a list of {'role': ..., 'content': ...} dicts")
+        chats = [messages] if isinstance(messages[0], Mapping) else messages
+        texts = [apply_chat_template(self.folder, list(chat)) for chat in chats]  # type: ignore[arg-type]
+        return self.generate(texts, sampling_params, use_tqdm=use_tqdm)
+
+    def _run(
+        self, encoded: list[list[int]], params: list[SamplingParams], texts: list[str | None], use_tqdm: bool
+    ) -> list[RequestOutput]:
         engine = self.engine
         requests = [
-            engine.add_request(ids, p, prompt=prompt if isinstance(prompt, str) else None)
-            for ids, p, prompt in zip(encoded, params, batch, strict=True)
+            engine.add_request(ids, p, prompt=text) for ids, p, text in zip(encoded, params, texts, strict=True)
         ]
-        progress = TextProgress("generate") if use_tqdm and len(requests) > 1 else None
+        groups = [engine.samples(r) for r in requests]
+        total = sum(len(g) for g in groups)
+        progress = TextProgress("generate") if use_tqdm and total > 1 else None
         done = 0
         try:
             while engine.has_unfinished:
                 for update in engine.step():
                     done += update.finished
                 if progress is not None:
-                    progress(done, len(requests), f"{engine.num_running} running")
+                    progress(done, total, f"{engine.num_running} running")
         except BaseException:
             for request in requests:
-                engine.abort(request.request_id)
+                engine.abort(request.group_id)
             engine.drain()
             raise
-        return [self.output(r) for r in requests]
+        return [self.output(group) for group in groups]
 
-    def output(self, request: Request) -> RequestOutput:
-        ids = request.output_token_ids
-        text = "" if self.tokenizer is None else self.tokenizer.decode(ids, skip_special_tokens=True)
-        completion = CompletionOutput(0, text, ids, request.finish_reason, request.stop_reason)
+    def output(self, samples: Request | Sequence[Request]) -> RequestOutput:
+        """A request's result in vLLM's shape: one CompletionOutput per sample."""
+        samples = [samples] if isinstance(samples, Request) else list(samples)
+        first = samples[0]
+        decode = self._decode_one if self.tokenizer is not None else None
+        completions = []
+        for request in samples:
+            ids = request.output_token_ids
+            text = "" if self.tokenizer is None else self.tokenizer.decode(ids, skip_special_tokens=True)
+            logprobs = None if request.logprobs is None else [logprob_dict(e, decode) for e in request.logprobs]
+            completions.append(
+                CompletionOutput(request.index, text, ids, request.finish_reason, request.stop_reason, logprobs)
+            )
+        prompt_logprobs = None
+        if first.prompt_logprobs is not None:
+            prompt_logprobs = [None if e is None else logprob_dict(e, decode) for e in first.prompt_logprobs]
         return RequestOutput(
-            request.request_id, request.prompt, request.prompt_token_ids, [completion], request.finished,
-            request.metrics, request.num_cached_tokens,
+            first.group_id, first.prompt, first.prompt_token_ids, completions, all(r.finished for r in samples),
+            first.metrics, first.num_cached_tokens, prompt_logprobs,
         )  # fmt: skip
+
+    def _decode_one(self, token: int) -> str:
+        assert self.tokenizer is not None
+        return self.tokenizer.decode([token], skip_special_tokens=False)
+
+
+def _prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    """One prompt or a list of them, told apart as vLLM does (a list of ints is one prompt)."""
+    if prompts is None:
+        raise Fp8InputError("no prompts: give a string, a list of token ids, a prompt dict, or a list of those")
+    if isinstance(prompts, (str, Mapping)):
+        return [prompts]
+    if not isinstance(prompts, Sequence):
+        raise Fp8InputError(
+            f"prompts must be a string, token ids, a prompt dict or a list, got {type(prompts).__name__}"
+        )
+    if prompts and isinstance(prompts[0], int):
+        return [prompts]  # type: ignore[list-item]
+    return list(prompts)  # type: ignore[arg-type]
+
+
+def _text(prompt: Prompt) -> str | None:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, Mapping) and isinstance(prompt.get("prompt"), str):
+        return prompt["prompt"]
+    return None

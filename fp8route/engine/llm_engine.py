@@ -17,8 +17,8 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -26,10 +26,11 @@ from fp8route.engine.blocks import BlockManager
 from fp8route.engine.config import EngineConfig
 from fp8route.engine.kv_pool import blocks_for
 from fp8route.engine.kv_quant import KVScales
-from fp8route.engine.request import Request, RequestMetrics, Status
-from fp8route.engine.runner import InFlight, ModelRunner
+from fp8route.engine.request import Request, RequestMetrics, Status, TokenLogprobs
+from fp8route.engine.runner import Forward, InFlight, ModelRunner, StepResult
 from fp8route.engine.sampling import SamplingParams
 from fp8route.engine.scheduler import Scheduler
+from fp8route.engine.structured import Grammars
 from fp8route.errors import Fp8InputError
 from fp8route.models.llama import LlamaForCausalLM
 
@@ -48,11 +49,13 @@ class StepStats:
 
 @dataclass
 class Update:
-    """What one step did for one request: the tokens it gained (0 or 1), and whether it ended."""
+    """What one step did for one request: the tokens it gained (0 or 1) with their log-probabilities
+    when it asked for them, and whether it ended."""
 
     request: Request
     new_token_ids: list[int]
     finished: bool
+    new_logprobs: list[TokenLogprobs] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -64,16 +67,27 @@ class EngineLimits:
     block_size: int
     usable_blocks: int
     capacity_tokens: int
+    eos_token_ids: tuple[int, ...] = ()
 
 
-def check_prompt(ids: Sequence[int], params: SamplingParams, limits: EngineLimits) -> None:
-    """Raise Fp8InputError unless these prompt ids with these params can ever run within limits."""
+def check_prompt(
+    ids: Sequence[int], params: SamplingParams, limits: EngineLimits, grammars: Grammars | None = None
+) -> None:
+    """Raise Fp8InputError unless these prompt ids with these params can ever run within limits (and
+    their structured output compiles with grammars)."""
     if not ids:
         raise Fp8InputError("the prompt is empty: give at least one token")
     vocab = limits.vocab_size
     bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
     if bad:
         raise Fp8InputError(f"prompt token ids must be integers in 0..{vocab - 1} (the vocabulary), got {bad[0]!r}")
+    biased = [t for t in params.logit_bias or () if t >= vocab]
+    if biased:
+        raise Fp8InputError(f"logit_bias names token {biased[0]}, past the vocabulary (0..{vocab - 1})")
+    if params.structured_outputs is not None:
+        if grammars is None:
+            raise Fp8InputError("structured output needs the model's tokenizer, which this engine was started without")
+        grammars.compile(params.structured_outputs)
     wanted = len(ids) + (params.max_tokens or 1)
     if wanted > limits.max_model_len:
         raise Fp8InputError(
@@ -121,6 +135,10 @@ class LLMEngine:
             async_scheduling = device.type == "cuda" and config.attention != "flashinfer"
         self.async_scheduling = async_scheduling
         self.requests: dict[str, Request] = {}
+        self.groups: dict[str, list[Request]] = {}  # a request of n > 1 samples: its samples
+        self._held: dict[str, list[Request]] = {}  # samples that wait for the first one's prompt
+        self.grammar_source: Callable[[], Grammars] | None = None  # makes the grammars on first use
+        self._grammars: Grammars | None = None
         self._ids = itertools.count()
         self._seeds = random.Random(0)
         self.record_stats = config.record_stats
@@ -156,12 +174,19 @@ class LLMEngine:
         pool = self.runner.pool
         return EngineLimits(
             self.model.cfg.vocab_size, self.max_model_len, pool.block_size, self.blocks.usable_blocks,
-            pool.capacity_tokens,
+            pool.capacity_tokens, self.eos_token_ids,
         )  # fmt: skip
+
+    @property
+    def grammars(self) -> Grammars | None:
+        """What compiles and runs structured output (None: no tokenizer to build it from)."""
+        if self._grammars is None and self.grammar_source is not None:
+            self._grammars = self.grammar_source()
+        return self._grammars
 
     def check_prompt(self, ids: Sequence[int], params: SamplingParams) -> None:
         """Raise Fp8InputError unless these prompt ids with these params can ever run here."""
-        check_prompt(ids, params, self.limits)
+        check_prompt(ids, params, self.limits, self.grammars if params.structured_outputs is not None else None)
 
     def add_request(
         self,
@@ -180,28 +205,74 @@ class LLMEngine:
         self.check_prompt(ids, params)
         max_tokens = self.max_model_len - len(ids) if params.max_tokens is None else params.max_tokens
         request_id = str(next(self._ids)) if request_id is None else request_id
-        if request_id in self.requests:
+        if request_id in self.requests or request_id in self.groups:
             raise Fp8InputError(f"request id {request_id!r} is already in use")
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
-        metrics = RequestMetrics(arrival_time if arrival_time is not None else time.monotonic())
-        request = Request(request_id, ids, params, seed, metrics, prompt=prompt, max_tokens=max_tokens)
-        self.requests[request_id] = request
-        self.scheduler.add(request)
-        return request
+        arrival = arrival_time if arrival_time is not None else time.monotonic()
+        samples = [self._sample(request_id, i, ids, params, seed, arrival, prompt, max_tokens) for i in range(params.n)]
+        for request in samples:
+            self.requests[request.request_id] = request
+        first, rest = samples[0], samples[1:]
+        self.scheduler.add(first)
+        if rest:
+            self.groups[request_id] = samples
+            if self.config.enable_prefix_caching:  # the others wait to find the first's prompt in the cache
+                self._held[first.request_id] = rest
+            else:
+                for request in rest:
+                    self.scheduler.add(request)
+        return first
+
+    def _sample(
+        self, group: str, index: int, ids: list[int], params: SamplingParams, seed: int, arrival: float,
+        prompt: str | None, max_tokens: int,
+    ) -> Request:  # fmt: skip
+        """Sample `index` of a request: one sample of its own, seeded seed + index; only the first
+        scores the prompt."""
+        request_id = group
+        if params.n > 1:
+            request_id = f"{index}_{group}"
+            params = replace(params, n=1, prompt_logprobs=params.prompt_logprobs if index == 0 else None)
+        spec = params.structured_outputs
+        grammars = self.grammars if spec is not None else None
+        return Request(
+            request_id, list(ids), params, seed + index, RequestMetrics(arrival), prompt=prompt,
+            max_tokens=max_tokens, group_id=group, index=index,
+            matcher=grammars.matcher(spec) if grammars is not None and spec is not None else None,
+        )  # fmt: skip
+
+    def samples(self, request: Request) -> list[Request]:
+        """Every sample of the request `request` is the first of (itself when n is 1)."""
+        return self.groups.get(request.group_id, [request])
 
     def abort(self, request_id: str) -> bool:
-        """Stop a request now and free its blocks (a step in flight still writing them runs before any
-        step that takes them); False if it is unknown or already finished."""
-        request = self.requests.pop(request_id, None)
-        if request is None or request.finished:
-            return False
-        self.scheduler.finish(request, "abort")
-        request.metrics.finished_time = time.monotonic()
-        return True
+        """Stop a request (every sample of it) now and free its blocks (a step in flight still writing
+        them runs before any step that takes them); False if it is unknown or already finished."""
+        group = self.groups.pop(request_id, None)
+        samples = group if group is not None else [self.requests.get(request_id)]
+        aborted = False
+        for request in samples:
+            if request is None or request.finished:
+                continue
+            self.requests.pop(request.request_id, None)
+            self._release_held(request)  # its siblings need not wait for a prompt that will not come
+            held = next((rest for rest in self._held.values() if request in rest), None)
+            if held is not None:  # it never reached the scheduler
+                held.remove(request)
+                request.status, request.finish_reason = Status.FINISHED, "abort"
+            else:
+                self.scheduler.finish(request, "abort")
+            request.metrics.finished_time = time.monotonic()
+            aborted = True
+        return aborted
+
+    def _release_held(self, request: Request) -> None:
+        for sibling in self._held.pop(request.request_id, []):
+            self.scheduler.add(sibling)
 
     @property
     def has_unfinished(self) -> bool:
-        return bool(self.scheduler.waiting or self.scheduler.running or self._inflight)
+        return bool(self.scheduler.waiting or self.scheduler.running or self._inflight or self._held)
 
     @property
     def num_running(self) -> int:
@@ -213,18 +284,19 @@ class LLMEngine:
 
     def step(self) -> list[Update]:
         """Schedule and launch the next step; read back the step before it (async scheduling) or this
-        one. Returns what the step read back did for each request it ran."""
+        one. Returns what the steps read back did for each request they ran."""
         start = time.perf_counter()
         if self._inflight is None:  # nothing launched before this call: the step read back is timed from here
             self._read_at = start
         out = self.scheduler.schedule()
+        updates: list[Update] = []
         launched = None
         if not out.empty:
             now = time.monotonic()
             for piece in out.seqs:
                 if piece.request.metrics.first_scheduled_time is None:
                     piece.request.metrics.first_scheduled_time = now
-            launched = self.runner.execute(out)
+            launched = self.runner.execute(out, lambda forward: self._masks(forward, updates))
         if launched is not None and self.record_stats:
             self.stats.append(self._record(launched, time.perf_counter() - start))
             self._stats_of[id(launched)] = self.stats[-1]
@@ -233,12 +305,15 @@ class LLMEngine:
             self.ahead_steps += launched is not None
         elif not self.async_scheduling or launched is None:
             previous, self._inflight = launched, None
-        if previous is None:
-            return []
-        tokens = previous.tokens()
+        if previous is not None:
+            updates += self._read_back(previous)
+        return updates
+
+    def _read_back(self, step: InFlight) -> list[Update]:
+        result = step.read()
         read = time.perf_counter()
-        updates = self._advance(previous, tokens)
-        stats = self._stats_of.pop(id(previous), None)
+        updates = self._advance(step, result)
+        stats = self._stats_of.pop(id(step), None)
         if stats is not None:
             # A step's wall time is from the step before it being read back to itself being read back:
             # with async scheduling, the host's work for the next step is inside it.
@@ -247,13 +322,30 @@ class LLMEngine:
         self._read_at = read
         return updates
 
+    def _masks(self, forward: Forward, updates: list[Update]) -> torch.Tensor:
+        """The constrained rows' bitmasks, on the host (a row whose request ended allows every token:
+        its token is dropped). A grammar's mask needs every token before this step's: the step in
+        flight is read back first (into updates), while this step's forward is queued behind it."""
+        if self._inflight is not None:
+            updates += self._read_back(self._inflight)
+            self._inflight = None
+        grammars = self.grammars
+        assert grammars is not None, "a constrained request came in without grammars"
+        rows = forward.constrained
+        masks = grammars.new_bitmask(len(rows))
+        for j, i in enumerate(rows):
+            request = forward.sampling[i].request
+            if not request.finished and not request.matcher.terminated:
+                request.matcher.fill(masks, j)
+        return masks
+
     def drain(self) -> list[Update]:
         """Read back the step in flight, if any (after aborts, before the engine is let go)."""
         launched, self._inflight = self._inflight, None
         if launched is None:
             return []
         self._stats_of.pop(id(launched), None)
-        return self._advance(launched, launched.tokens())
+        return self._advance(launched, launched.read())
 
     def _record(self, launched: InFlight, host_s: float) -> StepStats:
         seqs, singles = launched.out.seqs, launched.out.singles
@@ -262,17 +354,22 @@ class LLMEngine:
             self.blocks.used_blocks, host_s, 0.0,
         )  # fmt: skip
 
-    def _advance(self, step: InFlight, tokens: list[int]) -> list[Update]:
+    def _advance(self, step: InFlight, result: StepResult) -> list[Update]:
         """Register what a step read back computed and append its tokens; a request that ended after
         the step was launched (a token stopped it, or an abort) gets nothing from it."""
         scheduler = self.scheduler
         updates: dict[int, Update] = {}
         for piece in step.out.seqs:
             scheduler.computed(piece)
+            if piece.samples:  # its prompt is computed: samples waiting for it find it in the cache
+                self._release_held(piece.request)
             if piece.request.status is not Status.FINISHED:
                 updates.setdefault(id(piece.request), Update(piece.request, [], False))
+        for request, position, entry in result.prompt_logprobs:
+            if request.prompt_logprobs is not None:
+                request.prompt_logprobs[position] = entry
         now = time.monotonic()
-        for piece, token in zip(step.sampling, tokens, strict=True):
+        for i, (piece, token) in enumerate(zip(step.sampling, result.tokens, strict=True)):
             request = piece.request
             request.num_pending -= 1
             if request.status is Status.FINISHED:
@@ -282,13 +379,26 @@ class LLMEngine:
                 request.metrics.first_token_time = now
             update = updates[id(request)]
             update.new_token_ids.append(token)
+            entry = result.logprobs.get(i)
+            if entry is not None and request.logprobs is not None:
+                request.logprobs.append(entry)
+                update.new_logprobs.append(entry)
+            if request.matcher is not None:
+                request.matcher.accept(token)
             reason, stop = self._stop(request, token)
             if reason is not None:
                 scheduler.finish(request, reason, stop)
                 request.metrics.finished_time = now
                 update.finished = True
-                self.requests.pop(request.request_id, None)
+                self._forget(request)
         return list(updates.values())
+
+    def _forget(self, request: Request) -> None:
+        """A finished request leaves the engine's books (its group with its last sample)."""
+        self.requests.pop(request.request_id, None)
+        group = self.groups.get(request.group_id)
+        if group is not None and all(r.finished for r in group):
+            del self.groups[request.group_id]
 
     def _stop(self, request: Request, token: int) -> tuple[str | None, int | None]:
         params = request.params
@@ -296,6 +406,8 @@ class LLMEngine:
             return "stop", None
         if token in params.stop_token_ids:
             return "stop", token
+        if request.matcher is not None and request.matcher.terminated:
+            return "stop", None
         if request.num_output_tokens >= request.max_tokens or len(request.token_ids) >= self.max_model_len:
             return "length", None
         return None, None

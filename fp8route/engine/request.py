@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from fp8route.engine.blocks import ROOT
 from fp8route.engine.sampling import SamplingParams
+
+
+class TokenLogprobs(NamedTuple):
+    """One position's log-probabilities, from the model's logits before any processing: the token's
+    own, its rank (1 is the most likely), and the most likely tokens' (ids and values, best first)."""
+
+    token: int
+    logprob: float
+    rank: int
+    top_ids: list[int]
+    top_logprobs: list[float]
 
 
 class Status(enum.Enum):
@@ -46,10 +59,20 @@ class Request:
     stop_reason: int | None = None  # the stop token id that ended it, if one did
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at the last admission
     num_preemptions: int = 0
+    group_id: str = ""  # the request the caller added: itself, or the parent of n samples
+    index: int = 0  # which of its group's samples it is
+    matcher: Any = None  # fp8route.engine.structured.Matcher when a grammar constrains the output
+    logprobs: list[TokenLogprobs] | None = None  # one per output token read back, when asked for
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # one per prompt token (the first has none)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
+        self.group_id = self.group_id or self.request_id
+        if self.params.logprobs is not None:
+            self.logprobs = []
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None] * len(self.prompt_token_ids)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -83,6 +106,26 @@ class Request:
         return self.status is Status.FINISHED
 
 
+@dataclass(frozen=True)
+class Logprob:
+    """vLLM's Logprob: a token's log-probability, its rank among the vocabulary, its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+def logprob_dict(entry: TokenLogprobs, decode: Callable[[int], str] | None) -> dict[int, Logprob]:
+    """One position as vLLM gives it: the token chosen (or scored) and the top alternatives by id."""
+
+    def text(token: int) -> str | None:
+        return decode(token) if decode is not None else None
+
+    out = {t: Logprob(lp, rank + 1, text(t)) for rank, (t, lp) in enumerate(zip(entry.top_ids, entry.top_logprobs))}
+    out[entry.token] = Logprob(entry.logprob, entry.rank, text(entry.token))
+    return out
+
+
 @dataclass
 class CompletionOutput:
     index: int
@@ -90,6 +133,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None  # "stop", "length", "abort"; None while running
     stop_reason: int | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
 
 
 @dataclass
@@ -104,6 +148,7 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     num_cached_tokens: int = 0
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     @property
     def text(self) -> str:

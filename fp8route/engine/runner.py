@@ -18,7 +18,7 @@ seen it) and copied back to pinned host memory behind the step. Nothing in a ste
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,47 +31,95 @@ from fp8route.engine.flashinfer_attention import FlashInferAttention
 from fp8route.engine.kv_pool import KVPool, upload
 from fp8route.engine.kv_quant import KVScales
 from fp8route.engine.prefill_graphs import MAX_TOKENS, PrefillGraphs, why_not_graphed
-from fp8route.engine.request import Request, RequestMetrics
-from fp8route.engine.sampling import SamplingParams, choose
+from fp8route.engine.request import Request, RequestMetrics, TokenLogprobs
+from fp8route.engine.sampler import Logprobs, Sampler, token_logprobs
+from fp8route.engine.sampling import SamplingParams
 from fp8route.engine.scheduler import ScheduledSeq, SchedulerOutput
 from fp8route.kernels.paged_attention import TRITON_IMPORT_ERROR, Sequences
 from fp8route.models.llama import LlamaForCausalLM, rope_tables
 
 log = logging.getLogger("fp8route")
+_LOGPROB_SLICE = 1024  # prompt positions per lm_head call when scoring a prompt
 _DUMMY_PARAMS = SamplingParams(max_tokens=1, temperature=0)
 
 
 @dataclass
-class InFlight:
-    """A launched step: its pieces, those that sample (in the order of `sampled`), the tokens on the
-    device and (on a GPU) on their way to pinned host memory behind the step."""
+class PromptLogprobs:
+    """The prompt log-probabilities a step computes: entries[i] = (request, position scored)."""
+
+    entries: list[tuple[Request, int]]
+    ks: list[int]
+    tensors: list[torch.Tensor]  # token_logprobs' tensors for the entries
+
+
+@dataclass
+class StepResult:
+    """A step read back: the sampled rows' tokens and, for the rows that asked, their log-probabilities
+    (by index into the rows); the prompt positions' log-probabilities as (request, position, values)."""
+
+    tokens: list[int]
+    logprobs: dict[int, TokenLogprobs]
+    prompt_logprobs: list[tuple[Request, int, TokenLogprobs]]
+
+
+@dataclass
+class Forward:
+    """A step whose forward is launched and whose tokens are not chosen yet."""
 
     out: SchedulerOutput
     sampling: list[ScheduledSeq]
-    sampled: torch.Tensor | None
-    host: torch.Tensor | None = None
+    logits: torch.Tensor | None
+    greedy: torch.Tensor | None
+    prompt: PromptLogprobs | None
+
+    @property
+    def constrained(self) -> list[int]:
+        """The sampled rows whose output a grammar constrains."""
+        return [i for i, s in enumerate(self.sampling) if s.request.matcher is not None]
+
+
+@dataclass
+class InFlight:
+    """A launched step: its pieces, those that sample (in the order of the tokens), what it computed
+    on the device and (on a GPU) on its way to pinned host memory behind the step."""
+
+    out: SchedulerOutput
+    sampling: list[ScheduledSeq]
+    tensors: list[torch.Tensor]  # the tokens, then the rows' Logprobs, then the prompt's
+    logprobs: Logprobs | None = None
+    prompt: PromptLogprobs | None = None
+    host: list[torch.Tensor] | None = None
     copied: torch.cuda.Event | None = None
 
-    @classmethod
-    def start(cls, out: SchedulerOutput, sampling: list[ScheduledSeq], sampled: torch.Tensor | None) -> InFlight:
-        """The tokens are taken as they are now: a CUDA graph's next replay overwrites its outputs."""
-        if sampled is None:
-            return cls(out, sampling, sampled)
-        if not sampled.is_cuda:
-            return cls(out, sampling, sampled, sampled.clone())
-        host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
-        host.copy_(sampled, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record()
-        return cls(out, sampling, sampled, host, copied)
+    def __post_init__(self) -> None:
+        """The results are taken as they are now: a CUDA graph's next replay overwrites its outputs."""
+        if not self.tensors:
+            return
+        if not self.tensors[0].is_cuda:
+            self.host = [t.clone() for t in self.tensors]
+            return
+        self.host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in self.tensors]
+        for host, tensor in zip(self.host, self.tensors, strict=True):
+            host.copy_(tensor, non_blocking=True)
+        self.copied = torch.cuda.Event()
+        self.copied.record()
 
-    def tokens(self) -> list[int]:
-        """The step's tokens on the host: the one wait for the GPU."""
-        if self.sampled is None:
-            return []
+    def read(self) -> StepResult:
+        """The step's results on the host: the one wait for the GPU."""
+        if self.host is None:
+            return StepResult([], {}, [])
         if self.copied is not None:
             self.copied.synchronize()
-        return (self.host if self.host is not None else self.sampled).tolist()
+        host = self.host
+        logprobs: dict[int, TokenLogprobs] = {}
+        if self.logprobs is not None:
+            values = Logprobs.read(host[1:6], self.logprobs.ks)
+            logprobs = dict(zip(self.logprobs.rows, values, strict=True))
+        prompt: list[tuple[Request, int, TokenLogprobs]] = []
+        if self.prompt is not None:
+            values = Logprobs.read(host[-5:], self.prompt.ks)
+            prompt = [(r, p, v) for (r, p), v in zip(self.prompt.entries, values, strict=True)]
+        return StepResult(host[0].tolist(), logprobs, prompt)
 
 
 class ModelRunner:
@@ -106,6 +154,7 @@ class ModelRunner:
         self.use_prefill_graphs = use_prefill_graphs
         self.use_triton: bool | None = None  # attention kernels: None = Triton on CUDA when it imports
         self.eos_token_ids = tuple(eos_token_ids)
+        self.sampler = Sampler(model.cfg.vocab_size, max_rows + 1, device)
         # Computed once for every position the cache can hold, then indexed: the same values
         # rope_tables gives for any positions, without per-step host work.
         self.rope_cos, self.rope_sin = rope_tables(model.cfg, torch.arange(max_seq_len, device=device))
@@ -156,27 +205,47 @@ class ModelRunner:
 
     # -- a step ------------------------------------------------------------------------------------
 
-    def execute(self, out: SchedulerOutput) -> InFlight:
-        """Write out's tables, launch its forward and sampling; returns the step in flight."""
+    def execute(self, out: SchedulerOutput, masks: Callable[[Forward], torch.Tensor] | None = None) -> InFlight:
+        """Launch out's forward, then its sampling; masks: called between the two when a grammar
+        constrains a row, for the constrained rows' bitmasks (on the host)."""
+        step = self.forward(out)
+        return self.sample(step, masks(step) if masks is not None and step.constrained else None)
+
+    def forward(self, out: SchedulerOutput) -> Forward:
+        """Write out's tables and launch its forward: the logits of the pieces that sample."""
         self._write_tables(out)
         seqs = out.seqs
         sampling = [s for s in seqs if s.samples]
-        if out.singles == len(seqs):
+        for row in out.tables:  # rows given to requests this step: a penalized one's counts start over
+            request = next(s.request for s in seqs if s.row == row)
+            if request.params.penalized:
+                self.sampler.admit(row, request)
+        prompt = None
+        if out.singles == len(seqs) and not any(_scores_prompt(s) for s in seqs):
             logits, greedy = self._decode(seqs)
             if len(sampling) < len(seqs):
                 picked = upload(torch.tensor([i for i, s in enumerate(seqs) if s.samples]), self.device)
                 logits, greedy = logits[picked], greedy[picked]
         else:
-            logits, greedy = self._forward(out), None
-        if not sampling:
-            return InFlight.start(out, [], None)
-        requests = [s.request for s in sampling]
-        steps = [r.num_output_scheduled - 1 for r in requests]  # each request's output token being chosen
-        params, seeds = [r.params for r in requests], [r.seed for r in requests]
-        sampled = choose(logits, greedy, params, seeds, steps, self.eos_token_ids)
-        rows = upload(torch.tensor([s.row for s in sampling]), self.device)
-        self.last_token.index_copy_(0, rows, sampled)
-        return InFlight.start(out, sampling, sampled)
+            (logits, prompt), greedy = self._forward(out), None
+        return Forward(out, sampling, logits if sampling else None, greedy, prompt)
+
+    def sample(self, step: Forward, masks: torch.Tensor | None = None) -> InFlight:
+        """Choose the step's tokens (masks: the constrained rows' bitmasks, on the host) and start
+        their copy back; each row's token is kept on the device for its next decode."""
+        prompt_tensors = step.prompt.tensors if step.prompt is not None else []
+        if step.logits is None:
+            if not prompt_tensors:
+                return InFlight(step.out, [], [])
+            none = torch.empty(0, dtype=torch.int64, device=self.device)
+            return InFlight(step.out, [], [none, *prompt_tensors], None, step.prompt)
+        requests = [s.request for s in step.sampling]
+        rows = upload(torch.tensor([s.row for s in step.sampling]), self.device)
+        where = None if masks is None else (step.constrained, upload(masks, self.device))
+        tokens, logprobs = self.sampler(step.logits, step.greedy, requests, rows, self.eos_token_ids, where)
+        self.last_token.index_copy_(0, rows, tokens)
+        tensors = [tokens, *(logprobs.tensors() if logprobs is not None else []), *prompt_tensors]
+        return InFlight(step.out, step.sampling, tensors, logprobs, step.prompt)
 
     def _write_tables(self, out: SchedulerOutput) -> None:
         if out.tables:
@@ -250,8 +319,9 @@ class ModelRunner:
         logits = self.model.lm_head(self.model.model.run_layers(h, cos, sin, context)[:, 0])
         return logits, greedy_tokens(logits)
 
-    def _forward(self, out: SchedulerOutput) -> torch.Tensor:
-        """One forward over every piece's tokens; the logits of the pieces that sample."""
+    def _forward(self, out: SchedulerOutput) -> tuple[torch.Tensor, PromptLogprobs | None]:
+        """One forward over every piece's tokens: the logits of the pieces that sample, and the
+        log-probabilities of the prompt positions asked for."""
         seqs, page = out.seqs, self.block_size
         starts = np.array([s.start for s in seqs], dtype=np.int64)
         counts = np.array([s.num_tokens for s in seqs], dtype=np.int64)
@@ -289,7 +359,34 @@ class ModelRunner:
             normed = graphs.run(h, cos, sin, context)
         else:
             normed = self.model.model.run_layers(h[None], cos, sin, context)[0]
-        return self.model.lm_head(normed[sample_d])
+        return self.model.lm_head(normed[sample_d]), self._prompt_logprobs(seqs, offsets[:-1].tolist(), normed)
+
+    def _prompt_logprobs(
+        self, seqs: Sequence[ScheduledSeq], firsts: list[int], normed: torch.Tensor
+    ) -> PromptLogprobs | None:
+        """Each asked-for prompt position's log-probability (a position's logits score the token after
+        it), through lm_head a slice of positions at a time: a long chunk's logits need not fit at once."""
+        entries, flat, targets, ks = [], [], [], []
+        for s, first in zip(seqs, firsts, strict=True):
+            if not _scores_prompt(s):
+                continue
+            request, k = s.request, s.request.params.prompt_logprobs or 0
+            last = min(s.start + s.num_tokens, request.num_prompt_tokens - 1)
+            for position in range(s.start, last):
+                entries.append((request, position + 1))
+                flat.append(first + position - s.start)
+                targets.append(request.prompt_token_ids[position + 1])
+                ks.append(k)
+        if not entries:
+            return None
+        where, tokens = upload(torch.tensor([flat, targets]), self.device)
+        parts = [
+            token_logprobs(
+                self.model.lm_head(normed[where[i : i + _LOGPROB_SLICE]]), tokens[i : i + _LOGPROB_SLICE], max(ks)
+            )
+            for i in range(0, len(entries), _LOGPROB_SLICE)
+        ]
+        return PromptLogprobs(entries, ks, [torch.cat(column) for column in zip(*parts, strict=True)])
 
     # -- graphs and warm-up --------------------------------------------------------------------------
 
@@ -338,6 +435,12 @@ class ModelRunner:
             for chunks in (1, 3, 16):
                 for extra in (0, 1):
                     self.dummy_forward(singles + 2 * chunks + extra, singles, chunks)
+
+
+def _scores_prompt(piece: ScheduledSeq) -> bool:
+    """Whether the piece computes positions whose logits score a prompt token its request asked for."""
+    request = piece.request
+    return request.params.prompt_logprobs is not None and piece.start < request.num_prompt_tokens - 1
 
 
 def _token(request: Request, position: int) -> int:

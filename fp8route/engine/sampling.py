@@ -1,143 +1,122 @@
-"""SamplingParams (vLLM's names and defaults) and the engine's one sampler.
-
-Each request samples from its own stream: the noise for a request's t-th token is a hash of
-(its seed, t, token id), so the tokens it draws do not depend on which other requests share its
-batch, and a seed reproduces them exactly. Drawn as the exponential race argmax(p / E), E = -log U,
-with no op that waits on the host: every per-row value reaches the device from pinned memory.
-"""
+"""SamplingParams: how one request's tokens are chosen and when it stops, in vLLM's names and
+defaults, each field checked once here with a one-line error. The sampler that applies them is
+fp8route.engine.sampler."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
-import torch
-
-from fp8route.engine.argmax import greedy_tokens
-from fp8route.engine.kv_pool import upload
+from fp8route.engine.structured import StructuredOutputs
 from fp8route.errors import Fp8InputError
 
-_MASK64 = (1 << 64) - 1
+MAX_LOGPROBS = 20  # OpenAI's bound on top_logprobs, and vLLM's default max_logprobs
 
 
-def _signed(value: int) -> int:
-    value &= _MASK64
-    return value - (1 << 64) if value >= 1 << 63 else value
+def _fail(message: str) -> None:
+    raise Fp8InputError(f"SamplingParams: {message}")
 
 
-# splitmix64's constants, as the signed int64 torch holds.
-_GOLDEN, _MIX1, _MIX2 = _signed(0x9E3779B97F4A7C15), _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
+def _number(name: str, value: Any, low: float, high: float, *, open_low: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    if not ok or value > high or value < low or (open_low and value == low):
+        interval = f"({low}, {high}]" if open_low else f"[{low}, {high}]"
+        _fail(f"{name} must be a number in {interval}, got {value!r}")
+
+
+def _count(name: str, value: Any, low: int, high: int | None = None, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+        bound = f"in {low}..{high}" if high is not None else f">= {low}"
+        _fail(f"{name} must be an integer {bound}{' (or None)' if optional else ''}, got {value!r}")
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one request's tokens are chosen and when it stops. temperature 0 is greedy."""
+    """temperature 0 is greedy. The logits a token is drawn from are, in this order: biased
+    (logit_bias), held back from EOS and stop ids before min_tokens, penalized for what the request
+    saw (repetition on prompt and output, frequency and presence on output), masked to what the
+    structured output allows; then divided by the temperature and cut by min_p, top_k and top_p.
+    logprobs and prompt_logprobs report the model's own log-probabilities, before any of that."""
 
+    n: int = 1  # samples of the prompt, which is prefilled once
     max_tokens: int | None = 16  # None: until the model's context is full
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # 0 (or -1): every token
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: Mapping[int, float] | None = None
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     min_tokens: int = 0  # EOS and stop ids are masked until this many tokens came
+    logprobs: int | None = None  # per output token: its log-probability and this many top alternatives
+    prompt_logprobs: int | None = None  # the same for every prompt token after the first
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
-        def fail(message: str) -> None:
-            raise Fp8InputError(f"SamplingParams: {message}")
-
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
-            fail(f"max_tokens must be an integer >= 1 (or None), got {self.max_tokens!r}")
-        if (
-            not isinstance(self.temperature, (int, float))
-            or not 0 <= self.temperature <= 100
-            or math.isnan(self.temperature)
-        ):
-            fail(f"temperature must be a number in [0, 100], got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            fail(f"top_p must be in (0, 1], got {self.top_p!r}")
+        _count("n", self.n, 1, 128)
+        _count("max_tokens", self.max_tokens, 1, optional=True)
+        _number("temperature", self.temperature, 0, 100)
+        _number("top_p", self.top_p, 0, 1, open_low=True)
+        if self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)
+        _count("top_k", self.top_k, 0)
+        _number("min_p", self.min_p, 0, 1)
+        _number("repetition_penalty", self.repetition_penalty, 0, 100, open_low=True)
+        _number("frequency_penalty", self.frequency_penalty, -2, 2)
+        _number("presence_penalty", self.presence_penalty, -2, 2)
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            fail(f"seed must be an integer or None, got {self.seed!r}")
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
-            fail(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+            _fail(f"seed must be an integer or None, got {self.seed!r}")
+        _count("min_tokens", self.min_tokens, 0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            fail(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+            _fail(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        _count("logprobs", self.logprobs, 0, MAX_LOGPROBS, optional=True)
+        _count("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS, optional=True)
         ids = self.stop_token_ids
         if isinstance(ids, (str, bytes)) or not all(isinstance(i, int) and i >= 0 for i in ids):
-            fail(f"stop_token_ids must be a list of token ids >= 0, got {ids!r}")
+            _fail(f"stop_token_ids must be a list of token ids >= 0, got {ids!r}")
         object.__setattr__(self, "stop_token_ids", tuple(ids))
+        object.__setattr__(self, "logit_bias", _bias(self.logit_bias))
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputs):
+            _fail(f"structured_outputs must be a StructuredOutputs, got {type(self.structured_outputs).__name__}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def penalized(self) -> bool:
+        """Whether the tokens the request saw change its logits (its counts are kept on the device)."""
+        return self.repetition_penalty != 1 or self.frequency_penalty != 0 or self.presence_penalty != 0
 
-def _uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """U(0, 1) [B, vocab] from a counter hash of (seed, step, token id) per row (int64 ops wrap)."""
-    ids = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
-    x = seeds[:, None] * _GOLDEN + steps[:, None] * _MIX2 + ids[None, :] * _MIX1
-    for shift, mult in ((30, _MIX1), (27, _MIX2)):  # splitmix64's finalizer (logical shifts)
-        x = (x ^ ((x >> shift) & ((1 << (64 - shift)) - 1))) * mult
-    x = x ^ ((x >> 31) & ((1 << 33) - 1))
-    mantissa = (x >> 11) & ((1 << 53) - 1)
-    return (mantissa.double() + 0.5) / float(1 << 53)
+    @property
+    def plain(self) -> bool:
+        """Whether its logits are used as the model gave them (no bias, penalty, cut or mask)."""
+        cut = self.top_p < 1 or self.top_k > 0 or self.min_p > 0
+        return not (self.penalized or self.logit_bias or self.structured_outputs is not None or cut)
 
-
-def choose(
-    logits: torch.Tensor,
-    greedy: torch.Tensor | None,
-    params: Sequence[SamplingParams],
-    seeds: Sequence[int],
-    steps: Sequence[int],
-    eos_token_ids: Sequence[int],
-) -> torch.Tensor:
-    """Each row's next token: row i of logits [R, vocab] chooses its request's steps[i]-th output
-    token with params[i] from the stream of seeds[i]. greedy: the rows' argmax when the forward
-    computed it. Before min_tokens, EOS (unless ignored) and the stop ids are held back."""
-    masked = [i for i, (p, t) in enumerate(zip(params, steps, strict=True)) if t < p.min_tokens]
-    if not masked and all(p.greedy for p in params):
-        return greedy if greedy is not None else greedy_tokens(logits)
-    if masked:
-        banned = [[*(() if params[i].ignore_eos else eos_token_ids), *params[i].stop_token_ids] for i in masked]
-        logits = mask_tokens(logits, masked, banned)
-    return sample(logits, [p.temperature for p in params], [p.top_p for p in params], seeds, steps)
+    def child(self, index: int) -> SamplingParams:
+        """The params of sample `index` of n: one sample each, its own seed (seed + index) when seeded."""
+        return replace(self, n=1, seed=None if self.seed is None else self.seed + index)
 
 
-def sample(
-    logits: torch.Tensor,
-    temperatures: Sequence[float],
-    top_ps: Sequence[float],
-    seeds: Sequence[int],
-    steps: Sequence[int],
-) -> torch.Tensor:
-    """One token per row of logits [B, vocab]: argmax where the temperature is 0, else drawn from
-    softmax(logits / temperature) cut to its top_p nucleus with the row's (seed, step) stream."""
-    greedy = greedy_tokens(logits)
-    sampled = [i for i, t in enumerate(temperatures) if t > 0]
-    if not sampled:
-        return greedy
-    device = logits.device
-    ints = upload(torch.tensor([sampled, [_signed(seeds[i]) for i in sampled], [steps[i] for i in sampled]]), device)
-    index, seed_t, step_t = ints
-    floats = upload(torch.tensor([[temperatures[i] for i in sampled], [top_ps[i] for i in sampled]]), device)
-    temps, cut = floats[0], floats[1]
-    probs = torch.softmax(logits[index].float() / temps[:, None], dim=-1)
-    if any(top_ps[i] < 1.0 for i in sampled):
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        # Keep the smallest prefix whose mass reaches top_p; the most likely token always stays.
-        sorted_p = sorted_p.masked_fill(sorted_p.cumsum(-1) - sorted_p > cut[:, None], 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    noise = -torch.log(_uniform(seed_t, step_t, logits.shape[-1]))
-    chosen = (probs.double() / noise).argmax(dim=-1)
-    return greedy.index_copy(0, index, chosen)
-
-
-def mask_tokens(logits: torch.Tensor, rows: Sequence[int], banned: Sequence[Sequence[int]]) -> torch.Tensor:
-    """logits with banned[i]'s ids at -inf in row rows[i] (EOS and stop ids before min_tokens)."""
-    pairs = [(r, t) for r, ids in zip(rows, banned, strict=True) for t in ids if t < logits.shape[-1]]
-    if not pairs:
-        return logits
-    logits = logits.clone()
-    where = upload(torch.tensor(pairs).T.contiguous(), logits.device)
-    logits[where[0], where[1]] = float("-inf")
-    return logits
+def _bias(bias: Any) -> dict[int, float] | None:
+    """logit_bias as {token id: bias in [-100, 100]} (OpenAI's range); None when empty."""
+    if bias is None:
+        return None
+    if not isinstance(bias, Mapping):
+        _fail(f"logit_bias must map token ids to numbers, got {type(bias).__name__}")
+    out: dict[int, float] = {}
+    for token, value in bias.items():
+        if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+            _fail(f"logit_bias keys must be token ids >= 0, got {token!r}")
+        _number(f"logit_bias[{token}]", value, -100, 100)
+        out[token] = float(value)
+    return out or None

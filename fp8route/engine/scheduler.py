@@ -138,7 +138,9 @@ class Scheduler:
         """Admit the first waiting request with up to budget tokens; None if it must wait."""
         if not self.free_rows or request.num_pending:  # a preempted request's last token is still on its way
             return None
-        cached, parent = self.blocks.match_prefix(request.token_ids, len(request.token_ids) - 1)
+        # A request that scores its prompt computes every position of it: it takes nothing from the cache.
+        reusable = 0 if request.params.prompt_logprobs is not None else len(request.token_ids) - 1
+        cached, parent = self.blocks.match_prefix(request.token_ids, reusable)
         computed = len(cached) * self.block_size
         n = min(len(request.token_ids) - computed, budget)
         need = _blocks_for(computed + n, self.block_size) - len(cached)

@@ -85,11 +85,11 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(llm, monkeypat
     real = llm.engine.runner.execute
     calls = []
 
-    def broken(out):
+    def broken(out, *rest):
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("a kernel failed")
-        return real(out)
+        return real(out, *rest)
 
     monkeypatch.setattr(llm.engine.runner, "execute", broken)
     try:

@@ -46,7 +46,7 @@ def request(lm: CausalLM, row: int, prompt: list[int]) -> Request:
 def forward(lm: CausalLM, pieces: list[tuple[Request, int, int]]) -> torch.Tensor:
     """One step of these (request, start, tokens) pieces, each sampling: their last tokens' logits."""
     out = SchedulerOutput([ScheduledSeq(r, start, n, True, 0) for r, start, n in pieces])
-    return lm.engine.runner._forward(out)
+    return lm.engine.runner._forward(out)[0]
 
 
 def test_token_buckets_step_by_128_above_64_and_end_at_the_maximum():

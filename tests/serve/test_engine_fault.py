@@ -25,12 +25,12 @@ def faulty(tiny_folder):
     llm = LLM(tiny_folder, max_num_seqs=4, max_num_batched_tokens=64, device="cpu")
     real = llm.engine.runner.execute
 
-    def execute(out):
+    def execute(out, *rest):
         for r in (piece.request for piece in out.seqs):
             first = r.prompt_token_ids[0]
             if first == FAIL_AT_ONCE or (first == FAIL_LATER and r.num_output_tokens >= 3):
                 raise RuntimeError("injected kernel failure")
-        return real(out)
+        return real(out, *rest)
 
     llm.engine.runner.execute = execute
     engine = AsyncLLM(llm)
