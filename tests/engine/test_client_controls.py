@@ -1,0 +1,142 @@
+"""What clients ask of the engine beyond plain sampling, through LLM on a CPU: logprobs equal the
+log-softmax of the engine's own logits; prompt_logprobs equal the full forward's, chunked or not and
+with the prefix cache on; n samples share one prefill; structured output; prompt dicts and chat."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from checkpoint_helpers import text_model_folder
+from helpers import generate_with_logits
+
+from fp8route import LLM, Fp8InputError, SamplingParams
+from fp8route.engine.sampler import Sampler
+from fp8route.engine.structured import StructuredOutputs
+
+PROMPT = "the quick brown fox jumps over the lazy dog, and the cat sat on the mat by the door"
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    folder = text_model_folder(tmp_path_factory.mktemp("controls") / "tiny")
+    # float32 and a 16-token budget: prompts run in several chunks, and logits compare to 1e-5.
+    return LLM(folder, max_num_seqs=8, max_num_batched_tokens=16, device="cpu", dtype=torch.float32)
+
+
+def full_logprobs(llm: LLM, ids: list[int]) -> torch.Tensor:
+    """log_softmax of the model's full forward (no cache) over ids: [T, vocab]."""
+    with torch.no_grad():
+        return torch.log_softmax(llm.model(torch.tensor([ids]))[0].float(), -1)
+
+
+def test_logprobs_are_the_log_softmax_of_the_logits_each_token_was_chosen_from(llm, monkeypatch):
+    seen: list[torch.Tensor] = []
+    real = Sampler.__call__
+
+    def recording(self, logits, *rest):  # type: ignore[no-untyped-def]
+        seen.append(logits.float().clone())
+        return real(self, logits, *rest)
+
+    monkeypatch.setattr(Sampler, "__call__", recording)
+    params = SamplingParams(max_tokens=6, temperature=0.8, seed=3, logprobs=4, ignore_eos=True)
+    (out,) = llm.generate([PROMPT], params, use_tqdm=False)
+    completion = out.outputs[0]
+    assert len(seen) == len(completion.token_ids) == len(completion.logprobs) == 6
+    for logits, token, entry in zip(seen, completion.token_ids, completion.logprobs, strict=True):
+        expected = torch.log_softmax(logits[0], -1)
+        assert entry[token].logprob == pytest.approx(expected[token].item(), abs=1e-5)
+        assert entry[token].rank == int((expected > expected[token]).sum()) + 1
+        top = expected.topk(4)
+        assert [t for t in entry if t != token or entry[t].rank <= 4][:4] == top.indices.tolist()[: len(entry)][:4]
+        for t, value in zip(top.indices.tolist(), top.values.tolist(), strict=True):
+            assert entry[t].logprob == pytest.approx(value, abs=1e-5)
+        assert entry[token].decoded_token == llm.tokenizer.decode([token])
+
+
+@pytest.mark.parametrize("budget", [16, 512])
+def test_prompt_logprobs_equal_the_full_forward_chunked_and_after_a_cache_hit(tmp_path, budget):
+    llm = LLM(
+        text_model_folder(tmp_path / "tiny"),
+        max_num_seqs=4,
+        max_num_batched_tokens=budget,
+        device="cpu",
+        dtype=torch.float32,
+    )
+    ids = llm.encode(PROMPT)
+    expected = full_logprobs(llm, ids)
+    params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=2)
+    for _ in range(2):  # the second finds the prompt's blocks cached, and must still score every position
+        (out,) = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
+        assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(ids)
+        for position in range(1, len(ids)):
+            entry = out.prompt_logprobs[position]
+            token = ids[position]
+            assert entry[token].logprob == pytest.approx(expected[position - 1, token].item(), abs=1e-5)
+            best = expected[position - 1].topk(2).indices.tolist()
+            assert set(best) <= set(entry)
+
+
+def test_n_samples_share_one_prefill_and_each_is_the_seeded_single_request(llm):
+    ids = llm.encode("a prompt of its own, " * 4)  # several full blocks, none cached before
+    stats = llm.engine.blocks.stats
+    hits_before = stats.hit_tokens
+    params = SamplingParams(n=4, max_tokens=6, temperature=1.0, seed=11, ignore_eos=True)
+    (out,) = llm.generate([ids], params, use_tqdm=False)
+    assert [c.index for c in out.outputs] == [0, 1, 2, 3] and out.finished
+    full_blocks = (len(ids) - 1) // llm.engine.blocks.block_size * llm.engine.blocks.block_size
+    assert stats.hit_tokens - hits_before == 3 * full_blocks  # samples 1-3 found the first one's prompt
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+    for c in out.outputs:
+        alone = SamplingParams(max_tokens=6, temperature=1.0, seed=11 + c.index, ignore_eos=True)
+        (single,) = llm.generate([ids], alone, use_tqdm=False)
+        assert single.outputs[0].token_ids == c.token_ids
+    assert llm.engine.leaked() is None
+
+
+def test_an_aborted_group_leaves_nothing_behind(llm):
+    engine = llm.engine
+    first = engine.add_request(llm.encode(PROMPT), SamplingParams(n=3, max_tokens=50, ignore_eos=True))
+    engine.step()
+    assert engine.abort(first.group_id)
+    engine.drain()
+    assert not engine.has_unfinished and engine.leaked() is None and not engine.groups
+
+
+def test_prompt_dicts_and_chat(llm):
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    ids = llm.encode(PROMPT)
+    by_text, by_dict, by_ids = llm.generate([PROMPT, {"prompt": PROMPT}, {"prompt_token_ids": ids}], params)
+    assert by_text.token_ids == by_dict.token_ids == by_ids.token_ids and by_dict.prompt == PROMPT
+    chat = [{"role": "user", "content": "hello"}]
+    (answer,) = llm.chat(chat, params, use_tqdm=False)
+    from fp8route.checkpoint.gguf_tokenizer import apply_chat_template
+
+    rendered = apply_chat_template(llm.folder, chat)
+    assert answer.prompt_token_ids == llm.encode(rendered)
+    with pytest.raises(Fp8InputError, match="a prompt dict holds 'prompt' or 'prompt_token_ids'"):
+        llm.generate([{"text": "x"}], params)
+    with pytest.raises(Fp8InputError, match="no prompts"):
+        llm.generate(None)  # type: ignore[arg-type]
+
+
+def test_structured_output_holds_every_sample_to_its_schema(llm):
+    pytest.importorskip("xgrammar")
+    schema = {
+        "type": "object",
+        "properties": {"color": {"enum": ["red", "green"]}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["color", "n"],
+    }
+    params = SamplingParams(
+        n=4, max_tokens=40, temperature=1.0, seed=5, structured_outputs=StructuredOutputs(json=json.dumps(schema))
+    )
+    (out,) = llm.generate([PROMPT], params, use_tqdm=False)
+    for completion in out.outputs:
+        value = json.loads(completion.text)
+        assert value["color"] in ("red", "green") and 0 <= value["n"] <= 9, completion.text
+        assert completion.finish_reason == "stop"
+    choice = SamplingParams(max_tokens=10, temperature=1.0, structured_outputs=StructuredOutputs(choice=("yes", "no")))
+    assert {o.text for o in llm.generate([PROMPT] * 6, choice, use_tqdm=False)} <= {"yes", "no"}
+    with pytest.raises(Fp8InputError, match="cannot compile the regex"):
+        llm.generate([PROMPT], SamplingParams(structured_outputs=StructuredOutputs(regex="(ab")))
