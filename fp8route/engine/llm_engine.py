@@ -103,6 +103,11 @@ def check_prompt(
         )
 
 
+def sample_id(request_id: str, index: int, n: int) -> str:
+    """The engine's id of sample `index` of a request of n samples (vLLM's naming)."""
+    return request_id if n == 1 else f"{index}_{request_id}"
+
+
 class LLMEngine:
     def __init__(
         self,
@@ -229,9 +234,8 @@ class LLMEngine:
     ) -> Request:  # fmt: skip
         """Sample `index` of a request: one sample of its own, seeded seed + index; only the first
         scores the prompt."""
-        request_id = group
+        request_id = sample_id(group, index, params.n)
         if params.n > 1:
-            request_id = f"{index}_{group}"
             params = replace(params, n=1, prompt_logprobs=params.prompt_logprobs if index == 0 else None)
         spec = params.structured_outputs
         grammars = self.grammars if spec is not None else None
@@ -419,4 +423,4 @@ class LLMEngine:
         return self.blocks.check_empty()
 
 
-__all__ = ["LLMEngine", "Status", "StepStats", "Update"]
+__all__ = ["LLMEngine", "Status", "StepStats", "Update", "sample_id"]

@@ -14,7 +14,7 @@ import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -25,18 +25,8 @@ from starlette.types import Receive, Scope, Send
 
 from fp8route.engine.async_llm import EngineError
 from fp8route.serve.errors import APIError, from_validation
-from fp8route.serve.protocol import (
-    AssistantMessage,
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletionChunk,
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    CompletionChoice,
-    CompletionRequest,
-    CompletionResponse,
-    Delta,
-)
+from fp8route.serve.protocol import ChatCompletionRequest, CompletionRequest
+from fp8route.serve.responses import Formats, batch_response, collect, sse
 from fp8route.serve.serving import Job, Piece, Serving
 
 log = logging.getLogger("fp8route")
@@ -104,71 +94,6 @@ def engine_failure(exc: EngineError) -> APIError:
     return APIError(500, str(exc), code="engine_error")
 
 
-def _sse(payload: BaseModel | dict[str, Any]) -> str:
-    data = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(payload)
-    return f"data: {data}\n\n"
-
-
-_TEXT = "@@fp8route-text@@"
-
-
-class _Formats:
-    """The completion and chat shapes of one answer, whole or as stream chunks."""
-
-    def __init__(self, job: Job, model: str, chat: bool, continuous_usage: bool) -> None:
-        self.job, self.model, self.chat, self.continuous_usage = job, model, chat, continuous_usage
-        self.first = True
-        self._template: tuple[str, str] | None = None
-
-    def event(self, piece: Piece) -> str:
-        """The piece as one server-sent event. A middle piece (no role, no usage, not the last) is
-        the same chunk every time but for its text: a template filled in, not a model per token."""
-        if self.first or self.continuous_usage or piece.finish_reason is not None or piece.stop_reason is not None:
-            return _sse(self.chunk(piece))
-        if self._template is None:
-            head, _, tail = _sse(self.chunk(Piece(_TEXT, 0, 0))).rpartition(json.dumps(_TEXT))
-            self._template = head, tail
-        head, tail = self._template
-        return head + json.dumps(piece.text, ensure_ascii=False) + tail
-
-    def chunk(self, piece: Piece) -> BaseModel:
-        job, usage = self.job, piece.usage if self.continuous_usage else None
-        if not self.chat:
-            self.first = False
-            choice = CompletionChoice(text=piece.text, finish_reason=piece.finish_reason, stop_reason=piece.stop_reason)
-            return CompletionResponse(
-                id=job.request_id, created=job.created, model=self.model, choices=[choice], usage=usage
-            )
-        delta = Delta(role="assistant" if self.first else None, content=piece.text)
-        self.first = False
-        chunk = ChatChunkChoice(delta=delta, finish_reason=piece.finish_reason, stop_reason=piece.stop_reason)
-        return ChatCompletionChunk(
-            id=job.request_id, created=job.created, model=self.model, choices=[chunk], usage=usage
-        )
-
-    def usage_chunk(self, piece: Piece) -> BaseModel:
-        job = self.job
-        if self.chat:
-            return ChatCompletionChunk(
-                id=job.request_id, created=job.created, model=self.model, choices=[], usage=piece.usage
-            )
-        return CompletionResponse(
-            id=job.request_id, created=job.created, model=self.model, choices=[], usage=piece.usage
-        )
-
-    def whole(self, text: str, last: Piece) -> BaseModel:
-        job, reason, stop = self.job, last.finish_reason, last.stop_reason
-        if self.chat:
-            message = ChatChoice(message=AssistantMessage(content=text), finish_reason=reason, stop_reason=stop)
-            return ChatCompletionResponse(
-                id=job.request_id, created=job.created, model=self.model, choices=[message], usage=last.usage
-            )
-        choice = CompletionChoice(text=text, finish_reason=reason, stop_reason=stop)
-        return CompletionResponse(
-            id=job.request_id, created=job.created, model=self.model, choices=[choice], usage=last.usage
-        )
-
-
 def build_app(serving: Serving, *, api_key: str | None, max_request_bytes: int) -> FastAPI:
     app = FastAPI(title="fp8route", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = serving.metrics
@@ -212,24 +137,56 @@ def build_app(serving: Serving, *, api_key: str | None, max_request_bytes: int) 
     @v1.post("/completions")
     async def completions(request: Request) -> Response:
         body = await read_request(request, CompletionRequest, max_request_bytes)
-        job = serving.completion_job(body)
-        formats = _Formats(job, body.model, chat=False, continuous_usage=body.continuous_usage)
+        prompts = body.prompts
+        if len(prompts) > 1:
+            if body.stream:
+                raise APIError(
+                    400, f"'prompt' holds {len(prompts)} prompts and a stream answers one: send them one per "
+                    "request, or set 'stream' to false", param="prompt",
+                )  # fmt: skip
+            return await answer_batch(request, body)
+        job = serving.completion_job(body, prompts[0])
+        echo = serving.prompt_text(prompts[0]) if body.echo else None
+        formats = Formats(job, body.model, False, body.continuous_usage, serving.token_text, echo)
         return await answer(request, job, formats, body.stream, body.include_usage)
+
+    async def answer_batch(request: Request, body: CompletionRequest) -> Response:
+        """One response for a batch of prompts: prompt p's samples are choices p * n ... p * n + n - 1."""
+        jobs: list[Job] = []
+        try:
+            for prompt in body.prompts:
+                jobs.append(serving.completion_job(body, prompt))
+        except APIError:
+            for job in jobs:
+                serving.release(job, "aborted")
+            raise
+        streams = [serving.pieces(job) for job in jobs]
+        try:
+            answers = await until_disconnect(request, asyncio.gather(*(collect(s) for s in streams)))
+        except EngineError as exc:
+            raise engine_failure(exc) from None
+        except ClientGone:
+            return Response(status_code=499)
+        finally:
+            for stream, job in zip(streams, jobs, strict=True):
+                await stream.aclose()  # type: ignore[attr-defined]
+                serving.release(job, "aborted")
+        return JSONResponse(batch_response(serving, body, jobs, answers).model_dump())
 
     @v1.post("/chat/completions")
     async def chat(request: Request) -> Response:
         body = await read_request(request, ChatCompletionRequest, max_request_bytes)
         job = serving.chat_job(body)
-        formats = _Formats(job, body.model, chat=True, continuous_usage=body.continuous_usage)
+        formats = Formats(job, body.model, True, body.continuous_usage, serving.token_text)
         return await answer(request, job, formats, body.stream, body.include_usage)
 
-    async def answer(request: Request, job: Job, formats: _Formats, stream: bool, include_usage: bool) -> Response:
+    async def answer(request: Request, job: Job, formats: Formats, stream: bool, include_usage: bool) -> Response:
         pieces = serving.pieces(job)
         streaming = False
         try:
             if not stream:
-                text, last = await until_disconnect(request, _collect(pieces))
-                return JSONResponse(formats.whole(text, last).model_dump())
+                whole = await until_disconnect(request, collect(pieces))
+                return JSONResponse(formats.whole(whole).model_dump())
             first = await until_disconnect(request, anext(pieces))
             streaming = True
             events = _events(formats, first, pieces, include_usage)
@@ -261,17 +218,8 @@ def build_app(serving: Serving, *, api_key: str | None, max_request_bytes: int) 
     return app
 
 
-async def _collect(pieces: AsyncIterator[Piece]) -> tuple[str, Piece]:
-    texts, last = [], None
-    async for piece in pieces:
-        texts.append(piece.text)
-        last = piece
-    assert last is not None, "the engine's stream ended without a last piece"
-    return "".join(texts), last
-
-
 async def _events(
-    formats: _Formats, first: Piece, pieces: AsyncIterator[Piece], include_usage: bool
+    formats: Formats, first: Piece, pieces: AsyncIterator[Piece], include_usage: bool
 ) -> AsyncIterator[str]:
     last = first
     try:
@@ -280,9 +228,9 @@ async def _events(
             last = piece
             yield formats.event(piece)
         if include_usage:
-            yield _sse(formats.usage_chunk(last))
+            yield sse(formats.usage_chunk(last))
     except EngineError as exc:  # the response has started: the error goes in the stream, as vLLM's does
-        yield _sse(engine_failure(exc).body())
+        yield sse(engine_failure(exc).body())
     finally:
         await pieces.aclose()  # type: ignore[attr-defined]
     yield "data: [DONE]\n\n"

@@ -3,7 +3,7 @@ mirrors them, with every check a request can fail before it reaches the engine.
 
 Requests are validated strictly ("5" is not an integer, an unknown field is an error), and every
 OpenAI parameter this server does not implement is refused by name unless it holds the value that
-changes nothing (n=1, logprobs=false, ...): a client must never get silently different output.
+changes nothing (no tools, no suffix): a client must never get silently different output.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from fp8route.engine.sampling import SamplingParams
+from fp8route.engine.sampling import MAX_LOGPROBS, SamplingParams
+from fp8route.engine.structured import StructuredOutputs
+from fp8route.errors import Fp8InputError
 
 
 class InvalidParam(ValueError):
@@ -31,25 +33,13 @@ def short(value: object, limit: int = 60) -> str:
 
 # OpenAI (and vLLM extension) parameters with no implementation here: (the values that change nothing, why).
 UNSUPPORTED: dict[str, tuple[tuple[object, ...], str]] = {
-    "n": ((1,), "one choice per request"),
-    "best_of": ((1,), "one choice per request"),
-    "logprobs": ((False,), "log probabilities are not returned"),
-    "top_logprobs": ((0,), "log probabilities are not returned"),
-    "prompt_logprobs": ((0,), "log probabilities are not returned"),
-    "echo": ((False,), "the prompt is not echoed back"),
+    "best_of": ((1,), "one draw per sample; ask for n samples instead"),
     "suffix": (("",), "no text is inserted before a suffix"),
-    "presence_penalty": ((0, 0.0), "no penalties are applied"),
-    "frequency_penalty": ((0, 0.0), "no penalties are applied"),
-    "repetition_penalty": ((1, 1.0), "no penalties are applied"),
-    "logit_bias": (({},), "logits are not biased"),
-    "top_k": ((-1, 0), "sampling is temperature and top_p only"),
-    "min_p": ((0, 0.0), "sampling is temperature and top_p only"),
     "tools": (([],), "no tool calls"),
     "tool_choice": (("none",), "no tool calls"),
     "functions": (([],), "no tool calls"),
     "function_call": (("none",), "no tool calls"),
     "parallel_tool_calls": ((), "no tool calls"),
-    "response_format": (({"type": "text"},), "no structured output"),
 }
 
 
@@ -66,13 +56,38 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool = False  # vLLM's: usage in every chunk
 
 
+class JsonSchema(_Strict):
+    name: str = "schema"
+    schema_: dict[str, Any] = Field(alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+
 class _Generation(_Strict):
-    """What completions and chat completions share: the model, sampling, stopping and streaming."""
+    """What completions and chat completions share: the model, sampling, stopping, structured output
+    and streaming."""
 
     model: str
+    n: int = Field(1, ge=1, le=128)
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)  # vLLM's extension, as the rest of this block
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0, le=100)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    response_format: ResponseFormat | None = None
+    guided_json: str | dict[str, Any] | None = None  # vLLM's structured-output extensions
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
     seed: int | None = None
     stop: list[str] = []
     stop_token_ids: list[int] = []  # vLLM's extension
@@ -116,6 +131,16 @@ class _Generation(_Strict):
             raise InvalidParam("stop_token_ids", f"'stop_token_ids' must be token ids >= 0, got {short(value)}")
         return value
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.isdigit():
+                raise InvalidParam("logit_bias", f"'logit_bias' keys are token ids (as strings), got {short(key)}")
+            if not -100 <= bias <= 100:
+                raise InvalidParam("logit_bias", f"'logit_bias' values are in [-100, 100], got {bias} for {key}")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> _Generation:
         if self.stream_options is not None and not self.stream:
@@ -134,38 +159,106 @@ class _Generation(_Strict):
     def continuous_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
+    def structured_outputs(self) -> StructuredOutputs | None:
+        """What the output must match: response_format or one of vLLM's guided_* fields."""
+        asked = {
+            name: value
+            for name, value in (
+                ("guided_json", self.guided_json), ("guided_regex", self.guided_regex),
+                ("guided_choice", self.guided_choice),
+            )
+            if value is not None
+        }  # fmt: skip
+        fmt = self.response_format
+        if fmt is not None and fmt.type != "text":
+            asked["response_format"] = fmt
+        if len(asked) > 1:
+            raise InvalidParam(None, f"give one kind of structured output, got {' and '.join(asked)}")
+        if not asked:
+            return None
+        ((name, value),) = asked.items()
+        try:
+            if name == "guided_json":
+                return StructuredOutputs(json=value)
+            if name == "guided_regex":
+                return StructuredOutputs(regex=value)
+            if name == "guided_choice":
+                return StructuredOutputs(choice=tuple(value))
+            if fmt.type == "json_object":
+                return StructuredOutputs(json_object=True)
+            if fmt.json_schema is None:
+                raise InvalidParam(name, "'response_format' of type json_schema needs its 'json_schema'")
+            return StructuredOutputs(json=fmt.json_schema.schema_)
+        except Fp8InputError as exc:
+            raise InvalidParam(name, str(exc)) from None
+
+    def logprobs_asked(self) -> tuple[int | None, int | None]:
+        """(logprobs, prompt_logprobs) for SamplingParams."""
+        return None, self.prompt_logprobs
+
     def sampling_params(self) -> SamplingParams:
-        return SamplingParams(
-            max_tokens=self.max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            seed=self.seed,
-            stop_token_ids=tuple(self.stop_token_ids),
-            ignore_eos=self.ignore_eos,
-            min_tokens=self.min_tokens,
-        )
+        logprobs, prompt_logprobs = self.logprobs_asked()
+        try:
+            return SamplingParams(
+                n=self.n,
+                max_tokens=self.max_tokens,
+                temperature=1.0 if self.temperature is None else self.temperature,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                top_k=0 if self.top_k is None else self.top_k,
+                min_p=self.min_p or 0.0,
+                repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                frequency_penalty=self.frequency_penalty or 0.0,
+                presence_penalty=self.presence_penalty or 0.0,
+                logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
+                seed=self.seed,
+                stop_token_ids=tuple(self.stop_token_ids),
+                ignore_eos=self.ignore_eos,
+                min_tokens=self.min_tokens,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+                structured_outputs=self.structured_outputs(),
+            )
+        except Fp8InputError as exc:
+            raise InvalidParam(None, str(exc).removeprefix("SamplingParams: ")) from None
 
 
 class CompletionRequest(_Generation):
-    prompt: str | list[int]  # one prompt: text, or token ids
+    prompt: str | list[int] | list[str | list[int]]  # text or token ids, or a batch of them
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # the top alternatives per token
+    echo: bool = False  # the prompt before the completion, in the text and (with logprobs) the logprobs
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _one_prompt(cls, value: Any) -> Any:
+    def _prompts(cls, value: Any) -> Any:
         if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
             value = value[0]  # a batch of one
         if isinstance(value, list) and value and all(isinstance(v, (str, list)) for v in value):
-            raise InvalidParam("prompt", f"'prompt' is a list of {len(value)} prompts; send one prompt per request")
-        if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-            if not value:
-                raise InvalidParam("prompt", "'prompt' is empty: give some text or at least one token id")
-            return value
-        if isinstance(value, str):
-            if not value:
-                raise InvalidParam("prompt", "'prompt' is empty: give some text or at least one token id")
-            return value
-        raise InvalidParam("prompt", f"'prompt' must be a string or a list of token ids, got {short(value)}")
+            return [_one_prompt(v, f"prompt[{i}]") for i, v in enumerate(value)]
+        return _one_prompt(value, "prompt")
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The batch: one prompt per item, each answered by its own choices."""
+        one = isinstance(self.prompt, str) or not self.prompt or isinstance(self.prompt[0], int)
+        return [self.prompt] if one else list(self.prompt)  # type: ignore[list-item]
+
+    def logprobs_asked(self) -> tuple[int | None, int | None]:
+        if self.echo and self.logprobs is not None:  # the prompt's tokens are scored as the output's are
+            return self.logprobs, max(self.logprobs, self.prompt_logprobs or 0)
+        return self.logprobs, self.prompt_logprobs
+
+
+def _one_prompt(value: Any, where: str) -> str | list[int]:
+    if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        if not value:
+            raise InvalidParam("prompt", f"'{where}' is empty: give some text or at least one token id")
+        return value
+    if isinstance(value, str):
+        if not value:
+            raise InvalidParam("prompt", f"'{where}' is empty: give some text or at least one token id")
+        return value
+    raise InvalidParam("prompt", f"'{where}' must be a string or a list of token ids, got {short(value)}")
 
 
 class TextPart(_Strict):
@@ -192,6 +285,13 @@ class ChatMessage(_Strict):
 class ChatCompletionRequest(_Generation):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    def logprobs_asked(self) -> tuple[int | None, int | None]:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidParam("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+        return (self.top_logprobs or 0) if self.logprobs else None, self.prompt_logprobs
 
     @field_validator("messages")
     @classmethod
@@ -227,12 +327,30 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class CompletionLogprobs(BaseModel):
+    """The completions API's (legacy) log-probabilities: per token its text, offset, value and top."""
+
+    text_offset: list[int] = []
+    token_logprobs: list[float | None] = []
+    tokens: list[str] = []
+    top_logprobs: list[dict[str, float] | None] = []
+
+
+class PromptLogprob(BaseModel):
+    """vLLM's prompt_logprobs entry for one token id."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -249,10 +367,24 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = []
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
@@ -264,6 +396,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None  # vLLM's, when asked for
 
 
 class Delta(BaseModel):
@@ -274,7 +407,7 @@ class Delta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 

@@ -9,10 +9,11 @@ otherwise all see an empty queue.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from typing import Any
 from fp8route.checkpoint.gguf_tokenizer import apply_chat_template
 from fp8route.engine.async_llm import EngineClient, EngineError
 from fp8route.engine.detokenize import TextStream
+from fp8route.engine.llm_engine import sample_id
+from fp8route.engine.request import TokenLogprobs
 from fp8route.engine.sampling import SamplingParams
 from fp8route.errors import Fp8InputError
 from fp8route.serve.errors import APIError
@@ -27,6 +30,7 @@ from fp8route.serve.metrics import Metrics
 from fp8route.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    InvalidParam,
     ModelCard,
     ModelList,
     PromptTokensDetails,
@@ -51,8 +55,9 @@ class Job:
 
 @dataclass
 class Piece:
-    """One step's news for one request: the text it lets out, the token counts so far, and on the
-    last piece why it ended."""
+    """One step's news for one sample (index) of a request: the text it lets out, its tokens and their
+    log-probabilities when asked for, the token counts so far (every sample's), and on a sample's
+    last piece why it ended. The first piece of a request carries the prompt's log-probabilities."""
 
     text: str
     prompt_tokens: int
@@ -60,6 +65,15 @@ class Piece:
     cached_tokens: int = 0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    index: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+
+    @property
+    def ends(self) -> bool:
+        """Whether this is its sample's last piece."""
+        return self.finish_reason is not None
 
     @property
     def usage(self) -> Usage:
@@ -90,6 +104,15 @@ class Serving:
         self.draining = False
         self.started = int(time.time())
         self.metrics = Metrics(engine, lambda: self.in_flight)
+        # A token's own text, for log-probabilities: a few tokens per step, decoded once each.
+        self.token_text: Callable[[int], str] = functools.lru_cache(maxsize=1 << 17)(self._token_text)
+
+    def _token_text(self, token: int) -> str:
+        return self.tokenizer.decode([token], skip_special_tokens=False)
+
+    def prompt_text(self, prompt: str | list[int]) -> str:
+        """A completion prompt as text (echo): as sent, or its token ids decoded."""
+        return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt, skip_special_tokens=False)
 
     def models(self) -> ModelList:
         card = ModelCard(
@@ -104,11 +127,11 @@ class Serving:
                 param="model", code="model_not_found",
             )  # fmt: skip
 
-    def completion_job(self, request: CompletionRequest) -> Job:
+    def completion_job(self, request: CompletionRequest, prompt: str | list[int]) -> Job:
+        """A job for one prompt of the request (a batch is one job per prompt)."""
         self.check_model(request.model)
-        prompt = request.prompt
         ids = list(self.tokenizer.encode(prompt, add_special_tokens=False).ids) if isinstance(prompt, str) else prompt
-        return self._admit("cmpl", ids, request.sampling_params(), request.stop)
+        return self._admit("cmpl", ids, _params(request), request.stop)
 
     def chat_job(self, request: ChatCompletionRequest) -> Job:
         self.check_model(request.model)
@@ -121,7 +144,7 @@ class Serving:
         except Fp8InputError as exc:
             raise APIError(400, str(exc), param="messages") from None
         ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
-        return self._admit("chatcmpl", ids, request.sampling_params(), request.stop)
+        return self._admit("chatcmpl", ids, _params(request), request.stop)
 
     def _admit(self, kind: str, ids: list[int], params: SamplingParams, stop: list[str]) -> Job:
         try:
@@ -157,32 +180,52 @@ class Serving:
             self.metrics.success.labels(outcome).inc()
 
     async def pieces(self, job: Job) -> AsyncIterator[Piece]:
-        """Each step's text for this job until it ends; leaving early aborts it, which frees its blocks."""
-        text = TextStream(self.tokenizer, job.prompt_ids, job.stop)
+        """Each step's text for each sample of this job until all end; leaving early aborts the job,
+        which frees its blocks. A sample that meets a stop string is aborted on its own."""
+        n = job.params.n
+        texts = [TextStream(self.tokenizer, job.prompt_ids, job.stop) for _ in range(n)]
+        outputs = [0] * n
+        ended: set[int] = set()
         stream = self.engine.generate(job.prompt_ids, job.params, job.request_id)
         outcome, last = "aborted", None
         try:
             async for out in stream:
-                if not out.new_token_ids and not out.finished:
-                    continue  # a prefill chunk that sampled nothing
+                if out.index in ended or (not out.new_token_ids and not out.finished):
+                    continue  # a prefill chunk that sampled nothing, or a sample already cut at a stop string
                 now = time.monotonic()
                 if last is not None:
                     self.metrics.itl.observe(now - last)
                 last = now
-                delta = text.push(out.new_token_ids, final=out.finished)
-                counts = (out.num_prompt_tokens, out.num_output_tokens, out.num_cached_tokens)
+                text = texts[out.index]
+                outputs[out.index] = out.num_output_tokens
+                piece = Piece(
+                    text.push(out.new_token_ids, final=out.finished), out.num_prompt_tokens, sum(outputs),
+                    out.num_cached_tokens, index=out.index, token_ids=out.new_token_ids, logprobs=out.new_logprobs,
+                    prompt_logprobs=out.prompt_logprobs,
+                )  # fmt: skip
                 if text.stop_reason is not None:
-                    outcome = "stop"
-                    yield Piece(delta, *counts, "stop", text.stop_reason)
-                    return  # leaving the engine's stream aborts the request before its next step
-                if out.finished:
-                    outcome = out.finish_reason or "unknown"
-                    yield Piece(delta, *counts, out.finish_reason, out.stop_reason)
-                    return
-                yield Piece(delta, *counts)
+                    piece.finish_reason, piece.stop_reason = "stop", text.stop_reason
+                    if not out.finished:
+                        self.engine.abort(sample_id(job.request_id, out.index, n))
+                elif out.finished:
+                    piece.finish_reason, piece.stop_reason = out.finish_reason or "unknown", out.stop_reason
+                if piece.ends:
+                    ended.add(out.index)
+                    outcome = piece.finish_reason or outcome
+                yield piece
+                if len(ended) == n:
+                    return  # leaving the engine's stream aborts what is left of the request
         except EngineError:
             outcome = "failed"
             raise
         finally:
             await stream.aclose()  # type: ignore[attr-defined]  # generate is an async generator
             self.release(job, outcome)
+
+
+def _params(request: CompletionRequest | ChatCompletionRequest) -> SamplingParams:
+    """The request's SamplingParams; a combination of fields they refuse is the client's 400."""
+    try:
+        return request.sampling_params()
+    except InvalidParam as exc:
+        raise APIError(400, str(exc), param=exc.param, code=exc.code) from None

@@ -36,13 +36,49 @@ def test_unimplemented_parameters_at_their_neutral_values_change_nothing_and_are
 
 
 def test_a_value_that_would_change_the_output_is_refused_by_name():
-    error = refusal(CompletionRequest, {"model": "m", "prompt": "x", "presence_penalty": 0.5})
-    assert (error.status, error.param, error.code) == (400, "presence_penalty", "unsupported_parameter")
+    error = refusal(CompletionRequest, {"model": "m", "prompt": "x", "suffix": "end"})
+    assert (error.status, error.param, error.code) == (400, "suffix", "unsupported_parameter")
     assert (
         error.message
-        == "'presence_penalty'=0.5 is not supported (no penalties are applied); leave it out or set it to 0"
+        == "'suffix'='end' is not supported (no text is inserted before a suffix); leave it out or set it to \"\""
     )
+    assert refusal(CompletionRequest, {"model": "m", "prompt": "x", "best_of": 2}).param == "best_of"
     assert refusal(CompletionRequest, {"model": "m", "prompt": "x", "n": True}).param == "n"  # True is not 1 here
+
+
+def test_sampling_controls_reach_the_sampling_params():
+    body = {
+        "model": "m", "prompt": "x", "n": 3, "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2,
+        "frequency_penalty": 0.5, "presence_penalty": -0.5, "logit_bias": {"7": 2.5}, "logprobs": 2, "echo": True,
+        "seed": 4,
+    }  # fmt: skip
+    p = CompletionRequest.model_validate(body).sampling_params()
+    assert (p.n, p.top_k, p.min_p, p.repetition_penalty, p.frequency_penalty, p.presence_penalty) == (
+        3, 5, 0.1, 1.2, 0.5, -0.5,
+    )  # fmt: skip
+    assert p.logit_bias == {7: 2.5} and (p.logprobs, p.prompt_logprobs, p.seed) == (2, 2, 4)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 3}
+    assert ChatCompletionRequest.model_validate(chat).sampling_params().logprobs == 3
+    assert refusal(CompletionRequest, {**body, "logit_bias": {"a": 1}}).param == "logit_bias"
+
+
+def test_structured_output_fields_become_one_spec():
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    spec = ChatCompletionRequest.model_validate({**chat, "response_format": fmt}).structured_outputs()
+    assert spec is not None and spec.json is not None and '"a"' in spec.json
+    spec = ChatCompletionRequest.model_validate({**chat, "response_format": {"type": "json_object"}})
+    assert spec.structured_outputs().json_object
+    assert CompletionRequest.model_validate(
+        {"model": "m", "prompt": "x", "guided_choice": ["a", "b"]}
+    ).structured_outputs().choice == ("a", "b")
+    from fp8route.serve.protocol import InvalidParam
+
+    with pytest.raises(InvalidParam, match="give one kind of structured output, got guided_regex and response_format"):
+        ChatCompletionRequest.model_validate(
+            {**chat, "guided_regex": "a+", "response_format": {"type": "json_object"}}
+        ).structured_outputs()
 
 
 def test_chat_text_parts_are_joined_and_max_completion_tokens_is_max_tokens():
@@ -68,16 +104,16 @@ def test_streamed_chunks_from_the_template_equal_the_models(chat: bool) -> None:
     import json
 
     from fp8route.engine.sampling import SamplingParams
-    from fp8route.serve.app import _Formats, _sse
+    from fp8route.serve.responses import Formats, sse
     from fp8route.serve.serving import Job, Piece
 
     job = Job("cmpl-7", [1, 2], SamplingParams(), [])
-    formats, reference = _Formats(job, 'm "x"', chat, False), _Formats(job, 'm "x"', chat, False)
+    formats, reference = Formats(job, 'm "x"', chat, False, str), Formats(job, 'm "x"', chat, False, str)
     texts = ["hi", 'a "quote" and \\ slash', "new\nline\ttab", "ünïcødé 中文 🙂", "\x01\x1f ctrl", ""]
     texts.append("@@fp8route-text@@")
     for i, text in enumerate(texts):
         piece = Piece(text, 2, i)
-        event, expected = formats.event(piece), _sse(reference.chunk(piece))
+        event, expected = formats.event(piece), sse(reference.chunk(piece))
         assert event.startswith("data: ") and event.endswith("\n\n")
         assert json.loads(event[6:]) == json.loads(expected[6:]), text
     last = Piece("end", 2, 9, finish_reason="length")
