@@ -12,6 +12,10 @@
 #   prefix:  256 requests behind a 2048-token shared prefix, the prefix cache on and off
 #   e2e:     bench e2e, routed, BATCH (1,16) x INPUT (1024,4096): TTFT and decode against what held before
 #   profile: host time per step and the GPU's idle time between decode steps (benchmarks/engine_idle.py)
+#   sampling: the decode-heavy load (512 prompts) greedy, with mixed sampling controls (top_k, top_p, min_p,
+#            penalties, logprobs=5) and with a JSON schema; the schema compiles against a real tokenizer
+#            (.carry/tokenizer.json, SmolLM2's, copied into the random checkpoint: its ids past 49152 are
+#            never allowed)
 # A random Llama-3.1-8B FP8 checkpoint is written first where a phase needs it.
 set -u -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -70,6 +74,11 @@ tests/gpu/test_engine_gpu.py tests/gpu/test_decode_attention.py tests/gpu/test_f
         timeout "${E2E_TIMEOUT:-300}" python3 -m fp8route bench e2e "$ckpt" --batch "${BATCH:-1,16}" \
             --input "${INPUT:-1024,4096}" --output 64 --policy routed --out "$OUT" > "$OUT/e2e.log" 2>&1
         echo "== e2e (rc $?)" | tee -a "$log"; tail -8 "$OUT/e2e.log" | tee -a "$log" ;;
+    sampling)
+        checkpoint
+        cp .carry/tokenizer.json $ckpt/
+        serve sampling --policy routed --sampling greedy,mixed,json --num-prompts "${SAMPLING_PROMPTS:-512}" \
+            --input-len 512:1536 --output-len 128:512 ;;
     profile)
         checkpoint
         timeout 200 python3 benchmarks/engine_idle.py "$ckpt" > "$OUT/profile.log" 2>&1

@@ -23,6 +23,7 @@ from fp8route.engine.llm import LLM
 from fp8route.engine.llm_engine import StepStats
 from fp8route.engine.request import Request
 from fp8route.engine.sampling import SamplingParams
+from fp8route.engine.structured import StructuredOutputs
 from fp8route.linear.policy import Policy
 
 
@@ -34,9 +35,37 @@ class Arm:
     config: EngineConfig
     lone_prefill: int = 0  # tokens of the lone prefill to time (0: none)
     static_batch: int = 0  # rows of the static generate to time (0: none)
+    sampling: str = "greedy"  # what each request asks for: one of SAMPLINGS
 
 
-def drive(llm: LLM, load: list[LoadRequest]) -> tuple[list[RequestResult], float, list[str]]:
+SAMPLINGS = ("greedy", "mixed", "json")
+# The json arm's schema: a list of short strings a model can go on adding to, so that a fixed output
+# length is spent inside the grammar (what its masks cost), not after it ends.
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {"items": {"type": "array", "items": {"type": "string", "maxLength": 16}}},
+    "required": ["items"],
+}
+# The mixed arm's controls, a third of the requests each; every one also asks for logprobs=5.
+MIXED = (
+    {"top_k": 40, "top_p": 0.9},
+    {"top_p": 0.95, "repetition_penalty": 1.1, "frequency_penalty": 0.2, "presence_penalty": 0.2},
+    {"min_p": 0.05, "top_k": 20, "repetition_penalty": 1.05},
+)
+
+
+def sampling_params(sampling: str, item: LoadRequest, index: int) -> SamplingParams:
+    """Request `index`'s params under the arm's sampling: greedy; mixed controls; or a JSON schema."""
+    length = {"max_tokens": item.output_len, "ignore_eos": True}
+    if sampling == "greedy":
+        return SamplingParams(temperature=0, **length)
+    if sampling == "json":
+        spec = StructuredOutputs(json=JSON_SCHEMA)
+        return SamplingParams(temperature=0.8, seed=index, structured_outputs=spec, **length)
+    return SamplingParams(temperature=0.8, seed=index, logprobs=5, **MIXED[index % len(MIXED)], **length)
+
+
+def drive(llm: LLM, load: list[LoadRequest], sampling: str = "greedy") -> tuple[list[RequestResult], float, list[str]]:
     """Run the load through the engine, each request added at its arrival time; (results, duration,
     a digest of each request's output tokens)."""
     engine = llm.engine
@@ -49,7 +78,7 @@ def drive(llm: LLM, load: list[LoadRequest]) -> tuple[list[RequestResult], float
         now = time.monotonic()
         while pending and start + pending[0][1].arrival_s <= now:
             index, item = pending.popleft()
-            params = SamplingParams(max_tokens=item.output_len, temperature=0, ignore_eos=True)
+            params = sampling_params(sampling, item, index)
             arrival = start + item.arrival_s  # as the client saw it, even if a step ran meanwhile
             request = engine.add_request(item.prompt_ids, params, request_id=str(index), arrival_time=arrival)
             arrivals[request.request_id], times[request.request_id] = arrival, []
@@ -196,9 +225,9 @@ def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tup
         "policy": arm.policy, "prefix_caching": config.enable_prefix_caching, "kv_cache_dtype": config.kv_cache_dtype,
         "async_scheduling": engine.async_scheduling, "prefill_graphs": config.prefill_graphs,
         "max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": engine.runner.max_tokens,
-        "kv_cache_tokens": pool.capacity_tokens,
+        "kv_cache_tokens": pool.capacity_tokens, "sampling": arm.sampling,
     }  # fmt: skip
-    drive(llm, warmup)  # kernels' first calls, at the sizes the load brings
+    drive(llm, warmup, arm.sampling)  # kernels' first calls (and grammars' compiles), at the load's sizes
     extra.update(_unloaded(llm, load))
     engine.stats.clear()
     if arm.lone_prefill:
@@ -211,7 +240,7 @@ def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tup
         extra.update({f"static_{k}": v for k, v in _static_generate(llm, arm.static_batch, mean_in, mean_out).items()})
     engine.blocks.reset_prefix_cache()  # the load starts with an empty prefix cache
     engine.scheduler.preemptions = 0
-    results, duration, digests = drive(llm, load)
+    results, duration, digests = drive(llm, load, arm.sampling)
     stats = engine.stats
     extra.update(
         {

@@ -14,7 +14,7 @@ import torch
 
 from fp8route.backends import BACKENDS
 from fp8route.bench.results import load_options, loads, write_results
-from fp8route.bench.serve import Arm, run_arm
+from fp8route.bench.serve import SAMPLINGS, Arm, run_arm
 from fp8route.bench.workload import LoadRequest, ServeReport, table
 from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.random import write_random
@@ -55,19 +55,22 @@ def _arms(args: argparse.Namespace, folders: dict[str, Path]) -> list[Arm]:
         raise Fp8InputError(f"--policy: unknown {', '.join(unknown)}; known: {', '.join(POLICIES)}")
     axes = {name: _on_off(getattr(args, name), flag) for name, (flag, _) in AXES.items()}
     kv_dtypes = kv_cache_dtype_list(args.kv_cache_dtype)
+    samplings = [m.strip() for m in args.sampling.split(",") if m.strip()]
+    if not samplings or any(m not in SAMPLINGS for m in samplings):
+        raise Fp8InputError(f"--sampling: one or more of {', '.join(SAMPLINGS)}, got {args.sampling!r}")
     base = EngineConfig.from_args(
         args, kv_cache_dtype=kv_dtypes[0], **{axis: values[0] for axis, values in axes.items()}
     )
     arms = []
-    for policy in policies:
+    for policy, sampling in itertools.product(policies, samplings):
         for kv, *values in itertools.product(kv_dtypes, *axes.values()):
             settings = dict(zip(axes, values, strict=True))
-            name = policy + (f" kv-{kv}" if len(kv_dtypes) > 1 else "")
+            name = policy + (f" {sampling}" if len(samplings) > 1 else "") + (f" kv-{kv}" if len(kv_dtypes) > 1 else "")
             for axis, value in settings.items():
                 name += f" {AXES[axis][1]}-{'on' if value else 'off'}" if len(axes[axis]) > 1 else ""
             folder = folders["bf16" if policy == "bf16" else "fp8"]
             config = base.replace(kv_cache_dtype=kv, **settings)
-            arms.append(Arm(name, policy, folder, config, args.lone_prefill, args.static_batch))
+            arms.append(Arm(name, policy, folder, config, args.lone_prefill, args.static_batch, sampling))
     return arms
 
 
@@ -211,6 +214,11 @@ def register(kinds: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--kv-cache-dtype", default="auto", help="auto (the model's dtype), fp8, or auto,fp8 (both, as arms)"
     )
+    serve.add_argument(
+        "--sampling", default="greedy",
+        help="what requests ask for: greedy, mixed (top_k, top_p, min_p, penalties, logprobs=5), json (a JSON "
+        "schema); a comma-separated list runs each as an arm",
+    )  # fmt: skip
     serve.add_argument("--num-prompts", type=int, default=200)
     serve.add_argument("--input-len", default="1024:1024", help="prompt tokens A:B, uniform (after the prefix)")
     serve.add_argument("--output-len", default="128:128", help="output tokens A:B, uniform (EOS ignored)")

@@ -410,7 +410,7 @@ class LLMEngine:
             return "stop", None
         if token in params.stop_token_ids:
             return "stop", token
-        if request.matcher is not None and request.matcher.terminated:
+        if request.matcher is not None and request.matcher.terminated and not params.ignore_eos:
             return "stop", None
         if request.num_output_tokens >= request.max_tokens or len(request.token_ids) >= self.max_model_len:
             return "length", None

@@ -11,7 +11,7 @@ from fp8route.cli.bench_serve import _arms, _checks, _ratios
 def args(**over: str) -> argparse.Namespace:
     base = {
         "policy": "routed", "enable_prefix_caching": "on", "kv_cache_dtype": "auto", "async_scheduling": "off",
-        "prefill_graphs": "on",
+        "prefill_graphs": "on", "sampling": "greedy",
     }  # fmt: skip
     base.update(over)
     return argparse.Namespace(
@@ -93,3 +93,24 @@ def test_the_must_show_ratios_are_printed_against_what_the_arm_measured_apart():
         "routed: output 7,500 tok/s = 2.50x the static generate at batch 16 (3,000 tok/s)",
     ]
     assert _ratios(ServeReport("cpu", 1, 0, 1.0, 1.0, 1.0, 1.0, {"p50": 1.0}, {}, {"p99": 1.0}, {}, 0)) == []
+
+
+def test_sampling_arms_run_their_controls_through_the_engine(tmp_path):
+    import pytest
+    import torch
+    from checkpoint_helpers import text_model_folder
+
+    from fp8route import LLM
+    from fp8route.bench.serve import drive
+    from fp8route.bench.workload import LoadRequest
+
+    arms = _arms(args(sampling="greedy,mixed,json"), {"fp8": Path("f")})
+    assert [(a.name, a.sampling) for a in arms] == [(f"routed {s}", s) for s in ("greedy", "mixed", "json")]
+    pytest.importorskip("xgrammar")
+    llm = LLM(text_model_folder(tmp_path / "tiny"), max_num_seqs=4, max_num_batched_tokens=64, device="cpu",
+              dtype=torch.float32)  # fmt: skip
+    load = [LoadRequest(list(range(3, 3 + 10 + i)), 12, 0.0) for i in range(6)]
+    for sampling in ("greedy", "mixed", "json"):
+        results, _, _ = drive(llm, load, sampling)
+        assert all(r.output_tokens == 12 and not r.error for r in results), sampling  # ignore_eos: full length
+    assert llm.engine.leaked() is None

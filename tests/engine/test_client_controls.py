@@ -9,7 +9,6 @@ import json
 import pytest
 import torch
 from checkpoint_helpers import text_model_folder
-from helpers import generate_with_logits
 
 from fp8route import LLM, Fp8InputError, SamplingParams
 from fp8route.engine.sampler import Sampler
@@ -18,17 +17,21 @@ from fp8route.engine.structured import StructuredOutputs
 PROMPT = "the quick brown fox jumps over the lazy dog, and the cat sat on the mat by the door"
 
 
-@pytest.fixture(scope="module")
-def llm(tmp_path_factory):
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"))]
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def llm(request, tmp_path_factory):
+    """On the CPU, and on a GPU (CUDA graphs, the Triton kernels, the sampler on the device)."""
     folder = text_model_folder(tmp_path_factory.mktemp("controls") / "tiny")
     # float32 and a 16-token budget: prompts run in several chunks, and logits compare to 1e-5.
-    return LLM(folder, max_num_seqs=8, max_num_batched_tokens=16, device="cpu", dtype=torch.float32)
+    return LLM(folder, max_num_seqs=8, max_num_batched_tokens=16, device=request.param, dtype=torch.float32)
 
 
 def full_logprobs(llm: LLM, ids: list[int]) -> torch.Tensor:
-    """log_softmax of the model's full forward (no cache) over ids: [T, vocab]."""
+    """log_softmax of the model's full forward (no cache) over ids: [T, vocab], on the CPU."""
     with torch.no_grad():
-        return torch.log_softmax(llm.model(torch.tensor([ids]))[0].float(), -1)
+        return torch.log_softmax(llm.model(torch.tensor([ids], device=llm.model.device))[0].float(), -1).cpu()
 
 
 def test_logprobs_are_the_log_softmax_of_the_logits_each_token_was_chosen_from(llm, monkeypatch):
@@ -45,7 +48,7 @@ def test_logprobs_are_the_log_softmax_of_the_logits_each_token_was_chosen_from(l
     completion = out.outputs[0]
     assert len(seen) == len(completion.token_ids) == len(completion.logprobs) == 6
     for logits, token, entry in zip(seen, completion.token_ids, completion.logprobs, strict=True):
-        expected = torch.log_softmax(logits[0], -1)
+        expected = torch.log_softmax(logits[0].cpu(), -1)
         assert entry[token].logprob == pytest.approx(expected[token].item(), abs=1e-5)
         assert entry[token].rank == int((expected > expected[token]).sum()) + 1
         top = expected.topk(4)
@@ -56,14 +59,10 @@ def test_logprobs_are_the_log_softmax_of_the_logits_each_token_was_chosen_from(l
 
 
 @pytest.mark.parametrize("budget", [16, 512])
-def test_prompt_logprobs_equal_the_full_forward_chunked_and_after_a_cache_hit(tmp_path, budget):
-    llm = LLM(
-        text_model_folder(tmp_path / "tiny"),
-        max_num_seqs=4,
-        max_num_batched_tokens=budget,
-        device="cpu",
-        dtype=torch.float32,
-    )
+@pytest.mark.parametrize("device", DEVICES)
+def test_prompt_logprobs_equal_the_full_forward_chunked_and_after_a_cache_hit(tmp_path, budget, device):
+    folder = text_model_folder(tmp_path / "tiny")
+    llm = LLM(folder, max_num_seqs=4, max_num_batched_tokens=budget, device=device, dtype=torch.float32)
     ids = llm.encode(PROMPT)
     expected = full_logprobs(llm, ids)
     params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=2)
@@ -73,7 +72,7 @@ def test_prompt_logprobs_equal_the_full_forward_chunked_and_after_a_cache_hit(tm
         for position in range(1, len(ids)):
             entry = out.prompt_logprobs[position]
             token = ids[position]
-            assert entry[token].logprob == pytest.approx(expected[position - 1, token].item(), abs=1e-5)
+            assert entry[token].logprob == pytest.approx(expected[position - 1, token].item(), abs=1e-4)
             best = expected[position - 1].topk(2).indices.tolist()
             assert set(best) <= set(entry)
 

@@ -24,11 +24,17 @@ def requests(params: SamplingParams, count: int, step: int = 0) -> list[SimpleNa
     return [SimpleNamespace(params=params, seed=1000 + i, num_output_scheduled=step + 1) for i in range(count)]
 
 
-def draw(params: SamplingParams, logits: torch.Tensor = LOGITS, count: int = DRAWS) -> torch.Tensor:
-    sampler = Sampler(logits.shape[-1], count + 1, torch.device("cpu"))
-    rows = torch.arange(count)
-    tokens, _ = sampler(logits.expand(count, -1).clone(), None, requests(params, count), rows, ())
-    return torch.bincount(tokens, minlength=logits.shape[-1]).double()
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"))]
+
+
+def draw(
+    params: SamplingParams, logits: torch.Tensor = LOGITS, count: int = DRAWS, device: str = "cpu"
+) -> torch.Tensor:
+    sampler = Sampler(logits.shape[-1], count + 1, torch.device(device))
+    rows = torch.arange(count, device=device)
+    x = logits.expand(count, -1).clone().to(device)
+    tokens, _ = sampler(x, None, requests(params, count), rows, ())
+    return torch.bincount(tokens.cpu(), minlength=logits.shape[-1]).double()
 
 
 def chi_square(counts: torch.Tensor, expected_p: torch.Tensor) -> tuple[float, int]:
@@ -82,9 +88,10 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("controls", "wrong"), CASES)
-def test_each_control_draws_its_reference_distribution(controls, wrong):
-    counts = draw(SamplingParams(**controls))
+def test_each_control_draws_its_reference_distribution(controls, wrong, device):
+    counts = draw(SamplingParams(**controls), device=device)
     assert_follows(counts, reference(**controls))
     assert_differs(counts, reference(**wrong))
 
