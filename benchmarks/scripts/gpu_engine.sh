@@ -18,7 +18,7 @@
 #            never allowed)
 # A random Llama-3.1-8B FP8 checkpoint is written first where a phase needs it.
 set -u -o pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 log="$OUT/gpu.txt"
 echo "# PHASES='$PHASES' COMMIT=${COMMIT:-unknown} bash benchmarks/scripts/gpu_engine.sh ($(date -u +%FT%TZ))" | tee "$log"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$log"
