@@ -25,7 +25,11 @@ def llm(request, tmp_path_factory):
     """On the CPU, and on a GPU (CUDA graphs, the Triton kernels, the sampler on the device)."""
     folder = text_model_folder(tmp_path_factory.mktemp("controls") / "tiny")
     # float32 and a 16-token budget: prompts run in several chunks, and logits compare to 1e-5.
-    return LLM(folder, max_num_seqs=8, max_num_batched_tokens=16, device=request.param, dtype=torch.float32)
+    # num_kv_blocks: the pool is not sized from free memory, which other test processes share on a GPU.
+    return LLM(
+        folder, max_num_seqs=8, max_num_batched_tokens=16, device=request.param, dtype=torch.float32,
+        num_kv_blocks=96,
+    )  # fmt: skip
 
 
 def full_logprobs(llm: LLM, ids: list[int]) -> torch.Tensor:
@@ -62,7 +66,9 @@ def test_logprobs_are_the_log_softmax_of_the_logits_each_token_was_chosen_from(l
 @pytest.mark.parametrize("device", DEVICES)
 def test_prompt_logprobs_equal_the_full_forward_chunked_and_after_a_cache_hit(tmp_path, budget, device):
     folder = text_model_folder(tmp_path / "tiny")
-    llm = LLM(folder, max_num_seqs=4, max_num_batched_tokens=budget, device=device, dtype=torch.float32)
+    llm = LLM(
+        folder, max_num_seqs=4, max_num_batched_tokens=budget, device=device, dtype=torch.float32, num_kv_blocks=64
+    )
     ids = llm.encode(PROMPT)
     expected = full_logprobs(llm, ids)
     params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=2)

@@ -43,7 +43,7 @@ def test_ties_give_the_first_index_and_nan_counts_as_largest(dtype):
     logits[0, [4100, 70, 5999]] = 3.0  # across chunks: the first chunk's wins
     logits[1, [2050, 2049]] = 3.0  # within one chunk
     logits[2] = float("-inf")  # all -inf: index 0
-    logits[3, [10, 4000]] = torch.tensor([5.0, float("nan")], dtype=dtype)
+    logits[3, [10, 4000]] = torch.tensor([5.0, float("nan")], dtype=dtype, device=DEVICE)
     logits[4, 5999] = 1.0  # in the last, partial chunk
     assert argmax.argmax_rows(logits).tolist() == [70, 2049, 0, 4000, 5999]
 
