@@ -339,7 +339,7 @@ class LLMEngine:
         masks = grammars.new_bitmask(len(rows))
         for j, i in enumerate(rows):
             request = forward.sampling[i].request
-            if not request.finished and not request.matcher.terminated:
+            if not request.finished:  # a finished grammar allows its stop tokens only
                 request.matcher.fill(masks, j)
         return masks
 

@@ -71,6 +71,7 @@ class Forward:
     logits: torch.Tensor | None
     greedy: torch.Tensor | None
     prompt: PromptLogprobs | None
+    rows: torch.Tensor | None  # the sampled pieces' table rows, on the device
 
     @property
     def constrained(self) -> list[int]:
@@ -228,7 +229,10 @@ class ModelRunner:
                 logits, greedy = logits[picked], greedy[picked]
         else:
             (logits, prompt), greedy = self._forward(out), None
-        return Forward(out, sampling, logits if sampling else None, greedy, prompt)
+        # The rows are taken now: a request that the step before ends (read back while the masks are
+        # made) gives its row up before this step samples.
+        rows = upload(torch.tensor([s.row for s in sampling]), self.device) if sampling else None
+        return Forward(out, sampling, logits if sampling else None, greedy, prompt, rows)
 
     def sample(self, step: Forward, masks: torch.Tensor | None = None) -> InFlight:
         """Choose the step's tokens (masks: the constrained rows' bitmasks, on the host) and start
@@ -239,8 +243,8 @@ class ModelRunner:
                 return InFlight(step.out, [], [])
             none = torch.empty(0, dtype=torch.int64, device=self.device)
             return InFlight(step.out, [], [none, *prompt_tensors], None, step.prompt)
-        requests = [s.request for s in step.sampling]
-        rows = upload(torch.tensor([s.row for s in step.sampling]), self.device)
+        requests, rows = [s.request for s in step.sampling], step.rows
+        assert rows is not None
         where = None if masks is None else (step.constrained, upload(masks, self.device))
         tokens, logprobs = self.sampler(step.logits, step.greedy, requests, rows, self.eos_token_ids, where)
         self.last_token.index_copy_(0, rows, tokens)

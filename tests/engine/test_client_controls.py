@@ -145,3 +145,24 @@ def test_structured_output_holds_every_sample_to_its_schema(llm):
     assert {o.text for o in llm.generate([PROMPT] * 6, choice, use_tqdm=False)} <= {"yes", "no"}
     with pytest.raises(Fp8InputError, match="cannot compile the regex"):
         llm.generate([PROMPT], SamplingParams(structured_outputs=StructuredOutputs(regex="(ab")))
+
+
+def test_structured_output_under_async_scheduling_when_requests_end_mid_step(tmp_path):
+    """With async scheduling the step in flight is read back while the next one's masks are made: a
+    request it ends gives its row up before that step samples; one that ignores EOS past the end of its
+    grammar gets EOS only."""
+    pytest.importorskip("xgrammar")
+    folder = text_model_folder(tmp_path / "tiny")
+    llm = LLM(folder, max_num_seqs=8, max_num_batched_tokens=32, device="cpu", dtype=torch.float32,
+              async_scheduling=True, num_kv_blocks=64)  # fmt: skip
+    choice = StructuredOutputs(choice=("yes", "no"))
+    cut = SamplingParams(n=3, max_tokens=2, temperature=1.0, seed=1, structured_outputs=choice)
+    past = SamplingParams(max_tokens=8, temperature=1.0, seed=2, ignore_eos=True, structured_outputs=choice)
+    short, long = llm.generate([PROMPT, PROMPT + " again"], [cut, past], use_tqdm=False)
+    assert all(c.text in ("y", "n", "ye", "yes", "no") for c in short.outputs), [c.text for c in short.outputs]
+    (ids,) = [c.token_ids for c in long.outputs]
+    assert long.outputs[0].text in ("yes", "no") and len(ids) == 8
+    eos = set(llm.engine.eos_token_ids)
+    text_tokens = len(llm.encode(long.outputs[0].text))
+    assert set(ids[text_tokens:]) <= eos  # after the grammar's end: EOS only
+    assert llm.engine.leaked() is None
