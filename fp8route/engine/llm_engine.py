@@ -327,9 +327,10 @@ class LLMEngine:
         return updates
 
     def _masks(self, forward: Forward, updates: list[Update]) -> torch.Tensor:
-        """The constrained rows' bitmasks, on the host (a row whose request ended allows every token:
-        its token is dropped). A grammar's mask needs every token before this step's: the step in
-        flight is read back first (into updates), while this step's forward is queued behind it."""
+        """The constrained rows' bitmasks, on the host: a row whose request ended allows every token
+        (its token is dropped), one past its grammar's end its stop tokens only. A grammar's mask needs
+        every token before this step's: the step in flight is read back first (into updates), while
+        this step's forward is queued behind it."""
         if self._inflight is not None:
             updates += self._read_back(self._inflight)
             self._inflight = None
@@ -339,7 +340,7 @@ class LLMEngine:
         masks = grammars.new_bitmask(len(rows))
         for j, i in enumerate(rows):
             request = forward.sampling[i].request
-            if not request.finished:  # a finished grammar allows its stop tokens only
+            if not request.finished:
                 request.matcher.fill(masks, j)
         return masks
 

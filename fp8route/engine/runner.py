@@ -217,10 +217,9 @@ class ModelRunner:
         self._write_tables(out)
         seqs = out.seqs
         sampling = [s for s in seqs if s.samples]
-        for row in out.tables:  # rows given to requests this step: a penalized one's counts start over
-            request = next(s.request for s in seqs if s.row == row)
-            if request.params.penalized:
-                self.sampler.admit(row, request)
+        for s in seqs:  # a penalized request given its row this step: the row's counts start over
+            if s.request.params.penalized and s.row in out.tables:
+                self.sampler.admit(s.row, s.request)
         prompt = None
         if out.singles == len(seqs) and not any(_scores_prompt(s) for s in seqs):
             logits, greedy = self._decode(seqs)
@@ -374,13 +373,12 @@ class ModelRunner:
         for s, first in zip(seqs, firsts, strict=True):
             if not _scores_prompt(s):
                 continue
-            request, k = s.request, s.request.params.prompt_logprobs or 0
-            last = min(s.start + s.num_tokens, request.num_prompt_tokens - 1)
-            for position in range(s.start, last):
-                entries.append((request, position + 1))
-                flat.append(first + position - s.start)
-                targets.append(request.prompt_token_ids[position + 1])
-                ks.append(k)
+            request = s.request
+            last = min(s.start + s.num_tokens, request.num_prompt_tokens - 1)  # positions start .. last - 1
+            entries += [(request, position) for position in range(s.start + 1, last + 1)]
+            flat += range(first, first + last - s.start)
+            targets += request.prompt_token_ids[s.start + 1 : last + 1]
+            ks += [request.params.prompt_logprobs or 0] * (last - s.start)
         if not entries:
             return None
         where, tokens = upload(torch.tensor([flat, targets]), self.device)

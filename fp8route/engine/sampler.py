@@ -72,8 +72,7 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> list[t
     lp = torch.log_softmax(logits.float(), dim=-1)
     own = lp.gather(1, tokens[:, None])[:, 0]
     rank = (lp > own[:, None]).sum(-1) + 1
-    top = lp.topk(k, dim=-1) if k else (lp[:, :0], tokens[:, None][:, :0])
-    values, ids = (top.values, top.indices) if k else top
+    values, ids = lp.topk(k, dim=-1) if k else (lp[:, :0], tokens[:, None][:, :0])
     return [tokens, own, rank, ids, values]
 
 
@@ -115,6 +114,7 @@ class Sampler:
         steps = [r.num_output_scheduled - 1 for r in requests]  # each request's output token being chosen
         held = [i for i, (p, t) in enumerate(zip(params, steps, strict=True)) if t < p.min_tokens]
         penalized = [i for i, p in enumerate(params) if p.penalized]
+        counted = upload(torch.tensor(penalized), self.device) if penalized else None
         if masks is None and not held and all(p.greedy and p.plain for p in params):
             tokens = greedy if greedy is not None else greedy_tokens(logits)
         else:
@@ -123,17 +123,16 @@ class Sampler:
             if held:
                 banned = [[*(() if params[i].ignore_eos else eos_token_ids), *params[i].stop_token_ids] for i in held]
                 _mask_tokens(x, held, banned)
-            if penalized:
-                self._penalize(x, penalized, rows, params)
+            if counted is not None:
+                self._penalize(x, counted, rows, [params[i] for i in penalized])
             if masks is not None:
                 from fp8route.engine.structured import apply_bitmask
 
                 where = upload(torch.tensor(masks[0]), self.device)
                 x[where] = apply_bitmask(x[where], masks[1])
             tokens = _draw(x, params, [r.seed for r in requests], steps)
-        if penalized and self.counts is not None:
-            where = upload(torch.tensor(penalized), self.device)
-            self.counts.index_put_((rows[where], tokens[where]), torch.ones_like(where, dtype=torch.int32), True)
+        if counted is not None and self.counts is not None:
+            self.counts.index_put_((rows[counted], tokens[counted]), torch.ones_like(counted, dtype=torch.int32), True)
         asked = [i for i, p in enumerate(params) if p.logprobs is not None]
         if not asked:
             return tokens, None
@@ -153,15 +152,13 @@ class Sampler:
         x.index_put_((where[0], where[1]), upload(torch.tensor(values), self.device), accumulate=True)
 
     def _penalize(
-        self, x: torch.Tensor, which: list[int], rows: torch.Tensor, params: Sequence[SamplingParams]
+        self, x: torch.Tensor, where: torch.Tensor, rows: torch.Tensor, params: Sequence[SamplingParams]
     ) -> None:
-        """vLLM's penalties: repetition divides a seen token's positive logit (multiplies a negative
-        one); frequency subtracts per output occurrence, presence once."""
+        """vLLM's penalties on the rows `where` (their params in order): repetition divides a seen
+        token's positive logit (multiplies a negative one); frequency subtracts per output occurrence,
+        presence once."""
         assert self.counts is not None and self.seen is not None, "a penalized request took its row unseen"
-        where = upload(torch.tensor(which), self.device)
-        factors = [
-            [params[i].repetition_penalty, params[i].frequency_penalty, params[i].presence_penalty] for i in which
-        ]
+        factors = [[p.repetition_penalty, p.frequency_penalty, p.presence_penalty] for p in params]
         rep, freq, pres = upload(torch.tensor(factors, dtype=torch.float32).T.contiguous(), self.device)
         counts = self.counts[rows[where]]
         appeared = counts > 0

@@ -4,10 +4,11 @@ fp8route.engine.sampler."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NoReturn
 
 from fp8route.engine.structured import StructuredOutputs
 from fp8route.errors import Fp8InputError
@@ -15,7 +16,7 @@ from fp8route.errors import Fp8InputError
 MAX_LOGPROBS = 20  # OpenAI's bound on top_logprobs, and vLLM's default max_logprobs
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     raise Fp8InputError(f"SamplingParams: {message}")
 
 
@@ -91,12 +92,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    @property
+    @functools.cached_property  # read for every row of every step
     def penalized(self) -> bool:
         """Whether the tokens the request saw change its logits (its counts are kept on the device)."""
         return self.repetition_penalty != 1 or self.frequency_penalty != 0 or self.presence_penalty != 0
 
-    @property
+    @functools.cached_property
     def plain(self) -> bool:
         """Whether its logits are used as the model gave them (no bias, penalty, cut or mask)."""
         cut = self.top_p < 1 or self.top_k > 0 or self.min_p > 0

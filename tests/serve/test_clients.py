@@ -100,12 +100,11 @@ def test_logprobs_in_both_apis(client):
 
 def test_echo_logprobs_equal_what_fp8route_eval_computes(bf16_folder, bf16_server):
     import torch
+    from openai import OpenAI
 
     from fp8route.evaluation.loading import load_for_eval
     from fp8route.evaluation.scoring import encode_pairs, score_requests
     from fp8route.evaluation.tasks import load_task
-
-    from openai import OpenAI
 
     client = OpenAI(base_url=f"{bf16_server.url}/v1", api_key=API_KEY, max_retries=0)
     requests = [r for ex in load_task("arc_easy", limit=3).examples for r in ex.requests]
