@@ -228,7 +228,7 @@ class AsyncLLM(EngineClient):
             ran = list(self.engine.scheduler.running)
             try:
                 updates = self.engine.step()
-            except Exception as exc:  # noqa: BLE001: one bad step must not take the server down
+            except Exception as exc:  # noqa: BLE001 (one bad step must not take the server down)
                 log.exception("engine step failed")
                 touched = {id(r): r for r in [*ran, *self.engine.scheduler.running]}  # admitted by this step too
                 self._fail(list(touched.values()), exc)
@@ -240,7 +240,7 @@ class AsyncLLM(EngineClient):
         request, new, finished = update.request, update.new_token_ids, update.finished
         with self._lock:
             self.stats.generation_tokens += len(new)
-            if finished:
+            if finished and request.index == 0:  # a request's prompt counts once, whatever its n
                 self.stats.prompt_tokens += request.num_prompt_tokens
                 reason = request.finish_reason or "unknown"
                 self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1

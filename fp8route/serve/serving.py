@@ -205,7 +205,7 @@ class Serving:
                 )  # fmt: skip
                 if text.stop_reason is not None:
                     piece.finish_reason, piece.stop_reason = "stop", text.stop_reason
-                    if not out.finished:
+                    if not out.finished and n > 1:  # the last sample's stop ends the stream, which aborts
                         self.engine.abort(sample_id(job.request_id, out.index, n))
                 elif out.finished:
                     piece.finish_reason, piece.stop_reason = out.finish_reason or "unknown", out.stop_reason
