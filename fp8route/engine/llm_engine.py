@@ -336,12 +336,9 @@ class LLMEngine:
             self._inflight = None
         grammars = self.grammars
         assert grammars is not None, "a constrained request came in without grammars"
-        rows = forward.constrained
-        masks = grammars.new_bitmask(len(rows))
-        for j, i in enumerate(rows):
-            request = forward.sampling[i].request
-            if not request.finished:
-                request.matcher.fill(masks, j)
+        requests = [forward.sampling[i].request for i in forward.constrained]
+        masks = grammars.new_bitmask(len(requests))
+        grammars.fill(masks, [None if r.finished else r.matcher for r in requests])
         return masks
 
     def drain(self) -> list[Update]:

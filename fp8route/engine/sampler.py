@@ -28,6 +28,7 @@ from fp8route.engine.argmax import greedy_tokens
 from fp8route.engine.kv_pool import upload
 from fp8route.engine.request import Request, TokenLogprobs
 from fp8route.engine.sampling import SamplingParams
+from fp8route.kernels import sampling as kernels
 
 _MASK64 = (1 << 64) - 1
 
@@ -38,7 +39,7 @@ def _signed(value: int) -> int:
 
 
 # splitmix64's constants, as the signed int64 torch holds.
-_GOLDEN, _MIX1, _MIX2 = _signed(0x9E3779B97F4A7C15), _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
+_GOLDEN, _MIX1, _MIX2 = (_signed(c) for c in (kernels.GOLDEN, kernels.MIX1, kernels.MIX2))
 
 
 @dataclass
@@ -69,11 +70,16 @@ class Logprobs:
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> list[torch.Tensor]:
     """For logits [L, vocab] and tokens [L]: each token's log-probability, its rank, and the top k
     (ids, log-probabilities): Logprobs' tensors but rows and ks."""
-    lp = torch.log_softmax(logits.float(), dim=-1)
-    own = lp.gather(1, tokens[:, None])[:, 0]
-    rank = (lp > own[:, None]).sum(-1) + 1
-    values, ids = lp.topk(k, dim=-1) if k else (lp[:, :0], tokens[:, None][:, :0])
-    return [tokens, own, rank, ids, values]
+    if kernels.available(logits):
+        where = torch.arange(len(tokens), device=logits.device)
+        lse, own, rank = kernels.logprob_stats(logits, where, tokens)
+    else:
+        x = logits.float()
+        lse = torch.logsumexp(x, dim=-1)
+        own = x.gather(1, tokens[:, None])[:, 0]
+        rank = (x > own[:, None]).sum(-1) + 1
+    values, ids = logits.topk(k, dim=-1) if k else (logits[:, :0], tokens[:, None][:, :0])
+    return [tokens, own - lse, rank, ids, values.float() - lse[:, None]]
 
 
 class Sampler:
@@ -137,6 +143,8 @@ class Sampler:
         if not asked:
             return tokens, None
         ks = [params[i].logprobs or 0 for i in asked]
+        if len(asked) == len(params):
+            return tokens, Logprobs(asked, ks, *token_logprobs(logits, tokens, max(ks)))
         where = upload(torch.tensor(asked), self.device)
         return tokens, Logprobs(asked, ks, *token_logprobs(logits[where], tokens[where], max(ks)))
 
@@ -158,16 +166,20 @@ class Sampler:
         token's positive logit (multiplies a negative one); frequency subtracts per output occurrence,
         presence once."""
         assert self.counts is not None and self.seen is not None, "a penalized request took its row unseen"
-        factors = [[p.repetition_penalty, p.frequency_penalty, p.presence_penalty] for p in params]
-        rep, freq, pres = upload(torch.tensor(factors, dtype=torch.float32).T.contiguous(), self.device)
-        counts = self.counts[rows[where]]
+        factors = [[p.repetition_penalty for p in params], [p.frequency_penalty for p in params],
+                   [p.presence_penalty for p in params]]  # fmt: skip
+        factors_t = upload(torch.tensor(factors, dtype=torch.float32), self.device)
+        table = rows[where]
+        if kernels.available(x):
+            kernels.penalize(x, where, table, self.counts, self.seen, factors_t)
+            return
+        rep, freq, pres = factors_t[:, :, None]
+        counts = self.counts[table]
         appeared = counts > 0
-        seen = self.seen[rows[where]] | appeared
+        seen = self.seen[table] | appeared
         rows_x = x[where]
-        rep = rep[:, None]
         rows_x = torch.where(seen, torch.where(rows_x > 0, rows_x / rep, rows_x * rep), rows_x)
-        rows_x = rows_x - freq[:, None] * counts - pres[:, None] * appeared
-        x[where] = rows_x
+        x[where] = rows_x - freq * counts - pres * appeared
 
 
 def _mask_tokens(x: torch.Tensor, rows: Sequence[int], banned: Sequence[Sequence[int]]) -> None:
@@ -178,58 +190,101 @@ def _mask_tokens(x: torch.Tensor, rows: Sequence[int], banned: Sequence[Sequence
         x[where[0], where[1]] = float("-inf")
 
 
+@dataclass
+class _Draws:
+    """The sampled rows of a step and their controls, on the device: one upload of each kind."""
+
+    params: list[SamplingParams]
+    where: torch.Tensor  # int64 [n]: the rows of x
+    seeds: torch.Tensor  # int64 [n]
+    steps: torch.Tensor  # int64 [n]
+    top_k: torch.Tensor  # int64 [n]: 0 for none
+    temperature: torch.Tensor  # float32 [n]
+    log_min_p: torch.Tensor  # float32 [n]: -inf for none
+    top_p: torch.Tensor  # float32 [n]
+
+    @staticmethod
+    def of(
+        rows: list[int], params: Sequence[SamplingParams], seeds: Sequence[int], steps: Sequence[int], vocab: int,
+        device: torch.device,
+    ) -> _Draws:  # fmt: skip
+        chosen = [params[i] for i in rows]
+        ints = torch.tensor([rows, [_signed(seeds[i]) for i in rows], [steps[i] for i in rows],
+                             [min(p.top_k, vocab) for p in chosen]])  # fmt: skip
+        floats = [[p.temperature for p in chosen],
+                  [math.log(p.min_p) if p.min_p > 0 else -math.inf for p in chosen],
+                  [p.top_p for p in chosen]]  # fmt: skip
+        return _Draws(chosen, *upload(ints, device), *upload(torch.tensor(floats, dtype=torch.float32), device))
+
+
 def _draw(
     x: torch.Tensor, params: Sequence[SamplingParams], seeds: Sequence[int], steps: Sequence[int]
 ) -> torch.Tensor:
     """One token per row of processed logits x [R, vocab]: the argmax where the temperature is 0,
     else drawn after temperature, min_p, top_k and top_p from the row's (seed, step) stream."""
-    tokens = greedy_tokens(x)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
+    if len(sampled) < len(params):
+        tokens = greedy_tokens(x)
+    else:
+        tokens = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
     if not sampled:
         return tokens
-    device, vocab = x.device, x.shape[-1]
-    chosen = [params[i] for i in sampled]
-    ints = upload(
-        torch.tensor([sampled, [_signed(seeds[i]) for i in sampled], [steps[i] for i in sampled],
-                      [min(p.top_k, vocab) for p in chosen]]),
-        device,
-    )  # fmt: skip
-    index, seed_t, step_t, top_k = ints
-    floats = [[p.temperature for p in chosen], [math.log(p.min_p) if p.min_p > 0 else -math.inf for p in chosen]]
-    temps, log_min_p = upload(torch.tensor(floats, dtype=torch.float32), device)
-    logits = x[index] / temps[:, None]
-    if any(p.min_p > 0 for p in chosen):  # p_i < min_p * p_max, as logits
-        logits = logits.masked_fill(logits < logits.amax(-1, keepdim=True) + log_min_p[:, None], float("-inf"))
-    if any(p.top_k > 0 for p in chosen):
-        most = min(max(p.top_k for p in chosen), vocab)
-        kth = logits.topk(most, dim=-1).values.gather(1, (top_k.clamp(1, most) - 1)[:, None])
-        kth = torch.where(top_k[:, None] > 0, kth, float("-inf"))
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    nucleus = [j for j, p in enumerate(chosen) if p.top_p < 1]
+    d = _Draws.of(sampled, params, seeds, steps, x.shape[-1], x.device)
+    top = x.amax(dim=-1)[d.where]
+    floor = _floors(x, d, top)
+    if kernels.available(x):
+        chosen = kernels.draw(x, d.where, top, floor, d.temperature, d.seeds, d.steps)
+    else:
+        rows = x[d.where]
+        keys = (rows - top[:, None]) / d.temperature[:, None] - torch.log(
+            -torch.log(_uniform(d.seeds, d.steps, x.shape[-1]))
+        )
+        chosen = keys.masked_fill(~((rows >= floor[:, None]) & (rows > -math.inf)), -math.inf).argmax(dim=-1)
+    return tokens.index_copy(0, d.where, chosen)
+
+
+def _floors(x: torch.Tensor, d: _Draws, top: torch.Tensor) -> torch.Tensor:
+    """The lowest logit each sampled row keeps after min_p, top_k and top_p, float32 [n]. top_k's rows
+    find it among their k candidates (torch's topk); the others' top_p searches the whole row: with
+    the kernels on CUDA, by sorting the row here."""
+    floor = top + d.temperature * d.log_min_p  # min_p: p_i >= min_p * p_max, as logits
+    with_k = [j for j, p in enumerate(d.params) if p.top_k > 0]
+    if with_k:
+        k = upload(torch.tensor(with_k), x.device)
+        most = int(max(d.params[j].top_k for j in with_k))
+        candidates = x.index_select(0, d.where[k]).topk(min(most, x.shape[-1]), dim=-1).values
+        kth = candidates.gather(1, (d.top_k[k] - 1)[:, None])[:, 0]
+        floor[k] = _nucleus(candidates, top[k], torch.maximum(floor[k], kth), d.temperature[k], d.top_p[k])
+    nucleus = [j for j, p in enumerate(d.params) if p.top_k == 0 and p.top_p < 1]
     if nucleus:
-        probs = _top_p(probs, nucleus, [chosen[j].top_p for j in nucleus])
-    noise = -torch.log(_uniform(seed_t, step_t, vocab))
-    return tokens.index_copy(0, index, (probs.double() / noise).argmax(dim=-1))
+        n = upload(torch.tensor(nucleus), x.device)
+        args = (top[n], floor[n], d.temperature[n], d.top_p[n])
+        if kernels.available(x):
+            floor[n] = kernels.nucleus_floor(x, d.where[n], *args)
+        else:
+            floor[n] = _nucleus(x[d.where[n]].sort(dim=-1, descending=True).values, *args)
+    return floor
 
 
-def _top_p(probs: torch.Tensor, rows: list[int], top_ps: list[float]) -> torch.Tensor:
-    """probs with rows[i] cut to the smallest prefix of its sorted probabilities whose mass reaches
-    top_ps[i] (the most likely token always stays): the only sort of the vocabulary."""
-    device = probs.device
-    where = upload(torch.tensor(rows), device)
-    cut = upload(torch.tensor(top_ps, dtype=torch.float32), device)
-    sorted_p, order = probs[where].sort(dim=-1, descending=True)
-    sorted_p = sorted_p.masked_fill(sorted_p.cumsum(-1) - sorted_p > cut[:, None], 0.0)
-    return probs.index_copy(0, where, torch.zeros_like(sorted_p).scatter_(-1, order, sorted_p))
+def _nucleus(
+    ordered: torch.Tensor, top: torch.Tensor, floor: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """floor raised to top_p's cut, for rows whose logits (or their candidates) are `ordered`, highest
+    first: the lowest kept logit whose probability mass ahead of it is at most top_p (of the mass at
+    or above floor)."""
+    kept = ordered >= floor[:, None]
+    e = torch.where(kept, torch.exp((ordered - top[:, None]) / temperature[:, None]), 0.0)
+    ahead = e.cumsum(dim=-1) - e
+    inside = kept & (ahead <= top_p[:, None] * e.sum(dim=-1, keepdim=True))
+    return torch.where(inside, ordered, math.inf).amin(dim=-1)
 
 
 def _uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """U(0, 1) [B, vocab] from a counter hash of (seed, step, token id) per row (int64 ops wrap)."""
+    """U(0, 1) float32 [B, vocab] from a counter hash of (seed, step, token id) per row, as
+    fp8route.kernels.sampling.uniform has it: splitmix64, its top 24 bits (int64 ops wrap)."""
     ids = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
     x = seeds[:, None] * _GOLDEN + steps[:, None] * _MIX2 + ids[None, :] * _MIX1
     for shift, mult in ((30, _MIX1), (27, _MIX2)):  # splitmix64's finalizer (logical shifts)
         x = (x ^ ((x >> shift) & ((1 << (64 - shift)) - 1))) * mult
     x = x ^ ((x >> 31) & ((1 << 33) - 1))
-    mantissa = (x >> 11) & ((1 << 53) - 1)
-    return (mantissa.double() + 0.5) / float(1 << 53)
+    return (((x >> 40) & ((1 << 24) - 1)).float() + 0.5) / float(1 << 24)

@@ -290,3 +290,27 @@ def test_without_xgrammar_the_error_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "xgrammar", None)
     with pytest.raises(Fp8InputError, match=re.escape("pip install 'fp8route[structured]'")):
         Grammars(None, 32, [0])  # type: ignore[arg-type]
+
+
+def test_a_steps_rows_filled_at_once_are_each_rows_own_mask(grammars, tokenizer):
+    """Grammars.fill (xgrammar's threads) gives what each Matcher.fill gives alone: running grammars at
+    different places, an ended one (its stop token only), and a row without a matcher left as it was."""
+    specs = [StructuredOutputs(json=SCHEMA), StructuredOutputs(choice=["x"]), StructuredOutputs(regex=r"\d+"),
+             StructuredOutputs(json_object=True)]  # fmt: skip
+    matchers = [grammars.matcher(spec) for spec in specs]
+    for token in tokenizer.encode('{"name": "', add_special_tokens=False).ids:
+        matchers[0].accept(token)
+    for token in walk(grammars, specs[1], seed=0)[0]:
+        matchers[1].accept(token)
+    assert matchers[1].terminated
+    rows = [matchers[0], matchers[1], None, matchers[2], matchers[3]]
+    together = grammars.new_bitmask(len(rows))
+    together[2] = 7  # a row without a matcher keeps what it held
+    grammars.fill(together, rows)
+    for j, matcher in enumerate(rows):
+        alone = grammars.new_bitmask(1)
+        alone[0] = 7
+        if matcher is not None:
+            matcher.fill(alone, 0)
+        assert torch.equal(together[j], alone[0]), j
+    assert len({tuple(row.tolist()) for row in together}) == len(rows)  # five different masks

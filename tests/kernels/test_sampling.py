@@ -1,0 +1,100 @@
+"""The sampler's kernels against its torch path (fp8route.engine.sampler, the CPU path): on a GPU, and
+on a CPU under Triton's interpreter (TRITON_INTERPRET=1)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from fp8route.engine import sampler
+from fp8route.kernels import sampling as kernels
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.interpreter,
+    pytest.mark.skipif(kernels.TRITON_IMPORT_ERROR is not None, reason="needs triton"),
+]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+VOCAB = 5003  # not a multiple of a block: the tails are masked
+ROWS = 12
+
+
+def logits(seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(ROWS, VOCAB, generator=g) * 3).to(DEVICE)
+
+
+def test_penalize_matches_the_torch_path():
+    g = torch.Generator().manual_seed(1)
+    x = logits()
+    counts = torch.randint(0, 3, (ROWS + 2, VOCAB), generator=g, dtype=torch.int32).to(DEVICE)
+    counts[counts == 1] = 0  # most tokens never appeared
+    seen = (torch.rand(ROWS + 2, VOCAB, generator=g) < 0.1).to(DEVICE)
+    where = torch.tensor([0, 3, 4, 9], device=DEVICE)
+    table = torch.tensor([13, 2, 0, 7], device=DEVICE)
+    factors = torch.tensor([[1.1, 1.0, 0.8, 1.3], [0.2, 0.0, 0.5, 0.0], [0.3, 1.0, 0.0, 0.1]], device=DEVICE)
+    expected = x.clone()
+    rep, freq, pres = factors[:, :, None]
+    c, s = counts[table], seen[table] | (counts[table] > 0)
+    rows = expected[where]
+    rows = torch.where(s, torch.where(rows > 0, rows / rep, rows * rep), rows)
+    expected[where] = rows - freq * c - pres * (c > 0)
+    kernels.penalize(x, where, table, counts, seen, factors)
+    assert torch.allclose(x, expected, atol=1e-6, rtol=1e-6)
+    assert not torch.equal(x[where], logits()[where])  # the case penalizes something
+
+
+@pytest.mark.parametrize("top_p", [0.1, 0.5, 0.9, 0.99])
+def test_the_nucleus_search_keeps_what_the_sort_keeps(top_p):
+    x = logits(2)
+    where = torch.tensor([1, 2, 5, 6, 11], device=DEVICE)
+    n = len(where)
+    top = x.amax(-1)[where]
+    temperature = torch.tensor([1.0, 0.5, 0.8, 2.0, 1.0], device=DEVICE)
+    floor = top + temperature * torch.tensor([-math.inf, -math.inf, math.log(0.01), -math.inf, math.log(0.2)], device=DEVICE)
+    cut = torch.full((n,), top_p, device=DEVICE)
+    found = kernels.nucleus_floor(x, where, top, floor, temperature, cut)
+    ordered = x[where].sort(dim=-1, descending=True).values
+    expected = sampler._nucleus(ordered, top, floor, temperature, cut)
+    kept, expected_kept = x[where] >= found[:, None], x[where] >= expected[:, None]
+    # Sums in another order may decide a token whose mass ahead is the cut to float32's rounding.
+    e = torch.where(x[where] >= floor[:, None], ((x[where] - top[:, None]) / temperature[:, None]).double().exp(), 0)
+    ordered, order = e.sort(dim=-1, descending=True)
+    ahead = torch.empty_like(e).scatter_(-1, order, ordered.cumsum(-1) - ordered)
+    at_the_cut = (ahead - top_p * e.sum(-1, keepdim=True)).abs() <= 1e-5 * e.sum(-1, keepdim=True)
+    assert not ((kept != expected_kept) & ~at_the_cut).any(), (kept.sum(-1), expected_kept.sum(-1))
+    assert (expected_kept.sum(-1) > 1).any()  # a cut that keeps more than the top token
+
+
+def test_the_draw_takes_the_torch_paths_tokens():
+    x = logits(3)
+    where = torch.tensor([0, 2, 3, 7, 8, 10], device=DEVICE)
+    top = x.amax(-1)[where]
+    temperature = torch.tensor([1.0, 0.7, 1.5, 1.0, 0.3, 1.0], device=DEVICE)
+    floor = torch.tensor([-math.inf, 0.0, -math.inf, 3.0, -math.inf, -1.0], device=DEVICE)
+    seeds = torch.tensor([5, -7, 2**62, 0, 123456789, 5], device=DEVICE)
+    steps = torch.tensor([0, 1, 2, 3, 400, 1], device=DEVICE)
+    tokens = kernels.draw(x, where, top, floor, temperature, seeds, steps)
+    rows = x[where]
+    u = sampler._uniform(seeds, steps, VOCAB)
+    keys = (rows - top[:, None]) / temperature[:, None] - torch.log(-torch.log(u))
+    expected = keys.masked_fill(rows < floor[:, None], -math.inf).argmax(-1)
+    assert torch.equal(tokens, expected)
+    assert (rows.gather(1, tokens[:, None])[:, 0] >= floor).all()
+    assert not torch.equal(tokens, rows.argmax(-1))  # it draws, not the argmax
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logprob_stats_are_log_softmaxs(dtype):
+    x = logits(4).to(dtype)
+    x[3, 100:] = -math.inf  # a masked row keeps a finite sum
+    where = torch.tensor([0, 3, 11], device=DEVICE)
+    tokens = torch.tensor([17, 5, 4000], device=DEVICE)
+    lse, own, rank = kernels.logprob_stats(x, where, tokens)
+    rows = x[where].float()
+    assert torch.allclose(lse, torch.logsumexp(rows, -1), atol=1e-5, rtol=1e-5)
+    assert torch.equal(own, rows.gather(1, tokens[:, None])[:, 0])
+    assert torch.equal(rank, (rows > own[:, None]).sum(-1) + 1)
