@@ -33,7 +33,8 @@ _ROUNDS = 8
 
 
 def available(x: torch.Tensor) -> bool:
-    """Whether the sampler takes the kernels for x: a CUDA tensor, with Triton (tests call them under Triton's interpreter too)."""
+    """Whether the sampler takes the kernels for x: a CUDA tensor, with Triton (tests also call the
+    kernels on CPU tensors under Triton's interpreter)."""
     if TRITON_IMPORT_ERROR is not None or torch.compiler.is_compiling():
         return False
     return x.is_cuda

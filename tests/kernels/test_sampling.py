@@ -4,7 +4,6 @@ on a CPU under Triton's interpreter (TRITON_INTERPRET=1)."""
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
@@ -54,7 +53,8 @@ def test_the_nucleus_search_keeps_what_the_sort_keeps(top_p):
     n = len(where)
     top = x.amax(-1)[where]
     temperature = torch.tensor([1.0, 0.5, 0.8, 2.0, 1.0], device=DEVICE)
-    floor = top + temperature * torch.tensor([-math.inf, -math.inf, math.log(0.01), -math.inf, math.log(0.2)], device=DEVICE)
+    log_min_p = torch.tensor([-math.inf, -math.inf, math.log(0.01), -math.inf, math.log(0.2)], device=DEVICE)
+    floor = top + temperature * log_min_p
     cut = torch.full((n,), top_p, device=DEVICE)
     found = kernels.nucleus_floor(x, where, top, floor, temperature, cut)
     ordered = x[where].sort(dim=-1, descending=True).values
