@@ -6,9 +6,9 @@ A step that samples 150 rows of Llama-3's 128256 logits with torch ops spends mi
 vocabulary sorts, int64 hash tensors and the penalty gathers' temporaries: longer than the decode
 forward's own share. Here:
 - penalize: vLLM's repetition / frequency / presence penalties from the per-row counts, in place.
-- nucleus_floor: each row's top_p cut as a logit threshold, found by searching the threshold, 15
-  pivots a pass for 8 passes (FlashInfer's sampling kernels search a pivot alike): the row stays in
-  L2 while it is searched.
+- nucleus_floor: each row's top_p cut as a logit threshold, found by searching the threshold, 3
+  pivots a pass for 14 passes (FlashInfer's sampling kernels search a pivot alike) over the row's
+  probabilities, written once and read from L2.
 - draw: the exponential race as a Gumbel-max, argmax over the kept tokens of
   (x - max) / T - log(-log U), U from the hash of (seed, step, token id): a row's token depends
   on its own seed and step only, whatever shares its batch.
@@ -27,9 +27,9 @@ from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, tl, tr
 # splitmix64's constants: the seed's, the step's and the token id's multipliers and the finalizer's.
 GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _CHUNK = 2048
-_BLOCK = 1024
-_PIVOTS = 15  # a pass narrows the search 16-fold: 8 passes reach 2**-32 of the logits' range
-_ROUNDS = 8
+_BLOCK = 2048
+_PIVOTS = 4  # a pass narrows the search 4-fold: 14 passes reach 2**-28 of the logits' range
+_ROUNDS = 14
 
 
 def available(x: torch.Tensor) -> bool:
@@ -64,8 +64,9 @@ def nucleus_floor(
     n, vocab = where.numel(), x.shape[1]
     out = torch.empty(n, dtype=torch.float32, device=x.device)
     if n:
-        args = (x, where, top, floor, temperature, top_p, out, x.stride(0), vocab)
-        meta = {"BLOCK": _BLOCK, "PIVOTS": _PIVOTS + 1, "ROUNDS": _ROUNDS, "num_warps": 8}
+        e = torch.empty((n, vocab), dtype=torch.float32, device=x.device)
+        args = (x, where, top, floor, temperature, top_p, e, out, x.stride(0), vocab)
+        meta = {"BLOCK": _BLOCK, "PIVOTS": _PIVOTS, "ROUNDS": _ROUNDS, "num_warps": 8}
         _NUCLEUS((n,), (int_key(x.stride(0)), vocab), args, meta)
     return out
 
@@ -136,38 +137,41 @@ if TRITON_IMPORT_ERROR is None:
 
     @triton.jit
     def _nucleus_kernel(
-        x_ptr, where_ptr, top_ptr, floor_ptr, temp_ptr, top_p_ptr, out_ptr, x_stride, vocab,
+        x_ptr, where_ptr, top_ptr, floor_ptr, temp_ptr, top_p_ptr, e_ptr, out_ptr, x_stride, vocab,
         BLOCK: tl.constexpr, PIVOTS: tl.constexpr, ROUNDS: tl.constexpr,
     ):  # fmt: skip
         i = tl.program_id(0)
         x_row = x_ptr + tl.load(where_ptr + i) * x_stride
+        e_row = e_ptr + i.to(tl.int64) * vocab
         top = tl.load(top_ptr + i)
         floor = tl.load(floor_ptr + i)
         scale = 1.0 / tl.load(temp_ptr + i)
-        # The mass of the kept tokens, and the lowest of them.
+        # Each kept token's unnormalized probability (0 for the others), their mass and the lowest kept logit.
         mass = tl.zeros([BLOCK], dtype=tl.float32)
         low = tl.full([BLOCK], float("inf"), dtype=tl.float32)
         for start in range(0, vocab, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             x = tl.load(x_row + offs, mask=offs < vocab, other=float("-inf"))
             kept = (x >= floor) & (x > float("-inf"))
-            mass += tl.where(kept, tl.exp((x - top) * scale), 0.0)
+            e = tl.where(kept, tl.exp((x - top) * scale), 0.0)
+            tl.store(e_row + offs, e, mask=offs < vocab)
+            mass += e
             low = tl.minimum(low, tl.where(kept, x, float("inf")))
         target = tl.load(top_p_ptr + i) * tl.sum(mass, axis=0)
-        # Invariant: the mass above hi is at most target, the mass above lo is more.
+        # Invariant: the mass above logit hi is at most target, the mass above lo is more. A pass sums the
+        # mass above PIVOTS - 1 logits between them (the last pivot is hi), compared as probabilities.
         lo = tl.min(low, axis=0) - 1.0
         hi = top
         steps = tl.arange(0, PIVOTS)
         for _ in range(ROUNDS):
-            pivots = lo + (hi - lo) * ((steps + 1).to(tl.float32) / (PIVOTS + 1))
-            above = tl.zeros([PIVOTS], dtype=tl.float32)
+            pivots = lo + (hi - lo) * ((steps + 1).to(tl.float32) / PIVOTS)
+            bars = tl.exp((pivots - top) * scale)
+            above = tl.zeros([PIVOTS, BLOCK], dtype=tl.float32)
             for start in range(0, vocab, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
-                x = tl.load(x_row + offs, mask=offs < vocab, other=float("-inf"))
-                e = tl.where(x >= floor, tl.exp((x - top) * scale), 0.0)
-                above += tl.sum(tl.where(x[None, :] > pivots[:, None], e[None, :], 0.0), axis=1)
-            # The last pivot stands for hi itself (its mass above passes by the invariant).
-            small = (above <= target) | (steps == PIVOTS - 1)
+                e = tl.load(e_row + offs, mask=offs < vocab, other=0.0)
+                above += tl.where(e[None, :] > bars[:, None], e[None, :], 0.0)
+            small = (tl.sum(above, axis=1) <= target) | (steps == PIVOTS - 1)
             first = tl.min(tl.where(small, steps, PIVOTS), axis=0)
             new_hi = tl.sum(tl.where(steps == first, pivots, 0.0), axis=0)
             lo = tl.where(first > 0, tl.sum(tl.where(steps == first - 1, pivots, 0.0), axis=0), lo)
@@ -214,6 +218,6 @@ if TRITON_IMPORT_ERROR is None:
         tl.store(rank_ptr + i, tl.sum(larger, axis=0).to(tl.int64) + 1)
 
     _PENALIZE = DirectLauncher(_penalize_kernel, pointers=6)
-    _NUCLEUS = DirectLauncher(_nucleus_kernel, pointers=7)
+    _NUCLEUS = DirectLauncher(_nucleus_kernel, pointers=8)
     _DRAW = DirectLauncher(_draw_kernel, pointers=9)
     _STATS = DirectLauncher(_stats_kernel, pointers=6)
