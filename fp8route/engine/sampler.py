@@ -31,6 +31,7 @@ from fp8route.engine.sampling import SamplingParams
 from fp8route.kernels import sampling as kernels
 
 _MASK64 = (1 << 64) - 1
+_MASK32 = (1 << 32) - 1
 
 
 def _signed(value: int) -> int:
@@ -71,15 +72,25 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> list[t
     """For logits [L, vocab] and tokens [L]: each token's log-probability, its rank, and the top k
     (ids, log-probabilities): Logprobs' tensors but rows and ks."""
     if kernels.available(logits):
-        where = torch.arange(len(tokens), device=logits.device)
-        lse, own, rank = kernels.logprob_stats(logits, where, tokens)
+        lse, own, rank = kernels.logprob_stats(logits, torch.arange(len(tokens), device=logits.device), tokens)
     else:
         x = logits.float()
         lse = torch.logsumexp(x, dim=-1)
         own = x.gather(1, tokens[:, None])[:, 0]
         rank = (x > own[:, None]).sum(-1) + 1
-    values, ids = logits.topk(k, dim=-1) if k else (logits[:, :0], tokens[:, None][:, :0])
-    return [tokens, own - lse, rank, ids, values.float() - lse[:, None]]
+    if k:
+        values, ids = _top(logits, torch.arange(len(tokens), device=logits.device), k)
+    else:
+        values, ids = logits[:, :0].float(), tokens[:, None][:, :0]
+    return [tokens, own - lse, rank, ids, values - lse[:, None]]
+
+
+def _top(x: torch.Tensor, where: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows where of x: their k largest values (float32) and ids, highest first."""
+    if kernels.available(x) and k <= kernels.MAX_CANDIDATES:
+        return kernels.top_candidates(x, where, k)
+    values, ids = x.index_select(0, where).topk(k, dim=-1)
+    return values.float(), ids
 
 
 class Sampler:
@@ -252,7 +263,7 @@ def _floors(x: torch.Tensor, d: _Draws, top: torch.Tensor) -> torch.Tensor:
     if with_k:
         k = upload(torch.tensor(with_k), x.device)
         most = int(max(d.params[j].top_k for j in with_k))
-        candidates = x.index_select(0, d.where[k]).topk(min(most, x.shape[-1]), dim=-1).values
+        candidates = _top(x, d.where[k], min(most, x.shape[-1]))[0]
         kth = candidates.gather(1, (d.top_k[k] - 1)[:, None])[:, 0]
         floor[k] = _nucleus(candidates, top[k], torch.maximum(floor[k], kth), d.temperature[k], d.top_p[k])
     nucleus = [j for j, p in enumerate(d.params) if p.top_k == 0 and p.top_p < 1]
@@ -280,11 +291,22 @@ def _nucleus(
 
 
 def _uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """U(0, 1) float32 [B, vocab] from a counter hash of (seed, step, token id) per row, as
-    fp8route.kernels.sampling.uniform has it: splitmix64, its top 24 bits (int64 ops wrap)."""
-    ids = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
-    x = seeds[:, None] * _GOLDEN + steps[:, None] * _MIX2 + ids[None, :] * _MIX1
+    """U(0, 1) float32 [B, vocab] from a counter hash of (seed, step) per row and the token id, as
+    fp8route.kernels.sampling.uniform has it (int64 ops wrap; 32-bit values are kept masked)."""
+    z = seeds * _GOLDEN + steps * _MIX2
     for shift, mult in ((30, _MIX1), (27, _MIX2)):  # splitmix64's finalizer (logical shifts)
-        x = (x ^ ((x >> shift) & ((1 << (64 - shift)) - 1))) * mult
-    x = x ^ ((x >> 31) & ((1 << 33) - 1))
-    return (((x >> 40) & ((1 << 24) - 1)).float() + 0.5) / float(1 << 24)
+        z = (z ^ ((z >> shift) & ((1 << (64 - shift)) - 1))) * mult
+    z = z ^ ((z >> 31) & ((1 << 33) - 1))
+    ids = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
+    h = _fmix32(((ids[None, :] * kernels.ID_MUL) & _MASK32) ^ (z[:, None] & _MASK32))
+    h = _fmix32(h ^ ((z[:, None] >> 32) & _MASK32))
+    return ((h >> 8).float() + 0.5) / float(1 << 24)
+
+
+def _fmix32(h: torch.Tensor) -> torch.Tensor:
+    """murmur3's 32-bit finalizer on uint32 values held in int64."""
+    h = h ^ (h >> 16)
+    h = (h * kernels.FMIX1) & _MASK32
+    h = h ^ (h >> 13)
+    h = (h * kernels.FMIX2) & _MASK32
+    return h ^ (h >> 16)

@@ -1,16 +1,17 @@
-"""The sampler's CUDA kernels: penalties, the top_p cut, the seeded draw and logprob statistics, each
-a pass (or a few, in L2) over a row's logits, with no sort of the vocabulary and no [rows, vocab]
-temporaries.
+"""The sampler's CUDA kernels: penalties, top-k candidates, the top_p cut, the seeded draw and logprob
+statistics, with no sort of the vocabulary and no [rows, vocab] temporaries.
 
 A step that samples 150 rows of Llama-3's 128256 logits with torch ops spends milliseconds in full-
 vocabulary sorts, int64 hash tensors and the penalty gathers' temporaries: longer than the decode
 forward's own share. Here:
 - penalize: vLLM's repetition / frequency / presence penalties from the per-row counts, in place.
-- nucleus_floor: each row's top_p cut as a logit threshold, found by searching the threshold, 3
-  pivots a pass for 14 passes (FlashInfer's sampling kernels search a pivot alike) over the row's
-  probabilities, written once and read from L2.
+- top_candidates: each row's k largest logits and their ids: each 2048-logit chunk's top k packed
+  with its ids into int64 keys (Triton's bitonic topk), then torch's topk over those few.
+- nucleus_floor: each row's top_p cut as a logit threshold, searched with 7 pivots a round over 9
+  rounds (FlashInfer's sampling kernels search a pivot alike), each round a launch that splits every
+  row over 16 programs.
 - draw: the exponential race as a Gumbel-max, argmax over the kept tokens of
-  (x - max) / T - log(-log U), U from the hash of (seed, step, token id): a row's token depends
+  (x - max) / T - log(-log U), U from a hash of (seed, step) and the token id: a row's token depends
   on its own seed and step only, whatever shares its batch.
 - logprob_stats: each row's log-sum-exp and the rank of a token in one pass.
 
@@ -24,12 +25,16 @@ import torch
 from fp8route.backends.kernels.launcher import DirectLauncher, int_key
 from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
 
-# splitmix64's constants: the seed's, the step's and the token id's multipliers and the finalizer's.
+# splitmix64's multipliers (seed, step, finalizer) and murmur3's 32-bit ones (token id, finalizer).
 GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
-_CHUNK = 2048
-_BLOCK = 2048
-_PIVOTS = 4  # a pass narrows the search 4-fold: 14 passes reach 2**-28 of the logits' range
-_ROUNDS = 14
+ID_MUL, FMIX1, FMIX2 = 0x9E3779B1, 0x85EBCA6B, 0xC2B2AE35
+_CHUNK = 2048  # the logits one program reads
+MAX_CANDIDATES = _CHUNK  # the most top_candidates finds: a chunk's own
+_SLICE = 8192  # a row's logits one search program reads
+_PIVOTS = 8  # a round narrows the search 8-fold: 9 rounds reach 2**-27 of its window
+_ROUNDS = 9
+# The search starts this many temperatures below the row's top: a token lower has e**-40 of its mass.
+WINDOW = 40.0
 
 
 def available(x: torch.Tensor) -> bool:
@@ -54,6 +59,23 @@ def penalize(
     _PENALIZE((n, chunks), (int_key(x.stride(0), counts.stride(0), n), vocab), args, {"CHUNK": _CHUNK, "num_warps": 4})
 
 
+def top_candidates(x: torch.Tensor, where: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row where[i] of x [R, V]'s k largest values (float32, highest first) and their ids (int64),
+    each [n, k]; the lower id first among equal values. k at most MAX_CANDIDATES."""
+    n, vocab = where.numel(), x.shape[1]
+    width = triton.next_power_of_2(k)
+    chunks = triton.cdiv(vocab, _CHUNK)
+    keys = torch.empty((n, chunks * width), dtype=torch.int64, device=x.device)
+    if n:
+        args = (x, where, keys, x.stride(0), vocab, chunks)
+        key = (x.dtype, int_key(x.stride(0), chunks), vocab)
+        _TOP((n, chunks), key, args, {"CHUNK": _CHUNK, "K": width, "num_warps": 4})
+    top = keys.topk(k, dim=-1).values
+    ordered = (top >> 32).to(torch.int32)
+    values = torch.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).view(torch.float32)
+    return values, 0xFFFFFFFF - (top & 0xFFFFFFFF)
+
+
 def nucleus_floor(
     x: torch.Tensor, where: torch.Tensor, top: torch.Tensor, floor: torch.Tensor, temperature: torch.Tensor,
     top_p: torch.Tensor,
@@ -62,13 +84,18 @@ def nucleus_floor(
     floor[i] (min_p, top_k), at temperature[i], whose probability mass ahead of them is at most
     top_p[i] (top: each row's maximum)."""
     n, vocab = where.numel(), x.shape[1]
-    out = torch.empty(n, dtype=torch.float32, device=x.device)
-    if n:
-        e = torch.empty((n, vocab), dtype=torch.float32, device=x.device)
-        args = (x, where, top, floor, temperature, top_p, e, out, x.stride(0), vocab)
-        meta = {"BLOCK": _BLOCK, "PIVOTS": _PIVOTS, "ROUNDS": _ROUNDS, "num_warps": 8}
-        _NUCLEUS((n,), (int_key(x.stride(0)), vocab), args, meta)
-    return out
+    slices = triton.cdiv(vocab, _SLICE)
+    sums = torch.empty((_ROUNDS, n, slices, _PIVOTS), dtype=torch.float32, device=x.device)
+    bounds = torch.empty((_ROUNDS + 1, n, 2), dtype=torch.float32, device=x.device)
+    lows = torch.empty((n, slices), dtype=torch.float32, device=x.device)
+    if n == 0:
+        return lows[:, 0]
+    meta = {"SLICE": _SLICE, "BLOCK": 512, "PIVOTS": _PIVOTS, "SLICES": triton.next_power_of_2(slices), "num_warps": 4}
+    for round_ in range(_ROUNDS + 1):
+        args = (x, where, top, floor, temperature, top_p, bounds, sums, lows, x.stride(0), vocab, n, round_)
+        final = round_ == _ROUNDS
+        _SEARCH((n, slices), (int_key(x.stride(0), n, round_), vocab, final), args, {**meta, "FINAL": final})
+    return lows.amin(dim=-1)
 
 
 def draw(
@@ -104,15 +131,28 @@ def logprob_stats(logits: torch.Tensor, where: torch.Tensor, tokens: torch.Tenso
 if TRITON_IMPORT_ERROR is None:
 
     @triton.jit
+    def _fmix32(h):
+        h ^= h >> 16
+        h *= 0x85EBCA6B
+        h ^= h >> 13
+        h *= 0xC2B2AE35
+        return h ^ (h >> 16)
+
+    @triton.jit
     def uniform(seed, step, ids):
-        """U(0, 1) from splitmix64 of seed * GOLDEN + step * MIX2 + id * MIX1 (its top 24 bits)."""
-        z = seed.to(tl.uint64, bitcast=True) * 0x9E3779B97F4A7C15
-        z += step.to(tl.uint64, bitcast=True) * 0x94D049BB133111EB
-        z += ids.to(tl.uint64) * 0xBF58476D1CE4E5B9
+        """U(0, 1) float32 for token ids: splitmix64 of seed * GOLDEN + step * MIX2 gives the row's 64
+        bits, murmur3's finalizer mixes them with id * ID_MUL (32-bit ops: the per-token part is cheap);
+        its top 24 bits."""
+        z = (
+            seed.to(tl.uint64, bitcast=True) * 0x9E3779B97F4A7C15
+            + step.to(tl.uint64, bitcast=True) * 0x94D049BB133111EB
+        )
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
         z = (z ^ (z >> 27)) * 0x94D049BB133111EB
         z = z ^ (z >> 31)
-        return ((z >> 40).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        h = _fmix32((ids.to(tl.uint32) * 0x9E3779B1) ^ z.to(tl.uint32))
+        h = _fmix32(h ^ (z >> 32).to(tl.uint32))
+        return ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
 
     @triton.jit
     def _penalize_kernel(
@@ -136,47 +176,78 @@ if TRITON_IMPORT_ERROR is None:
         tl.store(x_row + offs, x, mask=inside)
 
     @triton.jit
-    def _nucleus_kernel(
-        x_ptr, where_ptr, top_ptr, floor_ptr, temp_ptr, top_p_ptr, e_ptr, out_ptr, x_stride, vocab,
-        BLOCK: tl.constexpr, PIVOTS: tl.constexpr, ROUNDS: tl.constexpr,
-    ):  # fmt: skip
+    def _top_kernel(x_ptr, where_ptr, keys_ptr, x_stride, vocab, chunks, CHUNK: tl.constexpr, K: tl.constexpr):
         i = tl.program_id(0)
+        chunk = tl.program_id(1)
+        offs = chunk * CHUNK + tl.arange(0, CHUNK)
+        inside = offs < vocab
+        x = tl.load(x_ptr + tl.load(where_ptr + i) * x_stride + offs, mask=inside, other=0.0).to(tl.float32)
+        bits = x.to(tl.int32, bitcast=True)
+        ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # ordered as the floats, as int32
+        key = (ordered.to(tl.int64) << 32) + (0xFFFFFFFF - offs.to(tl.int64))  # the lower id wins a tie
+        key = tl.where(inside, key, -0x7FFFFFFFFFFFFFFF - 1)
+        top = tl.topk(key, K)
+        tl.store(keys_ptr + (i * chunks + chunk).to(tl.int64) * K + tl.arange(0, K), top)
+
+    @triton.jit
+    def _search_kernel(
+        x_ptr, where_ptr, top_ptr, floor_ptr, temp_ptr, top_p_ptr, bounds_ptr, sums_ptr, lows_ptr, x_stride,
+        vocab, n, round_, SLICE: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr, SLICES: tl.constexpr,
+        FINAL: tl.constexpr,
+    ):  # fmt: skip
+        """One round of the top_p search for row i's slice s. Invariant: the mass above logit hi is at
+        most the target, the mass above lo is more. A round's pivots split [lo, hi) in PIVOTS; the first
+        is lo, whose mass in round 0 is the row's (the target's base)."""
+        i = tl.program_id(0)
+        s = tl.program_id(1)
+        slices = tl.num_programs(1)
         x_row = x_ptr + tl.load(where_ptr + i) * x_stride
-        e_row = e_ptr + i.to(tl.int64) * vocab
         top = tl.load(top_ptr + i)
         floor = tl.load(floor_ptr + i)
-        scale = 1.0 / tl.load(temp_ptr + i)
-        # Each kept token's unnormalized probability (0 for the others), their mass and the lowest kept logit.
-        mass = tl.zeros([BLOCK], dtype=tl.float32)
-        low = tl.full([BLOCK], float("inf"), dtype=tl.float32)
-        for start in range(0, vocab, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            x = tl.load(x_row + offs, mask=offs < vocab, other=float("-inf"))
-            kept = (x >= floor) & (x > float("-inf"))
-            e = tl.where(kept, tl.exp((x - top) * scale), 0.0)
-            tl.store(e_row + offs, e, mask=offs < vocab)
-            mass += e
-            low = tl.minimum(low, tl.where(kept, x, float("inf")))
-        target = tl.load(top_p_ptr + i) * tl.sum(mass, axis=0)
-        # Invariant: the mass above logit hi is at most target, the mass above lo is more. A pass sums the
-        # mass above PIVOTS - 1 logits between them (the last pivot is hi), compared as probabilities.
-        lo = tl.min(low, axis=0) - 1.0
-        hi = top
+        temp = tl.load(temp_ptr + i)
         steps = tl.arange(0, PIVOTS)
-        for _ in range(ROUNDS):
-            pivots = lo + (hi - lo) * ((steps + 1).to(tl.float32) / PIVOTS)
-            bars = tl.exp((pivots - top) * scale)
-            above = tl.zeros([PIVOTS, BLOCK], dtype=tl.float32)
-            for start in range(0, vocab, BLOCK):
-                offs = start + tl.arange(0, BLOCK)
-                e = tl.load(e_row + offs, mask=offs < vocab, other=0.0)
-                above += tl.where(e[None, :] > bars[:, None], e[None, :], 0.0)
-            small = (tl.sum(above, axis=1) <= target) | (steps == PIVOTS - 1)
-            first = tl.min(tl.where(small, steps, PIVOTS), axis=0)
-            new_hi = tl.sum(tl.where(steps == first, pivots, 0.0), axis=0)
-            lo = tl.where(first > 0, tl.sum(tl.where(steps == first - 1, pivots, 0.0), axis=0), lo)
-            hi = tl.where(first == PIVOTS - 1, hi, new_hi)
-        tl.store(out_ptr + i, tl.maximum(hi, floor))
+        if round_ == 0:
+            lo = tl.maximum(floor, top - 40.0 * temp)
+            lo = lo - (tl.abs(lo) + 1.0) * 1e-6  # tokens at the window's edge (or at floor) lie above it
+            hi = top
+        else:
+            before = bounds_ptr + ((round_ - 1) * n + i) * 2
+            lo = tl.load(before)
+            hi = tl.load(before + 1)
+            pivots = lo + (hi - lo) * (steps.to(tl.float32) / PIVOTS)
+            parts = tl.arange(0, SLICES)[:, None] * PIVOTS + steps[None, :]
+            inside = tl.arange(0, SLICES)[:, None] < slices
+            above = tl.sum(
+                tl.load(sums_ptr + ((round_ - 1) * n + i) * slices * PIVOTS + parts, mask=inside, other=0.0), 0
+            )
+            whole = tl.sum(tl.load(sums_ptr + i * slices * PIVOTS + tl.arange(0, SLICES) * PIVOTS,
+                                   mask=tl.arange(0, SLICES) < slices, other=0.0), 0)  # fmt: skip
+            target = tl.load(top_p_ptr + i) * whole
+            first = tl.min(tl.where((above <= target) & (steps > 0), steps, PIVOTS), axis=0)
+            new_lo = tl.sum(tl.where(steps == first - 1, pivots, 0.0), axis=0)
+            hi = tl.where(first < PIVOTS, tl.sum(tl.where(steps == first, pivots, 0.0), axis=0), hi)
+            lo = new_lo
+        if s == 0:
+            tl.store(bounds_ptr + (round_ * n + i) * 2, lo)
+            tl.store(bounds_ptr + (round_ * n + i) * 2 + 1, hi)
+        start = s * SLICE
+        if FINAL:  # the lowest kept logit: the lowest above lo
+            low = tl.full([BLOCK], float("inf"), dtype=tl.float32)
+            for offset in range(0, SLICE, BLOCK):
+                offs = start + offset + tl.arange(0, BLOCK)
+                x = tl.load(x_row + offs, mask=offs < vocab, other=float("-inf"))
+                low = tl.minimum(low, tl.where((x > lo) & (x >= floor), x, float("inf")))
+            tl.store(lows_ptr + i * slices + s, tl.min(low, axis=0))
+        else:
+            pivots = lo + (hi - lo) * (steps.to(tl.float32) / PIVOTS)
+            scale = 1.0 / temp
+            acc = tl.zeros([PIVOTS, BLOCK], dtype=tl.float32)
+            for offset in range(0, SLICE, BLOCK):
+                offs = start + offset + tl.arange(0, BLOCK)
+                x = tl.load(x_row + offs, mask=offs < vocab, other=float("-inf"))
+                e = tl.where(x >= floor, tl.exp((x - top) * scale), 0.0)
+                acc += tl.where(x[None, :] > pivots[:, None], e[None, :], 0.0)
+            tl.store(sums_ptr + ((round_ * n + i) * slices + s) * PIVOTS + steps, tl.sum(acc, axis=1))
 
     @triton.jit
     def _draw_kernel(
@@ -218,6 +289,7 @@ if TRITON_IMPORT_ERROR is None:
         tl.store(rank_ptr + i, tl.sum(larger, axis=0).to(tl.int64) + 1)
 
     _PENALIZE = DirectLauncher(_penalize_kernel, pointers=6)
-    _NUCLEUS = DirectLauncher(_nucleus_kernel, pointers=8)
+    _TOP = DirectLauncher(_top_kernel, pointers=3)
+    _SEARCH = DirectLauncher(_search_kernel, pointers=9)
     _DRAW = DirectLauncher(_draw_kernel, pointers=9)
     _STATS = DirectLauncher(_stats_kernel, pointers=6)

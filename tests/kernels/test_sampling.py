@@ -98,3 +98,17 @@ def test_logprob_stats_are_log_softmaxs(dtype):
     assert torch.allclose(lse, torch.logsumexp(rows, -1), atol=1e-5, rtol=1e-5)
     assert torch.equal(own, rows.gather(1, tokens[:, None])[:, 0])
     assert torch.equal(rank, (rows > own[:, None]).sum(-1) + 1)
+
+
+@pytest.mark.parametrize(("dtype", "k"), [(torch.float32, 40), (torch.bfloat16, 5), (torch.float32, 1)])
+def test_top_candidates_are_topks(dtype, k):
+    x = logits(5).to(dtype)
+    x[4, 10:30] = x[4].max()  # equal values: the lower ids first, as a stable sort has them
+    x[7, :] = -math.inf
+    x[7, 3] = -1.5
+    where = torch.tensor([4, 7, 0, 11], device=DEVICE)
+    values, ids = kernels.top_candidates(x, where, k)
+    rows = x[where].float()
+    expected = rows.sort(dim=-1, descending=True, stable=True)
+    assert torch.equal(values, expected.values[:, :k])
+    assert torch.equal(ids, expected.indices[:, :k])
