@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fp8route import Fp8InputError
+from fp8route.kernels.fused import rms_norm_reference
 from fp8route.models.collectives import MULTICAST_OFF, AllReduce, keep_multicast_off
-from fp8route.models.fused import rms_norm_reference
 
 
 def test_unknown_method_is_one_clear_error():
@@ -38,7 +38,7 @@ def test_fused_needs_the_width_of_its_rows():
 
 
 def test_push_add_rms_norm_refuses_rows_past_its_buffer_before_any_launch():
-    from fp8route.models.peer_reduce import push_add_rms_norm
+    from fp8route.kernels.peer_reduce import push_add_rms_norm
 
     x = torch.zeros(9, 16, dtype=torch.bfloat16)
     with pytest.raises(Fp8InputError, match="rows <= 8"):

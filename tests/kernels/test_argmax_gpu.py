@@ -3,7 +3,7 @@ chunks), rows narrower than a chunk, Llama-3's vocabulary, every activation dtyp
 
 On a CPU they run under Triton's interpreter:
 
-    TRITON_INTERPRET=1 python -m pytest -q tests/gpu/test_argmax_gpu.py
+    TRITON_INTERPRET=1 python -m pytest -q tests/kernels/test_argmax_gpu.py
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from fp8route.engine import argmax
+from fp8route.kernels import argmax
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from fp8route.backends.kernels import options, pdl
 from fp8route.errors import Fp8InputError
+from fp8route.kernels import options, pdl
 from fp8route.linear.layer import plans_epoch
 
 

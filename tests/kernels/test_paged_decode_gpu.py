@@ -9,8 +9,8 @@ import pytest
 import torch
 from helpers import paged
 
-from fp8route.engine import paged_decode as da
 from fp8route.engine.attention import decode_attention_torch
+from fp8route.kernels import paged_decode as da
 
 gpu = pytest.mark.skipif(
     not torch.cuda.is_available() or da.TRITON_IMPORT_ERROR is not None, reason="needs CUDA and triton"
@@ -118,7 +118,7 @@ def test_replays_in_a_cuda_graph_with_new_lengths_and_rows():
     (4, 32, 2, 128, 1024, [127, 128, 255, 256], 32),  # either side of a split's start (128 positions each)
 ])  # fmt: skip
 def test_new_token_fused_is_rope_and_the_cache_write_then_attention(b, h, hkv, d, s, positions, page):
-    from fp8route.models.fused import rope, rope_into_cache
+    from fp8route.kernels.fused import rope, rope_into_cache
     from fp8route.models.llama import LlamaConfig, rope_tables
 
     g = torch.Generator(device="cuda").manual_seed(3)

@@ -1,5 +1,5 @@
 """Every fp8route Triton kernel compiles for the H200 (sm_90), specialized as a GPU run specializes
-it, on a machine without a GPU: benchmarks/compile_check.py reaches each kernel through its real
+it, on a machine without a GPU: fp8route/kernels/compile_check.py reaches each kernel through its real
 entry point with CPU tensors of Llama-3.1-8B's, a TP2 rank's and SmolLM2-135M's shapes, under a
 Triton driver that compiles to a cubin with Triton's bundled ptxas and launches nothing.
 
@@ -11,13 +11,9 @@ CI installs triton for it (the `triton` extra); elsewhere it is skipped without 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[2]
 
 try:
     import triton  # noqa: F401
@@ -33,12 +29,17 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def compiled():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import compile_check
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    from fp8route.kernels import compile_check
+
     return compile_check, compile_check.compile_all()
+
+
+def test_the_decode_gemm_sweep_takes_the_batch_sizes_the_decode_graphs_capture():
+    from fp8route.engine.decode_graphs import buckets
+    from fp8route.kernels import compile_check
+    from fp8route.kernels.decode_gemm.configs import M_MAX
+
+    assert tuple(m for m in buckets(4 * M_MAX) if m <= M_MAX) == compile_check.DECODE_BATCHES
 
 
 def test_every_kernel_compiles_for_sm90_in_every_variant_the_sweep_reaches(compiled):
@@ -63,7 +64,7 @@ def test_nothing_compiled_here_stays_where_a_gpu_run_could_launch_it(compiled):
 
 
 def test_pdl_variants_wait_for_their_inputs_and_the_others_do_not(compiled):
-    from fp8route.backends.kernels.options import triton_compiles_pdl
+    from fp8route.kernels.options import triton_compiles_pdl
 
     _, rows = compiled
     pdl = [r for r in rows if "USE_PDL=1" in r.constexprs]
@@ -88,10 +89,10 @@ def test_the_prefill_quantize_past_2_31_elements_compiles_with_64_bit_sizes(comp
 
 def _entry_points(compile_check):
     """One launch of each DirectLauncher-launched kernel (the decode GEMM on both kernels, split and not)."""
-    from fp8route.backends.kernels.decode.launch import launch
-    from fp8route.backends.kernels.quantize import quantize_fp8
-    from fp8route.engine.argmax import argmax_rows
-    from fp8route.models import fused
+    from fp8route.kernels import fused
+    from fp8route.kernels.argmax import argmax_rows
+    from fp8route.kernels.decode_gemm.launch import launch
+    from fp8route.kernels.quantize import quantize_fp8
 
     fp8, bf16, one = torch.float8_e4m3fn, torch.bfloat16, torch.ones((), dtype=torch.float32)
     w, x = torch.empty((4096, 4096), dtype=fp8), torch.empty((1, 4096), dtype=bf16)
@@ -135,7 +136,7 @@ def test_the_direct_launch_hands_the_launcher_what_tritons_own_launch_hands_it(c
     compile_check, _ = compiled
     import triton
 
-    from fp8route.backends.kernels import launcher
+    from fp8route.kernels import launcher
 
     if not launcher.DIRECT:
         pytest.skip(f"triton {triton.__version__} is outside {launcher.DIRECT_VERSIONS}: its own launch path runs")

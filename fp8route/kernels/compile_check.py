@@ -8,10 +8,10 @@ would (same constexprs, dtypes, integer and alignment classes, launch options), 
 own pipeline and its bundled ptxas down to a cubin, and checked for what a launch checks first
 (shared memory, threads). Each compile's registers and spilled bytes come from cuobjdump.
 
-    python benchmarks/compile_check.py
+    python -m fp8route.kernels.compile_check
 
-tests/backends/test_compile_sm90.py runs the same sweep in CI. What this cannot see: anything at
-run time (numerics are tests/gpu's, under Triton's interpreter on a CPU or on the GPU).
+tests/kernels/test_compile_sm90.py runs the same sweep in CI. What this cannot see: anything at
+run time (numerics are the other tests/kernels' own, under Triton's interpreter on a CPU or on the GPU).
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ import torch
 
 FAKE_DEVICE = -1  # the index Triton keys these compiles by: never a real GPU's
 H200_SHARED = 232448  # bytes of shared memory a block may use on sm_90 (227 KB)
+# The batch sizes the engine's decode graphs capture (fp8route.engine.decode_graphs.buckets, which
+# tests/kernels/test_compile_sm90.py holds this to) up to the decode GEMM's M_MAX.
+DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 96, 128)
 
 
 @dataclass(frozen=True)
@@ -144,10 +147,9 @@ def compile_only_sm90() -> Iterator[None]:
     """fp8route's kernel entry points on CPU tensors compile for an H200 and launch nothing."""
     import triton
 
-    from fp8route.backends.kernels import launcher, options
-    from fp8route.backends.kernels.decode import launch
-    from fp8route.backends.problem import DeviceInfo
-    from fp8route.models import fused
+    from fp8route.device import DeviceInfo
+    from fp8route.kernels import fused, launcher, options
+    from fp8route.kernels.decode_gemm import launch
 
     h200 = DeviceInfo(type="cuda", capability=(9, 0), name="NVIDIA H200", sm_count=132, l2_bytes=60 * 2**20)
     saved = (launcher._no_launch_hooks, launch._device, fused._use_kernel, options._current[0])
@@ -174,21 +176,20 @@ def compile_only_sm90() -> Iterator[None]:
 
 
 def _with_pdl(pdl: bool) -> None:
-    from fp8route.backends.kernels import options
+    from fp8route.kernels import options
 
     options._current[0] = options.KernelOptions(pdl=pdl)
 
 
 def _decode_gemms(model: Model, dtype: torch.dtype) -> None:
-    from fp8route.backends.kernels.decode.configs import why_not
-    from fp8route.backends.kernels.decode.launch import launch
-    from fp8route.engine.decode_graphs import buckets
+    from fp8route.kernels.decode_gemm.configs import why_not
+    from fp8route.kernels.decode_gemm.launch import launch
     from fp8route.quant import FP8_DTYPE
 
     one = torch.ones((), dtype=torch.float32)
     for name, (n, k) in model.gemms.items():
         weight = torch.empty((n, k), dtype=FP8_DTYPE)
-        for m in buckets(256):
+        for m in DECODE_BATCHES:
             if why_not(m, n, k) is not None:  # a plan would route this shape elsewhere
                 continue
             launch(torch.empty((m, k), dtype=dtype), weight, one, one, None, dtype)
@@ -200,8 +201,8 @@ def _decode_gemms(model: Model, dtype: torch.dtype) -> None:
 
 
 def _fused(model: Model, dtype: torch.dtype) -> None:
-    from fp8route.backends.kernels.quantize import quantize_fp8
-    from fp8route.models import fused
+    from fp8route.kernels import fused
+    from fp8route.kernels.quantize import quantize_fp8
     from fp8route.quant import FP8_DTYPE
 
     hidden, heads, kv, dim = model.hidden, model.heads, model.kv_heads, model.head_dim
@@ -230,7 +231,7 @@ def _fused(model: Model, dtype: torch.dtype) -> None:
 
 
 def _attention(model: Model, dtype: torch.dtype) -> None:
-    from fp8route.engine import paged_decode as pd
+    from fp8route.kernels import paged_decode as pd
     from fp8route.quant import FP8_DTYPE
 
     heads, kv, dim = model.heads, model.kv_heads, model.head_dim
@@ -266,14 +267,14 @@ def _paged_attention(model: Model, dtype: torch.dtype) -> None:
 
 
 def _argmax(model: Model, dtype: torch.dtype) -> None:
-    from fp8route.engine.argmax import argmax_rows
+    from fp8route.kernels.argmax import argmax_rows
 
     for rows in (1, 64):
         argmax_rows(torch.empty((rows, model.vocab), dtype=dtype))
 
 
 def _peer_reduce(model: Model, dtype: torch.dtype) -> None:
-    from fp8route.models import peer_reduce
+    from fp8route.kernels import peer_reduce
 
     w = torch.empty(model.hidden, dtype=dtype)
     for world in (2, 4):
@@ -297,7 +298,7 @@ SWEEPS: dict[str, Callable[[Model, torch.dtype], None]] = {
 def compile_all(dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)) -> list[Compiled]:
     """Every sweep for every model at every activation dtype, with and without PDL (where this
     Triton can): what each compiled."""
-    from fp8route.backends.kernels.options import triton_compiles_pdl
+    from fp8route.kernels.options import triton_compiles_pdl
 
     with compile_only_sm90():
         LAUNCHED.clear()
@@ -330,7 +331,7 @@ def _kernel_functions() -> list[Any]:
 
 
 def _launchers() -> list[Any]:
-    from fp8route.backends.kernels.launcher import DirectLauncher
+    from fp8route.kernels.launcher import DirectLauncher
 
     return [value for value in _module_values() if isinstance(value, DirectLauncher)]
 

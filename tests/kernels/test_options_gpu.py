@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp8route.backends.kernels.options import KernelOptions, set_kernel_options, why_not_pdl
-from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR
+from fp8route.kernels.options import KernelOptions, set_kernel_options, why_not_pdl
+from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
 
 pytestmark = [
     pytest.mark.gpu,

@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from fp8route.backends.kernels.decode.configs import DecodeConfig, cdiv, choose_config, why_not
-from fp8route.backends.kernels.decode.kernels import decode_cuda_core_kernel, decode_mma_kernel
-from fp8route.backends.kernels.launcher import DirectLauncher
-from fp8route.backends.problem import DeviceInfo
+from fp8route.device import DeviceInfo
 from fp8route.errors import Fp8InputError, Fp8TypeError
+from fp8route.kernels.decode_gemm.configs import DecodeConfig, cdiv, choose_config, why_not
+from fp8route.kernels.decode_gemm.kernels import decode_cuda_core_kernel, decode_mma_kernel
+from fp8route.kernels.launcher import DirectLauncher
 from fp8route.quant import FP8_DTYPE
 
 OUT_DTYPES = (torch.bfloat16, torch.float16)
@@ -112,7 +112,7 @@ def decode_gemm_silu_mul(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """decode_gemm of x = SiLU(gate) * up for gate_up [M, 2K] (bf16/fp16: gate, then up), the product
-    computed in the kernel and rounded as fp8route.models.fused.silu_mul rounds it."""
+    computed in the kernel and rounded as fp8route.kernels.fused.silu_mul rounds it."""
     k = weight.shape[-1]
     if gate_up.dim() != 2 or gate_up.shape[1] != 2 * k:
         raise Fp8InputError(

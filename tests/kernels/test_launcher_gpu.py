@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp8route.backends.kernels import launcher
-from fp8route.backends.kernels.decode import launch as decode_launch
-from fp8route.backends.kernels.decode.launch import decode_gemm
-from fp8route.backends.kernels.quantize import quantize_fp8
-from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR
+from fp8route.kernels import launcher
+from fp8route.kernels.decode_gemm import launch as decode_launch
+from fp8route.kernels.decode_gemm.launch import decode_gemm
+from fp8route.kernels.quantize import quantize_fp8
+from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
 
 gpu = pytest.mark.skipif(
     not torch.cuda.is_available() or TRITON_IMPORT_ERROR is not None, reason="needs CUDA and triton"

@@ -8,8 +8,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR
-from fp8route.backends.problem import DeviceInfo
+from fp8route.device import DeviceInfo
+from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
 
 M_MAX = 128  # decode sizes; the library GEMMs win above (benchmarks/DECODE.md)
 CUDA_CORE_M_MAX = 8  # the CUDA-core kernel's FMAs grow with M; from 16 on the tensor cores win

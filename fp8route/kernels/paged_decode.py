@@ -37,9 +37,9 @@ from typing import NamedTuple
 
 import torch
 
-from fp8route.backends.kernels.pdl import launch_options
-from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
 from fp8route.errors import Fp8InputError
+from fp8route.kernels.pdl import launch_options
+from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
 
 BLOCK_N = 64  # positions per tile of the inner loop
 _MAX_SPLITS = 64  # the combine kernel reads one row of this many partials
@@ -114,7 +114,7 @@ def split_len(pairs: int = 1) -> int:
 
 
 if TRITON_IMPORT_ERROR is None:
-    from fp8route.backends.kernels.pdl import wait_for_inputs
+    from fp8route.kernels.pdl import wait_for_inputs
 
     @triton.jit
     def _row_split(length, SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from fp8route.backends.kernels.launcher import DirectLauncher
-from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
+from fp8route.kernels.launcher import DirectLauncher
+from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
 
 _CHUNK = 2048
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -42,7 +42,7 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 if TRITON_IMPORT_ERROR is None:
-    from fp8route.backends.kernels.pdl import wait_for_inputs
+    from fp8route.kernels.pdl import wait_for_inputs
 
     @triton.jit
     def _chunk_max_kernel(

@@ -4,16 +4,11 @@ many segments, a row's result bitwise the same alone and in a batch, and a CUDA 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from paged_cases import MIXED, make_batch, reference, relative
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
-from paged_cases import MIXED, make_batch, reference, relative  # noqa: E402
-
-from fp8route.kernels import paged_attention as pa  # noqa: E402
+from fp8route.kernels import paged_attention as pa
 
 pytestmark = [
     pytest.mark.gpu,

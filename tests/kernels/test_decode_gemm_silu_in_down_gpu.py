@@ -1,12 +1,12 @@
 """The decode GEMM with SiLU(gate) * up computed inside it (the kernel option silu_in_down) against
-the unfused path it replaces, fp8route.models.fused.silu_mul then the same GEMM: bit for bit, in
+the unfused path it replaces, fp8route.kernels.fused.silu_mul then the same GEMM: bit for bit, in
 bf16 and fp16, at every decode bucket, on the 8B's and TP4's down shapes and one that needs every
 mask; a gate_up of the wrong width or dtype refused with a reason.
 
 Under Triton's interpreter (CPU tensors) both kernels run too, with and without split-K, which is
 how the GATED loads were checked before a GPU saw them:
 
-    TRITON_INTERPRET=1 python -m pytest -q tests/gpu/test_silu_in_down_gpu.py
+    TRITON_INTERPRET=1 python -m pytest -q tests/kernels/test_decode_gemm_silu_in_down_gpu.py
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import os
 import pytest
 import torch
 
-from fp8route.backends.kernels.decode.configs import DecodeConfig
-from fp8route.backends.kernels.decode.launch import decode_gemm, decode_gemm_silu_mul, launch
-from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR
 from fp8route.errors import Fp8InputError, Fp8TypeError
-from fp8route.models.fused import silu_mul
+from fp8route.kernels.decode_gemm.configs import DecodeConfig
+from fp8route.kernels.decode_gemm.launch import decode_gemm, decode_gemm_silu_mul, launch
+from fp8route.kernels.fused import silu_mul
+from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 pytestmark = [

@@ -14,8 +14,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from fp8route.backends.kernels.launcher import DirectLauncher, int_key
-from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
+from fp8route.kernels.launcher import DirectLauncher, int_key
+from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
 from fp8route.quant import quantize_by_inverse
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -151,7 +151,7 @@ def silu_mul(gate_up: torch.Tensor, width: int) -> torch.Tensor:
 
 
 if triton is not None:
-    from fp8route.backends.kernels.pdl import wait_for_inputs
+    from fp8route.kernels.pdl import wait_for_inputs
 
     @triton.jit
     def normalize_and_store(h, w_ptr, out_ptr, offs, mask, width, eps):

@@ -11,8 +11,8 @@ ever loading. Two processes on two GPUs do not share that."""
 import pytest
 import torch
 
-from fp8route.models.fused import rms_norm_reference
-from fp8route.models.peer_reduce import PHASES, buffer_bytes, push_add_rms_norm
+from fp8route.kernels.fused import rms_norm_reference
+from fp8route.kernels.peer_reduce import PHASES, buffer_bytes, push_add_rms_norm
 
 pytestmark = pytest.mark.gpu
 
@@ -145,8 +145,8 @@ def test_inside_a_cuda_graph_calls_alternate_phases_replay_after_replay():
 def test_the_fused_method_sets_up_through_symmetric_memory_in_a_one_rank_group():
     import torch.distributed as dist
 
+    from fp8route.kernels.fused import add_rms_norm
     from fp8route.models.collectives import AllReduce
-    from fp8route.models.fused import add_rms_norm
 
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda:0"))
     try:

@@ -1,7 +1,7 @@
 """Process-wide options of fp8route's own kernels, each off until a same-run measurement on a GPU
 says it gains (`fp8route bench e2e --pdl off,on --silu-in-down off,on`):
 
-- pdl: launch them with programmatic dependent launch (fp8route.backends.kernels.pdl), Hopper on;
+- pdl: launch them with programmatic dependent launch (fp8route.kernels.pdl), Hopper on;
 - silu_in_down: where a down projection runs fp8route's decode GEMM, compute SiLU(gate) * up inside
   it from the gate_up output instead of in a kernel of its own before it.
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, triton
 from fp8route.errors import Fp8InputError
+from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR, triton
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def triton_compiles_pdl() -> bool:
     except ImportError:
         return False
     # Triton 3.4's gdc_* still take `_builder` where its compiler passes `_semantic`: a kernel that
-    # calls them does not compile there (benchmarks/compile_check.py, results/cpu/sm90_compile/).
+    # calls them does not compile there (fp8route/kernels/compile_check.py, results/cpu/sm90_compile/).
     compiles = all("_semantic" in inspect.signature(f).parameters for f in (gdc_wait, gdc_launch_dependents))
     return compiles and "launch_pdl" in CUDAOptions.__dataclass_fields__
 

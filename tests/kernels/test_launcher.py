@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from fp8route.backends.kernels import launcher as launcher_module
-from fp8route.backends.kernels import options
-from fp8route.backends.kernels.launcher import DirectLauncher
+from fp8route.kernels import launcher as launcher_module
+from fp8route.kernels import options
+from fp8route.kernels.launcher import DirectLauncher
 
 
 class FakeCompiled:

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from fp8route.backends.kernels.triton_support import tl, triton
+from fp8route.kernels.triton_support import tl, triton
 
 if triton is None:  # CPU-only installs: the module imports, launch.py is never reached
     decode_mma_kernel = decode_cuda_core_kernel = None
 else:
-    from fp8route.backends.kernels.pdl import wait_for_inputs
-    from fp8route.backends.kernels.quantize import quantize_e4m3
+    from fp8route.kernels.pdl import wait_for_inputs
+    from fp8route.kernels.quantize import quantize_e4m3
 
     @triton.jit
     def silu_times(gate, up):
-        """SiLU(gate) * up, each rounded to the inputs' dtype as fp8route.models.fused.silu_mul
+        """SiLU(gate) * up, each rounded to the inputs' dtype as fp8route.kernels.fused.silu_mul
         rounds them (so the fused GEMM reads the same x as the unfused one)."""
         g = gate.to(tl.float32)
         silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)

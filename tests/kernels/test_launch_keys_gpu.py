@@ -12,7 +12,7 @@ On a GPU these run the real direct path. Under Triton's interpreter (CPU tensors
 kernels DirectLauncher never launches directly) a stand-in plays triton 3.6's compiled kernel: it is
 launched with the constexprs it was compiled with, whatever the call gives, as a binary is:
 
-    TRITON_INTERPRET=1 python -m pytest -q tests/gpu/test_launch_keys_gpu.py
+    TRITON_INTERPRET=1 python -m pytest -q tests/kernels/test_launch_keys_gpu.py
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import pytest
 import torch
 from helpers import paged
 
-from fp8route.backends.kernels import launcher
-from fp8route.engine import paged_decode as da
 from fp8route.engine.kv_quant import FP8_KV, quantize_kv
+from fp8route.kernels import launcher
+from fp8route.kernels import paged_decode as da
 from fp8route.models.llama import LlamaConfig, rope_tables
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -78,8 +78,8 @@ class _Compiling:
 
 @pytest.fixture
 def fused(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """fp8route.models.fused with fresh launchers (nothing compiled before this test), direct."""
-    from fp8route.models import fused
+    """fp8route.kernels.fused with fresh launchers (nothing compiled before this test), direct."""
+    from fp8route.kernels import fused
 
     for name in ("_ROPE", "_ROPE_STORE"):
         monkeypatch.setattr(getattr(fused, name), "_compiled", {})
@@ -173,7 +173,7 @@ def new_token_case(fused: Any, d: int, scales: tuple[float, float] | None) -> tu
 
 
 def test_unfused_16_bit_new_token_after_fp8_ones_of_another_head_size(fused: Any) -> None:
-    # The order tests/gpu/test_fp8_kv_gpu.py then tests/gpu/test_decode_attention.py ran in on the H200.
+    # The order tests/gpu/test_fp8_kv_gpu.py then tests/kernels/test_paged_decode_gpu.py ran in on the H200.
     for d, scales in ((32, (0.004, 0.003)), (128, None), (64, None), (32, None)):
         out, expected = new_token_case(fused, d, scales)
         assert not expected.isnan().any() and not out.isnan().any(), (d, scales)

@@ -2,7 +2,7 @@
 
 On a CPU they run under Triton's interpreter (fp16 only: it has no bfloat16):
 
-    TRITON_INTERPRET=1 python -m pytest -q tests/gpu/test_fused_gpu.py
+    TRITON_INTERPRET=1 python -m pytest -q tests/kernels/test_fused_gpu.py
 """
 
 import os
@@ -10,10 +10,8 @@ import os
 import pytest
 import torch
 
-from fp8route.backends.kernels.launcher import DirectLauncher
-from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR
-from fp8route.models import fused
-from fp8route.models.fused import (
+from fp8route.kernels import fused
+from fp8route.kernels.fused import (
     add_rms_norm,
     rms_norm,
     rms_norm_reference,
@@ -22,6 +20,8 @@ from fp8route.models.fused import (
     rope_reference,
     silu_mul,
 )
+from fp8route.kernels.launcher import DirectLauncher
+from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

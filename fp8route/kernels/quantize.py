@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from fp8route.backends.kernels.launcher import DirectLauncher
-from fp8route.backends.kernels.triton_support import tl, triton
 from fp8route.errors import Fp8InputError
+from fp8route.kernels.launcher import DirectLauncher
+from fp8route.kernels.triton_support import tl, triton
 from fp8route.quant import FP8_DTYPE
 
 if triton is not None:
-    from fp8route.backends.kernels.pdl import wait_for_inputs
+    from fp8route.kernels.pdl import wait_for_inputs
 
     @triton.jit
     def quantize_e4m3(x, s, r):

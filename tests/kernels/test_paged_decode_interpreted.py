@@ -2,7 +2,7 @@
 (TRITON_INTERPRET=1, with the triton extra) against the SDPA reference: shuffled blocks of several
 sizes, split lengths that grow with a row's length, and the fused new token (RoPE and the cache
 write inside the kernel). fp32 tensors: the interpreter has no bfloat16. On a GPU,
-tests/gpu/test_decode_attention.py covers the same kernel."""
+tests/kernels/test_paged_decode_gpu.py covers the same kernel."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ import pytest
 import torch
 from helpers import paged
 
-from fp8route.engine import paged_decode as da
 from fp8route.engine.attention import decode_attention_torch
-from fp8route.models.fused import rope, rope_into_cache
+from fp8route.kernels import paged_decode as da
+from fp8route.kernels.fused import rope, rope_into_cache
 from fp8route.models.llama import LlamaConfig, rope_tables
 
 pytestmark = [
     pytest.mark.interpreter,
     pytest.mark.skipif(
         os.environ.get("TRITON_INTERPRET") != "1" or da.TRITON_IMPORT_ERROR is not None or torch.cuda.is_available(),
-        reason="Triton's interpreter on a CPU: needs triton and TRITON_INTERPRET=1 (on a GPU, tests/gpu covers it)",
+        reason="Triton's interpreter on a CPU: needs triton and TRITON_INTERPRET=1 (on a GPU, its _gpu test covers it)",
     ),
 ]
 

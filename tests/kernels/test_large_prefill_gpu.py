@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR
+from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available() or TRITON_IMPORT_ERROR is not None, reason="needs CUDA")
 PAST = 2**31 + 2**20  # elements: past int32, by a margin of whole rows
@@ -25,7 +25,7 @@ def free_memory():
 @pytest.mark.gpu
 @gpu
 def test_silu_mul_past_2_31_elements():
-    from fp8route.models.fused import silu_mul
+    from fp8route.kernels.fused import silu_mul
 
     width = 28672  # Llama-3.1-8B's intermediate size: gate_up is M x 57344
     m = rows_for(width)
@@ -40,7 +40,7 @@ def test_silu_mul_past_2_31_elements():
 @pytest.mark.gpu
 @gpu
 def test_rms_norms_past_2_31_elements():
-    from fp8route.models.fused import add_rms_norm, rms_norm, rms_norm_reference
+    from fp8route.kernels.fused import add_rms_norm, rms_norm, rms_norm_reference
 
     width = 4096
     m = rows_for(width)
@@ -56,7 +56,7 @@ def test_rms_norms_past_2_31_elements():
 @pytest.mark.gpu
 @gpu
 def test_activation_quantization_past_2_31_elements():
-    from fp8route.backends.kernels.quantize import quantize_fp8
+    from fp8route.kernels.quantize import quantize_fp8
 
     width = 14336  # down_proj's input
     x = torch.randn(rows_for(width), width, device="cuda", dtype=torch.bfloat16)
@@ -69,7 +69,7 @@ def test_activation_quantization_past_2_31_elements():
 @pytest.mark.gpu
 @gpu
 def test_rope_past_2_31_elements():
-    from fp8route.models.fused import rope, rope_reference
+    from fp8route.kernels.fused import rope, rope_reference
 
     heads, dim = 32, 128
     n = rows_for(heads * dim)

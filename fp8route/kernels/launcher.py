@@ -20,15 +20,15 @@ from typing import Any
 
 import torch
 
-from fp8route.backends.kernels.options import kernel_options
-from fp8route.backends.kernels.pdl import launch_options
-from fp8route.backends.kernels.triton_support import triton
+from fp8route.kernels.options import kernel_options
+from fp8route.kernels.pdl import launch_options
+from fp8route.kernels.triton_support import triton
 
 log = logging.getLogger("fp8route")
 
 # The compiled launcher's calling convention, (grid, stream, function, packed metadata, launch
 # metadata, enter hook, exit hook, *every bound argument constexprs included), is that of Triton
-# 3.4 to 3.9's JITFunction.run (each checked on a CPU by tests/backends/test_compile_sm90.py, the
+# 3.4 to 3.9's JITFunction.run (each checked on a CPU by tests/kernels/test_compile_sm90.py, the
 # direct launch against Triton's own; 3.6 on the H200 too). Other versions keep their own path, and
 # so does Triton's interpreter (TRITON_INTERPRET=1), which compiles nothing.
 DIRECT_VERSIONS = ((3, 4), (3, 9))
@@ -48,7 +48,7 @@ class DirectLauncher:
 
     The kernel's parameters must be the runtime arguments first, pointers (tensors) leading, then
     the constexprs; `meta` gives every constexpr and launch option by name (hashable values). With
-    pdl the kernel's last constexpr is USE_PDL (fp8route.backends.kernels.pdl): the launcher sets
+    pdl the kernel's last constexpr is USE_PDL (fp8route.kernels.pdl): the launcher sets
     it, and the launch option, as kernel_options().pdl says.
     """
 

@@ -25,9 +25,9 @@ import functools
 
 import torch
 
-from fp8route.backends.kernels.launcher import DirectLauncher
-from fp8route.backends.kernels.triton_support import tl, triton
 from fp8route.errors import Fp8InputError
+from fp8route.kernels.launcher import DirectLauncher
+from fp8route.kernels.triton_support import tl, triton
 
 PHASES = 2
 
@@ -102,7 +102,7 @@ def _meta(rank: int, world: int, rows_max: int, width: int) -> dict[str, int]:
 
 
 if triton is not None:
-    from fp8route.models.fused import normalize_and_store
+    from fp8route.kernels.fused import normalize_and_store
 
     @triton.jit
     def _push_add_rms_norm_kernel(

@@ -12,15 +12,15 @@ another kernel may write and before its first store: each such kernel then also 
 one before it, so a kernel's wait covers every earlier kernel, not just the last. A kernel launched
 without PDL (torch's, cuBLAS's) waits for the whole of the one before it, as always.
 
-Off until `set_kernel_options(pdl=True)` (fp8route.backends.kernels.options).
+Off until `set_kernel_options(pdl=True)` (fp8route.kernels.options).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fp8route.backends.kernels.options import kernel_options
-from fp8route.backends.kernels.triton_support import tl, triton
+from fp8route.kernels.options import kernel_options
+from fp8route.kernels.triton_support import tl, triton
 
 
 def launch_options() -> dict[str, Any]:
@@ -32,7 +32,7 @@ if triton is not None:
     # Imported by name, not reached as tl.extra.cuda.*: Triton's JIT resolves every name a kernel's
     # source mentions, dead constexpr branches included, and tl.extra.cuda is not an attribute in
     # every build. A Triton without them gets a wait_for_inputs that mentions neither (and set_pdl
-    # refuses PDL there: fp8route.backends.kernels.options.why_not_pdl).
+    # refuses PDL there: fp8route.kernels.options.why_not_pdl).
     try:
         from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
     except ImportError:

@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from fp8route.backends.kernels.decode import configs
-from fp8route.backends.kernels.decode.launch import decode_gemm
-from fp8route.backends.kernels.quantize import quantize_fp8
-from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR
-from fp8route.backends.problem import DeviceInfo
+from fp8route.device import DeviceInfo
+from fp8route.kernels.decode_gemm import configs
+from fp8route.kernels.decode_gemm.launch import decode_gemm
+from fp8route.kernels.quantize import quantize_fp8
+from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
 
 
 def choose_config(m: int, n: int, k: int) -> configs.DecodeConfig:

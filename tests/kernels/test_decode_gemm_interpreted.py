@@ -5,9 +5,9 @@ the same quantized operands; the split-K counters back at zero after every call.
 
 x is handed over quantized: the interpreter's own e4m3 conversion inside a kernel rounds apart
 from torch's (its artifact, not the kernel's), so the in-kernel quantization is checked on the GPU
-(tests/gpu/test_fp8_gemv.py). On a GPU these are skipped: tests/gpu covers the kernels there.
+(tests/kernels/test_decode_gemm_gpu.py). On a GPU these are skipped: the GPU test covers the kernels there.
 
-    TRITON_INTERPRET=1 python -m pytest -q tests/backends/test_decode_gemm_interpreted.py
+    TRITON_INTERPRET=1 python -m pytest -q tests/kernels/test_decode_gemm_interpreted.py
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ import os
 import pytest
 import torch
 
-from fp8route.backends.kernels.decode import launch as decode
-from fp8route.backends.kernels.decode.configs import DecodeConfig
-from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR
+from fp8route.kernels.decode_gemm import launch as decode
+from fp8route.kernels.decode_gemm.configs import DecodeConfig
+from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
 
 pytestmark = [
     pytest.mark.interpreter,
     pytest.mark.skipif(
         os.environ.get("TRITON_INTERPRET") != "1" or TRITON_IMPORT_ERROR is not None or torch.cuda.is_available(),
-        reason="Triton's interpreter on a CPU: needs triton and TRITON_INTERPRET=1 (on a GPU, tests/gpu covers it)",
+        reason="Triton's interpreter on a CPU: needs triton and TRITON_INTERPRET=1 (on a GPU, its _gpu test covers it)",
     ),
 ]
 FP8 = torch.float8_e4m3fn
