@@ -10,9 +10,9 @@ ever loading. Two processes on two GPUs do not share that."""
 
 import pytest
 import torch
+from peer_cases import EPS, expected, flag_bytes, in_rank_order, ranks
 
-from fp8route.kernels.fused import rms_norm_reference
-from fp8route.kernels.peer_reduce import PHASES, buffer_bytes, push_add_rms_norm
+from fp8route.kernels.peer_reduce import PHASES, push_add_rms_norm
 
 pytestmark = pytest.mark.gpu
 
@@ -20,10 +20,7 @@ WORLD = 2
 
 
 def _ranks(rows_max: int, width: int, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
-    size = buffer_bytes(WORLD, rows_max, width, dtype)
-    buffers = [torch.zeros(size, dtype=torch.uint8, device="cuda") for _ in range(WORLD)]
-    addresses = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64, device="cuda")
-    return buffers, addresses
+    return ranks(WORLD, rows_max, width, dtype, "cuda")
 
 
 def _both(partials, residual, weight, addresses, rows_max, phase, streams):
@@ -31,36 +28,9 @@ def _both(partials, residual, weight, addresses, rows_max, phase, streams):
     for rank, stream in enumerate(streams):
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            outs[rank] = push_add_rms_norm(partials[rank], residual, weight, 1e-5, addresses, rank, rows_max, phase)
+            outs[rank] = push_add_rms_norm(partials[rank], residual, weight, EPS, addresses, rank, rows_max, phase)
     for stream in streams:
         torch.cuda.current_stream().wait_stream(stream)
-    return outs
-
-
-def _expected(partials, residual, weight):
-    reduced = (partials[0].float() + partials[1].float()).to(residual.dtype)
-    total = reduced + residual
-    return rms_norm_reference(total, weight, 1e-5), total
-
-
-def _slot(buffer, phase, sender, rows_max, width, dtype):
-    flags = PHASES * WORLD * rows_max * 4
-    offset = (flags + 127) // 128 * 128
-    data = buffer[offset:].view(dtype).view(PHASES, WORLD, rows_max, width)
-    return buffer[:flags].view(torch.int32).view(PHASES, WORLD, rows_max)[phase, sender], data[phase, sender]
-
-
-def _one_after_the_other(partials, residual, weight, buffers, addresses, rows_max, phase):
-    """Rank 0 with rank 1's push already in its buffer, then rank 1; the flag rank 1 raises in
-    rank 0's buffer afterwards, which rank 0 no longer waits for, is lowered by hand."""
-    rows, width = residual.shape
-    flag, slot = _slot(buffers[0], phase, 1, rows_max, width, residual.dtype)
-    slot[:rows].copy_(partials[1])
-    flag[:rows].fill_(1)
-    outs = [push_add_rms_norm(partials[r], residual, weight, 1e-5, addresses, r, rows_max, phase) for r in range(WORLD)]
-    torch.cuda.synchronize()
-    assert bool((flag[:rows] == 1).all())  # raised again by rank 1
-    flag.zero_()
     return outs
 
 
@@ -72,15 +42,13 @@ def test_one_after_the_other(dtype, rows, rows_max, width):
     for phase in range(PHASES):
         partials = [torch.randn(rows, width, device="cuda", dtype=dtype) for _ in range(WORLD)]
         residual = torch.randn(rows, width, device="cuda", dtype=dtype)
-        outs = _one_after_the_other(partials, residual, weight, buffers, addresses, rows_max, phase)
-        normed, total = _expected(partials, residual, weight)
+        outs = in_rank_order(partials, residual, weight, buffers, addresses, rows_max, phase)
+        normed, total = expected(partials, residual, weight)
         for got_normed, got_total in outs:
             assert torch.equal(got_total, total)
             torch.testing.assert_close(got_normed, normed, rtol=1e-2, atol=1e-2)
         assert torch.equal(outs[0][0], outs[1][0])
-        assert torch.equal(_slot(buffers[1], phase, 0, rows_max, width, dtype)[1][:rows], partials[0])
-    flags = PHASES * WORLD * rows_max * 4
-    assert all(int(b[:flags].count_nonzero()) == 0 for b in buffers)
+    assert all(int(b[: flag_bytes(WORLD, rows_max)].count_nonzero()) == 0 for b in buffers)
 
 
 def _loaded(rows_max, width, dtype):
@@ -89,7 +57,7 @@ def _loaded(rows_max, width, dtype):
     one = [torch.zeros(1, width, device="cuda", dtype=dtype) for _ in range(WORLD)]
     weight = torch.ones(width, device="cuda", dtype=dtype)
     for phase in range(PHASES):
-        _one_after_the_other(one, one[0], weight, buffers, addresses, rows_max, phase)
+        in_rank_order(one, one[0], weight, buffers, addresses, rows_max, phase)
     return buffers, addresses
 
 
@@ -104,13 +72,12 @@ def test_two_ranks_at_once_get_the_same_sum_add_and_norm(dtype, rows, rows_max, 
         residual = torch.randn(rows, width, device="cuda", dtype=dtype)
         outs = _both(partials, residual, weight, addresses, rows_max, call % PHASES, streams)
         torch.cuda.synchronize()
-        normed, total = _expected(partials, residual, weight)
+        normed, total = expected(partials, residual, weight)
         for got_normed, got_total in outs:
             assert torch.equal(got_total, total)
             torch.testing.assert_close(got_normed, normed, rtol=1e-2, atol=1e-2)
         assert torch.equal(outs[0][0], outs[1][0])
-    flags = PHASES * WORLD * rows_max * 4
-    assert all(int(b[:flags].count_nonzero()) == 0 for b in buffers)
+    assert all(int(b[: flag_bytes(WORLD, rows_max)].count_nonzero()) == 0 for b in buffers)
 
 
 def test_inside_a_cuda_graph_calls_alternate_phases_replay_after_replay():
@@ -135,8 +102,8 @@ def test_inside_a_cuda_graph_calls_alternate_phases_replay_after_replay():
             p.copy_(torch.randn_like(p))
         graph.replay()
         torch.cuda.synchronize()
-        first = _expected(partials, residual, weight)[1]
-        normed, total = _expected([first, first], residual, weight)
+        first = expected(partials, residual, weight)[1]
+        normed, total = expected([first, first], residual, weight)
         for got_normed, got_total in captured:
             assert torch.equal(got_total, total)
             torch.testing.assert_close(got_normed, normed, rtol=1e-2, atol=1e-2)
@@ -156,7 +123,7 @@ def test_the_fused_method_sets_up_through_symmetric_memory_in_a_one_rank_group()
         w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
         for _ in range(3):
             normed, total = reduce.add_rms_norm(x, r, w, 1e-5)
-            expected = add_rms_norm(x, r, w, 1e-5)
-            assert torch.equal(total, expected[1]) and torch.equal(normed, expected[0])
+            want = add_rms_norm(x, r, w, 1e-5)
+            assert torch.equal(total, want[1]) and torch.equal(normed, want[0])
     finally:
         dist.destroy_process_group()
