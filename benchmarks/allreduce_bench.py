@@ -4,7 +4,7 @@ inside a graph; each result checked against the exact sum. One process per GPU.
 
 Then what a decoder layer does after a row-parallel layer, per row count of Llama-3.1-8B's width,
 inside a CUDA graph: the all-reduce and then add+RMSNorm (NCCL; one-shot), against the "fused"
-method's one kernel (fp8route.models.peer_reduce), with the add+RMSNorm alone for reference; the
+method's one kernel (fp8route.kernels.peer_reduce), with the add+RMSNorm alone for reference; the
 fused outputs checked equal to NCCL's and equal on every rank.
 
     python3 benchmarks/allreduce_bench.py [--ranks 2] [--out DIR]
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from fp8route.kernels.fused import add_rms_norm
 from fp8route.models.collectives import AllReduce
-from fp8route.models.fused import add_rms_norm
 from fp8route.models.parallel import init_from_env
 from fp8route.models.spawn import run_ranks
 

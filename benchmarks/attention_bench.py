@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from fp8route.engine.attention import decode_attention_torch
-from fp8route.engine.paged_decode import Pages, decode_attention
+from fp8route.kernels.paged_decode import Pages, decode_attention
 from fp8route.routing.fingerprint import Fingerprint
 from fp8route.tuning.timing import time_graph
 

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-from fp8route.backends.kernels.decode import configs
-from fp8route.backends.kernels.decode.launch import decode_gemm
-from fp8route.backends.kernels.quantize import quantize_fp8
-from fp8route.backends.problem import DeviceInfo
+from fp8route.device import DeviceInfo
+from fp8route.kernels.decode_gemm import configs
+from fp8route.kernels.decode_gemm.launch import decode_gemm
+from fp8route.kernels.quantize import quantize_fp8
 from fp8route.tuning.timing import copies_for, copy_bandwidth_gbs, time_arms, time_cold, time_graph
 
 

@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from fp8route.checkpoint.random import write_random
-from fp8route.engine import paged_decode
-from fp8route.bench.e2e import timed_calls, weight_bytes
-from fp8route.engine.flashinfer_attention import ATTENTION
 from fp8route.engine.generate import Rows
+
+from fp8route.bench.e2e import timed_calls, weight_bytes
+from fp8route.checkpoint.random import write_random
+from fp8route.engine.flashinfer_attention import ATTENTION
 from fp8route.engine.kv_pool import KVPool
 from fp8route.engine.load import load_model
+from fp8route.kernels import paged_decode
 from fp8route.models.shapes import MODELS
 from fp8route.tuning.timing import copy_bandwidth_gbs
 

@@ -70,7 +70,7 @@ def main() -> None:
 
 def kernel_arms(x, w, w_scale, x_scale) -> dict:
     """The decode GEMM's Triton kernel launched through Triton's own path and through ours."""
-    from fp8route.backends.kernels.decode import launch as decode_launch
+    from fp8route.kernels.decode_gemm import launch as decode_launch
 
     m, k = x.shape
     n = w.shape[0]

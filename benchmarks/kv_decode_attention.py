@@ -25,7 +25,7 @@ import torch
 
 from fp8route.engine.attention import decode_attention_torch
 from fp8route.engine.kv_quant import quantize_kv
-from fp8route.engine.paged_decode import LAUNCH, Launch, NewToken, Pages, decode_attention
+from fp8route.kernels.paged_decode import LAUNCH, Launch, NewToken, Pages, decode_attention
 from fp8route.tuning.timing import copy_bandwidth_gbs, time_graph
 
 H, HKV, D, PAGE = 32, 8, 128, 16

@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 from decode_bench import SHAPES
 
-from fp8route.backends.kernels.decode import configs
-from fp8route.backends.kernels.decode.launch import decode_gemm
-from fp8route.backends.kernels.quantize import quantize_fp8
+from fp8route.kernels.decode_gemm import configs
+from fp8route.kernels.decode_gemm.launch import decode_gemm
+from fp8route.kernels.quantize import quantize_fp8
 from fp8route.quant import FP8_DTYPE
 
 

@@ -3,7 +3,7 @@ it, on Llama-3.1-8B's heads (32 query, 8 KV, head 128, bf16; blocks of 16), each
 torch path first:
 
 - decode: B rows at one context: RoPE + cache write + paged_attention's split-KV grid, against the
-  decode kernel with the new token fused (fp8route.engine.paged_decode), inside one CUDA graph over
+  decode kernel with the new token fused (fp8route.kernels.paged_decode), inside one CUDA graph over
   --layers layer pools (L2 holds none); GB/s of the KV read against the copy bandwidth;
 - prefill: one fresh chunk of T tokens from the cache, against SDPA (cuDNN) over the chunk's own
   q/k/v as the engine ran fresh chunks; TFLOP/s of the causal products (4 * T^2 / 2 * H * D);
@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from fp8route.engine import paged_decode as pd
 from fp8route.kernels import paged_attention as pa
-from fp8route.models.fused import rope_into_cache
+from fp8route.kernels import paged_decode as pd
+from fp8route.kernels.fused import rope_into_cache
 from fp8route.routing.fingerprint import Fingerprint
 from fp8route.tuning.timing import time_graph
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from fp8route.backends.kernels.decode.launch import decode_gemm
-from fp8route.backends.kernels.quantize import quantize_fp8
+from fp8route.kernels.decode_gemm.launch import decode_gemm
+from fp8route.kernels.quantize import quantize_fp8
 from fp8route.tuning.timing import copies_for, time_arms
 
 FP8 = torch.float8_e4m3fn

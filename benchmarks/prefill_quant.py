@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from fp8route.backends.kernels.quantize import quantize_fp8
+from fp8route.kernels.quantize import quantize_fp8
 from fp8route.models.shapes import model_shapes
 from fp8route.tuning import timing
 from fp8route.tuning.ceilings import measure_ceilings

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import torch
 
-from fp8route.backends.problem import DeviceInfo
+from fp8route.device import DeviceInfo
 from fp8route.routing import Fingerprint, RoutingTable, ShapeRoutes, Timing
 
 H200 = DeviceInfo.fake_cuda(9, 0, "NVIDIA H200")

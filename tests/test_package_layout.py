@@ -52,3 +52,26 @@ def test_the_import_graph_has_no_cycle():
         if name not in state:
             visit(name, [name])
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+# What fp8route.kernels may import of fp8route: the bottom modules, which import nothing of fp8route
+# but errors. The backends, models and engine import the kernels, never the reverse.
+KERNELS_MAY_IMPORT = {"fp8route.errors", "fp8route.quant", "fp8route.device"}
+
+
+def test_the_kernels_import_only_themselves_and_the_bottom_modules():
+    known = modules()
+    kernels = {name: path for name, path in known.items() if name.split(".")[:2] == ["fp8route", "kernels"]}
+    assert "fp8route.kernels.decode_gemm.launch" in kernels and "fp8route.kernels.argmax" in kernels
+    outside = {
+        name: sorted(dep for dep in imports(path, known) if dep not in kernels and dep not in KERNELS_MAY_IMPORT)
+        for name, path in kernels.items()
+    }
+    assert not any(outside.values()), {name: deps for name, deps in outside.items() if deps}
+    for bottom in KERNELS_MAY_IMPORT:
+        assert imports(known[bottom], known) <= {"fp8route.errors"}, bottom
+
+
+def test_nothing_outside_the_kernels_defines_a_triton_kernel():
+    jit = {name for name, path in modules().items() if "triton.jit" in path.read_text()}
+    assert jit and all(name.startswith("fp8route.kernels.") for name in jit), sorted(jit)

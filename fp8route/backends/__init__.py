@@ -7,10 +7,10 @@ from fp8route.backends.cpu_dequant import CpuDequantBackend
 from fp8route.backends.cublas import CublasBackend
 from fp8route.backends.flashinfer import FlashinferBackend
 from fp8route.backends.fp8_gemv import Fp8GemvBackend
-from fp8route.backends.problem import DeviceInfo
 from fp8route.backends.reference import ReferenceBackend
 from fp8route.backends.rowwise import RowwiseBackend
 from fp8route.backends.weight_only import WeightOnlyBackend
+from fp8route.device import DeviceInfo
 
 BACKENDS: dict[str, Backend] = {
     b.name: b

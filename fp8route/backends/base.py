@@ -108,8 +108,8 @@ def quantize_input(x: torch.Tensor, input_scale: torch.Tensor | None) -> tuple[t
 
 @functools.cache
 def _triton_quantizer() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
-    from fp8route.backends.kernels.quantize import quantize_fp8
-    from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR
+    from fp8route.kernels.quantize import quantize_fp8
+    from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
 
     return quantize_fp8 if TRITON_IMPORT_ERROR is None else None
 

@@ -156,7 +156,7 @@ def _decode_gemm(
     """fp8route's decode GEMM; x in bf16/fp16 is quantized with x_scale inside it, e4m3 x was
     quantized with it already. gated: x is [M, 2K], gate then up, and the product is with
     SiLU(gate) * up, computed inside it."""
-    from fp8route.backends.kernels.decode.launch import launch
+    from fp8route.kernels.decode_gemm.launch import launch
 
     return launch(x.contiguous(), weight, w_scale, x_scale, bias, out_dtype, gated=gated)
 

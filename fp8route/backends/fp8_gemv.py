@@ -1,4 +1,4 @@
-"""The backend named fp8_gemv: fp8route's decode GEMM (backends/kernels/decode), activation
+"""The backend named fp8_gemv: fp8route's decode GEMM (fp8route/kernels/decode_gemm), activation
 quantization fused into a deterministic split-K GEMM for small M."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import torch
 
 from fp8route.backends import custom_ops
 from fp8route.backends.base import Backend, LinearOperands, bias_as, needs_fp8_gpu
-from fp8route.backends.kernels.decode import configs
 from fp8route.backends.problem import GemmProblem
+from fp8route.kernels.decode_gemm import configs
 
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -32,7 +32,7 @@ class Fp8GemvBackend(Backend):
 
     def prepare(self, device: torch.device) -> None:
         if device.type == "cuda":
-            from fp8route.backends.kernels.decode.launch import reserve_counters
+            from fp8route.kernels.decode_gemm.launch import reserve_counters
 
             reserve_counters(device)
 

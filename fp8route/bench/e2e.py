@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from fp8route.backends.kernels.options import KernelOptions, set_kernel_options
 from fp8route.engine.config import EngineConfig
 from fp8route.engine.load import load_model
+from fp8route.kernels.options import KernelOptions, set_kernel_options
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.policy import Policy
 from fp8route.models.parallel import init_from_env
@@ -55,7 +55,7 @@ class E2ERow:
     ttft_max_ms: float = 0.0
     attention: str = "builtin"  # fp8route.engine.flashinfer_attention.ATTENTION
     kv_gb: float = 0.0  # KV bytes a decode step reads, mean over the steps (the context grows by one a step)
-    pdl: bool = False  # fp8route.backends.kernels.options: fp8route's kernels launched with PDL
+    pdl: bool = False  # fp8route.kernels.options: fp8route's kernels launched with PDL
     silu_in_down: bool = False  # and SiLU(gate) * up computed inside down's decode GEMM
 
     @property

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from fp8route.checkpoint import estimators
 from fp8route.checkpoint.formats import compressed_tensors
-from fp8route.models.fused import rope
+from fp8route.kernels.fused import rope
 
 KV_CACHE = ("fp8",)
 

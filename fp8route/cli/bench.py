@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 from fp8route.backends import BACKENDS
-from fp8route.backends.problem import DeviceInfo
 from fp8route.cli import bench_e2e, bench_serve
 from fp8route.cli.sweep_args import (
     DTYPES,
@@ -19,6 +18,7 @@ from fp8route.cli.sweep_args import (
     shapes_from_args,
     timer_from_args,
 )
+from fp8route.device import DeviceInfo
 from fp8route.errors import Fp8InputError, Fp8RouteError
 from fp8route.progress import TextProgress
 from fp8route.routing.fingerprint import Fingerprint

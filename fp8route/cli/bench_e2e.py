@@ -12,12 +12,12 @@ from pathlib import Path
 import torch
 
 from fp8route.backends import BACKENDS
-from fp8route.backends.kernels.options import KernelOptions, why_not_pdl
 from fp8route.bench.e2e import E2ERow, as_json, bench_arm, options_summary, plot, table, tp_summary
 from fp8route.checkpoint.random import write_random
 from fp8route.cli.sweep_args import command_line, cuda_device, int_list
 from fp8route.engine.flashinfer_attention import ATTENTION, check_attention
 from fp8route.errors import Fp8InputError
+from fp8route.kernels.options import KernelOptions, why_not_pdl
 from fp8route.models.collectives import METHODS, check_method
 from fp8route.models.shapes import MODELS
 from fp8route.models.spawn import run_ranks

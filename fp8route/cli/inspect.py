@@ -8,12 +8,13 @@ from collections.abc import Sequence
 import torch
 
 from fp8route.backends import BACKENDS
-from fp8route.backends.problem import DeviceInfo, GemmProblem
+from fp8route.backends.problem import GemmProblem
 from fp8route.checkpoint.config_check import ARCHITECTURES
 from fp8route.checkpoint.formats import CONFIG
 from fp8route.checkpoint.load import Checkpoint, load_checkpoint
 from fp8route.checkpoint.quantize import RECORD
 from fp8route.cli.quantize import calibration_line
+from fp8route.device import DeviceInfo
 from fp8route.linear.explain import plan_groups
 from fp8route.linear.layer import Fp8Linear
 

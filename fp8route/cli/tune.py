@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from fp8route.backends.problem import DeviceInfo, GemmProblem
+from fp8route.backends.problem import GemmProblem
 from fp8route.cli.sweep_args import (
     DTYPES,
     add_sweep_args,
@@ -21,6 +21,7 @@ from fp8route.cli.sweep_args import (
     shapes_from_args,
     timer_from_args,
 )
+from fp8route.device import DeviceInfo
 from fp8route.errors import Fp8RouteError
 from fp8route.linear.plan import make_plan
 from fp8route.linear.policy import Policy

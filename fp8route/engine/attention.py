@@ -9,7 +9,7 @@ through the cache, so with an fp8 pool a fresh chunk attends to its own K/V as c
 e4m3), as every later step does (vLLM V1 does the same).
 
 DecodeAttention serves a decode step replayed from a CUDA graph: the split-KV decode kernel
-(fp8route.engine.paged_decode), which also rotates and writes the new key, tuned for a whole batch of
+(fp8route.kernels.paged_decode), which also rotates and writes the new key, tuned for a whole batch of
 decode rows; elsewhere SDPA over each row's gathered positions.
 """
 
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from fp8route.engine import paged_decode as kernel
 from fp8route.engine.kv_pool import KVPool
+from fp8route.kernels import paged_decode as kernel
+from fp8route.kernels.fused import rope, rope_into_cache
 from fp8route.kernels.paged_attention import PagedKV, Sequences, paged_attention, paged_attention_reference
-from fp8route.models.fused import rope, rope_into_cache
 
 if TYPE_CHECKING:
     from fp8route.engine.flashinfer_attention import FlashInferAttention

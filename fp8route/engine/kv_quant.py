@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from fp8route.errors import CheckpointError, Fp8InputError
-from fp8route.models.fused import rope
+from fp8route.kernels.fused import rope
 from fp8route.quant import FP8_MAX, quantize_by_inverse
 
 log = logging.getLogger("fp8route")

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fp8route.engine.argmax import greedy_tokens
 from fp8route.engine.attention import DecodeAttention, StepAttention, triton_decode_available
 from fp8route.engine.decode_graphs import DecodeGraphs, buckets
 from fp8route.engine.flashinfer_attention import FlashInferAttention
@@ -35,6 +34,7 @@ from fp8route.engine.request import Request, RequestMetrics, TokenLogprobs
 from fp8route.engine.sampler import Logprobs, Sampler, token_logprobs
 from fp8route.engine.sampling import SamplingParams
 from fp8route.engine.scheduler import ScheduledSeq, SchedulerOutput
+from fp8route.kernels.argmax import greedy_tokens
 from fp8route.kernels.paged_attention import TRITON_IMPORT_ERROR, Sequences
 from fp8route.models.llama import LlamaForCausalLM, rope_tables
 

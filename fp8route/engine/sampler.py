@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import torch
 
-from fp8route.engine.argmax import greedy_tokens
 from fp8route.engine.kv_pool import upload
 from fp8route.engine.request import Request, TokenLogprobs
 from fp8route.engine.sampling import SamplingParams
 from fp8route.kernels import sampling as kernels
+from fp8route.kernels.argmax import greedy_tokens
 
 _MASK64 = (1 << 64) - 1
 _MASK32 = (1 << 32) - 1

@@ -29,8 +29,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from fp8route.backends.kernels.launcher import DirectLauncher, int_key
-from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
+from fp8route.kernels.launcher import DirectLauncher, int_key
+from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
 
 TILE = 64  # positions per step of the one-query grid's inner loop
 SPLIT_MIN = 256  # a one-query sequence's segment holds at least this many positions
@@ -232,7 +232,7 @@ def _gather(
 
 
 if TRITON_IMPORT_ERROR is None:
-    from fp8route.backends.kernels.pdl import wait_for_inputs
+    from fp8route.kernels.pdl import wait_for_inputs
 
     @triton.jit
     def _segments(length, SPLIT_MIN: tl.constexpr, SPLITS: tl.constexpr, TILE: tl.constexpr):

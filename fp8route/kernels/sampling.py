@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from fp8route.backends.kernels.launcher import DirectLauncher, int_key
-from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
+from fp8route.kernels.launcher import DirectLauncher, int_key
+from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
 
 # splitmix64's multipliers (seed, step, finalizer) and murmur3's 32-bit ones (token id, finalizer).
 GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB

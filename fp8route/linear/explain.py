@@ -11,7 +11,7 @@ from torch import nn
 
 from fp8route.backends import BACKENDS
 from fp8route.backends.base import Backend
-from fp8route.backends.kernels.options import kernel_options
+from fp8route.kernels.options import kernel_options
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.plan import Plan, size_text
 

@@ -8,9 +8,10 @@ import torch
 from torch import nn
 
 from fp8route.backends.base import LAYOUTS, LinearOperands
-from fp8route.backends.kernels.options import kernel_options, launch_generation
-from fp8route.backends.problem import DeviceInfo, GemmProblem
+from fp8route.backends.problem import GemmProblem
+from fp8route.device import DeviceInfo
 from fp8route.errors import Fp8InputError, Fp8TypeError
+from fp8route.kernels.options import kernel_options, launch_generation
 from fp8route.linear.plan import Plan, Preference, make_plan
 from fp8route.linear.policy import Policy
 from fp8route.quant import (
@@ -193,7 +194,7 @@ class Fp8Linear(nn.Module):
     def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor | None:
         """This layer on SiLU(gate) * up for gate_up [..., 2K] (gate, then up), the product computed
         inside the GEMM: when the kernel option silu_in_down is on and the backend the plan runs at
-        this M does that (fp8route.backends.kernels.options). None otherwise: the caller computes
+        this M does that (fp8route.kernels.options). None otherwise: the caller computes
         the product and calls the layer, as it would without this."""
         if not kernel_options().silu_in_down or gate_up.dtype not in _GATED_DTYPES:
             return None

@@ -9,7 +9,7 @@ On two H200s it makes a batch-1 decode step ~3% faster but a 4096-token prefill 
 though the prefill's messages go to NCCL either way (benchmarks/results/h200/tp2/), so it is an
 option, not the default. "fused" is "symm_mem" whose all-reduces before a residual add and RMSNorm
 (every one in a decoder layer) run with them as one kernel that pushes each rank's partial into its
-peers' memory (fp8route.models.peer_reduce) for up to ONE_SHOT_BYTES of rows.
+peers' memory (fp8route.kernels.peer_reduce) for up to ONE_SHOT_BYTES of rows.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from fp8route.errors import Fp8InputError
-from fp8route.models import peer_reduce
-from fp8route.models.fused import add_rms_norm
+from fp8route.kernels import peer_reduce
+from fp8route.kernels.fused import add_rms_norm
 
 # NVLink multicast (NVLS) can take a host's GPUs out of service; fp8route never asks for it.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -90,7 +90,7 @@ class AllReduce:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """fused.add_rms_norm(sum over ranks of partial, residual, weight, eps), in one kernel
         where the "fused" path takes these rows. phase (0 or 1) must alternate between consecutive
-        fused calls (fp8route.models.peer_reduce): a decoder layer's o_proj passes 0, its down_proj 1."""
+        fused calls (fp8route.kernels.peer_reduce): a decoder layer's o_proj passes 0, its down_proj 1."""
         push = self._push
         if push is not None and push.takes(partial, residual):
             shape = partial.shape

@@ -20,7 +20,7 @@ from torch import nn
 
 from fp8route.checkpoint.config_check import ARCHITECTURES
 from fp8route.errors import CheckpointError
-from fp8route.models.fused import add_rms_norm, rms_norm, rope, silu_mul
+from fp8route.kernels.fused import add_rms_norm, rms_norm, rope, silu_mul
 from fp8route.models.token_ids import check_token_ids
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from fp8route.backends import BACKENDS, default_priority
-from fp8route.backends.problem import DeviceInfo
+from fp8route.device import DeviceInfo
 
 # Gaps under 1% count as ties even when two reps agreed closely: one run's spread understates
 # run-to-run noise (clocks, HBM refresh), and 1% is below what a model-level benchmark resolves.

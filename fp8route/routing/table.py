@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import torch
 
 from fp8route.backends import BACKENDS
-from fp8route.backends.problem import DeviceInfo, GemmProblem
+from fp8route.backends.problem import GemmProblem
+from fp8route.device import DeviceInfo
 from fp8route.errors import Fp8InputError
 from fp8route.quant import FLOAT_DTYPE_NAMES, dtype_name
 from fp8route.routing.choose import MIN_TIE, Timing, choose, priority_order

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from fp8route.backends import BACKENDS, last_resorts
-from fp8route.backends.problem import DeviceInfo
+from fp8route.device import DeviceInfo
 from fp8route.models.shapes import LayerShape
 from fp8route.progress import Progress
 from fp8route.routing.fingerprint import Fingerprint

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import torch
 
 from fp8route.backends import BACKENDS, last_resorts
-from fp8route.backends.problem import DeviceInfo, GemmProblem
+from fp8route.backends.problem import GemmProblem
+from fp8route.device import DeviceInfo
 from fp8route.errors import Fp8InputError
 from fp8route.linear.plan import M_BOUNDS
 from fp8route.models.shapes import LayerShape

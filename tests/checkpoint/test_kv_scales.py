@@ -100,7 +100,7 @@ def test_quantize_kv_cache_fp8_calibrates_the_rotated_key_and_value(tmp_path, fo
     assert len(report.kv_scales) == 2 * LAYERS and report.record["kv_cache"]["dtype"] == "fp8"
     model = load_model(dst, device="cpu", dtype=torch.float32, max_model_len=64, kv_cache_dtype="fp8")
     # Independently: layer 0's rotated keys on the calibration tokens, from the float model's own weights.
-    from fp8route.models.fused import rope
+    from fp8route.kernels.fused import rope
     from fp8route.models.llama import LlamaForCausalLM, rope_tables
 
     cfg = LlamaConfig.from_hf(TINY)

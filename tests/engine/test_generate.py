@@ -214,30 +214,3 @@ def test_qwen_style_biases_and_head_norms_decode_like_the_full_forward():
     assert model.model.layers[0].self_attn.q_norm is not None
     ids = prompts(2, 6, seed=10)
     assert torch.equal(model.generate(ids, 4), greedy_continuation(model, ids, 4))
-
-
-def test_the_attention_kernel_takes_the_engines_new_token_and_refuses_other_shapes():
-    from fp8route.engine.paged_decode import NewToken, fuses_new_token
-
-    b, h, hkv, d = 3, 8, 2, 64
-    qkv = torch.zeros(b, 1, (h + 2 * hkv) * d)  # as the projection gives it: q, k, v strided views
-    q, k, v = (t.reshape(b, 1, -1, d) for t in qkv.split([h * d, hkv * d, hkv * d], dim=-1))
-    cos = sin = torch.zeros(b, 1, d)
-    assert fuses_new_token(q[:, 0], NewToken(k[:, 0], v[:, 0], cos[:, 0], sin[:, 0]))  # what attend passes
-    assert not fuses_new_token(q[:, 0], NewToken(k[:, 0], v[:, 0], cos[0], sin[0]))  # tables not per row
-    assert not fuses_new_token(q[:, 0], NewToken(k[:2, 0], v[:2, 0], cos[:, 0], sin[:, 0]))  # rows differ
-    q80 = torch.zeros(b, h, 80)  # a head size that is not a power of two: RoPE and the write stay apart
-    assert not fuses_new_token(
-        q80, NewToken(torch.zeros(b, hkv, 80), torch.zeros(b, hkv, 80), *[torch.zeros(b, 80)] * 2)
-    )
-
-
-def test_a_decode_launch_is_named_as_benchmarks_write_it_and_a_bad_name_is_one_line():
-    from fp8route import Fp8InputError
-    from fp8route.engine.paged_decode import LAUNCH, Launch
-
-    assert Launch.parse("128x4x2h") == Launch(128, 4, 2, f16=True)
-    assert Launch.parse(str(LAUNCH[True])) == LAUNCH[True] and str(Launch()) == "64x4x3"
-    for bad in ("12x4", "128x4x2q", ""):
-        with pytest.raises(Fp8InputError, match="BLOCKxWARPSxSTAGES"):
-            Launch.parse(bad)

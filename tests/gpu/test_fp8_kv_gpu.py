@@ -17,9 +17,9 @@ import pytest
 import torch
 from helpers import paged as paged_filled
 
-from fp8route.engine import paged_decode as da
 from fp8route.engine.attention import decode_attention_torch
 from fp8route.engine.kv_quant import FP8_KV, dequantize_kv, quantize_kv
+from fp8route.kernels import paged_decode as da
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -86,7 +86,7 @@ def test_kernel_over_fp8_blocks_is_the_dequantized_reference(b, h, hkv, d, s, le
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fused_new_token_writes_what_rope_into_cache_writes(dtype):
-    from fp8route.models.fused import rope, rope_into_cache
+    from fp8route.kernels.fused import rope, rope_into_cache
     from fp8route.models.llama import LlamaConfig, rope_tables
 
     b, h, hkv, d, s, page = 3, 4, 2, 32, 512, 16
@@ -164,7 +164,7 @@ def assert_same_until_a_near_tie(logits: torch.Tensor, reference: torch.Tensor, 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_into_cache_kernel_quantizes_as_the_torch_path(dtype, monkeypatch):
-    from fp8route.models import fused
+    from fp8route.kernels import fused
     from fp8route.models.llama import LlamaConfig, rope_tables
 
     b, hkv, d, slots_n = 4, 2, 64, 40

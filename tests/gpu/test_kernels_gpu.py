@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp8route.backends.kernels.decode.launch import decode_gemm
-from fp8route.backends.kernels.quantize import quantize_fp8
+from fp8route.kernels.decode_gemm.launch import decode_gemm
+from fp8route.kernels.quantize import quantize_fp8
 from fp8route.tuning.kernel_names import kernels_by_arm
 
 pytestmark = pytest.mark.gpu

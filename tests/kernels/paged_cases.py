@@ -1,6 +1,6 @@
 """Batches for the paged attention tests: sequences of any query count and length over shuffled blocks
-of a pool, and a plain float64 reference (tests/kernels, on a CPU and under Triton's interpreter;
-tests/gpu on a GPU)."""
+of a pool, and a plain float64 reference (for the paged attention tests on a CPU, under Triton's
+interpreter and on a GPU)."""
 
 from __future__ import annotations
 

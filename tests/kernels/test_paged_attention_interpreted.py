@@ -1,7 +1,7 @@
 """The paged attention kernel under Triton's interpreter on a CPU (TRITON_INTERPRET=1, with the triton
 extra) against a plain float64 reference: one call over decode rows, fresh chunks and chunks that
 continue a cached prefix, blocks shuffled through the pool, GQA (also a group of 3), bf16 and fp8
-caches. tests/gpu/test_paged_attention_gpu.py runs the same checks on a GPU."""
+caches. tests/kernels/test_paged_attention_gpu.py runs the same checks on a GPU."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ pytestmark = [
     pytest.mark.interpreter,
     pytest.mark.skipif(
         os.environ.get("TRITON_INTERPRET") != "1" or pa.TRITON_IMPORT_ERROR is not None or torch.cuda.is_available(),
-        reason="Triton's interpreter on a CPU: needs triton and TRITON_INTERPRET=1 (on a GPU, tests/gpu covers it)",
+        reason="Triton's interpreter on a CPU: needs triton and TRITON_INTERPRET=1 (on a GPU, its _gpu test covers it)",
     ),
 ]
 
@@ -32,7 +32,7 @@ def test_one_call_serves_decodes_and_chunks_in_fp32(h, hkv, d, page):
 
 
 # The interpreter's tl.dot misreads bfloat16 operands (Triton 3.9: a bf16 [16, 16] product off by 1e10),
-# so q is fp32 here; the caches are the engine's. bf16 queries run in tests/gpu.
+# so q is fp32 here; the caches are the engine's. bf16 queries run in test_paged_attention_gpu.py.
 @pytest.mark.parametrize(("cache_dtype", "scales"), [(torch.bfloat16, (1.0, 1.0)), (torch.float8_e4m3fn, (0.05, 0.02))])
 def test_a_16_bit_or_fp8_cache_is_read_as_cached(cache_dtype, scales):
     queries, lengths, singles = MIXED

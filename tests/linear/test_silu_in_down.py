@@ -14,7 +14,7 @@ import torch
 
 from fp8route import Fp8InputError, Fp8Linear, set_kernel_options
 from fp8route.backends import get_backend
-from fp8route.models.fused import silu_mul
+from fp8route.kernels.fused import silu_mul
 from fp8route.quant import quantize_per_tensor
 
 
@@ -82,10 +82,10 @@ def test_a_gate_up_of_the_wrong_width_is_one_clear_error(down):
 @pytest.mark.interpreter
 @pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1" or torch.cuda.is_available(),
-    reason="Triton's interpreter on a CPU (on a GPU, tests/gpu/test_silu_in_down_gpu.py)",
+    reason="Triton's interpreter on a CPU (on a GPU, tests/kernels/test_decode_gemm_silu_in_down_gpu.py)",
 )
 def test_the_real_backend_fuses_through_its_kernel_bit_for_bit(monkeypatch):
-    from fp8route.backends.kernels.triton_support import TRITON_IMPORT_ERROR
+    from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
 
     assert TRITON_IMPORT_ERROR is None, TRITON_IMPORT_ERROR
     weight, scale = quantize_per_tensor(torch.randn(48, 256))

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fp8route import Fp8InputError
+from fp8route.kernels.fused import rms_norm_reference
 from fp8route.models.collectives import MULTICAST_OFF, AllReduce, keep_multicast_off
-from fp8route.models.fused import rms_norm_reference
 
 
 def test_unknown_method_is_one_clear_error():
@@ -35,16 +35,6 @@ def test_add_rms_norm_without_the_fused_path_is_the_sum_then_the_add_and_norm(mo
 def test_fused_needs_the_width_of_its_rows():
     with pytest.raises(Fp8InputError, match="width"):
         AllReduce(torch.device("cpu"), torch.bfloat16, 1024, "fused")
-
-
-def test_push_add_rms_norm_refuses_rows_past_its_buffer_before_any_launch():
-    from fp8route.models.peer_reduce import push_add_rms_norm
-
-    x = torch.zeros(9, 16, dtype=torch.bfloat16)
-    with pytest.raises(Fp8InputError, match="rows <= 8"):
-        push_add_rms_norm(x, x, x[0], 1e-5, torch.zeros(2, dtype=torch.int64), 0, 8, 0)
-    with pytest.raises(Fp8InputError, match="phase 0 or 1"):
-        push_add_rms_norm(x[:8], x[:8], x[0], 1e-5, torch.zeros(2, dtype=torch.int64), 0, 8, 2)
 
 
 def test_multicast_stays_off_unless_the_user_set_it(monkeypatch):

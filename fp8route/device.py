@@ -1,0 +1,56 @@
+"""What fp8route knows of a device: its kind, compute capability, SM count and L2 size.
+
+A bottom module (torch only): the backends' predicates, the routing fingerprint and the kernels'
+launch configurations all read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    type: str  # "cuda" or "cpu"
+    capability: tuple[int, int] | None = None
+    name: str = ""
+    rocm: bool = False
+    sm_count: int = 0
+    l2_bytes: int = 0
+
+    @classmethod
+    def of(cls, device: torch.device | str) -> DeviceInfo:
+        device = torch.device(device)
+        if device.type != "cuda":
+            return cls(type=device.type, name=device.type)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        return cls(
+            type="cuda",
+            capability=(props.major, props.minor),
+            name=props.name,
+            rocm=torch.version.hip is not None,
+            sm_count=int(props.multi_processor_count),
+            l2_bytes=int(props.L2_cache_size),
+        )
+
+    @property
+    def identity(self) -> tuple[str, tuple[int, int] | None, int, int]:
+        """Which GPU this is, as the routing fingerprint's device fields say it."""
+        return (self.name, self.capability, self.sm_count, self.l2_bytes)
+
+    @classmethod
+    def fake_cuda(cls, major: int, minor: int, name: str = "fake GPU") -> DeviceInfo:
+        """A device for tests and planning on machines that lack it."""
+        return cls(type="cuda", capability=(major, minor), name=name)
+
+    @property
+    def label(self) -> str:
+        if self.capability is None:
+            return self.type
+        return f"sm{self.capability[0]}{self.capability[1]}"
+
+
+CPU = DeviceInfo(type="cpu", name="cpu")

@@ -1,0 +1,407 @@
+"""Compile every fp8route Triton kernel for the H200 (sm_90) on a machine without a GPU.
+
+The kernels are reached through their real entry points (decode_gemm, the fused norms, RoPE and
+SiLU, quantize_fp8, decode_attention, paged_attention, argmax, the tensor-parallel reduce) with CPU tensors of
+Llama-3.1-8B's shapes (one GPU's and a TP2 rank's) and SmolLM2-135M's, under a Triton driver
+that targets sm_90 and launches nothing. So each kernel is specialized and compiled as a GPU run
+would (same constexprs, dtypes, integer and alignment classes, launch options), through Triton's
+own pipeline and its bundled ptxas down to a cubin, and checked for what a launch checks first
+(shared memory, threads). Each compile's registers and spilled bytes come from cuobjdump.
+
+    python -m fp8route.kernels.compile_check
+
+tests/kernels/test_compile_sm90.py runs the same sweep in CI. What this cannot see: anything at
+run time (numerics are the other tests/kernels' own, under Triton's interpreter on a CPU or on the GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FAKE_DEVICE = -1  # the index Triton keys these compiles by: never a real GPU's
+H200_SHARED = 232448  # bytes of shared memory a block may use on sm_90 (227 KB)
+# The batch sizes the engine's decode graphs capture (fp8route.engine.decode_graphs.buckets, which
+# tests/kernels/test_compile_sm90.py holds this to) up to the decode GEMM's M_MAX.
+DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 96, 128)
+
+
+@dataclass(frozen=True)
+class Model:
+    """The dimensions a rank's kernels see: heads and the MLP width already divided by the TP size."""
+
+    hidden: int
+    inter: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    @property
+    def gemms(self) -> dict[str, tuple[int, int]]:
+        """(N, K) of the projections."""
+        qkv = (self.heads + 2 * self.kv_heads) * self.head_dim
+        return {"qkv": (qkv, self.hidden), "o": (self.hidden, self.heads * self.head_dim),
+                "gate_up": (2 * self.inter, self.hidden), "down": (self.hidden, self.inter)}  # fmt: skip
+
+
+MODELS = {
+    "llama-3.1-8b": Model(4096, 14336, 32, 8, 128, 128256),
+    "llama-3.1-8b tp2": Model(4096, 7168, 16, 4, 128, 128256),
+    "smollm2-135m": Model(576, 1536, 9, 3, 64, 49152),  # README's real model: odd widths, 64-wide heads
+}
+
+
+@dataclass
+class Compiled:
+    kernel: str
+    constexprs: str
+    num_warps: int
+    num_stages: int
+    shared: int
+    registers: int | None
+    spilled: int | None
+    pdl_wait: bool
+    wgmma: bool
+    wide_ints: list[str]  # integer arguments passed as 64-bit (Triton specializes on whether they fit 32)
+
+
+LAUNCHED: list[tuple[Any, ...]] = []  # what each launch handed the launcher, while recording
+
+
+class _Launches:
+    """A Triton launcher that launches nothing (and records its arguments in LAUNCHED)."""
+
+    def __init__(self, src: Any, metadata: Any) -> None:
+        pass
+
+    def __call__(self, *args: Any) -> None:
+        LAUNCHED.append(args)
+
+
+class _Utils:
+    def load_binary(self, name: str, kernel: bytes, shared: int, device: int) -> tuple[Any, ...]:
+        return None, None, 0, 0, 1024  # module, function, registers, spills, max threads per block
+
+    def get_device_properties(self, device: int) -> dict[str, int]:
+        return {"max_shared_mem": H200_SHARED, "multiprocessor_count": 132, "max_num_regs": 65536, "warpSize": 32}
+
+
+def _driver() -> Any:
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.driver import DriverBase
+    from triton.backends.nvidia.driver import ty_to_cpp
+
+    class CompileOnlySm90(DriverBase):
+        def __init__(self) -> None:
+            self.utils = _Utils()
+            self.launcher_cls = _Launches
+
+        @classmethod
+        def is_active(cls) -> bool:
+            return False
+
+        def map_python_to_cpp_type(self, ty: str) -> str:
+            return ty_to_cpp(ty)
+
+        def get_current_target(self) -> Any:
+            return GPUTarget("cuda", 90, 32)
+
+        def get_active_torch_device(self) -> torch.device:
+            return torch.device("cpu")
+
+        def get_current_device(self) -> int:
+            return FAKE_DEVICE
+
+        def get_current_stream(self, device: int | None = None) -> int:
+            return 0
+
+        def get_device_interface(self) -> Any:
+            return torch.cuda
+
+        def get_benchmarker(self) -> Any:
+            raise NotImplementedError("compile only")
+
+        def get_empty_cache_for_benchmark(self) -> Any:
+            raise NotImplementedError("compile only")
+
+        def clear_cache(self, cache: Any) -> None:
+            pass
+
+    return CompileOnlySm90()
+
+
+@contextlib.contextmanager
+def compile_only_sm90() -> Iterator[None]:
+    """fp8route's kernel entry points on CPU tensors compile for an H200 and launch nothing."""
+    import triton
+
+    from fp8route.device import DeviceInfo
+    from fp8route.kernels import fused, launcher, options
+    from fp8route.kernels.decode_gemm import launch
+
+    h200 = DeviceInfo(type="cuda", capability=(9, 0), name="NVIDIA H200", sm_count=132, l2_bytes=60 * 2**20)
+    saved = (launcher._no_launch_hooks, launch._device, fused._use_kernel, options._current[0])
+    config = triton.runtime.driver  # its active driver: `_active` from Triton 3.5 on (None until used), `active` before
+    field = "_active" if "_active" in vars(config) else "active"
+    active = vars(config)[field]
+    config.set_active(_driver())
+    # Every launch through Triton's own path (the direct one reads a CUDA stream), tuned as on an
+    # H200, and the fused ops on their kernels whatever the tensors' device.
+    launcher._no_launch_hooks = lambda: False
+    launch._device = lambda device: h200
+    fused._use_kernel = lambda x: x.dtype in (torch.bfloat16, torch.float16) and not torch.compiler.is_compiling()
+    try:
+        yield
+    finally:
+        launcher._no_launch_hooks, launch._device, fused._use_kernel, options._current[0] = saved
+        setattr(config, field, active)
+        # Nothing compiled here may be launched later: its launcher launches nothing.
+        launch._LAUNCHES.clear()
+        for fn in _kernel_functions():
+            fn.device_caches.pop(FAKE_DEVICE, None)
+        for value in _launchers():
+            value._compiled.clear()
+
+
+def _with_pdl(pdl: bool) -> None:
+    from fp8route.kernels import options
+
+    options._current[0] = options.KernelOptions(pdl=pdl)
+
+
+def _decode_gemms(model: Model, dtype: torch.dtype) -> None:
+    from fp8route.kernels.decode_gemm.configs import why_not
+    from fp8route.kernels.decode_gemm.launch import launch
+    from fp8route.quant import FP8_DTYPE
+
+    one = torch.ones((), dtype=torch.float32)
+    for name, (n, k) in model.gemms.items():
+        weight = torch.empty((n, k), dtype=FP8_DTYPE)
+        for m in DECODE_BATCHES:
+            if why_not(m, n, k) is not None:  # a plan would route this shape elsewhere
+                continue
+            launch(torch.empty((m, k), dtype=dtype), weight, one, one, None, dtype)
+            if name == "down":
+                launch(torch.empty((m, 2 * k), dtype=dtype), weight, one, one, None, dtype, gated=True)
+            if m in (1, 64):  # x quantized before (a prefill-quantized input), and a bias (Qwen's qkv)
+                launch(torch.empty((m, k), dtype=FP8_DTYPE), weight, one, one, None, dtype)
+                launch(torch.empty((m, k), dtype=dtype), weight, one, one, torch.empty(n, dtype=dtype), dtype)
+
+
+def _fused(model: Model, dtype: torch.dtype) -> None:
+    from fp8route.kernels import fused
+    from fp8route.kernels.quantize import quantize_fp8
+    from fp8route.quant import FP8_DTYPE
+
+    hidden, heads, kv, dim = model.hidden, model.heads, model.kv_heads, model.head_dim
+    w, one = torch.empty(hidden, dtype=dtype), torch.ones((), dtype=torch.float32)
+    for rows in (1, 64, 8192):
+        x = torch.empty((rows, hidden), dtype=dtype)
+        fused.rms_norm(x, w, 1e-5)
+        fused.add_rms_norm(x, torch.empty_like(x), w, 1e-5)
+        fused.silu_mul(torch.empty((rows, 2 * model.inter), dtype=dtype), model.inter)
+        quantize_fp8(x, one)
+    # A prefill chunk past 2^31 elements takes 64-bit offsets (never touched: nothing launches).
+    quantize_fp8(torch.empty((2**31 // hidden + 1, hidden), dtype=dtype), one)
+    for b, t in ((1, 4096), (4, 2048), (64, 1)):
+        qkv = torch.empty((b, t, heads + 2 * kv, dim), dtype=dtype)
+        cos, per_row = torch.empty((t, dim)), torch.empty((b, t, dim))
+        fused.rope(qkv[:, :, :heads], cos, cos)
+        fused.rope(qkv[:, :, heads : heads + kv], cos, cos, token_major=True)
+        fused.rope(qkv[:, :, :heads], per_row, per_row)
+    for b in (1, 64):
+        qkv = torch.empty((b, 1, heads + 2 * kv, dim), dtype=dtype)
+        k, v = qkv[:, :, heads : heads + kv], qkv[:, :, heads + kv :]
+        cos, slots = torch.empty((b, 1, dim)), torch.zeros(b, dtype=torch.int64)
+        for cache_dtype, scales in ((dtype, None), (FP8_DTYPE, (0.5, 0.25))):
+            cache = torch.empty((4096, kv, dim), dtype=cache_dtype)
+            fused.rope_into_cache(k, v, cos, cos, cache, torch.empty_like(cache), slots, scales)
+
+
+def _attention(model: Model, dtype: torch.dtype) -> None:
+    from fp8route.kernels import paged_decode as pd
+    from fp8route.quant import FP8_DTYPE
+
+    heads, kv, dim = model.heads, model.kv_heads, model.head_dim
+    page, max_blocks = 16, 8192 // 16
+    for b in (1, 16, 64):
+        qkv = torch.empty((b, heads + 2 * kv, dim), dtype=dtype)
+        q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv], qkv[:, heads + kv :]
+        cos = torch.empty((b, dim))
+        tables = torch.zeros((b + 1, max_blocks), dtype=torch.int32)
+        rows, lengths = torch.arange(b), torch.ones(b, dtype=torch.int64)
+        for cache_dtype, scales in ((dtype, (1.0, 1.0)), (FP8_DTYPE, (0.5, 0.25))):
+            blocks = torch.empty((b * max_blocks, page, kv, dim), dtype=cache_dtype)
+            pages = pd.Pages(blocks, torch.empty_like(blocks), tables, rows, *scales)
+            pd.decode_attention(q, pages, lengths, new=pd.NewToken(k, v, cos, cos))
+            pd.decode_attention(q.contiguous(), pages, lengths)
+
+
+def _paged_attention(model: Model, dtype: torch.dtype) -> None:
+    from fp8route.kernels import paged_attention as pa
+    from fp8route.quant import FP8_DTYPE
+
+    heads, kv, dim = model.heads, model.kv_heads, model.head_dim
+    page, max_blocks = 16, 8192 // 16
+    # Decode rows alone (a decode graph's bucket), and a mixed step: decode rows then chunks.
+    for singles, queries in ((64, [1] * 64), (3, [1, 1, 1, 2048, 17])):
+        q = torch.empty((sum(queries), heads, dim), dtype=dtype)
+        cu = torch.tensor([0, *torch.tensor(queries).cumsum(0).tolist()], dtype=torch.int32)
+        seqs = pa.Sequences(cu, torch.ones(len(queries), dtype=torch.int32), torch.arange(len(queries)), singles)
+        tables = torch.zeros((len(queries) + 1, max_blocks), dtype=torch.int32)
+        for cache_dtype, scales in ((dtype, (1.0, 1.0)), (FP8_DTYPE, (0.5, 0.25))):
+            blocks = torch.empty((len(queries) * max_blocks, page, kv, dim), dtype=cache_dtype)
+            pa.paged_attention(q, pa.PagedKV(blocks, torch.empty_like(blocks), tables, *scales), seqs)
+
+
+def _argmax(model: Model, dtype: torch.dtype) -> None:
+    from fp8route.kernels.argmax import argmax_rows
+
+    for rows in (1, 64):
+        argmax_rows(torch.empty((rows, model.vocab), dtype=dtype))
+
+
+def _peer_reduce(model: Model, dtype: torch.dtype) -> None:
+    from fp8route.kernels import peer_reduce
+
+    w = torch.empty(model.hidden, dtype=dtype)
+    for world in (2, 4):
+        buffers = torch.zeros(world, dtype=torch.int64)
+        for rank in range(world):
+            for rows in (1, 64):
+                x = torch.empty((rows, model.hidden), dtype=dtype)
+                peer_reduce.launch(x, torch.empty_like(x), w, 1e-5, buffers, rank, 256, 0)
+
+
+SWEEPS: dict[str, Callable[[Model, torch.dtype], None]] = {
+    "decode_gemm": _decode_gemms,
+    "fused": _fused,
+    "attention": _attention,
+    "paged_attention": _paged_attention,
+    "argmax": _argmax,
+    "peer_reduce": _peer_reduce,  # tensor parallel's all-reduce fused with the norm after it
+}
+
+
+def compile_all(dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)) -> list[Compiled]:
+    """Every sweep for every model at every activation dtype, with and without PDL (where this
+    Triton can): what each compiled."""
+    from fp8route.kernels.options import triton_compiles_pdl
+
+    with compile_only_sm90():
+        LAUNCHED.clear()
+        for pdl in (False, True) if triton_compiles_pdl() else (False,):
+            _with_pdl(pdl)
+            for model in MODELS.values():
+                for dtype in dtypes:
+                    for sweep in SWEEPS.values():
+                        sweep(model, dtype)
+        LAUNCHED.clear()
+        return [_describe(fn, kernel) for fn in _kernel_functions() for kernel in _compiled(fn)]
+
+
+def _module_values() -> Iterator[Any]:
+    """Every global of every fp8route module imported so far."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith("fp8route."):
+            yield from vars(module).values()
+
+
+def _kernel_functions() -> list[Any]:
+    from triton.runtime.jit import JITFunction
+
+    found: dict[int, Any] = {}
+    for value in _module_values():
+        for fn in (value, getattr(value, "fn", None)):  # a DirectLauncher holds its kernel
+            if isinstance(fn, JITFunction):
+                found[id(fn)] = fn
+    return sorted(found.values(), key=lambda fn: fn.__name__)
+
+
+def _launchers() -> list[Any]:
+    from fp8route.kernels.launcher import DirectLauncher
+
+    return [value for value in _module_values() if isinstance(value, DirectLauncher)]
+
+
+def _compiled(fn: Any) -> list[Any]:
+    cache = fn.device_caches.get(FAKE_DEVICE)
+    return list(cache[0].values()) if cache is not None else []
+
+
+def _describe(fn: Any, kernel: Any) -> Compiled:
+    names = fn.arg_names
+    constants = {names[key[0]] if isinstance(key, tuple) else key: v for key, v in kernel.src.constants.items()}
+    shown = ",".join(f"{k}={_short(v)}" for k, v in constants.items() if fn.params[names.index(k)].is_constexpr)
+    first = kernel.src.signature[names[0]].lstrip("*")  # the activations' dtype, in most kernels
+    ptx = kernel.asm["ptx"]
+    regs, spilled = _resource_usage(kernel.asm["cubin"])
+    return Compiled(
+        kernel=fn.__name__,
+        constexprs=f"{names[0]}:{first} {shown}",
+        num_warps=kernel.metadata.num_warps,
+        num_stages=kernel.metadata.num_stages,
+        shared=kernel.metadata.shared,
+        registers=regs,
+        spilled=spilled,
+        pdl_wait="griddepcontrol.wait" in ptx,
+        wgmma="wgmma.mma_async" in ptx,
+        wide_ints=[name for name, ty in kernel.src.signature.items() if ty in ("i64", "u64")],
+    )
+
+
+def _short(value: Any) -> str:
+    return str(int(value)) if isinstance(value, bool) else str(value)
+
+
+def _resource_usage(cubin: bytes) -> tuple[int | None, int | None]:
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        return None, None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    regs, local = re.search(r"REG:(\d+)", usage), re.search(r"LOCAL:(\d+)", usage)
+    return (int(regs.group(1)) if regs else None, int(local.group(1)) if local else None)
+
+
+def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    import triton
+
+    start = time.perf_counter()
+    rows = compile_all()
+    seconds = time.perf_counter() - start
+    head = f"{'kernel':26s} {'warps':>5s} {'stages':>6s} {'shared KB':>9s} {'regs':>4s} {'spill B':>7s}"
+    print(f"{head} pdl wgmma  constexprs")
+    for r in rows:
+        print(
+            f"{r.kernel:26s} {r.num_warps:5d} {r.num_stages:6d} {r.shared / 1024:9.1f} {r.registers or '?':>4} "
+            f"{r.spilled if r.spilled is not None else '?':>7} {int(r.pdl_wait):3d} {int(r.wgmma):5d}  {r.constexprs}"
+            + (f" 64-bit:{','.join(r.wide_ints)}" if r.wide_ints else "")
+        )
+    spills = [r for r in rows if r.spilled]
+    print(
+        f"\n{len(rows)} compiles for sm_90 with triton {triton.__version__} in {seconds:.0f} s; "
+        f"{len(spills)} spill to local memory; largest shared {max(r.shared for r in rows) / 1024:.1f} KB "
+        f"of {H200_SHARED / 1024:.0f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""Launching the decode GEMM: argument checks for direct callers, the split-K workspace, the grid."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fp8route.device import DeviceInfo
+from fp8route.errors import Fp8InputError, Fp8TypeError
+from fp8route.kernels.decode_gemm.configs import DecodeConfig, cdiv, choose_config, why_not
+from fp8route.kernels.decode_gemm.kernels import decode_cuda_core_kernel, decode_mma_kernel
+from fp8route.kernels.launcher import DirectLauncher
+from fp8route.quant import FP8_DTYPE
+
+OUT_DTYPES = (torch.bfloat16, torch.float16)
+_REDUCE_UNROLL = 8  # partials summed per round by the last CTA (loads in flight)
+_POINTERS = 8  # x, weight, out, bias, workspace, counters, the two scales
+_MMA = DirectLauncher(decode_mma_kernel, _POINTERS, pdl=True)
+_CUDA_CORE = DirectLauncher(decode_cuda_core_kernel, _POINTERS, pdl=True)
+
+# A cache of one zeroed counter buffer per device, kept zero by the kernel itself. Two launches
+# running concurrently on different streams of one device would share it: serialize them (decode does).
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_COUNTERS_MIN = 1 << 14
+# Buffers a larger one replaced: a captured CUDA graph may still launch on them, so they are kept.
+_RETIRED: list[torch.Tensor] = []
+
+
+def reserve_counters(device: torch.device) -> None:
+    """The split-K counters of a device, allocated now (planning calls this for layers routed here)."""
+    _counters(device, 0)
+
+
+def _counters(device: torch.device, tiles: int) -> torch.Tensor:
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < tiles:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "decode_gemm: run each shape once outside CUDA-graph capture first "
+                "(its split-K counter buffer is allocated on first use)"
+            )
+        if buf is not None:
+            _RETIRED.append(buf)
+        buf = torch.zeros(max(tiles, _COUNTERS_MIN), dtype=torch.int32, device=device)
+        _COUNTERS[device] = buf
+    return buf
+
+
+@functools.lru_cache(maxsize=8)
+def _device(device: torch.device) -> DeviceInfo:
+    return DeviceInfo.of(device)
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor,
+           bias: torch.Tensor | None, out_dtype: torch.dtype) -> None:  # fmt: skip
+    if x.dim() != 2 or weight.dim() != 2:
+        raise Fp8InputError(
+            f"decode_gemm: x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
+    if x.shape[1] != weight.shape[1]:
+        raise Fp8InputError(f"decode_gemm: x has K={x.shape[1]} but weight has K={weight.shape[1]}")
+    if weight.dtype != FP8_DTYPE:
+        raise Fp8TypeError(f"decode_gemm: weight must be float8_e4m3fn, got {weight.dtype}")
+    if x.dtype not in (torch.bfloat16, torch.float16, FP8_DTYPE):
+        raise Fp8TypeError(f"decode_gemm: x must be bfloat16, float16 or float8_e4m3fn, got {x.dtype}")
+    if out_dtype not in OUT_DTYPES:
+        raise Fp8TypeError(f"decode_gemm: out_dtype must be bfloat16 or float16, got {out_dtype}")
+    for name, s in (("weight_scale", weight_scale), ("input_scale", input_scale)):
+        if s.numel() != 1 or s.dtype != torch.float32 or s.device != weight.device:
+            got = f"{s.dtype} {tuple(s.shape)} on {s.device}"
+            raise Fp8InputError(f"decode_gemm: {name} must be one fp32 value on {weight.device}, got {got}")
+    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != out_dtype or not bias.is_contiguous()):
+        got = f"{bias.dtype} {tuple(bias.shape)}"
+        raise Fp8InputError(f"decode_gemm: bias must be a contiguous [{weight.shape[0]}] {out_dtype} tensor, got {got}")
+    if x.stride(1) != 1 or weight.stride(1) != 1:
+        raise Fp8InputError("decode_gemm: x and weight need a contiguous last (K) dimension")
+    reason = why_not(x.shape[0], weight.shape[0], weight.shape[1])
+    if reason is not None:
+        raise Fp8InputError(f"decode_gemm: {reason}")
+
+
+def decode_gemm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    input_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    *,
+    out: torch.Tensor | None = None,
+    config: DecodeConfig | None = None,
+) -> torch.Tensor:
+    """(q(x) @ weight.T) * input_scale * weight_scale + bias for x [M, K] (bf16/fp16, or e4m3 already
+    quantized with input_scale) and an e4m3 weight [N, K]; fp32 accumulation, out [M, N] in out_dtype.
+
+    No host sync and no data-dependent allocation: safe inside CUDA-graph capture once the shape
+    has run eagerly (the first call allocates the split-K counters). Deterministic.
+    """
+    _check(x, weight, weight_scale, input_scale, bias, out_dtype)
+    return launch(x, weight, weight_scale, input_scale, bias, out_dtype, out=out, config=config)
+
+
+def decode_gemm_silu_mul(
+    gate_up: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    input_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """decode_gemm of x = SiLU(gate) * up for gate_up [M, 2K] (bf16/fp16: gate, then up), the product
+    computed in the kernel and rounded as fp8route.kernels.fused.silu_mul rounds it."""
+    k = weight.shape[-1]
+    if gate_up.dim() != 2 or gate_up.shape[1] != 2 * k:
+        raise Fp8InputError(
+            f"decode_gemm_silu_mul: gate_up must be [M, {2 * k}] (gate, then up), got {tuple(gate_up.shape)}"
+        )
+    if gate_up.dtype not in OUT_DTYPES:
+        raise Fp8TypeError(f"decode_gemm_silu_mul: gate_up must be bfloat16 or float16, got {gate_up.dtype}")
+    _check(gate_up[:, :k], weight, weight_scale, input_scale, bias, out_dtype)
+    if gate_up.stride(0) * gate_up.shape[0] >= 2**31:
+        raise Fp8InputError("decode_gemm_silu_mul: gate_up needs 64-bit offsets, which this kernel does not use")
+    return launch(gate_up, weight, weight_scale, input_scale, bias, out_dtype, gated=True)
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """What launch derives from a call's shapes and dtypes, once per distinct call."""
+
+    kernel: DirectLauncher
+    grid: tuple[int]
+    split: int
+    k_per_split: int
+    tiles: int
+    meta: dict[str, Any]
+
+
+_LAUNCHES: dict[tuple[Any, ...], _Launch] = {}
+
+
+def _plan_launch(m: int, n: int, k: int, device: torch.device, x_fp8: bool, has_bias: bool,
+                 config: DecodeConfig | None, gated: bool) -> _Launch:  # fmt: skip
+    cfg = config or choose_config(m, n, k, _device(device))
+    if cfg.cuda_core and m > cfg.block_m:
+        raise Fp8InputError(f"decode_gemm: {cfg} takes at most {cfg.block_m} tokens, got M={m}")
+    k_iters = cdiv(k, cfg.block_k)
+    split = max(1, min(cfg.split_k, k_iters))
+    k_per_split = cdiv(k_iters, split) * cfg.block_k
+    split = cdiv(k, k_per_split)  # no empty splits
+    tiles = cdiv(n, cfg.block_n) * cdiv(m, cfg.block_m)
+    meta: dict[str, Any] = dict(
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m,
+        QUANT_X=not x_fp8, HAS_BIAS=has_bias, USE_WS=split > 1,
+        EVEN_K=k_per_split * split == k, EVEN_N=n % cfg.block_n == 0, REDUCE_UNROLL=_REDUCE_UNROLL, GATED=gated,
+        num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
+    )  # fmt: skip
+    if cfg.cuda_core:
+        kernel, meta["NUM_STAGES"] = _CUDA_CORE, cfg.num_stages
+    else:
+        kernel, meta["IMPRECISE_ACC"], meta["num_stages"] = _MMA, min(128, cfg.block_k), cfg.num_stages
+    return _Launch(kernel, (tiles * split,), split, k_per_split, tiles, meta)
+
+
+def launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    input_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    *,
+    out: torch.Tensor | None = None,
+    config: DecodeConfig | None = None,
+    gated: bool = False,
+) -> torch.Tensor:
+    """decode_gemm without the argument checks, for callers whose plan already vetted the layer and
+    whose forward checked x: the checks cost microseconds of host time on every decode step. gated:
+    x is [M, 2K], gate then up (decode_gemm_silu_mul)."""
+    m = x.shape[0]
+    n, k = weight.shape
+    stride_xm, stride_wn = x.stride(0), weight.stride(0)
+    # Every integer argument and dtype the kernel specializes on; the launcher adds alignment.
+    key = (m, n, k, stride_xm, stride_wn, x.dtype, out_dtype, bias is None, x.device, config, gated)
+    plan = _LAUNCHES.get(key)
+    if plan is None:
+        x_fp8 = x.dtype == FP8_DTYPE
+        plan = _LAUNCHES[key] = _plan_launch(m, n, k, x.device, x_fp8, bias is not None, config, gated)
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    elif out.shape != (m, n) or out.dtype != out_dtype or out.stride(0) != n or out.stride(1) != 1:
+        raise Fp8InputError(f"decode_gemm: out must be a contiguous [{m}, {n}] {out_dtype} tensor")
+    if plan.split > 1:
+        ws = torch.empty((plan.split, m, n), dtype=torch.float32, device=x.device)
+        cnt = _counters(x.device, plan.tiles)
+    else:
+        ws = cnt = out
+    args = (
+        x, weight, out, bias if bias is not None else out, ws, cnt, weight_scale, input_scale,
+        m, n, k, stride_xm, stride_wn, n, plan.split, plan.k_per_split,
+    )  # fmt: skip
+    plan.kernel(plan.grid, key, args, plan.meta)
+    return out

@@ -1,0 +1,92 @@
+"""Process-wide options of fp8route's own kernels, each off until a same-run measurement on a GPU
+says it gains (`fp8route bench e2e --pdl off,on --silu-in-down off,on`):
+
+- pdl: launch them with programmatic dependent launch (fp8route.kernels.pdl), Hopper on;
+- silu_in_down: where a down projection runs fp8route's decode GEMM, compute SiLU(gate) * up inside
+  it from the gate_up output instead of in a kernel of its own before it.
+
+Changing them changes `launch_generation()`, which `plans_epoch()` includes, so CUDA graphs
+captured before are captured again with the new kernels.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, replace
+
+import torch
+
+from fp8route.errors import Fp8InputError
+from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR, triton
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    pdl: bool = False
+    silu_in_down: bool = False
+
+
+_current = [KernelOptions()]
+_generation = [0]
+
+
+def kernel_options() -> KernelOptions:
+    return _current[0]
+
+
+def set_kernel_options(*, pdl: bool | None = None, silu_in_down: bool | None = None) -> KernelOptions:
+    """Set the options given (None keeps one as it is); returns the options now. Raises
+    Fp8InputError naming why when PDL is asked for where it cannot run (the current CUDA device)."""
+    if pdl:
+        reason = why_not_pdl()
+        if reason is not None:
+            raise Fp8InputError(f"programmatic dependent launch: {reason}")
+    old = _current[0]
+    new = replace(
+        old,
+        pdl=old.pdl if pdl is None else bool(pdl),
+        silu_in_down=old.silu_in_down if silu_in_down is None else bool(silu_in_down),
+    )
+    if new != old:
+        _current[0] = new
+        _generation[0] += 1
+    return new
+
+
+def launch_generation() -> int:
+    """A number that changes whenever the kernel options change."""
+    return _generation[0]
+
+
+def triton_compiles_pdl() -> bool:
+    """Whether this Triton can compile and launch a kernel that waits under PDL (wait_for_inputs)."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    except ImportError:
+        return False
+    # Triton 3.4's gdc_* still take `_builder` where its compiler passes `_semantic`: a kernel that
+    # calls them does not compile there (fp8route/kernels/compile_check.py, results/cpu/sm90_compile/).
+    compiles = all("_semantic" in inspect.signature(f).parameters for f in (gdc_wait, gdc_launch_dependents))
+    return compiles and "launch_pdl" in CUDAOptions.__dataclass_fields__
+
+
+def why_not_pdl(device: torch.device | str | None = None) -> str | None:
+    """Why fp8route's kernels cannot be launched with PDL on this device (default: the current CUDA
+    device), or None when they can."""
+    if TRITON_IMPORT_ERROR is not None:
+        return TRITON_IMPORT_ERROR
+    if not torch.cuda.is_available():
+        return "it needs a CUDA GPU"
+    device = torch.device("cuda") if device is None else torch.device(device)
+    if device.type != "cuda":
+        return f"it needs a CUDA GPU, not {device}"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 9:
+        return f"it needs compute capability 9.0 or later (Hopper); this GPU has {major}.{minor}"
+    if not triton_compiles_pdl():
+        return (
+            f"triton {triton.__version__} cannot launch with it (no launch_pdl option, or a gdc_wait that "
+            "does not compile, as in 3.4): triton 3.5 or later can"
+        )
+    return None

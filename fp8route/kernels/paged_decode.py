@@ -1,0 +1,338 @@
+"""Split-KV decode attention in Triton (flash-decoding) over the paged KV cache: one query token per row.
+
+    out[b, h] = softmax(q[b, h] . K_b[h // G, :len[b]] * scale) @ V_b[h // G, :len[b]]
+
+where row b's position p is read from block tables[rows[b], p // BS] at offset p % BS of the
+layer's blocks [num_blocks, BS, Hkv, D]. Why a kernel of our own: it reads only each row's filled
+positions, wherever their blocks are. Why split-KV: one program per (row, KV head) leaves most
+SMs idle at small batch; splitting the sequence puts cdiv(len, SPLIT) programs on each.
+
+CUDA-graph safe: the lengths, table rows and tables are device tensors read inside the kernel, and
+the grid is fixed (at most 64 splits a row). Each row's split length is computed in the kernel from
+its own length: the tuned length for the batch's (row, KV head) pairs, or longer where the row would
+need more than 64 splits. So a cache of 128k positions costs a short row nothing, splits past a
+row's length store nothing, and the combine kernel counts each row's valid splits from its length
+the same way, never reading a stale partial. Offsets are int64: a pool of many blocks passes 2^31
+elements.
+
+Kernel 1, grid (B, Hkv, num_splits): the program loads the G = H / Hkv query heads that share
+its KV head (GQA, padded to 16 rows for tl.dot), streams its split in BLOCK_N-position tiles with
+an fp32 online softmax, and writes the split's normalized output and log-sum-exp. Given the step's
+new token (`NewToken`), it also applies RoPE to the query heads it loads, and the program whose
+split holds the row's last position rotates the new key and writes it and the new value there
+first: what the RoPE and cache-write kernels would do, at no extra launch.
+Kernel 2, grid (B, H): combines a row's valid splits weighted by exp(lse - max lse).
+
+An fp8 cache (float8_e4m3fn blocks, kv_cache_dtype "fp8") is dequantized inside kernel 1: each K/V
+tile is loaded as e4m3 (half the bytes) and converted to q's dtype for tl.dot, the key's scale
+folded into the score scale and the value's applied to the split's output (both per-tensor, so
+exact algebra); the new token is written quantized (x / scale, saturated at +-448) after rounding
+to the model's dtype, as the torch write (fp8route.engine.kv_pool.KVPool.store) rounds it. A 16-bit
+or fp32 cache compiles the same code as before (FP8 is a constexpr).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from fp8route.errors import Fp8InputError
+from fp8route.kernels.pdl import launch_options
+from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
+
+BLOCK_N = 64  # positions per tile of the inner loop
+_MAX_SPLITS = 64  # the combine kernel reads one row of this many partials
+
+
+class Launch(NamedTuple):
+    """Kernel 1's tiling: positions per tile (a divisor of every split), warps, pipeline stages, and
+    for an fp8 cache whether its tiles meet q in fp16 rather than q's dtype (e4m3 values are exact in
+    both; e4m3 -> fp16 is one conversion instruction on SM89+)."""
+
+    block: int = BLOCK_N
+    warps: int = 4
+    stages: int = 3
+    f16: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> Launch:
+        """BLOCKxWARPSxSTAGES, then h for fp16 tiles: "64x4x3", "128x4x2h" (how benchmarks name them)."""
+        try:
+            block, warps, stages = (int(x) for x in text.removesuffix("h").split("x"))
+        except ValueError:
+            example = "e.g. 64x4x3 or 128x4x2h"
+            raise Fp8InputError(f"a decode launch is BLOCKxWARPSxSTAGES[h] ({example}), not {text!r}") from None
+        return cls(block, warps, stages, text.endswith("h"))
+
+    def __str__(self) -> str:
+        return f"{self.block}x{self.warps}x{self.stages}{'h' if self.f16 else ''}"
+
+
+# By whether the cache is fp8, as the engine's step measured fastest (benchmarks/results/h200/fp8_kv/):
+# a bf16 cache's step is slower with 128-position tiles, an fp8 cache's faster with fp16 ones.
+LAUNCH = {False: Launch(), True: Launch(128, 4, 2, f16=True)}
+
+
+class NewToken(NamedTuple):
+    """A decode step's new token for decode_attention: its key and value [B, Hkv, D] before RoPE and
+    the rows' RoPE tables [B, D] (fp32) at their positions, lengths - 1."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
+class Pages(NamedTuple):
+    """Where the rows' positions live: one layer's K and V blocks [num_blocks, BS, Hkv, D] (unit
+    stride on D), the block tables [rows, max_blocks] (int32) and each batch row's table row [B];
+    for float8_e4m3fn blocks, the layer's K and V scales (a read is fp8 * scale)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    tables: torch.Tensor
+    rows: torch.Tensor
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+    @property
+    def max_len(self) -> int:
+        return self.tables.shape[1] * self.k.shape[1]
+
+
+def split_len(pairs: int = 1) -> int:
+    """Positions per program for `pairs` (row, KV head) pairs, at least: 128 for up to 8 pairs (one
+    row of Llama-3.1-8B), twice that for each 4x more pairs (sqrt(pairs / 8), rounded up to a power
+    of two); a row longer than 64 of them takes longer splits (in the kernel). Measured on the H200
+    over 8192 positions (benchmarks/results/h200/flashinfer_attention/): a row of 16 at 1024 filled
+    took 47 us with 128 positions per program, 26 us with 512."""
+    scale = 1
+    while scale * scale * 8 < pairs:
+        scale *= 2
+    return 2 * BLOCK_N * scale
+
+
+if TRITON_IMPORT_ERROR is None:
+    from fp8route.kernels.pdl import wait_for_inputs
+
+    @triton.jit
+    def _row_split(length, SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+        """A row's positions per program: SPLIT, or whole tiles enough to cover it in MAX_SPLITS."""
+        return tl.maximum(SPLIT, ((length + MAX_SPLITS * BLOCK - 1) // (MAX_SPLITS * BLOCK)) * BLOCK)
+
+    @triton.jit
+    def _split_kernel(
+        q_ptr, k_ptr, v_ptr, tab_ptr, row_ptr, len_ptr, o_ptr, lse_ptr, nk_ptr, nv_ptr, cos_ptr, sin_ptr,
+        stride_qb, stride_qh,
+        stride_kblk, stride_ks, stride_kh,
+        stride_vblk, stride_vs, stride_vh,
+        stride_tab,
+        stride_ob, stride_oh, stride_os,
+        stride_lb, stride_lh,
+        stride_nkb, stride_nkh, stride_nvb, stride_nvh, stride_cb,
+        sm_scale, k_scale, v_scale, k_inv, v_inv,
+        G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr,
+        SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr,
+        NEW: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr, USE_PDL: tl.constexpr,
+    ):  # fmt: skip
+        wait_for_inputs(USE_PDL)
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
+        length = tl.load(len_ptr + b).to(tl.int32)
+        table = tab_ptr + tl.load(row_ptr + b).to(tl.int64) * stride_tab
+        size = _row_split(length, SPLIT, MAX_SPLITS, BLOCK)
+        start = split * size
+        end = tl.minimum(start + size, length)
+
+        g = tl.arange(0, G_PAD)
+        d = tl.arange(0, D_PAD)
+        g_mask = g < G
+        d_mask = d < D
+        heads = kvh * G + g
+        q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh
+        q = tl.load(q_rows + d[None, :], mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+        if NEW:  # D is a power of two here: D_PAD == D
+            # RoPE, the head's halves as pairs: x * cos + (-x[d + D/2] | x[d - D/2]) * sin.
+            partner = tl.where(d < D // 2, d + D // 2, d - D // 2)
+            sign = tl.where(d < D // 2, -1.0, 1.0)
+            cos = tl.load(cos_ptr + b * stride_cb + d)
+            sin = tl.load(sin_ptr + b * stride_cb + d)
+            q_pair = tl.load(q_rows + partner[None, :], mask=g_mask[:, None], other=0.0)
+            q = (q.to(tl.float32) * cos + sign * q_pair.to(tl.float32) * sin).to(q_ptr.dtype.element_ty)
+            pos = length - 1
+            if (pos >= start) & (pos < start + size):  # this program's split holds the new position
+                block = tl.load(table + pos // PAGE).to(tl.int64)
+                k_row = nk_ptr + b * stride_nkb + kvh * stride_nkh
+                k_new = tl.load(k_row + d).to(tl.float32) * cos + sign * tl.load(k_row + partner).to(tl.float32) * sin
+                k_at = k_ptr + block * stride_kblk + (pos % PAGE) * stride_ks + kvh * stride_kh
+                v_at = v_ptr + block * stride_vblk + (pos % PAGE) * stride_vs + kvh * stride_vh
+                v_new = tl.load(nv_ptr + b * stride_nvb + kvh * stride_nvh + d)
+                if FP8:
+                    k_new = k_new.to(nk_ptr.dtype.element_ty).to(tl.float32) * k_inv
+                    v_new = v_new.to(tl.float32) * v_inv
+                    k_new = tl.minimum(tl.maximum(k_new, -448.0), 448.0)
+                    v_new = tl.minimum(tl.maximum(v_new, -448.0), 448.0)
+                tl.store(k_at + d, k_new.to(k_ptr.dtype.element_ty))
+                tl.store(v_at + d, v_new.to(v_ptr.dtype.element_ty))
+            tl.debug_barrier()  # the writes above before any thread's read of that position
+        # exp2 with log2(e) folded into the scale: one multiply fewer per score.
+        qk_scale = sm_scale * 1.4426950408889634
+        if FP8:
+            qk_scale = qk_scale * k_scale
+        if F16:
+            q = q.to(tl.float16)
+        m = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
+        s_sum = tl.zeros([G_PAD], dtype=tl.float32)
+        acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+        k_head = k_ptr + kvh * stride_kh
+        v_head = v_ptr + kvh * stride_vh
+        for n0 in range(start, end, BLOCK):
+            n = n0 + tl.arange(0, BLOCK)
+            n_mask = n < end
+            blocks = tl.load(table + n // PAGE, mask=n_mask, other=0).to(tl.int64)
+            within = n % PAGE
+            kv_mask = n_mask[:, None] & d_mask[None, :]
+            k_at = k_head + blocks * stride_kblk + within * stride_ks
+            k = tl.load(k_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            if FP8:
+                k = k.to(q.dtype)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+            s = tl.where(n_mask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            p = tl.exp2(s - m_new[:, None])
+            alpha = tl.exp2(m - m_new)
+            v_at = v_head + blocks * stride_vblk + within * stride_vs
+            v = tl.load(v_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            if FP8:
+                v = v.to(q.dtype)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            s_sum = s_sum * alpha + tl.sum(p, 1)
+            m = m_new
+        # A split past the row's length ran no tile; it stores nothing and the combine skips it.
+        live = g_mask & ((g * 0 + start) < length)  # a vector: a scalar i1 mask broadcasts unreliably
+        out = acc / s_sum[:, None]
+        if FP8:
+            out = out * v_scale
+        lse = m + tl.log2(s_sum)  # base 2, like m
+        tl.store(
+            o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :],
+            out,
+            mask=live[:, None] & d_mask[None, :],
+        )
+        tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=live)
+
+    @triton.jit
+    def _combine_kernel(
+        o_ptr, lse_ptr, len_ptr, out_ptr,
+        stride_ob, stride_oh, stride_os,
+        stride_lb, stride_lh,
+        stride_rb, stride_rh,
+        SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr, S_PAD: tl.constexpr,
+        D: tl.constexpr, D_PAD: tl.constexpr, USE_PDL: tl.constexpr,
+    ):  # fmt: skip
+        wait_for_inputs(USE_PDL)
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        length = tl.load(len_ptr + b).to(tl.int32)
+        size = _row_split(length, SPLIT, MAX_SPLITS, BLOCK)
+        splits = (length + size - 1) // size
+        s = tl.arange(0, S_PAD)
+        d = tl.arange(0, D_PAD)
+        s_mask = s < splits
+        lse = tl.load(lse_ptr + b * stride_lb + h * stride_lh + s, mask=s_mask, other=float("-inf"))
+        w = tl.exp2(lse - tl.max(lse, 0))
+        w = tl.where(s_mask, w, 0.0)
+        o = tl.load(
+            o_ptr + b * stride_ob + h * stride_oh + s[:, None] * stride_os + d[None, :],
+            mask=s_mask[:, None] & (d < D)[None, :],
+            other=0.0,
+        )
+        out = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
+        tl.store(out_ptr + b * stride_rb + h * stride_rh + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
+
+
+def fuses_new_token(q: torch.Tensor, new: NewToken) -> bool:
+    """Whether decode_attention can take this new token (else: RoPE and the cache write first, then
+    decode_attention without it): a power-of-two head size of 16 or more, unit stride on it everywhere."""
+    b, _, d = q.shape
+    tensors = (q, new.k, new.v, new.cos, new.sin)
+    unit = all(t.stride(-1) == 1 for t in tensors) and new.cos.stride() == new.sin.stride()
+    shapes = new.k.shape == new.v.shape and new.k.shape[::2] == (b, d) and new.cos.shape == new.sin.shape == (b, d)
+    return d >= 16 and d & (d - 1) == 0 and unit and shapes
+
+
+def decode_attention(
+    q: torch.Tensor,
+    pages: Pages,
+    lengths: torch.Tensor,
+    scale: float | None = None,
+    split: int | None = None,
+    new: NewToken | None = None,
+    launch: Launch | None = None,
+) -> torch.Tensor:
+    """q [B, H, D] (one token per row) over the first lengths[b] positions (each 1..the table's
+    reach) of the row pages.rows[b] -> [B, H, D] in q's dtype. split (the least positions per
+    program, a multiple of BLOCK_N and of the launch's tile; default split_len) and launch (default
+    LAUNCH) are for benchmarks. With `new` (fuses_new_token), q is before RoPE, and the new key
+    (rotated) and value are written at position lengths[b] - 1 first."""
+    if TRITON_IMPORT_ERROR is not None:
+        raise RuntimeError(TRITON_IMPORT_ERROR)
+    b, h, d = q.shape
+    k, v, tables, rows, k_scale, v_scale = pages
+    _, page, hkv, _ = k.shape
+    if h % hkv != 0 or k.shape[-1] != d or v.shape != k.shape or rows.shape != (b,) or page & (page - 1):
+        raise Fp8InputError(
+            f"decode_attention: q {tuple(q.shape)} does not fit K/V blocks {tuple(k.shape)} / {tuple(v.shape)} "
+            f"and rows {tuple(rows.shape)} (need H a multiple of Hkv, the same D, one row each, power-of-two pages)"
+        )
+    fp8 = k.dtype == torch.float8_e4m3fn
+    if (fp8 or v.dtype == torch.float8_e4m3fn) and (v.dtype != k.dtype or not (k_scale > 0 and v_scale > 0)):
+        raise Fp8InputError(
+            f"decode_attention: K/V blocks {k.dtype} / {v.dtype} with scales {k_scale} / {v_scale} (an fp8 cache "
+            "needs both blocks float8_e4m3fn and positive scales)"
+        )
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise Fp8InputError("decode_attention: q and the K/V blocks need unit stride on the head dim")
+    group = h // hkv
+    launch = launch or LAUNCH[fp8]
+    split = split or split_len(b * hkv)
+    if split % BLOCK_N or split < BLOCK_N or split % launch.block:
+        raise Fp8InputError(
+            f"decode_attention: split {split} must be a positive multiple of {BLOCK_N} and of the tile, {launch.block}"
+        )
+    num_splits = min(_MAX_SPLITS, triton.cdiv(pages.max_len, split))
+    if new is not None and (not fuses_new_token(q, new) or new.k.shape[1] != hkv):
+        raise Fp8InputError("decode_attention: this new token cannot be fused (see fuses_new_token)")
+    partial = torch.empty((b, h, num_splits, d), dtype=torch.float32, device=q.device)
+    lse = torch.empty((b, h, num_splits), dtype=torch.float32, device=q.device)
+    d_pad = max(16, triton.next_power_of_2(d))
+    nk, nv, cos, sin = new if new is not None else (q, q, lse, lse)  # unread without NEW
+    _split_kernel[(b, hkv, num_splits)](
+        q, k, v, tables, rows, lengths, partial, lse, nk, nv, cos, sin,
+        q.stride(0), q.stride(1),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        tables.stride(0),
+        partial.stride(0), partial.stride(1), partial.stride(2),
+        lse.stride(0), lse.stride(1),
+        nk.stride(0), nk.stride(1), nv.stride(0), nv.stride(1), cos.stride(0),
+        scale if scale is not None else d**-0.5, k_scale, v_scale, 1.0 / k_scale, 1.0 / v_scale,
+        G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, D_PAD=d_pad, PAGE=page,
+        SPLIT=split, MAX_SPLITS=num_splits, BLOCK=launch.block, NEW=new is not None, FP8=fp8,
+        F16=fp8 and launch.f16 and q.dtype != torch.float32,
+        # An fp32 cache asks for fp32 products (tl.dot would round them to TF32); 16-bit ones are exact.
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=launch.warps, num_stages=launch.stages, **launch_options(),
+    )  # fmt: skip
+    out = torch.empty_like(q)
+    _combine_kernel[(b, h)](
+        partial, lse, lengths, out,
+        partial.stride(0), partial.stride(1), partial.stride(2),
+        lse.stride(0), lse.stride(1),
+        out.stride(0), out.stride(1),
+        SPLIT=split, MAX_SPLITS=num_splits, BLOCK=launch.block, S_PAD=max(16, triton.next_power_of_2(num_splits)),
+        D=d, D_PAD=d_pad, num_warps=4, **launch_options(),
+    )  # fmt: skip
+    return out

@@ -1,0 +1,69 @@
+"""The paged split-KV decode kernel over a 16-bit cache, run by Triton's interpreter on a CPU
+(TRITON_INTERPRET=1, with the triton extra) against the SDPA reference: shuffled blocks of several
+sizes, split lengths that grow with a row's length, and the fused new token (RoPE and the cache
+write inside the kernel). fp32 tensors: the interpreter has no bfloat16. On a GPU,
+tests/kernels/test_paged_decode_gpu.py covers the same kernel."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from helpers import paged
+
+from fp8route.engine.attention import decode_attention_torch
+from fp8route.kernels import paged_decode as da
+from fp8route.kernels.fused import rope, rope_into_cache
+from fp8route.models.llama import LlamaConfig, rope_tables
+
+pytestmark = [
+    pytest.mark.interpreter,
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET") != "1" or da.TRITON_IMPORT_ERROR is not None or torch.cuda.is_available(),
+        reason="Triton's interpreter on a CPU: needs triton and TRITON_INTERPRET=1 (on a GPU, its _gpu test covers it)",
+    ),
+]
+
+
+def relative(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize(
+    ("b", "h", "hkv", "d", "s", "lengths", "page", "split"),
+    [
+        (1, 4, 2, 32, 512, [200], 16, None),
+        (2, 4, 1, 32, 1024, [1, 1000], 8, 64),  # 16 splits at most: the long row takes longer ones
+        (3, 8, 2, 16, 256, [64, 65, 256], 16, 64),
+        (1, 2, 1, 16, 4096, [4000], 32, 64),
+    ],
+)
+def test_the_kernel_is_sdpa_over_each_rows_positions(b, h, hkv, d, s, lengths, page, split):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(b, h, d, generator=g)
+    k, v = torch.randn(b, hkv, s, d, generator=g), torch.randn(b, hkv, s, d, generator=g)
+    (k_blocks, tables), (v_blocks, _) = paged(k, page), paged(v, page)
+    n = torch.tensor(lengths)
+    out = da.decode_attention(q, da.Pages(k_blocks, v_blocks, tables, torch.arange(b)), n, split=split)
+    assert relative(out, decode_attention_torch(q, k, v, n)) < 1e-4  # one dropped tile is ~1e-2
+
+
+def test_the_fused_new_token_is_rope_and_the_cache_write_then_attention():
+    b, h, hkv, d, s, page = 3, 4, 2, 32, 512, 16
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(b, 1, (h + 2 * hkv) * d, generator=g)
+    q, k, v = (t.reshape(b, 1, -1, d) for t in qkv.split([h * d, hkv * d, hkv * d], dim=-1))
+    pos = torch.tensor([0, 130, 511])
+    cos, sin = (t[:, None] for t in rope_tables(LlamaConfig(h * d, 4 * h * d, h, hkv, 1, 32, head_dim=d), pos))
+    (k_blocks, tables), (v_blocks, _) = (paged(torch.randn(b, hkv, s, d, generator=g), page) for _ in range(2))
+    rows = torch.arange(b)
+    fused = da.Pages(k_blocks.clone(), v_blocks.clone(), tables, rows)
+    out = da.decode_attention(q[:, 0], fused, pos + 1, new=da.NewToken(k[:, 0], v[:, 0], cos[:, 0], sin[:, 0]))
+    ref = da.Pages(k_blocks.clone(), v_blocks.clone(), tables, rows)
+    slots = tables[rows, pos // page].long() * page + pos % page
+    rope_into_cache(k, v, cos, sin, ref.k.view(-1, hkv, d), ref.v.view(-1, hkv, d), slots)
+    gathered = [x[tables[rows].long()].flatten(1, 2).transpose(1, 2) for x in (ref.k, ref.v)]
+    assert relative(out, decode_attention_torch(rope(q, cos, sin)[:, :, 0], *gathered, pos + 1)) < 1e-4
+    assert torch.allclose(fused.k.nan_to_num(), ref.k.nan_to_num(), atol=1e-5)  # the same key written
+    assert torch.equal(fused.v.nan_to_num(), ref.v.nan_to_num())
