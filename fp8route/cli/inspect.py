@@ -9,13 +9,13 @@ import torch
 
 from fp8route.backends import BACKENDS
 from fp8route.backends.problem import DeviceInfo, GemmProblem
-from fp8route.checkpoint.config_check import ARCHITECTURES
 from fp8route.checkpoint.formats import CONFIG
 from fp8route.checkpoint.load import Checkpoint, load_checkpoint
 from fp8route.checkpoint.quantize import RECORD
 from fp8route.cli.quantize import calibration_line
 from fp8route.linear.explain import plan_groups
 from fp8route.linear.layer import Fp8Linear
+from fp8route.models.llama import ARCHITECTURES
 
 # An aligned shape: a backend that refuses it refuses for the device, not for the shape.
 _ALIGNED = (4096, 4096)
