@@ -34,7 +34,7 @@ def test_only_fp8route_hf_imports_transformers():
 def test_fp8route_imports_without_transformers_and_hf_says_how_to_get_it():
     code = (
         "import sys; sys.modules['transformers'] = None\n"
-        "import fp8route, fp8route.models.load, fp8route.cli\n"
+        "import fp8route, fp8route.loading, fp8route.cli\n"
         "try:\n    import fp8route.hf\nexcept ImportError as e:\n    print(e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

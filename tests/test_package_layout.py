@@ -1,4 +1,4 @@
-"""The package's shape: no import cycles between its modules (modules are split by idea, not by size)."""
+"""The package's shape: no import cycles between its modules, and no import from a lower layer to one above it."""
 
 from __future__ import annotations
 
@@ -75,3 +75,25 @@ def test_the_kernels_import_only_themselves_and_the_bottom_modules():
 def test_nothing_outside_the_kernels_defines_a_triton_kernel():
     jit = {name for name, path in modules().items() if "triton.jit" in path.read_text()}
     assert jit and all(name.startswith("fp8route.kernels.") for name in jit), sorted(jit)
+
+
+# Lower layer -> the packages above it that it must not import: the model definition knows no
+# checkpoint folder, and reading or writing one knows no engine; loading a checkpoint into a
+# model (fp8route.loading) stands above both.
+_BELOW = {
+    "fp8route.models": ("fp8route.checkpoint", "fp8route.loading", "fp8route.engine"),
+    "fp8route.checkpoint": ("fp8route.loading", "fp8route.engine"),
+}
+
+
+def test_lower_layers_import_nothing_above_them():
+    known = modules()
+    climbing = [
+        f"{name} imports {dep}"
+        for name, path in known.items()
+        for lower, above in _BELOW.items()
+        if name == lower or name.startswith(lower + ".")
+        for dep in sorted(imports(path, known))
+        if any(dep == up or dep.startswith(up + ".") for up in above)
+    ]
+    assert not climbing, "imports that climb a layer:\n" + "\n".join(climbing)

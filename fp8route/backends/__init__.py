@@ -46,7 +46,8 @@ def last_resorts(device: DeviceInfo) -> frozenset[str]:
 def default_priority(device: DeviceInfo) -> tuple[str, ...]:
     """The order to try backends in until a measured routing table says otherwise."""
     if device.type == "cpu":
-        # Dequantizing every weight on every call made SmolLM2 decode 5x slower than bf16 (issue 25).
+        # cpu_dequant dequantizes each weight once; the reference does it on every call, several
+        # times slower than bf16.
         return ("cpu_dequant", "reference")
     if device.type != "cuda" or device.capability is None:
         return ("reference",)

@@ -18,9 +18,8 @@ TENSOR = "tensor"  # the e4m3 weight and one fp32 scalar scale: what the checkpo
 CHANNEL = "channel"  # the scalar broadcast to (1, N): what rowwise kernels read
 # The e4m3 weight upcast to fp32 [N, K], unscaled: what cpu_dequant reads. Not bf16, half the size:
 # torch's CPU bf16 matmul writes bf16 (no fp32-output form), one more rounding that took outputs up
-# to 1 bf16 ulp off the reference and changed SmolLM2's greedy tokens from the 21st of 64 on. The
-# price: SmolLM2 decodes at ~15 tok/s with the fp32 copy, ~18-20 with a bf16 one, on 2 EPYC cores
-# (benchmarks/results/cpu/generate_fp8_vs_bf16/).
+# to 1 bf16 ulp off the reference, enough to change a model's greedy tokens. The price is a slower
+# CPU decode than a bf16 copy would give.
 DEQUANTIZED = "dequantized"
 LAYOUTS = frozenset({TENSOR, CHANNEL, DEQUANTIZED})
 # What each layout is, as explain names the copy it costs.
@@ -97,7 +96,7 @@ def quantize_input(x: torch.Tensor, input_scale: torch.Tensor | None) -> tuple[t
     """The layer's static input scale when it has one, else amax/448 computed on the device."""
     scale = input_scale if input_scale is not None else dynamic_scale(x)
     # Eager torch runs the quantizer as four kernels over fp32 temporaries; one Triton pass reads x
-    # once (benchmarks/results/h200/prefill/). Under torch.compile the torch ops stay, so inductor
+    # once. Under torch.compile the torch ops stay, so inductor
     # can fuse them into the op that made x.
     if x.is_cuda and x.dtype != torch.float32 and x.is_contiguous() and not torch.compiler.is_compiling():
         fused = _triton_quantizer()

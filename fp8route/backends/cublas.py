@@ -14,7 +14,8 @@ class CublasBackend(Backend):
         self.fast_accum = fast_accum
         self.name = "cublas_fast" if fast_accum else "cublas"
         # Fast accumulation skips the periodic promotion of the FP8 tensor-core accumulator to
-        # fp32: -5 to -8% time at M >= 512 on most 8B shapes on the H200, slower on a few.
+        # fp32: faster at large M on most shapes, slower on a few (docs/results.md), so it is a
+        # backend of its own, out of the default priority, that a routing table picks where it wins.
         self.summary = "torch._scaled_mm, per-tensor scales (cuBLASLt)" + (", fast accumulation" if fast_accum else "")
 
     def why_not(self, problem: GemmProblem) -> str | None:

@@ -1,2 +1,2 @@
-"""Per-tensor FP8 checkpoints: read (shards, formats, layout -> Fp8Linear layers), written
-(quantize, calibration) and converted (GGUF)."""
+"""Checkpoint folders: read (shards, formats, layout -> Fp8Linear layers; plain float folders as
+tensors), written (quantize, calibration, over the model definition) and converted (GGUF)."""

@@ -21,8 +21,8 @@ from typing import Any
 
 from fp8route.checkpoint.shards import TensorInfo
 from fp8route.errors import CheckpointError
+from fp8route.models.llama import ARCHITECTURES
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _EMBED, _NORM, _LM_HEAD = "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"
 _REQUIRED = (

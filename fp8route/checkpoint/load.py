@@ -1,4 +1,5 @@
-"""Load a per-tensor FP8 checkpoint folder: every tensor checked, every quantized linear an Fp8Linear."""
+"""Read a checkpoint folder: a per-tensor FP8 one (every tensor checked, every quantized linear an
+Fp8Linear) or a plain float one (read_plain)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 from fp8route.backends.problem import default_device
 from fp8route.checkpoint.config_check import ModelDims, check_config
-from fp8route.checkpoint.formats import CONFIG, QuantScheme, detect_scheme, read_json
+from fp8route.checkpoint.formats import CONFIG, QuantScheme, detect_scheme, modelopt, read_json
 from fp8route.checkpoint.hub import resolve_model_path
 from fp8route.checkpoint.layout import Layout, layout, natural_key
 from fp8route.checkpoint.shards import ShardSet, Slices, TensorInfo
@@ -20,6 +21,8 @@ from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.plan import Preference
 from fp8route.linear.policy import Policy
 from fp8route.quant import as_scale, check_finite, check_fp8_finite
+
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 @dataclass
@@ -84,6 +87,32 @@ def load_checkpoint(
     return Checkpoint(
         folder, scheme, config, linears, loader.tensors, loader.kv_scales, lay.excluded, dict(lay.fused), dims
     )
+
+
+def is_quantized(folder: Path, config: dict[str, object]) -> bool:
+    """Whether the folder says it is a quantized checkpoint (load_checkpoint then checks how)."""
+    return "quantization_config" in config or (folder / modelopt.HF_QUANT_CONFIG).is_file()
+
+
+def read_plain(
+    folder: Path, device: torch.device, dtype: torch.dtype | None, slices: Slices | None = None
+) -> dict[str, torch.Tensor]:
+    """Every tensor of an unquantized checkpoint on device, floats in dtype (None: as stored), one
+    shard at a time; only the part slices names of a tensor it has an index for. config.json is
+    checked against the tensors' header shapes first."""
+    shards = ShardSet.open(folder)
+    check_config(read_json(folder / CONFIG), shards.tensors)
+    tensors: dict[str, torch.Tensor] = {}
+    for file, names in shards.by_file().items():
+        for name, tensor in shards.read(file, names, slices):
+            if tensor.dtype in _FP8:
+                raise CheckpointError(
+                    f"{name} in {file} is {tensor.dtype} but {folder} has no quantization config "
+                    f"(quantization_config in {CONFIG} or {modelopt.HF_QUANT_CONFIG}); its scales cannot be found"
+                )
+            cast = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+            tensors[name] = tensor.to(device, cast)
+    return tensors
 
 
 class _Loader:

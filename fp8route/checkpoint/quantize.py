@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from fp8route.progress import Progress
 from fp8route.quant import quantize_per_tensor
 from fp8route.version import __version__
 
+_EMBED = "model.embed_tokens.weight"
 _NOT_COPIED = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl")
 RECORD = "fp8route"  # the key of quantization_config that holds the calibration record
 SENSITIVITY_MEASURE = (
@@ -112,38 +113,10 @@ def quantize_checkpoint(
     the value on the calibration tokens (fp8route.checkpoint.kv_calibration).
     """
     start = time.perf_counter()
-    if format not in FORMATS:
-        raise Fp8InputError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
-    estimators.check_estimator(input_scale, percentile)
-    if not isinstance(keep_float, int) or keep_float < 0:
-        raise Fp8InputError(f"keep_float must be a non-negative number of linears, got {keep_float!r}")
-    check_budget(kl_budget)
-    if kv_cache is not None and kv_cache not in KV_CACHE:
-        raise Fp8InputError(f"kv_cache must be one of {', '.join(KV_CACHE)} (or None), got {kv_cache!r}")
-    check_shard_bytes(max_shard_bytes)
-    if kl_budget is not None and keep_float:
-        raise Fp8InputError("give keep_float (a count) or kl_budget (a KL), not both")
+    _check_arguments(format, input_scale, percentile, keep_float, kl_budget, kv_cache, max_shard_bytes)
     src, dst = resolve_model_path(src), Path(dst)
-    config = read_json(src / CONFIG)
-    if config.get("quantization_config") or (src / modelopt.HF_QUANT_CONFIG).exists():
-        raise CheckpointError(
-            f"{src} is already quantized (it has a quantization config); quantize a bf16/fp16 checkpoint"
-        )
-    cfg = LlamaConfig.from_hf(config)
-    shards = ShardSet.open(src)
-    check_config(config, shards.tensors)
-    for info in shards.tensors.values():
-        if info.torch_dtype not in (torch.bfloat16, torch.float16, torch.float32):
-            raise CheckpointError(
-                f"{info.where}: expected bfloat16/float16/float32 weights to quantize, got {info.dtype_name}"
-            )
-    matcher = QuantScheme(format, "--exclude", tuple(exclude))
-    quantizable = [
-        n.removesuffix(".weight")
-        for n, info in shards.tensors.items()
-        if n.endswith(".weight") and len(info.shape) == 2 and n != "model.embed_tokens.weight"
-    ]
-    quantizable = [n for n in quantizable if not matcher.excludes(n)]
+    config, cfg, shards = _read_source(src)
+    quantizable = _quantizable(shards, QuantScheme(format, "--exclude", tuple(exclude)))
     if keep_float > len(quantizable):
         raise Fp8InputError(f"keep_float={keep_float} but only {len(quantizable)} linears would be quantized")
     check_destination(dst, src, _output_bytes(src, shards, quantizable))
@@ -162,6 +135,58 @@ def quantize_checkpoint(
     return report
 
 
+def _check_arguments(
+    format: str,
+    input_scale: str,
+    percentile: float,
+    keep_float: int,
+    kl_budget: float | None,
+    kv_cache: str | None,
+    max_shard_bytes: int,
+) -> None:
+    """quantize_checkpoint's settings, each refused in one line before anything is read."""
+    if format not in FORMATS:
+        raise Fp8InputError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+    estimators.check_estimator(input_scale, percentile)
+    if not isinstance(keep_float, int) or keep_float < 0:
+        raise Fp8InputError(f"keep_float must be a non-negative number of linears, got {keep_float!r}")
+    check_budget(kl_budget)
+    if kv_cache is not None and kv_cache not in KV_CACHE:
+        raise Fp8InputError(f"kv_cache must be one of {', '.join(KV_CACHE)} (or None), got {kv_cache!r}")
+    check_shard_bytes(max_shard_bytes)
+    if kl_budget is not None and keep_float:
+        raise Fp8InputError("give keep_float (a count) or kl_budget (a KL), not both")
+
+
+def _read_source(src: Path) -> tuple[dict[str, Any], LlamaConfig, ShardSet]:
+    """src's config.json, as a model config, and its shards, once it is known to be an unquantized
+    float checkpoint whose config agrees with its tensors."""
+    config = read_json(src / CONFIG)
+    if config.get("quantization_config") or (src / modelopt.HF_QUANT_CONFIG).exists():
+        raise CheckpointError(
+            f"{src} is already quantized (it has a quantization config); quantize a bf16/fp16 checkpoint"
+        )
+    cfg = LlamaConfig.from_hf(config)
+    shards = ShardSet.open(src)
+    check_config(config, shards.tensors)
+    for info in shards.tensors.values():
+        if info.torch_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise CheckpointError(
+                f"{info.where}: expected bfloat16/float16/float32 weights to quantize, got {info.dtype_name}"
+            )
+    return config, cfg, shards
+
+
+def _quantizable(shards: ShardSet, matcher: QuantScheme) -> list[str]:
+    """The module names of the 2-D weights (the embedding aside) that the exclusions leave."""
+    linears = [
+        n.removesuffix(".weight")
+        for n, info in shards.tensors.items()
+        if n.endswith(".weight") and len(info.shape) == 2 and n != _EMBED
+    ]
+    return [n for n in linears if not matcher.excludes(n)]
+
+
 def _quantize_into(
     folder: Path,
     src: Path,
@@ -174,84 +199,126 @@ def _quantize_into(
     max_shard_bytes: int,
     progress: Progress | None,
 ) -> QuantizeReport:
+    """Calibrate every layer, choose the linears kept in float, then write the folder: the layers
+    are read twice so that a linear can be kept in float whatever its depth."""
     tokens = sum(int(s.numel()) for s in sequences)
     report = QuantizeReport(folder, settings.format, calibration_tokens=tokens)
-    matcher = QuantScheme(settings.format, "--exclude", settings.exclude)
     writer = ShardWriter(folder, max_shard_bytes)
-    quantizer = _Quantizer(shards, matcher, writer, report, target)
+    quantizer = _Quantizer(shards, QuantScheme(settings.format, "--exclude", settings.exclude), writer, report, target)
 
     def make() -> InputObserver:
         return InputObserver(settings.estimator, settings.percentile, tokens)
 
-    def wanted(module: str) -> bool:
-        return not matcher.excludes(module)
-
-    embed = quantizer.load(["model.embed_tokens.weight"])["model.embed_tokens.weight"]
-    hidden = [embed[s.to(target)].float()[None] for s in sequences]
-    del embed
-    total = cfg.num_hidden_layers + 1
-    for i in range(cfg.num_hidden_layers):
-        prefix = f"model.layers.{i}"
-        tensors = quantizer.load(_layer_names(shards, prefix))
-        layer = DecoderLayer(cfg, Parts({}, tensors), prefix)
-        observers = observe(layer, prefix, make, wanted)
-        quantizer.linears.update(f"{prefix}.{n}" for n, m in layer.named_modules() if isinstance(m, FloatLinear))
-        kv = KvObserver() if settings.kv_cache else None
-        with torch.no_grad():
-            hidden = [layer(h, *rope_tables(cfg, torch.arange(h.shape[1], device=target)), kv) for h in hidden]
-        if kv is not None:
-            report.kv_scales.update(kv.scales(f"{prefix}.self_attn", settings.format))
-        for name, o in observers.items():
-            report.choices[name] = o.choose(tensors[f"{name}.weight"], shards.tensors[f"{name}.weight"].where)
-        del layer, tensors, observers
-        if progress:
-            progress(i + 1, total, f"layer {i + 1}/{cfg.num_hidden_layers}")
-    if "lm_head.weight" in shards.tensors:
-        quantizer.linears.add("lm_head")
-    if "lm_head.weight" in shards.tensors and wanted("lm_head"):
-        rest = quantizer.load(["model.norm.weight", "lm_head.weight"])
-        observer = make()
-        norm = RMSNorm(rest["model.norm.weight"], cfg.rms_norm_eps)
-        for h in hidden:
-            observer.update(norm(h))
-        report.choices["lm_head"] = observer.choose(rest["lm_head.weight"], shards.tensors["lm_head.weight"].where)
-    if settings.keep_float > len(report.choices):
-        raise Fp8InputError(f"keep_float={settings.keep_float} but only {len(report.choices)} linears are quantized")
-    ranked = sorted(report.choices, key=lambda n: report.choices[n].rel_error, reverse=True)
-    report.kept_float = ranked[: settings.keep_float]
-    if settings.kl_budget is not None:
-        final = quantizer.load([n for n in ("model.norm.weight", "lm_head.weight") if n in shards.tensors])
-        embed = quantizer.load(["model.embed_tokens.weight"])["model.embed_tokens.weight"]
-        trial = TrialModel(
-            cfg,
-            lambda i: quantizer.load(_layer_names(shards, f"model.layers.{i}")),
-            embed,
-            final,
-            sequences,
-            hidden,
-            report.choices,
-            target,
-        )
-        report.kl_search = search_budget(ranked, settings.kl_budget, lambda k: trial.kl(set(ranked[:k])), progress)
-        report.kept_float = report.kl_search.kept
-        del trial, embed, final
+    hidden = _calibrate_layers(quantizer, cfg, sequences, make, settings.kv_cache is not None, progress)
+    _calibrate_lm_head(quantizer, cfg, hidden, make)
+    _choose_kept_float(quantizer, cfg, sequences, hidden, settings, progress)
     del hidden
-
-    quantizer.write_plain(quantizer.load(["model.embed_tokens.weight"]))
-    for i in range(cfg.num_hidden_layers):
-        quantizer.write_layer(quantizer.load(_layer_names(shards, f"model.layers.{i}")))
-    quantizer.write_layer(quantizer.load([n for n in shards.tensors if n not in quantizer.written]))
-    shape = (1,) if settings.format == compressed_tensors.FORMAT else ()
-    for name, scale in report.kv_scales.items():
-        writer.add(name, torch.tensor(scale, dtype=torch.float32).reshape(shape))
-    if "lm_head.weight" not in shards.tensors and "lm_head" not in report.excluded:
-        report.excluded.append("lm_head")  # tied to the embedding: engines must not quantize it
+    _write_tensors(quantizer, cfg)
     report.shards = writer.close()
     report.record = _record(report, settings, len(sequences))
     _write_configs(src, folder, config, settings.format, report.excluded, report.record)
     if progress:
-        progress(total, total, "written")
+        progress(cfg.num_hidden_layers + 1, cfg.num_hidden_layers + 1, "written")
     return report
+
+
+def _calibrate_layers(
+    quantizer: _Quantizer,
+    cfg: LlamaConfig,
+    sequences: list[torch.Tensor],
+    make: Callable[[], InputObserver],
+    kv_cache: bool,
+    progress: Progress | None,
+) -> list[torch.Tensor]:
+    """Run the float model over the calibration sequences one decoder layer at a time (only that
+    layer's weights in memory), choosing each observed linear's input scale and, with kv_cache,
+    each layer's KV-cache scales; the hidden states after the last layer."""
+    report, shards, target = quantizer.report, quantizer.shards, quantizer.device
+    embed = quantizer.load([_EMBED])[_EMBED]
+    hidden = [embed[s.to(target)].float()[None] for s in sequences]
+    del embed
+    for i in range(cfg.num_hidden_layers):
+        prefix = f"model.layers.{i}"
+        tensors = quantizer.load(_layer_names(shards, prefix))
+        layer = DecoderLayer(cfg, Parts({}, tensors), prefix)
+        observers = observe(layer, prefix, make, quantizer.wanted)
+        quantizer.linears.update(f"{prefix}.{n}" for n, m in layer.named_modules() if isinstance(m, FloatLinear))
+        kv = KvObserver() if kv_cache else None
+        with torch.no_grad():
+            hidden = [layer(h, *rope_tables(cfg, torch.arange(h.shape[1], device=target)), kv) for h in hidden]
+        if kv is not None:
+            report.kv_scales.update(kv.scales(f"{prefix}.self_attn", report.format))
+        for name, o in observers.items():
+            report.choices[name] = o.choose(tensors[f"{name}.weight"], shards.tensors[f"{name}.weight"].where)
+        del layer, tensors, observers
+        if progress:
+            progress(i + 1, cfg.num_hidden_layers + 1, f"layer {i + 1}/{cfg.num_hidden_layers}")
+    return hidden
+
+
+def _calibrate_lm_head(
+    quantizer: _Quantizer, cfg: LlamaConfig, hidden: list[torch.Tensor], make: Callable[[], InputObserver]
+) -> None:
+    """lm_head's input scale, observed on the final norm of hidden (a tied lm_head has none)."""
+    if "lm_head.weight" not in quantizer.shards.tensors:
+        return
+    quantizer.linears.add("lm_head")
+    if not quantizer.wanted("lm_head"):
+        return
+    rest = quantizer.load(["model.norm.weight", "lm_head.weight"])
+    observer = make()
+    norm = RMSNorm(rest["model.norm.weight"], cfg.rms_norm_eps)
+    for h in hidden:
+        observer.update(norm(h))
+    where = quantizer.shards.tensors["lm_head.weight"].where
+    quantizer.report.choices["lm_head"] = observer.choose(rest["lm_head.weight"], where)
+
+
+def _choose_kept_float(
+    quantizer: _Quantizer,
+    cfg: LlamaConfig,
+    sequences: list[torch.Tensor],
+    hidden: list[torch.Tensor],
+    settings: _Settings,
+    progress: Progress | None,
+) -> None:
+    """report.kept_float: the keep_float linears of largest relative error or, with a KL budget,
+    the fewest of them in that order for which the model's KL stays within it."""
+    report, shards = quantizer.report, quantizer.shards
+    if settings.keep_float > len(report.choices):
+        raise Fp8InputError(f"keep_float={settings.keep_float} but only {len(report.choices)} linears are quantized")
+    ranked = sorted(report.choices, key=lambda n: report.choices[n].rel_error, reverse=True)
+    report.kept_float = ranked[: settings.keep_float]
+    if settings.kl_budget is None:
+        return
+    final = quantizer.load([n for n in ("model.norm.weight", "lm_head.weight") if n in shards.tensors])
+    embed = quantizer.load([_EMBED])[_EMBED]
+    trial = TrialModel(
+        cfg,
+        lambda i: quantizer.load(_layer_names(shards, f"model.layers.{i}")),
+        embed,
+        final,
+        sequences,
+        hidden,
+        report.choices,
+        quantizer.device,
+    )
+    report.kl_search = search_budget(ranked, settings.kl_budget, lambda k: trial.kl(set(ranked[:k])), progress)
+    report.kept_float = report.kl_search.kept
+
+
+def _write_tensors(quantizer: _Quantizer, cfg: LlamaConfig) -> None:
+    """Every tensor of the source, layer by layer: the calibrated linears not kept in float in FP8,
+    the rest as they are, then the KV-cache scales."""
+    shards, report = quantizer.shards, quantizer.report
+    quantizer.write_plain(quantizer.load([_EMBED]))
+    for i in range(cfg.num_hidden_layers):
+        quantizer.write_layer(quantizer.load(_layer_names(shards, f"model.layers.{i}")))
+    quantizer.write_layer(quantizer.load([n for n in shards.tensors if n not in quantizer.written]))
+    for name, scale in report.kv_scales.items():
+        quantizer.write_scale(name, torch.tensor(scale, dtype=torch.float32))
+    if "lm_head.weight" not in shards.tensors and "lm_head" not in report.excluded:
+        report.excluded.append("lm_head")  # tied to the embedding: engines must not quantize it
 
 
 def _output_bytes(src: Path, shards: ShardSet, quantizable: list[str]) -> int:
@@ -311,6 +378,10 @@ class _Quantizer:
         self.written: set[str] = set()
         self.linears: set[str] = set()  # every linear's module name, quantized or not
 
+    def wanted(self, module: str) -> bool:
+        """Whether module is to be calibrated and quantized (the exclusions do not name it)."""
+        return not self.matcher.excludes(module)
+
     def load(self, names: list[str]) -> dict[str, torch.Tensor]:
         wanted = set(names)
         out: dict[str, torch.Tensor] = {}
@@ -343,15 +414,16 @@ class _Quantizer:
 
     def _write_fp8(self, module: str, weight: torch.Tensor, choice: ScaleChoice) -> None:
         qweight, scale = quantize_per_tensor(weight.float(), name=f"{module}.weight")
-        input_scale = torch.tensor(choice.scale, dtype=torch.float32)
-        # ModelOpt writes scalar scales as shape [], compressed-tensors as [1].
-        shape = (1,) if self.report.format == compressed_tensors.FORMAT else ()
         self.writer.add(f"{module}.weight", qweight)
-        self.writer.add(f"{module}.weight_scale", scale.float().reshape(shape))
-        self.writer.add(f"{module}.input_scale", input_scale.reshape(shape))
+        self.write_scale(f"{module}.weight_scale", scale.float())
+        self.write_scale(f"{module}.input_scale", torch.tensor(choice.scale, dtype=torch.float32))
         self.written.add(f"{module}.weight")
         self.report.quantized.append(module)
         self.report.input_amax[module] = choice.amax
+
+    def write_scale(self, name: str, scale: torch.Tensor) -> None:
+        """A scalar scale, in the format's shape: ModelOpt writes them as [], compressed-tensors as [1]."""
+        self.writer.add(name, scale.reshape((1,) if self.report.format == compressed_tensors.FORMAT else ()))
 
 
 def _write_configs(

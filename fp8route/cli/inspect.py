@@ -9,7 +9,6 @@ import torch
 
 from fp8route.backends import BACKENDS
 from fp8route.backends.problem import GemmProblem
-from fp8route.checkpoint.config_check import ARCHITECTURES
 from fp8route.checkpoint.formats import CONFIG
 from fp8route.checkpoint.load import Checkpoint, load_checkpoint
 from fp8route.checkpoint.quantize import RECORD
@@ -17,6 +16,7 @@ from fp8route.cli.quantize import calibration_line
 from fp8route.device import DeviceInfo
 from fp8route.linear.explain import plan_groups
 from fp8route.linear.layer import Fp8Linear
+from fp8route.models.llama import ARCHITECTURES
 
 # An aligned shape: a backend that refuses it refuses for the device, not for the shape.
 _ALIGNED = (4096, 4096)

@@ -75,8 +75,8 @@ def paged_decode_attention(
     return decode_attention_torch(q, k_rows, v_rows, lengths)
 
 
-# SDPA on CUDA picks cuDNN's attention, which plans once per sequence length (~1.4 ms of host time):
-# lengths padded to a multiple of this reuse a few plans.
+# SDPA on CUDA picks cuDNN's attention, which plans once per sequence length (host time on the scale
+# of a short step): lengths padded to a multiple of this reuse a few plans.
 _LENGTH_CLASS = 128
 
 
@@ -97,7 +97,7 @@ class StepAttention:
     else its torch path. With FlashInfer (planned for this step by the caller) its paged prefill runs.
     solo: the step is one fresh sequence alone (a lone prompt's first chunk) in a 16-bit cache: it
     attends over its own K/V with SDPA, cuDNN's kernel on a GPU, which runs a long causal prefill
-    1.5-2x faster than the paged kernel (benchmarks/results/h200/engine/)."""
+    faster than the paged kernel."""
 
     def __init__(
         self,

@@ -27,6 +27,7 @@ from fp8route.engine.flashinfer_attention import check_attention
 from fp8route.engine.kv_pool import blocks_for
 from fp8route.engine.kv_quant import KVScales
 from fp8route.engine.llm_engine import LLMEngine
+from fp8route.engine.request import Request
 from fp8route.engine.sampling import SamplingParams
 from fp8route.errors import Fp8InputError
 from fp8route.models.llama import LlamaConfig, LlamaForCausalLM
@@ -177,45 +178,62 @@ class CausalLM(LlamaForCausalLM):
         lengths = _prompt_lengths(prompt_lengths, batch, width)
         pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
         rows = input_ids.tolist()
-        out = torch.full((batch, width + max_new_tokens), pad, dtype=torch.int64)
-        for b, n in enumerate(lengths):
-            out[b, :n] = torch.tensor(rows[b][:n])
-        if max_new_tokens == 0:
-            return out.to(input_ids.device)
-        engine = self.engine
-        if engine.has_unfinished:
-            raise Fp8InputError("generate: the model's engine is serving other requests; wait for them to finish")
         prompts = [rows[b][:n] for b, n in enumerate(lengths)]
-        for i, ids in enumerate(prompts):
-            try:
-                engine.check_prompt(ids, params)
-            except Fp8InputError as e:
-                raise Fp8InputError(f"generate: row {i}: {e}") from None
-        requests = [engine.add_request(ids, params, request_id=f"generate-{i}") for i, ids in enumerate(prompts)]
-        row_of = {id(r): b for b, r in enumerate(requests)}
-        written = [0] * batch
-        step = 0
-        try:
-            while engine.has_unfinished:
-                updates = engine.step()
-                news = torch.full((batch,), pad, dtype=torch.int64)
-                got = False
-                for update in updates:
-                    b = row_of[id(update.request)]
-                    for token in update.new_token_ids:
-                        out[b, lengths[b] + written[b]] = token
-                        news[b] = token
-                        written[b] += 1
-                        got = True
-                if on_token is not None and got:
-                    on_token(step, news)
-                    step += 1
-        except BaseException:
-            for request in requests:
-                engine.abort(request.request_id)
-            engine.drain()
-            raise
+        out = torch.full((batch, width + max_new_tokens), pad, dtype=torch.int64)
+        for b, ids in enumerate(prompts):
+            out[b, : len(ids)] = torch.tensor(ids)
+        if max_new_tokens > 0:
+            engine = self.engine
+            _run_rows(engine, _submit_rows(engine, prompts, params), out, lengths, pad, on_token)
         return out.to(input_ids.device)
+
+
+def _submit_rows(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[Request]:
+    """generate's rows as requests of an idle engine, every row checked before any is queued."""
+    if engine.has_unfinished:
+        raise Fp8InputError("generate: the model's engine is serving other requests; wait for them to finish")
+    for i, ids in enumerate(prompts):
+        try:
+            engine.check_prompt(ids, params)
+        except Fp8InputError as e:
+            raise Fp8InputError(f"generate: row {i}: {e}") from None
+    return [engine.add_request(ids, params, request_id=f"generate-{i}") for i, ids in enumerate(prompts)]
+
+
+def _run_rows(
+    engine: LLMEngine,
+    requests: list[Request],
+    out: torch.Tensor,
+    lengths: list[int],
+    pad: int,
+    on_token: Callable[[int, torch.Tensor], None] | None,
+) -> None:
+    """Step the engine until every request is done, writing row b's new tokens into out after its
+    prompt (lengths[b]); anything raised, an interrupt included, aborts the rows and drains the engine."""
+    batch = len(requests)
+    row_of = {id(r): b for b, r in enumerate(requests)}
+    written = [0] * batch
+    step = 0
+    try:
+        while engine.has_unfinished:
+            updates = engine.step()
+            news = torch.full((batch,), pad, dtype=torch.int64)
+            got = False
+            for update in updates:
+                b = row_of[id(update.request)]
+                for token in update.new_token_ids:
+                    out[b, lengths[b] + written[b]] = token
+                    news[b] = token
+                    written[b] += 1
+                    got = True
+            if on_token is not None and got:
+                on_token(step, news)
+                step += 1
+    except BaseException:
+        for request in requests:
+            engine.abort(request.request_id)
+        engine.drain()
+        raise
 
 
 def _prompt_lengths(lengths: Sequence[int] | torch.Tensor | None, batch: int, width: int) -> list[int]:

@@ -2,8 +2,8 @@
 
 Under load a server's event loop streams a token to every running request each step, which is
 Python work on the scale of the step's own host work; in one process the engine's thread waits for
-the GIL behind it, and the HTTP throughput of the decode-heavy load fell to 0.59x of the offline
-engine's on an H200 (benchmarks/results/h200/serve_http/). So, as vLLM and SGLang do, the engine
+the GIL behind it, and the server's throughput falls well short of the offline engine's (the
+figures: docs/serve.md). So, as vLLM and SGLang do, the engine
 runs in a child process (an AsyncLLM there: its step loop on a thread, the pipe read on another)
 and the server's process keeps the HTTP work, the tokenizer and each request's stream.
 

@@ -13,7 +13,7 @@ from fp8route.engine.config import EngineConfig
 from fp8route.engine.flashinfer_attention import check_attention
 from fp8route.engine.kv_quant import kv_scales_for
 from fp8route.linear.policy import Policy
-from fp8route.models.load import load_parts
+from fp8route.loading import load_parts
 from fp8route.progress import TextProgress
 
 

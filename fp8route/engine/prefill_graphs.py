@@ -1,8 +1,8 @@
 """A packed prefill forward replayed from CUDA graphs in pieces: everything but the attention.
 
-An eager prefill issues some 15 kernels a layer through Python, ~18 ms of host time for an 8B
-model whatever the token count, more than the GPU needs below ~1,300 tokens
-(benchmarks/results/h200/serve/). The attention between the pieces depends on how the tokens split
+An eager prefill issues some 15 kernels a layer through Python: host time that does not shrink
+with the token count and, for a mixed step of moderate size, is longer than the GPU's own (the
+runs that show it: docs/results.md). The attention between the pieces depends on how the tokens split
 into sequences and where each sits in the cache, so it stays eager; the rest of a layer (o_proj,
 the residual adds and norms, the MLP, the next layer's q/k/v projections) depends only on the
 token count. So each token-count bucket gets one graph per gap between attentions: the first
@@ -30,9 +30,8 @@ from fp8route.linear.layer import plans_epoch
 if TYPE_CHECKING:
     from fp8route.models.llama import AttentionContext, DecoderLayer, LlamaModel, RMSNorm
 
-# Graphs up to the step budget: an eager forward of an 8B model costs ~18 ms of host time whatever its
-# token count (benchmarks/results/h200/serve/, run 9), more than a mixed step of ~1,300 tokens needs
-# of the GPU.
+# Graphs up to the default step budget, so that every step the scheduler makes skips the eager
+# forward's host time.
 MAX_TOKENS = 8192
 STEP = 128  # bucket spacing up to WIDE, then twice that
 WIDE = 2048

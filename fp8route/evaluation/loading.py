@@ -16,12 +16,13 @@ import torch
 
 from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.hub import resolve_model_path
+from fp8route.checkpoint.load import is_quantized, load_checkpoint, read_plain
 from fp8route.engine.kv_quant import KVScales, RoundTripAttention, check_kv_cache_dtype, kv_scales_for
 from fp8route.errors import Fp8InputError
 from fp8route.linear.plan import fallback_lines
 from fp8route.linear.policy import Policy
+from fp8route.loading import model_from_checkpoint
 from fp8route.models.llama import LlamaConfig, LlamaForCausalLM
-from fp8route.models.load import is_quantized, read_plain
 from fp8route.models.tokenizer import load_tokenizer
 
 
@@ -50,8 +51,6 @@ def load_for_eval(
     plans them, FP8ROUTE_* from the environment when None. kv_cache_dtype "fp8" rounds every
     layer's K and V through e4m3 with the checkpoint's scales (1.0 and a warning without), as an
     fp8 KV cache gives them back (fp8route.engine.kv_quant.RoundTripAttention)."""
-    from fp8route.checkpoint.load import load_checkpoint
-
     check_kv_cache_dtype(kv_cache_dtype)
     folder = resolve_model_path(path)
     if not folder.is_dir():
@@ -63,7 +62,7 @@ def load_for_eval(
     scheme = None
     if is_quantized(folder, config):
         checkpoint = load_checkpoint(folder, device, policy=policy)
-        model = LlamaForCausalLM.from_checkpoint(checkpoint)
+        model = model_from_checkpoint(checkpoint)
         kv_scales, scheme = checkpoint.kv_scales, checkpoint.scheme.kv_cache
     else:
         model = LlamaForCausalLM(LlamaConfig.from_hf(config), {}, read_plain(folder, device, None))

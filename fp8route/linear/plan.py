@@ -165,14 +165,6 @@ def make_plan(
     policy = policy or Policy()
     priority = [name for name in default_priority(problem.device) if name not in policy.disable]
     resorts = last_resorts(problem.device)
-    if source is None:
-        describe = getattr(preference, "describe", None)
-        if policy.force:
-            source = f"forced by FP8ROUTE_FORCE={policy.force}"
-        elif callable(describe):
-            source = str(describe(problem))
-        else:
-            source = f"default priority for {problem.device.label}"
     reasons: dict[tuple[str, str], dict[torch.dtype, None]] = {
         (name, "disabled by FP8ROUTE_DISABLE"): dict.fromkeys(FLOAT_DTYPES) for name in sorted(policy.disable)
     }
@@ -188,12 +180,7 @@ def make_plan(
                     if reason is not None:
                         reasons.setdefault((name, reason), {})[dtype] = None
                 preferred = preference(bucket) if preference else None
-                wanted = policy.force or (preferred if preferred in why else None)
-                if wanted is not None and why[wanted] is None:
-                    used = wanted
-                else:
-                    used = next((name for name in priority if why[name] is None), "reference")
-                    wanted = wanted or next((name for name in priority if why[name] is not None), None)
+                used, wanted = _pick(why, policy.force or (preferred if preferred in why else None), priority)
                 if wanted is not None and used != wanted and (policy.force or preferred or used in resorts):
                     fallback = Fallback(dtype, lo, hi, wanted, used, why[wanted] or "", x_quantized)
                     # The same fallback on both inputs is one fallback: reported once.
@@ -205,10 +192,31 @@ def make_plan(
     ranked = sorted(reasons.items(), key=lambda item: order.index(item[0][0]))
     excluded = tuple(Exclusion(name, reason, tuple(dtypes)) for (name, reason), dtypes in ranked)
     merged = tuple(_merge(fallbacks))
+    source = source if source is not None else _source(problem, policy, preference)
     plan = Plan(layer, problem, M_BOUNDS, routes[False], excluded, merged, source, routes[True])
     _check_forced(plan, policy)
     _report(plan, policy)
     return plan
+
+
+def _source(problem: GemmProblem, policy: Policy, preference: Preference | None) -> str:
+    """Where a plan's choices come from, as Plan.source says it."""
+    describe = getattr(preference, "describe", None)
+    if policy.force:
+        return f"forced by FP8ROUTE_FORCE={policy.force}"
+    if callable(describe):
+        return str(describe(problem))
+    return f"default priority for {problem.device.label}"
+
+
+def _pick(why: dict[str, str | None], wanted: str | None, priority: list[str]) -> tuple[str, str | None]:
+    """(the backend a bucket runs, the one it was meant to run) given why each backend cannot run it
+    (None: it can): wanted (forced or tuned) when it can run, else the first runnable backend of
+    priority, standing in for wanted or, with none wanted, for the first of priority that cannot run."""
+    if wanted is not None and why[wanted] is None:
+        return wanted, wanted
+    used = next((name for name in priority if why[name] is None), "reference")
+    return used, wanted or next((name for name in priority if why[name] is not None), None)
 
 
 def _check_forced(plan: Plan, policy: Policy) -> None:

@@ -5,9 +5,9 @@ to ONE_SHOT_BYTES through a one-shot all-reduce over peer memory instead (each r
 partial into a buffer every rank can address, one barrier, then each rank reads all partials over
 NVLink and sums them: one small kernel), PyTorch's `torch.ops.symm_mem.one_shot_all_reduce_copy`,
 which runs without NVLink multicast (kept off: MULTICAST_OFF); larger messages still go to NCCL.
-On two H200s it makes a batch-1 decode step ~3% faster but a 4096-token prefill ~20% slower,
-though the prefill's messages go to NCCL either way (benchmarks/results/h200/tp2/), so it is an
-option, not the default. "fused" is "symm_mem" whose all-reduces before a residual add and RMSNorm
+It makes a batch-1 decode step a little faster but a long prefill slower, though the prefill's
+messages go to NCCL either way (the figures: docs/tensor-parallel.md), so it is an option, not the
+default. "fused" is "symm_mem" whose all-reduces before a residual add and RMSNorm
 (every one in a decoder layer) run with them as one kernel that pushes each rank's partial into its
 peers' memory (fp8route.kernels.peer_reduce) for up to ONE_SHOT_BYTES of rows.
 """

@@ -12,19 +12,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fp8route.checkpoint.config_check import ARCHITECTURES
 from fp8route.errors import CheckpointError
 from fp8route.kernels.fused import add_rms_norm, rms_norm, rope, silu_mul
 from fp8route.models.token_ids import check_token_ids
 
-if TYPE_CHECKING:
-    from fp8route.checkpoint.load import Checkpoint
+# The Hugging Face architectures this definition runs (config.json's "architectures").
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 
 class AttentionContext(Protocol):
@@ -330,11 +329,6 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = FloatLinear(self.model.embed_tokens.weight)
         else:
             raise CheckpointError("lm_head.weight is missing and tie_word_embeddings is false in config.json")
-
-    @classmethod
-    def from_checkpoint(cls, checkpoint: Checkpoint) -> LlamaForCausalLM:
-        """A model over a loaded fp8route Checkpoint: its Fp8Linears and its plain tensors."""
-        return cls(LlamaConfig.from_hf(checkpoint.config), checkpoint.linears, checkpoint.tensors)
 
     def forward(self, input_ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Logits [B, T, vocab] for token ids [B, T], computed in dtype (default: the embedding's)."""

@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fp8route.checkpoint.shards import Index
 from fp8route.errors import Fp8InputError
 from fp8route.linear.layer import Fp8Linear
 from fp8route.models.collectives import AllReduce, keep_multicast_off
@@ -134,7 +133,7 @@ class Slicer:
             rows["lm_head"] = _block(cfg.vocab_size, shard)
         return cls(shard, rows, {"o_proj": q, "down_proj": inter})
 
-    def get(self, name: str, /) -> Index | None:
+    def get(self, name: str, /) -> tuple[slice, ...] | None:
         owner, _, part = name.rpartition(".")
         leaf = owner.rpartition(".")[2]
         if part in ("weight", "bias") and leaf in self.rows:

@@ -13,7 +13,7 @@ import asyncio
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from fp8route.engine.async_llm import EngineError
 from fp8route.serve.errors import APIError, from_validation
+from fp8route.serve.metrics import Metrics
 from fp8route.serve.protocol import ChatCompletionRequest, CompletionRequest
 from fp8route.serve.responses import Formats, batch_response, collect, sse
 from fp8route.serve.serving import Job, Piece, Serving
@@ -95,8 +96,16 @@ def engine_failure(exc: EngineError) -> APIError:
 
 
 def build_app(serving: Serving, *, api_key: str | None, max_request_bytes: int) -> FastAPI:
+    """The server's app over serving: error bodies, the /v1 routes behind the API key, the probes."""
     app = FastAPI(title="fp8route", docs_url=None, redoc_url=None, openapi_url=None)
-    metrics = serving.metrics
+    _handle_errors(app, serving.metrics)
+    app.include_router(_v1_routes(serving, _authorizer(api_key), max_request_bytes))
+    _add_probes(app, serving)
+    return app
+
+
+def _handle_errors(app: FastAPI, metrics: Metrics) -> None:
+    """Every error, ours, Starlette's or unexpected, answered in OpenAI's error body."""
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -118,6 +127,10 @@ def build_app(serving: Serving, *, api_key: str | None, max_request_bytes: int) 
         error = APIError(500, f"internal error: {type(exc).__name__}: {exc}".splitlines()[0], code="internal_error")
         return JSONResponse(error.body(), status_code=500)
 
+
+def _authorizer(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
+    """The dependency that refuses a request without the server's key (None: every request passes)."""
+
     async def authorize(request: Request) -> None:
         if api_key is None:
             return
@@ -128,6 +141,11 @@ def build_app(serving: Serving, *, api_key: str | None, max_request_bytes: int) 
                 code="invalid_api_key",
             )  # fmt: skip
 
+    return authorize
+
+
+def _v1_routes(serving: Serving, authorize: Callable[[Request], Awaitable[None]], max_request_bytes: int) -> APIRouter:
+    """/v1/models, /v1/completions and /v1/chat/completions, each behind authorize."""
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(authorize)])
 
     @v1.get("/models")
@@ -144,63 +162,72 @@ def build_app(serving: Serving, *, api_key: str | None, max_request_bytes: int) 
                     400, f"'prompt' holds {len(prompts)} prompts and a stream answers one: send them one per "
                     "request, or set 'stream' to false", param="prompt",
                 )  # fmt: skip
-            return await answer_batch(request, body)
+            return await _answer_batch(serving, request, body)
         job = serving.completion_job(body, prompts[0])
         echo = serving.prompt_text(prompts[0]) if body.echo else None
         formats = Formats(job, body.model, False, body.continuous_usage, serving.token_text, echo)
-        return await answer(request, job, formats, body.stream, body.include_usage)
-
-    async def answer_batch(request: Request, body: CompletionRequest) -> Response:
-        """One response for a batch of prompts: prompt p's samples are choices p * n ... p * n + n - 1."""
-        jobs: list[Job] = []
-        try:
-            for prompt in body.prompts:
-                jobs.append(serving.completion_job(body, prompt))
-        except APIError:
-            for job in jobs:
-                serving.release(job, "aborted")
-            raise
-        streams = [serving.pieces(job) for job in jobs]
-        try:
-            answers = await until_disconnect(request, asyncio.gather(*(collect(s) for s in streams)))
-        except EngineError as exc:
-            raise engine_failure(exc) from None
-        except ClientGone:
-            return Response(status_code=499)
-        finally:
-            for stream, job in zip(streams, jobs, strict=True):
-                await stream.aclose()  # type: ignore[attr-defined]
-                serving.release(job, "aborted")
-        return JSONResponse(batch_response(serving, body, jobs, answers).model_dump())
+        return await _answer(serving, request, job, formats, body.stream, body.include_usage)
 
     @v1.post("/chat/completions")
     async def chat(request: Request) -> Response:
         body = await read_request(request, ChatCompletionRequest, max_request_bytes)
         job = serving.chat_job(body)
         formats = Formats(job, body.model, True, body.continuous_usage, serving.token_text)
-        return await answer(request, job, formats, body.stream, body.include_usage)
+        return await _answer(serving, request, job, formats, body.stream, body.include_usage)
 
-    async def answer(request: Request, job: Job, formats: Formats, stream: bool, include_usage: bool) -> Response:
-        pieces = serving.pieces(job)
-        streaming = False
-        try:
-            if not stream:
-                whole = await until_disconnect(request, collect(pieces))
-                return JSONResponse(formats.whole(whole).model_dump())
-            first = await until_disconnect(request, anext(pieces))
-            streaming = True
-            events = _events(formats, first, pieces, include_usage)
-            return _EventStream(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        except EngineError as exc:
-            raise engine_failure(exc) from None
-        except ClientGone:
-            return Response(status_code=499)  # nobody reads it; the request was aborted
-        finally:
-            if not streaming:  # a generator cancelled before it started has no finally of its own to run
-                await pieces.aclose()  # type: ignore[attr-defined]
-                serving.release(job, "aborted")
+    return v1
 
-    app.include_router(v1)
+
+async def _answer_batch(serving: Serving, request: Request, body: CompletionRequest) -> Response:
+    """One response for a batch of prompts: prompt p's samples are choices p * n ... p * n + n - 1."""
+    jobs: list[Job] = []
+    try:
+        for prompt in body.prompts:
+            jobs.append(serving.completion_job(body, prompt))
+    except APIError:
+        for job in jobs:
+            serving.release(job, "aborted")
+        raise
+    streams = [serving.pieces(job) for job in jobs]
+    try:
+        answers = await until_disconnect(request, asyncio.gather(*(collect(s) for s in streams)))
+    except EngineError as exc:
+        raise engine_failure(exc) from None
+    except ClientGone:
+        return Response(status_code=499)
+    finally:
+        for stream, job in zip(streams, jobs, strict=True):
+            await stream.aclose()  # type: ignore[attr-defined]
+            serving.release(job, "aborted")
+    return JSONResponse(batch_response(serving, body, jobs, answers).model_dump())
+
+
+async def _answer(
+    serving: Serving, request: Request, job: Job, formats: Formats, stream: bool, include_usage: bool
+) -> Response:
+    """One job's response: whole, or an event stream opened once its first piece is in."""
+    pieces = serving.pieces(job)
+    streaming = False
+    try:
+        if not stream:
+            whole = await until_disconnect(request, collect(pieces))
+            return JSONResponse(formats.whole(whole).model_dump())
+        first = await until_disconnect(request, anext(pieces))
+        streaming = True
+        events = _events(formats, first, pieces, include_usage)
+        return _EventStream(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    except EngineError as exc:
+        raise engine_failure(exc) from None
+    except ClientGone:
+        return Response(status_code=499)  # nobody reads it; the request was aborted
+    finally:
+        if not streaming:  # a generator cancelled before it started has no finally of its own to run
+            await pieces.aclose()  # type: ignore[attr-defined]
+            serving.release(job, "aborted")
+
+
+def _add_probes(app: FastAPI, serving: Serving) -> None:
+    """/health (503 while draining or once the engine has stopped) and /metrics (Prometheus)."""
 
     @app.get("/health")
     async def health() -> Response:
@@ -213,9 +240,7 @@ def build_app(serving: Serving, *, api_key: str | None, max_request_bytes: int) 
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-    return app
+        return Response(serving.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 async def _events(

@@ -10,10 +10,11 @@ from checkpoint_helpers import TINY, llama_tensors, write_checkpoint
 
 from fp8route import Fp8InputError, load_checkpoint, quantize_checkpoint
 from fp8route.checkpoint.calibration import generated_token_ids
+from fp8route.checkpoint.load import read_plain
 from fp8route.checkpoint.sensitivity import max_trials, search_budget
 from fp8route.cli import main
+from fp8route.loading import model_from_checkpoint
 from fp8route.models.llama import LlamaConfig, LlamaForCausalLM
-from fp8route.models.load import read_plain
 
 RANKED = [f"linear{i}" for i in range(14)]
 
@@ -45,7 +46,7 @@ def source(tmp_path_factory):
 def model_kl(source, dst) -> float:
     """Mean KL(bf16 || fp8) per position, the written checkpoint loaded and run as eval runs it."""
     reference = LlamaForCausalLM(LlamaConfig.from_hf(TINY), {}, read_plain(source, torch.device("cpu"), None))
-    quantized = LlamaForCausalLM.from_checkpoint(load_checkpoint(dst, device="cpu"))
+    quantized = model_from_checkpoint(load_checkpoint(dst, device="cpu"))
     total, count = 0.0, 0
     with torch.no_grad():
         for ids in generated_token_ids(TINY["vocab_size"]):

@@ -12,6 +12,7 @@ from fp8route.checkpoint.calibration import generated_token_ids, load_token_ids
 from fp8route.checkpoint.formats import compressed_tensors, modelopt
 from fp8route.checkpoint.shards import ShardSet
 from fp8route.cli import main
+from fp8route.loading import model_from_checkpoint
 from fp8route.models import LlamaConfig, LlamaForCausalLM
 from fp8route.models.llama import FloatLinear
 
@@ -83,10 +84,8 @@ def test_fused_model_matches_unfused_and_bf16(quantized):
     fused_ckpt = load_checkpoint(dst, device="cpu")
     with torch.no_grad():
         reference = LlamaForCausalLM(cfg, {}, llama_tensors())(ids, dtype=torch.float32)
-        fused = LlamaForCausalLM.from_checkpoint(fused_ckpt)(ids, dtype=torch.float32)
-        unfused = LlamaForCausalLM.from_checkpoint(load_checkpoint(dst, device="cpu", fuse=False))(
-            ids, dtype=torch.float32
-        )
+        fused = model_from_checkpoint(fused_ckpt)(ids, dtype=torch.float32)
+        unfused = model_from_checkpoint(load_checkpoint(dst, device="cpu", fuse=False))(ids, dtype=torch.float32)
     worst = max(layer.requant_error for layer in fused_ckpt.linears.values())
     assert 0 < worst < 0.05
     # Four layers' requantization errors add up, each amplified a little by what follows it.
@@ -144,7 +143,7 @@ def test_tied_embeddings_keep_lm_head_out_of_quantization(tmp_path):
     assert report.excluded == ["lm_head"]
     ckpt = load_checkpoint(tmp_path / "q", device="cpu")
     assert "lm_head.weight" not in ckpt.tensors and ckpt.scheme.exclude == ("lm_head",)
-    logits = LlamaForCausalLM.from_checkpoint(ckpt)(torch.stack(CALIB[:1]), dtype=torch.float32)
+    logits = model_from_checkpoint(ckpt)(torch.stack(CALIB[:1]), dtype=torch.float32)
     assert logits.shape == (1, 48, TINY["vocab_size"])
 
 

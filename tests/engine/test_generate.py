@@ -12,6 +12,7 @@ from fp8route import Fp8InputError, load_checkpoint
 from fp8route.engine import CausalLM, EngineConfig, SamplingParams, load_model
 from fp8route.engine.attention import decode_attention_torch
 from fp8route.engine.decode_graphs import buckets
+from fp8route.loading import model_from_checkpoint
 from fp8route.models import LlamaConfig, LlamaForCausalLM
 
 CFG = LlamaConfig.from_hf(TINY)
@@ -175,7 +176,7 @@ def test_load_model_fp8_checkpoint_equals_the_llama_forward(tmp_path):
     folder = modelopt_folder(tmp_path)
     model = load_model(folder, device="cpu", dtype="float32", max_num_seqs=2, max_model_len=32, quiet=True)
     assert model.max_model_len == 32
-    reference = LlamaForCausalLM.from_checkpoint(load_checkpoint(folder, device="cpu"))
+    reference = model_from_checkpoint(load_checkpoint(folder, device="cpu"))
     ids = prompts(2, 10, seed=7)
     with torch.no_grad():
         torch.testing.assert_close(model(ids), reference(ids, dtype=torch.float32), rtol=1e-5, atol=1e-5)

@@ -18,6 +18,7 @@ from fp8route import Fp8Linear, Policy, load_checkpoint, load_model, quantize_ch
 from fp8route.checkpoint.gguf import gguf_to_hf
 from fp8route.checkpoint.shards import ShardSet
 from fp8route.checkpoint.smollm2 import packaged_gguf
+from fp8route.loading import model_from_checkpoint
 from fp8route.models import LlamaConfig, LlamaForCausalLM
 
 GGUF = packaged_gguf()
@@ -73,7 +74,7 @@ def smollm(tmp_path_factory):
     fp8 = load_checkpoint(root / "fp8", device="cpu")
     return {
         "bf16": LlamaForCausalLM(LlamaConfig.from_hf(fp8.config), {}, tensors),
-        "fp8": LlamaForCausalLM.from_checkpoint(fp8),
+        "fp8": model_from_checkpoint(fp8),
         "tokenizer": tokenizer,
         "report": report,
         "fp8_folder": root / "fp8",

@@ -1,10 +1,13 @@
 """A checkpoint folder -> the Llama-family model's parts (config, linears, tensors), FP8 or not.
 
-Per-tensor FP8 checkpoints (ModelOpt, compressed-tensors) load through load_checkpoint, their
-linears routed for this GPU; plain bf16/fp16/fp32 Hugging Face checkpoints run unquantized, as
-the baseline the FP8 model is compared against. Either way the float tensors end up in dtype.
-Under torch.distributed each rank gets its shard (fp8route.models.parallel). What runs them
-(KV pool, decode graphs, the serving engine) is fp8route.engine.
+It stands above both things it joins: fp8route.models (the model definition and its sharding,
+which imports nothing of fp8route.checkpoint) and fp8route.checkpoint (reading and writing
+folders, over the model definition). Per-tensor FP8 checkpoints (ModelOpt, compressed-tensors)
+load through load_checkpoint, their linears routed for this GPU; plain bf16/fp16/fp32 Hugging
+Face checkpoints (read_plain) run unquantized, as the baseline the FP8 model is compared against.
+Either way the float tensors end up in dtype. Under torch.distributed each rank gets its shard
+(fp8route.models.parallel). What runs them (KV pool, decode graphs, the serving engine) is
+fp8route.engine.
 """
 
 from __future__ import annotations
@@ -12,21 +15,18 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from fp8route.backends.problem import default_device
-from fp8route.checkpoint.config_check import check_config
-from fp8route.checkpoint.formats import CONFIG, modelopt, read_json
+from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.hub import resolve_model_path
-from fp8route.checkpoint.load import load_checkpoint
-from fp8route.checkpoint.shards import ShardSet, Slices
-from fp8route.errors import CheckpointError, Fp8InputError
+from fp8route.checkpoint.load import Checkpoint, is_quantized, load_checkpoint, read_plain
+from fp8route.errors import Fp8InputError
 from fp8route.linear.policy import Policy
 from fp8route.models.collectives import ONE_SHOT_BYTES, AllReduce, check_method
-from fp8route.models.llama import LlamaConfig
+from fp8route.models.llama import LlamaConfig, LlamaForCausalLM
 from fp8route.models.parallel import (
     LmHead,
     Shard,
@@ -37,34 +37,6 @@ from fp8route.models.parallel import (
     wrap_layers,
 )
 from fp8route.quant import FLOAT_DTYPES
-
-_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
-
-
-def is_quantized(folder: Path, config: dict[str, object]) -> bool:
-    """Whether the folder says it is a quantized checkpoint (load_checkpoint then checks how)."""
-    return "quantization_config" in config or (folder / modelopt.HF_QUANT_CONFIG).is_file()
-
-
-def read_plain(
-    folder: Path, device: torch.device, dtype: torch.dtype | None, slices: Slices | None = None
-) -> dict[str, torch.Tensor]:
-    """Every tensor of an unquantized checkpoint on device, floats in dtype (None: as stored), one
-    shard at a time; only the part slices names of a tensor it has an index for. config.json is
-    checked against the tensors' header shapes first."""
-    shards = ShardSet.open(folder)
-    check_config(read_json(folder / CONFIG), shards.tensors)
-    tensors: dict[str, torch.Tensor] = {}
-    for file, names in shards.by_file().items():
-        for name, tensor in shards.read(file, names, slices):
-            if tensor.dtype in _FP8:
-                raise CheckpointError(
-                    f"{name} in {file} is {tensor.dtype} but {folder} has no quantization config "
-                    f"(quantization_config in {CONFIG} or {modelopt.HF_QUANT_CONFIG}); its scales cannot be found"
-                )
-            cast = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
-            tensors[name] = tensor.to(device, cast)
-    return tensors
 
 
 @dataclass
@@ -125,3 +97,8 @@ def load_parts(
         cfg = local_config(cfg, slicer.shard.size)
         parallel = f"tensor parallel rank {shard.rank} of {shard.size}; all-reduce {reduce.describe()}"
     return ModelParts(cfg, linears, tensors, target, parallel, kv_scales, kv_scheme)
+
+
+def model_from_checkpoint(checkpoint: Checkpoint) -> LlamaForCausalLM:
+    """The full-forward model over a loaded Checkpoint: its Fp8Linears and its plain tensors."""
+    return LlamaForCausalLM(LlamaConfig.from_hf(checkpoint.config), checkpoint.linears, checkpoint.tensors)
