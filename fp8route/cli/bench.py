@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fp8route.backends import BACKENDS
 from fp8route.backends.problem import DeviceInfo
-from fp8route.cli import bench_e2e, bench_serve
+from fp8route.cli import bench_e2e, bench_figures, bench_serve
 from fp8route.cli.sweep_args import (
     DTYPES,
     add_sweep_args,
@@ -123,3 +123,4 @@ def register(commands: argparse._SubParsersAction) -> None:
     gemm.set_defaults(run=run_gemm)
     bench_e2e.register(kinds)
     bench_serve.register(kinds)
+    bench_figures.register(kinds)
