@@ -102,7 +102,8 @@ def http_over_offline(http: Path, offline: Path) -> str:
 def sampling_cost(path: Path) -> str:
     by_arm = {r["extra"]["sampling"]: r["output_throughput"] for r in _json(path)["reports"]}
     greedy = by_arm["greedy"]
-    return f"mixed controls {by_arm['mixed'] / greedy:.2f}x greedy's output tok/s, JSON schema {by_arm['json'] / greedy:.2f}x"
+    mixed, schema = by_arm["mixed"] / greedy, by_arm["json"] / greedy
+    return f"mixed controls {mixed:.2f}x greedy's output tok/s, JSON schema {schema:.2f}x"
 
 
 FIGURES = (
@@ -116,10 +117,15 @@ FIGURES = (
     Figure("TTFT, 4096 tokens", ("h200/engine/run5_e2e/e2e-ckpt-8b.json",), e2e_ttft),
     Figure("Serving, prefill-heavy load", ("h200/engine/run4_serve/prefill.log",), prefill_heavy),
     Figure("Serving, decode-heavy load", ("h200/engine/run4_serve/decode.log",), decode_heavy),
-    Figure("Serving, Poisson arrivals at 72% of capacity", ("h200/engine/run4_serve/serve-ckpt-8b.json",), poisson_ttft),
+    Figure(
+        "Serving, Poisson arrivals at 72% of capacity", ("h200/engine/run4_serve/serve-ckpt-8b.json",), poisson_ttft
+    ),
     Figure(
         "Serving over HTTP, decode-heavy load",
-        ("h200/serve_http/run5_engine_process/decode-http.json", "h200/serve_http/run5_engine_process/decode-offline.json"),
+        (
+            "h200/serve_http/run5_engine_process/decode-http.json",
+            "h200/serve_http/run5_engine_process/decode-offline.json",
+        ),
         http_over_offline,
     ),
     Figure("Sampling controls, decode-heavy load", ("h200/sampling/serve-ckpt-8b.json",), sampling_cost),
