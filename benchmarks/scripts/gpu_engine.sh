@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one-forward engine (issue 36) on one H200, in one device call, output under $OUT. PHASES lists
 # what to run, in order:
-#   kernel:  the paged attention kernel: where an fp8 cache's NaN leaks (if it does); SWEEP=1: its tilings
+#   kernel:  the paged attention kernel against the decode kernel and SDPA (fp8route bench attention);
+#            SWEEP=1: its tilings too
 #   tests:   the GPU tests of the kernel, the engine, the graphs (TESTS overrides which); the serving
 #            phases after it are skipped when one fails
 #   decode:  bench serve's decode-heavy load (1024 prompts of 512-1536, 128-512 out), against its own
@@ -11,7 +12,7 @@
 #   poisson: Poisson arrivals at RATE requests/s (512-1536 in, 128-512 out, budget 2048)
 #   prefix:  256 requests behind a 2048-token shared prefix, the prefix cache on and off
 #   e2e:     bench e2e, routed, BATCH (1,16) x INPUT (1024,4096): TTFT and decode against what held before
-#   profile: host time per step and the GPU's idle time between decode steps (benchmarks/engine_idle.py)
+#   profile: host time per step and the GPU's idle time between decode steps (fp8route bench idle)
 #   sampling: the decode-heavy load (512 prompts) greedy, with mixed sampling controls (top_k, top_p, min_p,
 #            penalties, logprobs=5) and with a JSON schema; the schema compiles against a real tokenizer
 #            (.carry/tokenizer.json, SmolLM2's, copied into the random checkpoint: its ids past 49152 are
@@ -47,8 +48,8 @@ for phase in $PHASES; do
     fi
     case $phase in
     kernel)
-        timeout 120 python3 benchmarks/paged_attention_bench.py --diagnose-fp8 2>&1 | grep -v Warn | tee -a "$log"
-        [ "${SWEEP:-0}" = 1 ] && timeout 150 python3 benchmarks/paged_attention_bench.py --sweep 2>&1 | grep -v Warn | tee -a "$log"
+        timeout 150 python3 -m fp8route bench attention 2>&1 | grep -v Warn | tee -a "$log"
+        [ "${SWEEP:-0}" = 1 ] && timeout 150 python3 -m fp8route bench attention --sweep 2>&1 | grep -v Warn | tee -a "$log"
         ;;
     tests)
         tests=${TESTS:-"tests/gpu/test_paged_attention_gpu.py tests/engine/test_mixed_step.py tests/engine/test_prefill_graphs.py \
@@ -81,7 +82,7 @@ tests/gpu/test_engine_gpu.py tests/gpu/test_decode_attention.py tests/gpu/test_f
             --input-len 512:1536 --output-len 128:512 ;;
     profile)
         checkpoint
-        timeout 200 python3 benchmarks/engine_idle.py "$ckpt" > "$OUT/profile.log" 2>&1
+        timeout 200 python3 -m fp8route bench idle "$ckpt" > "$OUT/profile.log" 2>&1
         echo "== profile (rc $?)" | tee -a "$log"; tail -12 "$OUT/profile.log" | tee -a "$log" ;;
     esac
 done

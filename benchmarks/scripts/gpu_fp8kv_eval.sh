@@ -4,8 +4,8 @@
 # text, the bf16 KV cache against the fp8 one (`fp8route eval --kv-cache-dtype auto,fp8`, paired).
 #
 # Data: as gpu_eval.sh (pack_eval_carry.sh here; device call 1 carries .carry/part1 and stashes it,
-# this call carries .carry/part2). The checkpoint is made there the way
-# benchmarks/results/cpu/fp8_kv/make_checkpoint.py made the CPU one, on the GPU.
+# this call carries .carry/part2). The checkpoint is made there as the CPU one was
+# (benchmarks/results/cpu/fp8_kv/COMMAND.md), on the GPU.
 # Output: $OUT/fp8kv_eval/{run.log,hellaswag.json,arc_easy_test.json,text.json}.
 set -euo pipefail
 [ -d benchmarks/scripts ] && [ -d fp8route ] || { echo "gpu_fp8kv_eval: run it from the repo root" >&2; exit 2; }

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from fp8route.backends import BACKENDS
-from fp8route.cli import bench_e2e, bench_serve
+from fp8route.cli import bench_attention, bench_decode, bench_e2e, bench_figures, bench_idle, bench_serve
 from fp8route.cli.sweep_args import (
     DTYPES,
     add_sweep_args,
@@ -101,7 +101,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "bench",
         help="benchmarks: gemm (routed vs every single GEMM backend), e2e (a whole model per arm), "
-        "serve (a serving load, in-process or over HTTP)",
+        "serve (a serving load, in-process or over HTTP), decode (the decode GEMM kernels), attention (the paged "
+        "attention kernel), idle (the GPU's idle time between engine steps), figures (README's table)",
     )
     kinds = parser.add_subparsers(dest="bench", required=True)
     gemm = kinds.add_parser(
@@ -123,3 +124,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     gemm.set_defaults(run=run_gemm)
     bench_e2e.register(kinds)
     bench_serve.register(kinds)
+    bench_decode.register(kinds)
+    bench_attention.register(kinds)
+    bench_idle.register(kinds)
+    bench_figures.register(kinds)

@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # One device call. SECTIONS picks some of:
 #   tests    tests/gpu (flashinfer wheels carried in .whl/ are installed for them) and the demo
-#   decode   the decode bench, per-call and CUDA-graph timing
-#   prefill  the activation quantization pass's share of the prefill layer sum
+#   decode   fp8route bench decode: the decode kernels against cuBLASLt and CUTLASS, per call and in a graph
+#   sweep    bench decode --sweep of the wgmma kernel at M in $SWEEP_MS (default 32,64) on $SHAPES (default
+#            the TP4 ones), token tiles $BLOCK_MS (default 16,32) besides M's own: the config table's source
+#   cc_sweep bench decode --sweep of the CUDA-core kernel at M in $CC_MS (default 1) over $CC_BLOCKS on
+#            $CC_SHAPES (default the TP1 ones)
 #   routing  tune (into a copy of the shipped table) + bench gemm, TP1 and TP4
 #   bench    bench gemm, TP1 and TP4, against the shipped table (a fresh process's recheck)
 #   xq       bench gemm on x quantized upstream (GEMMs alone), TP1 and TP4, against the table
 #            tuned by "routing" in the same call, else the shipped one
 #   xqtune   routes for x quantized upstream, tuned into a copy of the shipped table and benched, TP1 and TP4
-#   drift    long GEMMs timed arm after arm vs interleaved (benchmarks/drift_check.py)
-#   (section "fitactics" of commit 6dbe4e3, since removed with benchmarks/exp_flashinfer_tactics.py:
-#   FlashInfer's autotuned cuBLASLt tactics at prefill sizes added nothing, results/h200/routing/fitactics/)
-# (default: the first five). run.log has the output, results.tgz the JSON/PNG files (the device
+# (default: tests decode routing xq). Sections since removed with the one-off scripts they ran are in git
+# history: drift, prefill (git show befbbf5:benchmarks/scripts/gpu_routing_decode.sh), ceiling and ncu
+# (git show befbbf5:benchmarks/scripts/gpu_decode_limits.sh), fitactics (6dbe4e3).
+# run.log has the output, results.tgz the JSON/PNG files (the device
 # returns few files; it is written after every section, so a call cut short keeps what it did) and
 # smi.csv the SM clock, power and throttle reasons every 200 ms.
 set -u -o pipefail
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-SECTIONS=${SECTIONS:-tests decode prefill routing xq}
+SECTIONS=${SECTIONS:-tests decode routing xq}
 # flashinfer only for the tests: the shipped table was tuned without it, and its version is
 # part of the fingerprint a table must match.
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -29,7 +32,7 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_eve
   --format=csv -lms 200 > "$OUT/smi.csv" 2>&1 &
 SMI=$!
 {
-  echo "# command: SECTIONS='$SECTIONS' bash benchmarks/scripts/gpu_routing_decode.sh   ($(date -u +%FT%TZ), commit ${COMMIT:-unknown})"
+  echo "# command: SECTIONS='$SECTIONS' bash benchmarks/scripts/gpu_routing.sh   ($(date -u +%FT%TZ), commit ${COMMIT:-unknown})"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
   if has tests; then
     echo "## tests"
@@ -40,15 +43,22 @@ SMI=$!
     save
   fi
   if has decode; then
-    echo "## decode"; python3 benchmarks/decode_bench.py --graph --out "$R" 2>&1
+    echo "## decode"; python3 -m fp8route bench decode --graph --out "$R" 2>&1
     save
   fi
-  if has drift; then
-    echo "## drift"; python3 benchmarks/drift_check.py --out "$R"
+  if has sweep; then
+    echo "## sweep"
+    timeout "${SWEEP_S:-330}" python3 -m fp8route bench decode --sweep --sweep-ms "${SWEEP_MS:-32,64}" \
+      --sweep-block-ms "${BLOCK_MS:-16,32}" --ms "16,${SWEEP_MS:-32,64}" --shapes "${SHAPES:-tp4_qkv,tp4_o,tp4_gate_up,tp4_down}" \
+      --sweep-repeats 10 --graph --out "$R/sweep" 2>&1 | grep -v "^  DecodeConfig"
     save
   fi
-  if has prefill; then
-    echo "## prefill quantization share"; python3 benchmarks/prefill_quant.py --out "$R"
+  if has cc_sweep; then
+    echo "## cc_sweep"
+    timeout "${CC_S:-200}" python3 -m fp8route bench decode --sweep --sweep-kinds cuda_core --sweep-ms "${CC_MS:-1}" \
+      --ms "${CC_MS:-1}" --shapes "${CC_SHAPES:-tp1_qkv,tp1_o,tp1_gate_up,tp1_down}" \
+      --cuda-core-blocks "${CC_BLOCKS:-16x512x4x1,16x512x8x1,32x512x8x1,8x512x4x1,8x512x8x1,16x1024x8x1}" \
+      --sweep-repeats 10 --graph --out "$R/cc_sweep" 2>&1 | grep -v "^  DecodeConfig" | tail -45
     save
   fi
   if has routing; then

@@ -1,0 +1,162 @@
+"""The flat-batch paged attention (fp8route.kernels.paged_attention) against what the engine ran before
+it, on Llama-3.1-8B's heads (32 query, 8 KV, head 128, bf16; blocks of 16), each checked against the
+torch path first:
+
+- decode: B rows at one context: RoPE + cache write + paged_attention's split-KV grid, against the
+  decode kernel with the new token fused (fp8route.kernels.paged_decode), inside one CUDA graph over
+  several layer pools (L2 holds none); TB/s of the KV read;
+- prefill: one fresh chunk of T tokens from the cache, against SDPA (cuDNN) over the chunk's own
+  q/k/v as the engine ran fresh chunks; TFLOP/s of the causal products (4 * T^2 / 2 * H * D);
+- mixed: 255 decode rows at 1024 and one fresh 2048 chunk, one call, against decode kernel + SDPA;
+- sweep: the multi-query grid's tilings on fresh chunks of 2048 and 8192 tokens.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from fp8route.engine import paged_decode as pd
+from fp8route.errors import Fp8InputError
+from fp8route.kernels import paged_attention as pa
+from fp8route.kernels.fused import rope_into_cache
+from fp8route.tuning.timing import time_graph
+
+H, HKV, D, PAGE = 32, 8, 128, 16
+BF16 = torch.bfloat16
+DECODE_CASES = ((1, 1024), (1, 8192), (64, 1024), (256, 1024), (64, 4096))
+PREFILL_TOKENS = (512, 2048, 8192)
+
+
+def parse_launches(text: str) -> list[pa.Launch]:
+    """'BLOCK_MxTILExWARPSxSTAGES,...' as the multi-query grid's tilings."""
+    launches = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        parts = item.split("x")
+        if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise Fp8InputError(f"--launches: {item!r} is not BLOCK_MxTILExWARPSxSTAGES, e.g. 128x64x8x2")
+        launches.append(pa.Launch(*(int(p) for p in parts)))
+    if not launches:
+        raise Fp8InputError("--launches: give at least one tiling, e.g. 128x64x8x2")
+    return launches
+
+
+def _median_us(fn: Callable[[], object]) -> float:
+    import triton
+
+    return triton.testing.do_bench(fn, return_mode="median") * 1e3
+
+
+def _pools(rows: int, reach: int, layers: int, dtype: torch.dtype) -> list[pa.PagedKV]:
+    per_row = -(-reach // PAGE)
+    tables = (1 + torch.arange(rows * per_row, dtype=torch.int32, device="cuda")).view(rows, per_row)
+    shape = (1 + rows * per_row, PAGE, HKV, D)
+    scales = (0.05, 0.05) if dtype == torch.float8_e4m3fn else (1.0, 1.0)
+    return [
+        pa.PagedKV(*(torch.randn(shape, device="cuda").to(dtype) for _ in range(2)), tables, *scales)
+        for _ in range(layers)
+    ]
+
+
+def _sequences(queries: list[int], lengths: list[int], singles: int) -> pa.Sequences:
+    cu = torch.tensor([0, *torch.tensor(queries).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    return pa.Sequences(cu, torch.tensor(lengths, dtype=torch.int32, device="cuda"),
+                        torch.arange(len(lengths), device="cuda"), singles)  # fmt: skip
+
+
+def _check(out: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    if not err < 2e-2:
+        raise AssertionError(f"{what}: relative error {err:.2e} against the torch path")
+
+
+def _fresh_chunk(tokens: int) -> tuple[torch.Tensor, pa.PagedKV, pa.Sequences]:
+    (cache,) = _pools(1, tokens, 1, BF16)
+    return torch.randn(tokens, H, D, device="cuda", dtype=BF16), cache, _sequences([tokens], [tokens], 0)
+
+
+def _own_kv(cache: pa.PagedKV, row: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A row's first `tokens` keys and values as SDPA takes them: [1, HKV, T, D]."""
+    k, v = (x[cache.tables[row].long()].flatten(0, 1)[:tokens].transpose(0, 1)[None] for x in (cache.k, cache.v))
+    return k, v
+
+
+def decode(batch: int, ctx: int, layers: int, cache_dtype: torch.dtype) -> tuple[float, float, float]:
+    """(paged_attention µs, decode kernel µs, KV TB/s of paged_attention) for `batch` rows at `ctx`."""
+    caches = _pools(batch, ctx, layers, cache_dtype)
+    q = torch.randn(batch, H, D, device="cuda", dtype=BF16)
+    k_new, v_new = (torch.randn(batch, 1, HKV, D, device="cuda", dtype=BF16) for _ in range(2))
+    cos, sin = torch.ones(batch, 1, D, device="cuda"), torch.zeros(batch, 1, D, device="cuda")
+    seqs = _sequences([1] * batch, [ctx] * batch, batch)
+    rows, lengths = seqs.rows, seqs.lengths.long()
+    slots = caches[0].tables[rows, (ctx - 1) // PAGE].long() * PAGE + (ctx - 1) % PAGE
+    _check(pa.paged_attention(q, caches[0], seqs), pa.paged_attention_reference(q, caches[0], seqs), "decode")
+
+    def ours(c: pa.PagedKV) -> None:
+        flat = [x.view(-1, HKV, D) for x in (c.k, c.v)]
+        rope_into_cache(k_new, v_new, cos, sin, *flat, slots, None if c.k_scale == 1.0 else (c.k_scale, c.v_scale))
+        pa.paged_attention(q, c, seqs)
+
+    def before(c: pa.PagedKV) -> None:
+        pages = pd.Pages(c.k, c.v, c.tables, rows, c.k_scale, c.v_scale)
+        pd.decode_attention(q, pages, lengths, new=pd.NewToken(k_new[:, 0], v_new[:, 0], cos[:, 0], sin[:, 0]))
+
+    new = statistics.median(time_graph([lambda c=c: ours(c) for c in caches], repeats=20))
+    old = statistics.median(time_graph([lambda c=c: before(c) for c in caches], repeats=20))
+    kv_bytes = 2 * batch * ctx * HKV * D * cache_dtype.itemsize
+    return new, old, kv_bytes / (new * 1e-6) / 1e12
+
+
+def prefill(tokens: int) -> tuple[float, float, float]:
+    """(paged_attention µs, SDPA µs, TFLOP/s of paged_attention) for one fresh chunk."""
+    q, cache, seqs = _fresh_chunk(tokens)
+    k, v = _own_kv(cache, 0, tokens)
+    q4 = q.transpose(0, 1)[None]
+    sdpa = F.scaled_dot_product_attention(q4, k, v, is_causal=True, enable_gqa=True)
+    _check(pa.paged_attention(q, cache, seqs), sdpa[0].transpose(0, 1), "prefill")
+    new = _median_us(lambda: pa.paged_attention(q, cache, seqs))
+    old = _median_us(lambda: F.scaled_dot_product_attention(q4, k, v, is_causal=True, enable_gqa=True))
+    return new, old, 2 * tokens * tokens * H * D / (new * 1e-6) / 1e12
+
+
+def mixed(decodes: int = 255, ctx: int = 1024, chunk: int = 2048) -> tuple[float, float]:
+    """(one paged_attention call, decode kernel + SDPA) for decode rows and one fresh chunk in one step."""
+    (cache,) = _pools(decodes + 1, max(ctx, chunk), 1, BF16)
+    q = torch.randn(decodes + chunk, H, D, device="cuda", dtype=BF16)
+    seqs = _sequences([1] * decodes + [chunk], [ctx] * decodes + [chunk], decodes)
+    _check(pa.paged_attention(q, cache, seqs), pa.paged_attention_reference(q, cache, seqs), "mixed")
+    pages = pd.Pages(cache.k, cache.v, cache.tables, seqs.rows[:decodes])
+    lengths = seqs.lengths[:decodes].long()
+    k, v = _own_kv(cache, decodes, chunk)
+    q4 = q[decodes:].transpose(0, 1)[None]
+
+    def before() -> None:
+        pd.decode_attention(q[:decodes], pages, lengths)
+        F.scaled_dot_product_attention(q4, k, v, is_causal=True, enable_gqa=True)
+
+    return _median_us(lambda: pa.paged_attention(q, cache, seqs)), _median_us(before)
+
+
+def sweep(launches: list[pa.Launch]) -> list[str]:
+    """Markdown rows: each tiling on fresh chunks of 2048 and 8192 tokens (one that fails is a row)."""
+    lines = ["| launch | T | us | TFLOP/s |", "|---|---|---|---|"]
+    for tokens in (2048, 8192):
+        q, cache, seqs = _fresh_chunk(tokens)
+        ref = pa.paged_attention_reference(q, cache, seqs)
+        for launch in launches:
+
+            def call(launch: pa.Launch = launch, q: torch.Tensor = q, cache: pa.PagedKV = cache,
+                     seqs: pa.Sequences = seqs) -> torch.Tensor:  # fmt: skip
+                return pa.paged_attention(q, cache, seqs, launch=launch)
+
+            try:
+                _check(call(), ref, str(launch))
+                us = _median_us(call)
+            except Exception as exc:  # noqa: BLE001 (a tiling that does not compile is a row, not the end)
+                lines.append(f"| {tuple(launch)} | {tokens} | {type(exc).__name__}: {str(exc)[:60]} | |")
+                continue
+            lines.append(f"| {tuple(launch)} | {tokens} | {us:.0f} | {2 * tokens * tokens * H * D / us / 1e6:.0f} |")
+    return lines

@@ -1,0 +1,89 @@
+"""How busy the engine keeps the GPU: host time per step, and the GPU's idle time between steps.
+
+For a batch of B requests that all decode (short prompts, long outputs, EOS ignored), the engine runs
+to steady state, then torch's profiler (CUPTI) records every kernel and copy of a number of steps: the
+GPU's idle share is 1 - (the union of their intervals) / (first start to last end). The same for a
+stretch of mixed steps (new prompts arriving while B decode). Host time per step is the engine's own
+accounting (StepStats.host_s: scheduling, inputs and launches, and the bookkeeping of the step read
+back in the same call).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+
+import torch
+
+from fp8route.engine.llm import LLM
+from fp8route.engine.sampling import SamplingParams
+
+MIXED_ARRIVALS = 8  # prompts of 512 tokens that arrive at the start of a mixed stretch
+
+
+def idle_share(spans: Iterable[tuple[float, float]]) -> tuple[float, float]:
+    """(idle share, span) of device intervals (start, end): 1 - their union over first start to last end."""
+    ordered = sorted((s, e) for s, e in spans if e > s)
+    if not ordered:
+        return float("nan"), 0.0
+    first, last = ordered[0][0], max(e for _, e in ordered)
+    busy, (start, end) = 0.0, ordered[0]
+    for s, e in ordered[1:]:
+        if s > end:
+            busy += end - start
+            start, end = s, e
+        else:
+            end = max(end, e)
+    busy += end - start
+    return 1 - busy / (last - first), last - first
+
+
+def _steady(llm: LLM, batch: int, steps: int, arrivals: int) -> None:
+    """`batch` requests decoding past their first tokens, then `arrivals` new prompts waiting."""
+    engine, vocab = llm.engine, llm.model.cfg.vocab_size
+    params = SamplingParams(max_tokens=steps * 4 + 64, temperature=0, ignore_eos=True)
+    for _ in range(batch):
+        engine.add_request(torch.randint(0, vocab, (128,)).tolist(), params)
+    while any(r.num_output_tokens < 8 for r in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()
+    for _ in range(arrivals):
+        engine.add_request(torch.randint(0, vocab, (512,)).tolist(), SamplingParams(max_tokens=8, ignore_eos=True))
+
+
+def measure(llm: LLM, batch: int, steps: int, arrivals: int) -> dict[str, float]:
+    """Profile `steps` steps from steady state; the requests are aborted after."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = llm.engine
+    _steady(llm, batch, steps, arrivals)
+    engine.stats.clear()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    stats = list(engine.stats)
+    for request_id in list(engine.requests):
+        engine.abort(request_id)
+    engine.drain()
+    cuda = torch.autograd.DeviceType.CUDA
+    idle, span_us = idle_share((e.time_range.start, e.time_range.end) for e in trace.events() if e.device_type == cuda)
+    return {
+        "batch": batch, "steps": len(stats), "mixed_steps": sum(1 for s in stats if s.prefill_tokens), "idle": idle,
+        "step_ms": span_us / 1e3 / len(stats), "host_us": 1e6 * statistics.median(s.host_s for s in stats),
+        "wall_us": 1e6 * statistics.median(s.wall_s for s in stats),
+    }  # fmt: skip
+
+
+def table(rows: list[dict]) -> str:
+    """One markdown row per (kind, batch)."""
+    lines = [
+        "| steps | batch | n | mixed | GPU idle | step ms | host us (median) | wall us (median) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['kind']} | {r['batch']} | {r['steps']} | {r['mixed_steps']} | {100 * r['idle']:.1f}% | "
+            f"{r['step_ms']:.2f} | {r['host_us']:.0f} | {r['wall_us']:.0f} |"
+        )
+    return "\n".join(lines)

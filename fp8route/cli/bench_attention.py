@@ -1,0 +1,53 @@
+"""`fp8route bench attention`: the paged attention kernel against the kernels the engine ran before it."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from fp8route.cli.sweep_args import cuda_device
+from fp8route.errors import Fp8InputError
+
+# --sweep's tilings (query rows x positions x warps x stages); the first is paged_attention's default.
+SWEEP_LAUNCHES = "128x128x8x2,128x64x8x2,128x64x8x3,128x32x4x3,64x64x4x3,64x128x4x2,128x64x4x3"
+
+
+def run(args: argparse.Namespace) -> int:
+    from fp8route.bench import attention as ab
+
+    launches = ab.parse_launches(args.launches) if args.sweep else []
+    if args.layers < 1:
+        raise Fp8InputError(f"--layers must be at least 1, got {args.layers}")
+    device = cuda_device(argparse.Namespace(device="cuda"))
+    from fp8route.routing.fingerprint import Fingerprint
+
+    print(f"bench attention on {Fingerprint.of(device).summary()}")
+    if args.sweep:
+        print("\n".join(ab.sweep(launches)))
+        return 0
+    print("| decode | B | ctx | paged_attention us | decode kernel us | new/old | KV TB/s |")
+    print("|---|---|---|---|---|---|---|")
+    for name, cache_dtype in (("bf16", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
+        for batch, ctx in ab.DECODE_CASES:
+            new, old, tbs = ab.decode(batch, ctx, args.layers, cache_dtype)
+            print(f"| {name} | {batch} | {ctx} | {new:.1f} | {old:.1f} | {new / old:.2f} | {tbs:.2f} |", flush=True)
+    print("\n| prefill T | paged_attention us | SDPA us | new/old | TFLOP/s |\n|---|---|---|---|---|")
+    for tokens in ab.PREFILL_TOKENS:
+        new, old, tflops = ab.prefill(tokens)
+        print(f"| {tokens} | {new:.0f} | {old:.0f} | {new / old:.2f} | {tflops:.0f} |", flush=True)
+    new, old = ab.mixed()
+    print(f"\nmixed 255 decodes @1024 + 2048 fresh: paged_attention {new:.0f} us, decode kernel + SDPA {old:.0f} us")
+    return 0
+
+
+def register(kinds: argparse._SubParsersAction) -> None:
+    parser = kinds.add_parser(
+        "attention",
+        help="the paged attention kernel against the decode kernel and SDPA: decode, prefill, mixed (GPU)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--layers", type=int, default=8, help="layer pools a decode graph cycles through")
+    parser.add_argument("--sweep", action="store_true", help="time the multi-query grid's tilings (--launches) instead")
+    parser.add_argument("--launches", default=SWEEP_LAUNCHES, help="tilings for --sweep: BLOCK_MxTILExWARPSxSTAGES,...")
+    parser.set_defaults(run=run)

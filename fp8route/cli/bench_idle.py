@@ -1,0 +1,41 @@
+"""`fp8route bench idle`: the engine's host time per step and the GPU's idle time between steps."""
+
+from __future__ import annotations
+
+import argparse
+
+from fp8route.cli.sweep_args import cuda_device, int_list
+from fp8route.errors import Fp8InputError
+
+
+def run(args: argparse.Namespace) -> int:
+    batches = int_list(args.batches, "--batches")
+    if args.steps < 1:
+        raise Fp8InputError(f"--steps must be at least 1, got {args.steps}")
+    device = cuda_device(argparse.Namespace(device="cuda"))
+    from fp8route.bench.idle import MIXED_ARRIVALS, measure, table
+    from fp8route.engine.llm import LLM
+    from fp8route.routing.fingerprint import Fingerprint
+
+    print(f"bench idle on {Fingerprint.of(device).summary()}")
+    llm = LLM(args.path, max_num_seqs=max(batches), max_model_len=args.max_model_len, skip_tokenizer_init=True,
+              record_stats=True)  # fmt: skip
+    rows = []
+    for batch in batches:
+        rows.append(measure(llm, batch, args.steps, arrivals=0) | {"kind": "decode"})
+        rows.append(measure(llm, batch, args.steps, arrivals=MIXED_ARRIVALS) | {"kind": "mixed"})
+    print(table(rows))
+    return 0
+
+
+def register(kinds: argparse._SubParsersAction) -> None:
+    parser = kinds.add_parser(
+        "idle",
+        help="the GPU's idle share between engine steps and the host time per step, decode-only and mixed (GPU)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("path", help="checkpoint folder (e.g. a random one: fp8route.checkpoint.random.write_random)")
+    parser.add_argument("--batches", default="64,256", help="decoding requests per measurement, comma-separated")
+    parser.add_argument("--steps", type=int, default=40, help="engine steps profiled per measurement")
+    parser.add_argument("--max-model-len", type=int, default=8192, help="the engine's context length")
+    parser.set_defaults(run=run)
