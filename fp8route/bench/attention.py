@@ -19,9 +19,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from fp8route.engine import paged_decode as pd
 from fp8route.errors import Fp8InputError
 from fp8route.kernels import paged_attention as pa
+from fp8route.kernels import paged_decode as pd
 from fp8route.kernels.fused import rope_into_cache
 from fp8route.tuning.timing import time_graph
 
