@@ -139,5 +139,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default: 0)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's mass (default: 1)")
     parser.add_argument("--seed", type=int, default=None, help="a sampled answer's seed (default: none)")
-    add_engine_args(parser, ("dtype", "device", "attention", "kv_cache_dtype", "use_cuda_graphs", "tp", "all_reduce"))
+    add_engine_args(
+        parser, ("dtype", "device", "attention", "kv_cache_dtype", "use_cuda_graphs", "tp", "all_reduce", "cpu_threads")
+    )
     parser.set_defaults(run=run)

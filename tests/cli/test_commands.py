@@ -55,7 +55,7 @@ def test_generate_tp2_starts_two_ranks_and_says_the_same(tiny_fp8):
 
     one, two = generate(), generate("--tp", "2")
     assert two.stdout == one.stdout  # rank 0 alone prints, the same greedy text
-    assert "tensor parallel rank 0 of 2" in two.stderr and "tensor parallel" not in one.stderr
+    assert "tensor parallel rank 0 of 2; all-reduce gloo" in two.stderr and "tensor parallel" not in one.stderr
 
 
 @pytest.mark.parametrize(
