@@ -94,7 +94,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "src", help="bf16/fp16 Hugging Face checkpoint folder (Llama-family), or a repository id in the hub cache"
     )
     parser.add_argument("dst", help="new folder to write")
-    parser.add_argument("--format", choices=FORMATS, required=True)
+    parser.add_argument("--format", choices=FORMATS, required=True, help="the checkpoint format to write")
     calib = parser.add_mutually_exclusive_group()
     calib.add_argument(
         "--calib", help="token ids to calibrate input scales on (.json, .txt or .safetensors); default: generated ones"
@@ -102,7 +102,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     calib.add_argument(
         "--calib-text",
         metavar="FILE",
-        help="UTF-8 text to calibrate on, tokenized with SRC's tokenizer.json (documents separated by blank lines)",
+        help="UTF-8 text to calibrate on, tokenized with SRC's tokenizer.json (documents separated by blank lines) "
+        "(default: none)",
     )
     parser.add_argument(
         "--calib-seq-len", type=int, default=512, help="longest calibration sequence, in tokens (--calib-text)"
@@ -135,20 +136,21 @@ def register(commands: argparse._SubParsersAction) -> None:
         type=float,
         metavar="X",
         help="keep the fewest of those linears in bf16 (same ranking) so that the model's mean KL(bf16 || fp8) "
-        "on the calibration batch is <= X nats, measured by running the model (binary search, ~log2(linears) runs)",
+        "on the calibration batch is <= X nats, measured by running the model (binary search, ~log2(linears) runs) "
+        "(default: none)",
     )
     parser.add_argument(
         "--exclude",
         action="append",
         metavar="PATTERN",
-        help="module name or fnmatch wildcard to leave unquantized (repeatable)",
+        help="module name or fnmatch wildcard to leave unquantized (repeatable; default: lm_head alone)",
     )
     parser.add_argument("--quantize-lm-head", action="store_true", help="quantize lm_head too (excluded by default)")
     parser.add_argument(
         "--kv-cache",
         choices=KV_CACHE,
         help="also calibrate FP8 KV-cache scales (amax/448 of the rotated key and the value, per layer), for "
-        "kv_cache_dtype='fp8'",
+        "kv_cache_dtype='fp8' (default: none)",
     )
     parser.add_argument("--device", help="where calibration runs: cuda or cpu (default: cuda when available)")
     parser.add_argument("--max-shard-gb", type=float, default=5.0, help="largest shard to write, in GiB")

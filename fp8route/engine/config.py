@@ -46,7 +46,9 @@ class EngineConfig:
         f"(default: 8192 on a GPU, {CPU_BATCHED_TOKENS} on a CPU, where a long chunk would stall every stream)",
     )  # fmt: skip
     gpu_memory_utilization: float = _setting(0.9, "the share of GPU memory the weights, activations and KV cache take")
-    num_kv_blocks: int | None = _setting(None, "KV blocks, instead of sizing the pool from memory")
+    num_kv_blocks: int | None = _setting(
+        None, "KV blocks, instead of sizing the pool (default: from GPU memory; 32768 tokens on a CPU)"
+    )
     block_size: int = _setting(16, "tokens per KV block: the unit of prefix sharing (a power of two)")
     enable_prefix_caching: bool = _setting(True, "reuse the KV blocks of prompt prefixes seen before")
     kv_cache_dtype: str = _setting(
