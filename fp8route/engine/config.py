@@ -136,6 +136,12 @@ class EngineConfig:
         ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))))
         return max(1, (usable_cores() - 1) // ranks)
 
+    def use_cpu_threads(self) -> None:
+        """Set torch's CPU thread count to threads() (where that is not left to OMP_NUM_THREADS)."""
+        threads = self.threads()
+        if threads is not None:
+            torch.set_num_threads(threads)
+
     def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)
 

@@ -6,8 +6,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.hub import resolve_model_path
 from fp8route.engine.causal_lm import CausalLM
@@ -64,9 +62,8 @@ def load_model(
         tp_lm_head=config.tp_lm_head,  # type: ignore[arg-type]
         before_weights=lambda target: check_attention(config.attention, target),
     )  # fmt: skip
-    threads = config.threads()
-    if parts.device.type == "cpu" and threads is not None:
-        torch.set_num_threads(threads)
+    if parts.device.type == "cpu":
+        config.use_cpu_threads()
     layers = parts.cfg.num_hidden_layers
     scales = kv_scales_for(config.kv_cache_dtype, parts.kv_scales, layers, str(folder), parts.kv_scheme)
     model = CausalLM(

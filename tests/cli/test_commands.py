@@ -162,3 +162,16 @@ def test_every_command_taking_a_model_knows_the_smollm2_name(tiny_fp8, tmp_path,
     monkeypatch.setattr(smollm2, "smollm2_folder", lambda fp8=True, progress=None: tiny_fp8)
     (tmp_path / "text.txt").write_text("the theme of the day is the theme of the night, said the other one\n" * 4)
     assert main([a.format(tmp=tmp_path) for a in argv]) == 0, capsys.readouterr().err
+
+
+def test_eval_on_a_cpu_computes_with_the_engines_thread_count(tiny_fp8, tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    asked: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", asked.append)
+    (tmp_path / "text.txt").write_text("the theme of the day is the theme of the night\n" * 4)
+    argv = ["eval", str(tiny_fp8), "--text", str(tmp_path / "text.txt"), "--text-seq-len", "8", "--limit", "1"]
+    assert main([*argv, "--device", "cpu", "--out", str(tmp_path), "--quiet"]) == 0
+    assert asked == [2]  # three cores, one left to the host
