@@ -95,6 +95,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("dst", help="new folder to write")
     parser.add_argument("--format", choices=FORMATS, required=True, help="the checkpoint format to write")
+    _add_calibration_args(parser)
+    _add_exclusion_args(parser)
+    parser.add_argument("--device", help="where calibration runs: cuda or cpu (default: cuda when available)")
+    parser.add_argument("--max-shard-gb", type=float, default=5.0, help="largest shard to write, in GiB")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(run=run)
+
+
+def _add_calibration_args(parser: argparse.ArgumentParser) -> None:
+    """What the input (and KV cache) scales are calibrated on, and how they are estimated."""
     calib = parser.add_mutually_exclusive_group()
     calib.add_argument(
         "--calib", help="token ids to calibrate input scales on (.json, .txt or .safetensors); default: generated ones"
@@ -123,6 +133,16 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=DEFAULT_PERCENTILE,
         help=f"percentile of |x| for --input-scale percentile, in [90, 100] (default {DEFAULT_PERCENTILE})",
     )
+    parser.add_argument(
+        "--kv-cache",
+        choices=KV_CACHE,
+        help="also calibrate FP8 KV-cache scales (amax/448 of the rotated key and the value, per layer), for "
+        "kv_cache_dtype='fp8' (default: none)",
+    )
+
+
+def _add_exclusion_args(parser: argparse.ArgumentParser) -> None:
+    """Which linears stay in float: by name, or the most sensitive by count or by a KL budget."""
     keep = parser.add_mutually_exclusive_group()
     keep.add_argument(
         "--keep-float",
@@ -146,13 +166,3 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="module name or fnmatch wildcard to leave unquantized (repeatable; default: lm_head alone)",
     )
     parser.add_argument("--quantize-lm-head", action="store_true", help="quantize lm_head too (excluded by default)")
-    parser.add_argument(
-        "--kv-cache",
-        choices=KV_CACHE,
-        help="also calibrate FP8 KV-cache scales (amax/448 of the rotated key and the value, per layer), for "
-        "kv_cache_dtype='fp8' (default: none)",
-    )
-    parser.add_argument("--device", help="where calibration runs: cuda or cpu (default: cuda when available)")
-    parser.add_argument("--max-shard-gb", type=float, default=5.0, help="largest shard to write, in GiB")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(run=run)
