@@ -128,3 +128,9 @@ def test_the_same_seed_gives_the_same_text_through_llm_generate_and_the_models_g
     assert [o.text for o in offline] == [
         llm.tokenizer.decode(row, skip_special_tokens=True) for row in static[:, 7:].tolist()
     ]
+
+
+def test_a_pool_too_small_on_a_cpu_names_the_cpu_setting(tmp_path):
+    llm = LLM(text_model_folder(tmp_path / "m"), device="cpu", max_num_seqs=2, num_kv_blocks=3)
+    with pytest.raises(Fp8InputError, match=r"larger KV cache \(num_kv_blocks, or gpu_memory_utilization on a GPU\)"):
+        llm.generate([list(range(3, 40))], SamplingParams(max_tokens=8), use_tqdm=False)
