@@ -15,6 +15,7 @@ import threading
 from types import FrameType
 
 from fp8route.cli import bench, demo, evaluate, generate, inspect, quantize, serve, tune
+from fp8route.cli.parser import Parser
 from fp8route.errors import Fp8RouteError
 from fp8route.version import __version__
 
@@ -31,16 +32,19 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     raise Terminated
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    parser = argparse.ArgumentParser(
-        prog="fp8route", description="Static per-tensor FP8 linears, routed by measurement."
-    )
+def build_parser() -> argparse.ArgumentParser:
+    """The `fp8route` parser with every subcommand registered."""
+    parser = Parser(prog="fp8route", description="Static per-tensor FP8 linears, routed by measurement.")
     parser.add_argument("--version", action="version", version=f"fp8route {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.register(commands)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     try:

@@ -133,9 +133,11 @@ def run_checked(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, str, f
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("demo", help="build, plan, explain, run and check a random FP8 model of Llama blocks")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
-    parser.add_argument("--dtype", choices=sorted(FLOAT_DTYPE_NAMES), default="bfloat16")
+    parser.add_argument(
+        "--dtype", choices=sorted(FLOAT_DTYPE_NAMES), default="bfloat16", help="activations and outputs"
+    )
     parser.add_argument("--hidden", type=int, help="default: 4096 on a GPU (Llama-3.1-8B), 1024 on a CPU")
     parser.add_argument("--intermediate", type=int, help="default: 14336 on a GPU, 3584 on a CPU")
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--tokens", type=int, default=33)
+    parser.add_argument("--layers", type=int, default=2, help="Llama blocks in the model")
+    parser.add_argument("--tokens", type=int, default=33, help="tokens in the batch it runs (M)")
     parser.set_defaults(run=run_demo)

@@ -13,6 +13,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -56,88 +57,121 @@ def eos_ids(folder: Path) -> list[int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.max_new_tokens < 1:
-        raise Fp8InputError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    # Every flag checked before anything loads or starts.
+    sampling = _sampling(args)  # every flag checked before anything loads or starts
     EngineConfig.from_args(args)
-    SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     if args.tp > 1 and "WORLD_SIZE" not in os.environ:  # start the ranks; each runs this command
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         run_ranks(args.tp, run, args, device=device)
         return 0
     folder = resolve_model(args.model)
     tokenizer = load_tokenizer(folder)
+    ids = _prompt_ids(args, folder, tokenizer)
+    # One request: a pool of its own blocks, its context, and no memory profiling.
+    total = len(ids) + args.max_tokens
+    config = EngineConfig.from_args(args, max_num_seqs=1, max_model_len=total)
+    config = config.replace(num_kv_blocks=1 + blocks_for(total, config.block_size))
+    model = load_model(folder, config=config, quiet=True)
+    shard = Shard.current()
+    if shard is not None and shard.rank != 0:  # under torchrun every rank runs the step; rank 0 speaks
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (for the life of this process)
+    _describe(model, len(ids), config.torch_dtype)
+    start = time.perf_counter()
+    stream = Stream(tokenizer, eos_ids(folder))
+    model.generate(
+        torch.tensor([ids]), args.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+        seed=sampling.seed, eos_token_id=stream.eos, on_token=stream.on_token,
+    )  # fmt: skip
+    end = time.perf_counter()
+    stream.finish()
+    kv = str(model.engine.runner.pool.dtype).removeprefix("torch.")
+    where = f"{model.device.type}, {config.dtype}, KV cache {kv}"
+    print(f"{len(ids)} prompt tokens, {stream.timing(start, end)} ({where})", file=sys.stderr)
+    return 0
+
+
+def _sampling(args: argparse.Namespace) -> SamplingParams:
+    """The flags' SamplingParams; a bad value's message names its flag."""
+    if args.max_tokens < 1:
+        raise Fp8InputError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    try:
+        return SamplingParams(
+            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
+        )
+    except Fp8InputError as exc:
+        text = str(exc).removeprefix("SamplingParams: ")
+        name = text.split(" ", 1)[0]
+        raise Fp8InputError("--" + name.replace("_", "-") + text[len(name) :]) from None
+
+
+def _prompt_ids(args: argparse.Namespace, folder: Path, tokenizer: Any) -> list[int]:
     text = args.prompt
     if args.chat:
         text = apply_chat_template(folder, [{"role": "user", "content": args.prompt}])
     ids = tokenizer.encode(text, add_special_tokens=False).ids
     if not ids:
         raise Fp8InputError("--prompt is empty after tokenization")
-    # One request: a pool of its own blocks, its context, and no memory profiling.
-    total = len(ids) + args.max_new_tokens
-    config = EngineConfig.from_args(args, max_num_seqs=1, max_model_len=total)
-    config = config.replace(num_kv_blocks=1 + blocks_for(total, config.block_size))
-    model = load_model(folder, config=config, quiet=True)
-    dtype = config.torch_dtype
-    shard = Shard.current()
-    if shard is not None and shard.rank != 0:  # under torchrun every rank runs the step; rank 0 speaks
-        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (for the life of this process)
-    print(plan_summary(model, len(ids), dtype), file=sys.stderr)
+    return list(ids)
+
+
+def _describe(model: Any, prompt_tokens: int, dtype: torch.dtype) -> None:
+    """What runs the model, on stderr: the plan, the ranks, the attention."""
+    print(plan_summary(model, prompt_tokens, dtype), file=sys.stderr)
     if model.parallel:
         print(model.parallel, file=sys.stderr)
     if model.attention != "builtin":
         print(f"attention: {model.attention}", file=sys.stderr)
-    eos = eos_ids(folder)
-    input_ids = torch.tensor([ids])
-    new: list[int] = []
-    shown = ""
-    start = time.perf_counter()
-    first: list[float] = []
 
-    def on_token(step: int, tokens: torch.Tensor) -> None:
-        nonlocal shown
+
+class Stream:
+    """Writes each new token's text to stdout as it comes (a multi-byte character once whole) and
+    notes when the first came."""
+
+    def __init__(self, tokenizer: Any, eos: list[int] | None) -> None:
+        self.tokenizer, self.eos = tokenizer, eos
+        self.new: list[int] = []
+        self.shown = ""
+        self.first: float | None = None
+
+    def on_token(self, step: int, tokens: torch.Tensor) -> None:
         token = int(tokens[0])
-        if not first:
-            first.append(time.perf_counter())
-        if eos is not None and token in eos:
+        if self.first is None:
+            self.first = time.perf_counter()
+        if self.eos is not None and token in self.eos:
             return
-        new.append(token)
-        decoded = tokenizer.decode(new, skip_special_tokens=True)
+        self.new.append(token)
+        decoded = self.tokenizer.decode(self.new, skip_special_tokens=True)
         if not decoded.endswith("\ufffd"):  # a multi-byte character still incomplete: wait for it
-            sys.stdout.write(decoded[len(shown) :])
+            sys.stdout.write(decoded[len(self.shown) :])
             sys.stdout.flush()
-            shown = decoded
+            self.shown = decoded
 
-    model.generate(
-        input_ids,
-        args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-        eos_token_id=eos,
-        on_token=on_token,
-    )
-    end = time.perf_counter()
-    print()
-    ttft = (first[0] - start) if first else float("nan")
-    decode_s = end - first[0] if first else float("nan")
-    rate = (len(new) - 1) / decode_s if len(new) > 1 and decode_s > 0 else float("nan")
-    print(
-        f"{len(ids)} prompt tokens, {len(new)} new; TTFT {ttft * 1e3:.0f} ms, {rate:.1f} tokens/s after the first "
-        f"({model.device.type}, {config.dtype})",
-        file=sys.stderr,
-    )
-    return 0
+    def finish(self) -> None:
+        """The rest of the text, an incomplete last character as the tokenizer decodes it, and a newline."""
+        decoded = self.tokenizer.decode(self.new, skip_special_tokens=True)
+        print(decoded[len(self.shown) :])
+
+    def timing(self, start: float, end: float) -> str:
+        """The new tokens, TTFT and the decode rate after the first token."""
+        first = self.first
+        ttft = (first - start) if first is not None else float("nan")
+        decode_s = end - first if first is not None else float("nan")
+        n = len(self.new)
+        rate = (n - 1) / decode_s if n > 1 and decode_s > 0 else float("nan")
+        return f"{n} new; TTFT {ttft * 1e3:.0f} ms, {rate:.1f} tokens/s after the first"
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("generate", help="load a checkpoint and stream its answer to a prompt, timed")
     add_engine_args(parser, ["model"])
     parser.add_argument("--prompt", required=True, help="the text to continue (or, with --chat, to answer)")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most (default: 64)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most")
+    # The old spelling, in the commands committed results were made with.
+    parser.add_argument("--max-new-tokens", type=int, dest="max_tokens", help=argparse.SUPPRESS)
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default: 0)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's mass (default: 1)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's mass")
     parser.add_argument("--seed", type=int, default=None, help="a sampled answer's seed (default: none)")
-    add_engine_args(parser, ("dtype", "device", "attention", "kv_cache_dtype", "use_cuda_graphs", "tp", "all_reduce"))
+    add_engine_args(
+        parser, ("dtype", "device", "attention", "kv_cache_dtype", "use_cuda_graphs", "tp", "all_reduce", "cpu_threads")
+    )
     parser.set_defaults(run=run)

@@ -1,4 +1,4 @@
-"""`fp8route inspect PATH`: what a per-tensor FP8 checkpoint holds and how each layer will run."""
+"""`fp8route inspect MODEL`: what a per-tensor FP8 checkpoint holds and how each layer will run."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from fp8route.checkpoint.load import Checkpoint, load_checkpoint
 from fp8route.checkpoint.quantize import RECORD
 from fp8route.cli.quantize import calibration_line
 from fp8route.device import DeviceInfo
+from fp8route.engine.config import add_engine_args
+from fp8route.engine.load import resolve_model
 from fp8route.linear.explain import plan_groups
 from fp8route.linear.layer import Fp8Linear
 from fp8route.models.llama import ARCHITECTURES
@@ -132,7 +134,7 @@ def _device(linears: dict[str, Fp8Linear]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    ckpt = load_checkpoint(args.path, device=args.device, fuse=not args.no_fuse)
+    ckpt = load_checkpoint(resolve_model(args.model), device=args.device, fuse=not args.no_fuse)
     print(report(ckpt))
     return 0
 
@@ -141,9 +143,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "inspect", help="load and check a per-tensor FP8 checkpoint folder (and its config) and show each layer's plan"
     )
-    parser.add_argument(
-        "path", help="checkpoint folder (config.json, *.safetensors), or a repository id in the Hugging Face hub cache"
-    )
+    add_engine_args(parser, ["model"])
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate layers")
     parser.set_defaults(run=run)

@@ -94,7 +94,17 @@ def register(commands: argparse._SubParsersAction) -> None:
         "src", help="bf16/fp16 Hugging Face checkpoint folder (Llama-family), or a repository id in the hub cache"
     )
     parser.add_argument("dst", help="new folder to write")
-    parser.add_argument("--format", choices=FORMATS, required=True)
+    parser.add_argument("--format", choices=FORMATS, required=True, help="the checkpoint format to write")
+    _add_calibration_args(parser)
+    _add_exclusion_args(parser)
+    parser.add_argument("--device", help="where calibration runs: cuda or cpu (default: cuda when available)")
+    parser.add_argument("--max-shard-gb", type=float, default=5.0, help="largest shard to write, in GiB")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(run=run)
+
+
+def _add_calibration_args(parser: argparse.ArgumentParser) -> None:
+    """What the input (and KV cache) scales are calibrated on, and how they are estimated."""
     calib = parser.add_mutually_exclusive_group()
     calib.add_argument(
         "--calib", help="token ids to calibrate input scales on (.json, .txt or .safetensors); default: generated ones"
@@ -102,7 +112,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     calib.add_argument(
         "--calib-text",
         metavar="FILE",
-        help="UTF-8 text to calibrate on, tokenized with SRC's tokenizer.json (documents separated by blank lines)",
+        help="UTF-8 text to calibrate on, tokenized with SRC's tokenizer.json (documents separated by blank lines) "
+        "(default: none)",
     )
     parser.add_argument(
         "--calib-seq-len", type=int, default=512, help="longest calibration sequence, in tokens (--calib-text)"
@@ -122,6 +133,16 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=DEFAULT_PERCENTILE,
         help=f"percentile of |x| for --input-scale percentile, in [90, 100] (default {DEFAULT_PERCENTILE})",
     )
+    parser.add_argument(
+        "--kv-cache",
+        choices=KV_CACHE,
+        help="also calibrate FP8 KV-cache scales (amax/448 of the rotated key and the value, per layer), for "
+        "kv_cache_dtype='fp8' (default: none)",
+    )
+
+
+def _add_exclusion_args(parser: argparse.ArgumentParser) -> None:
+    """Which linears stay in float: by name, or the most sensitive by count or by a KL budget."""
     keep = parser.add_mutually_exclusive_group()
     keep.add_argument(
         "--keep-float",
@@ -135,22 +156,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         type=float,
         metavar="X",
         help="keep the fewest of those linears in bf16 (same ranking) so that the model's mean KL(bf16 || fp8) "
-        "on the calibration batch is <= X nats, measured by running the model (binary search, ~log2(linears) runs)",
+        "on the calibration batch is <= X nats, measured by running the model (binary search, ~log2(linears) runs) "
+        "(default: none)",
     )
     parser.add_argument(
         "--exclude",
         action="append",
         metavar="PATTERN",
-        help="module name or fnmatch wildcard to leave unquantized (repeatable)",
+        help="module name or fnmatch wildcard to leave unquantized (repeatable; default: lm_head alone)",
     )
     parser.add_argument("--quantize-lm-head", action="store_true", help="quantize lm_head too (excluded by default)")
-    parser.add_argument(
-        "--kv-cache",
-        choices=KV_CACHE,
-        help="also calibrate FP8 KV-cache scales (amax/448 of the rotated key and the value, per layer), for "
-        "kv_cache_dtype='fp8'",
-    )
-    parser.add_argument("--device", help="where calibration runs: cuda or cpu (default: cuda when available)")
-    parser.add_argument("--max-shard-gb", type=float, default=5.0, help="largest shard to write, in GiB")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(run=run)

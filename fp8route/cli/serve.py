@@ -11,7 +11,7 @@ from fp8route.errors import Fp8InputError
 SERVE_ENGINE_ARGS = (
     "dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
     "num_kv_blocks", "block_size", "enable_prefix_caching", "kv_cache_dtype", "attention", "use_cuda_graphs",
-    "prefill_graphs", "async_scheduling",
+    "prefill_graphs", "async_scheduling", "cpu_threads",
 )  # fmt: skip
 
 # What the serve extra brings; a missing one of these is the user's to install, anything else is ours.
@@ -30,21 +30,10 @@ def run(args: argparse.Namespace) -> int:
     return serve(args)
 
 
-class _WithDefaults(argparse.HelpFormatter):
-    """--help gives each option's default, where its own help does not say it already."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
-            return text
-        return f"{text} (default: %(default)s)"
-
-
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "serve",
         help="an OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /metrics",
-        formatter_class=_WithDefaults,
     )
     add_engine_args(parser, ["model"])
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: localhost only)")
@@ -58,5 +47,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_engine_args(parser, SERVE_ENGINE_ARGS)
     parser.add_argument("--max-request-bytes", type=int, default=8 << 20, help="larger request bodies get 413")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds SIGTERM waits for requests")
-    parser.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        choices=("critical", "error", "warning", "info", "debug"),
+        help="uvicorn's logging",
+    )
     parser.set_defaults(run=run)

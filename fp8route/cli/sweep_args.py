@@ -22,10 +22,13 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def add_sweep_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help=f"{' | '.join(MODELS)} | PATH (config.json or its folder)")
+    parser.add_argument(
+        "--model", help=f"{' | '.join(MODELS)} | PATH (config.json or its folder) (default: none: give it or --shapes)"
+    )
     parser.add_argument("--tp", default="1", help="tensor-parallel size, or several: 1,4 (default 1)")
     parser.add_argument(
-        "--shapes", help="explicit NxK shapes instead of (or besides) --model, e.g. 6144x4096,4096x14336"
+        "--shapes",
+        help="explicit NxK shapes instead of (or besides) --model, e.g. 6144x4096,4096x14336 (default: none)",
     )
     parser.add_argument("--m", help="M values, e.g. 1,16,128 (default: the plan's buckets 1, 2, 4 ... 16384)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="activation and output dtype")

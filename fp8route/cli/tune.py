@@ -141,7 +141,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--table", help="table file to merge into (default: $FP8ROUTE_TABLE or the user cache file for this GPU)"
     )
-    parser.add_argument("--out", help="also write a copy of the table into this directory")
+    parser.add_argument("--out", help="also write a copy of the table into this directory (default: none)")
     parser.add_argument(
         "--x-quantized",
         action="store_true",

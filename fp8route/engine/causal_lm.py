@@ -90,7 +90,8 @@ class CausalLM(LlamaForCausalLM):
             f"{pool.nbytes / 2**30:.2f} GiB {str(pool.dtype).removeprefix('torch.')}) on {pool.device}; context "
             f"{self.max_model_len} tokens"
             + (f"; graphs captured in {time.perf_counter() - start:.1f} s" if runner.use_cuda_graphs else "")
-            + (f"; mixed steps run eagerly: {eager}" if eager else ""),
+            + (f"; mixed steps run eagerly: {eager}" if eager else "")
+            + (f"; {torch.get_num_threads()} CPU threads" if self.device.type == "cpu" else ""),
             file=sys.stderr,
         )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,9 @@ from fp8route.models.parallel import LM_HEADS
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 KV_CACHE_DTYPES = ("auto", "fp8")
 ATTENTION = ("builtin", "flashinfer")
-CPU_BATCHED_TOKENS = 2048  # a CPU's token budget when none is given: see max_num_batched_tokens
+# A CPU's token budget when none is given: a step of 512 tokens of SmolLM2-135M takes about a second
+# on two cores, so a long prompt's chunks hold every other stream up by that much (8192 held them ~14 s).
+CPU_BATCHED_TOKENS = 512
 
 
 def _setting(default: Any, help: str, choices: Sequence[str] | None = None, cli: bool = True) -> Any:
@@ -43,7 +46,9 @@ class EngineConfig:
         f"(default: 8192 on a GPU, {CPU_BATCHED_TOKENS} on a CPU, where a long chunk would stall every stream)",
     )  # fmt: skip
     gpu_memory_utilization: float = _setting(0.9, "the share of GPU memory the weights, activations and KV cache take")
-    num_kv_blocks: int | None = _setting(None, "KV blocks, instead of sizing the pool from memory")
+    num_kv_blocks: int | None = _setting(
+        None, "KV blocks, instead of sizing the pool (default: from GPU memory; 32768 tokens on a CPU)"
+    )
     block_size: int = _setting(16, "tokens per KV block: the unit of prefix sharing (a power of two)")
     enable_prefix_caching: bool = _setting(True, "reuse the KV blocks of prompt prefixes seen before")
     kv_cache_dtype: str = _setting(
@@ -59,6 +64,10 @@ class EngineConfig:
     )
     tp: int = _setting(1, "tensor parallel ranks, one GPU each (generate, bench e2e, eval)")
     all_reduce: str = _setting("nccl", "how tensor parallel ranks sum their partial outputs", METHODS)
+    cpu_threads: int | None = _setting(
+        None, "threads a CPU engine computes with (default: $OMP_NUM_THREADS if set, else the cores this process "
+        "may use, less one for the host's scheduling and I/O, divided among tensor parallel ranks)",
+    )  # fmt: skip
     tp_lm_head: str = _setting(
         "vocab", "lm_head under tensor parallelism: split over the vocabulary, or whole", LM_HEADS
     )
@@ -75,7 +84,7 @@ class EngineConfig:
                 _fail(f.name, f"one of {', '.join(choices)}", getattr(self, f.name))
         for name in ("max_num_seqs", "block_size", "tp"):
             _positive(name, getattr(self, name))
-        for name in ("max_model_len", "max_num_batched_tokens", "num_kv_blocks"):
+        for name in ("max_model_len", "max_num_batched_tokens", "num_kv_blocks", "cpu_threads"):
             value = getattr(self, name)
             if value is not None:
                 _positive(name, value)
@@ -113,6 +122,26 @@ class EngineConfig:
             return self.max_num_batched_tokens
         return max(8192 if device.type == "cuda" else CPU_BATCHED_TOKENS, self.max_num_seqs)
 
+    def threads(self) -> int | None:
+        """The CPU engine's thread count: cpu_threads, or None where OMP_NUM_THREADS already says it,
+        or the cores sched_getaffinity allows this process, one left for the host thread that
+        schedules, tokenizes and serves (vLLM's CPU backend reserves one too), shared among the
+        tensor parallel ranks on this machine. torch's own default is every core, which
+        oversubscribes them as soon as anything else runs (decode fell 23 -> 1.6 tok/s on 2 cores
+        beside one busy process)."""
+        if self.cpu_threads is not None:
+            return self.cpu_threads
+        if os.environ.get("OMP_NUM_THREADS"):
+            return None
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))))
+        return max(1, (usable_cores() - 1) // ranks)
+
+    def use_cpu_threads(self) -> None:
+        """Set torch's CPU thread count to threads() (where that is not left to OMP_NUM_THREADS)."""
+        threads = self.threads()
+        if threads is not None:
+            torch.set_num_threads(threads)
+
     def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)
 
@@ -129,6 +158,14 @@ class EngineConfig:
             if name is None:
                 raise
             raise Fp8InputError("--" + name.replace("_", "-") + text[len(name) :]) from None
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, which containers and taskset narrow),
+    not every core of the machine."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _fail(name: str, wanted: str, got: object) -> None:

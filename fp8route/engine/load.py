@@ -62,6 +62,8 @@ def load_model(
         tp_lm_head=config.tp_lm_head,  # type: ignore[arg-type]
         before_weights=lambda target: check_attention(config.attention, target),
     )  # fmt: skip
+    if parts.device.type == "cpu":
+        config.use_cpu_threads()
     layers = parts.cfg.num_hidden_layers
     scales = kv_scales_for(config.kv_cache_dtype, parts.kv_scales, layers, str(folder), parts.kv_scheme)
     model = CausalLM(

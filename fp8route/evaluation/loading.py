@@ -15,10 +15,9 @@ from typing import Any
 import torch
 
 from fp8route.checkpoint.formats import CONFIG, read_json
-from fp8route.checkpoint.hub import resolve_model_path
 from fp8route.checkpoint.load import is_quantized, load_checkpoint, read_plain
 from fp8route.engine.kv_quant import KVScales, RoundTripAttention, check_kv_cache_dtype, kv_scales_for
-from fp8route.errors import Fp8InputError
+from fp8route.engine.load import resolve_model
 from fp8route.linear.plan import fallback_lines
 from fp8route.linear.policy import Policy
 from fp8route.loading import model_from_checkpoint
@@ -44,7 +43,7 @@ def load_for_eval(
     policy: Policy | None = None,
     kv_cache_dtype: str = "auto",
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], Any]:
-    """(model, tokenizer) for a checkpoint folder (or a repository id in the Hugging Face hub cache):
+    """(model, tokenizer) for a checkpoint folder, a repository id in the Hugging Face hub cache, or smollm2:
     `model(input_ids[B, T]) -> logits[B, T, V]`,
     computed in dtype (None: the embedding's, bf16 for these folders). FP8 layers quantize their
     inputs to FP8 whatever dtype the activations are carried in; policy (e.g. a forced backend)
@@ -52,9 +51,7 @@ def load_for_eval(
     layer's K and V through e4m3 with the checkpoint's scales (1.0 and a warning without), as an
     fp8 KV cache gives them back (fp8route.engine.kv_quant.RoundTripAttention)."""
     check_kv_cache_dtype(kv_cache_dtype)
-    folder = resolve_model_path(path)
-    if not folder.is_dir():
-        raise Fp8InputError(f"{folder}: no such checkpoint folder")
+    folder = resolve_model(path)
     config = read_json(folder / CONFIG)
     tokenizer = load_tokenizer(folder)
     device = torch.device(device)

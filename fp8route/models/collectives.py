@@ -58,7 +58,7 @@ class AllReduce:
         if method == "fused" and width <= 0:
             raise Fp8InputError("all-reduce fused: pass width, the hidden size its rows have")
         self.method = "nccl"
-        self.reason = "asked for nccl" if method == "nccl" else "not a CUDA device"
+        self.reason = "the process group's own" if method == "nccl" else "not a CUDA device"
         self._buffer: torch.Tensor | None = None
         self._group_name = ""
         self._one_shot_numel = one_shot_bytes // dtype.itemsize
@@ -76,7 +76,9 @@ class AllReduce:
                 self.reason += f"; fused with the residual add and RMSNorm up to {self._push.rows} rows"
 
     def describe(self) -> str:
-        return f"{self.method} ({self.reason})"
+        # "nccl" is the process group's own all_reduce: gloo's on a CPU, and named as such.
+        backend = dist.get_backend() if self.method == "nccl" and dist.is_initialized() else self.method
+        return f"{backend} ({self.reason})"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._buffer is not None and x.numel() <= self._one_shot_numel and x.is_contiguous():

@@ -9,7 +9,7 @@ changes nothing (no tools, no suffix): a client must never get silently differen
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -194,12 +194,34 @@ class _Generation(_Strict):
         """(logprobs, prompt_logprobs) for SamplingParams."""
         return None, self.prompt_logprobs
 
-    def sampling_params(self) -> SamplingParams:
+    # max_tokens when the request leaves it out: None, until the context is full (chat completions).
+    default_max_tokens: ClassVar[int | None] = None
+
+    def room_for(self, prompt_tokens: int, context: int) -> int | None:
+        """max_tokens for a prompt of this many tokens in a context this long: as the request sent it,
+        or the default capped to the room the prompt leaves (a value the client never sent must not be
+        the reason it is refused)."""
+        if prompt_tokens >= context:
+            raise InvalidParam(
+                "prompt", f"the prompt's {prompt_tokens} tokens fill the model's context of {context} tokens "
+                "and leave none to generate; shorten the prompt",
+            )  # fmt: skip
+        if self.max_tokens is not None or self.default_max_tokens is None:
+            return self.max_tokens
+        return min(self.default_max_tokens, context - prompt_tokens)
+
+    def sampling_params(self, prompt_tokens: int | None = None, context: int | None = None) -> SamplingParams:
+        """The request's SamplingParams; given the prompt's length and the model's context, a
+        max_tokens left out is fitted to them (room_for)."""
         logprobs, prompt_logprobs = self.logprobs_asked()
+        if prompt_tokens is not None and context is not None:
+            max_tokens = self.room_for(prompt_tokens, context)
+        else:
+            max_tokens = self.default_max_tokens if self.max_tokens is None else self.max_tokens
         try:
             return SamplingParams(
                 n=self.n,
-                max_tokens=self.max_tokens,
+                max_tokens=max_tokens,
                 temperature=1.0 if self.temperature is None else self.temperature,
                 top_p=1.0 if self.top_p is None else self.top_p,
                 top_k=0 if self.top_k is None else self.top_k,
@@ -222,7 +244,7 @@ class _Generation(_Strict):
 
 class CompletionRequest(_Generation):
     prompt: str | list[int] | list[str | list[int]]  # text or token ids, or a batch of them
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    default_max_tokens: ClassVar[int | None] = 16  # OpenAI's default for completions
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # the top alternatives per token
     echo: bool = False  # the prompt before the completion, in the text and (with logprobs) the logprobs
 

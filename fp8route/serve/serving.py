@@ -131,7 +131,7 @@ class Serving:
         """A job for one prompt of the request (a batch is one job per prompt)."""
         self.check_model(request.model)
         ids = list(self.tokenizer.encode(prompt, add_special_tokens=False).ids) if isinstance(prompt, str) else prompt
-        return self._admit("cmpl", ids, _params(request), request.stop)
+        return self._admit("cmpl", ids, self._params(request, ids), request.stop)
 
     def chat_job(self, request: ChatCompletionRequest) -> Job:
         self.check_model(request.model)
@@ -144,7 +144,14 @@ class Serving:
         except Fp8InputError as exc:
             raise APIError(400, str(exc), param="messages") from None
         ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
-        return self._admit("chatcmpl", ids, _params(request), request.stop)
+        return self._admit("chatcmpl", ids, self._params(request, ids), request.stop)
+
+    def _params(self, request: CompletionRequest | ChatCompletionRequest, ids: list[int]) -> SamplingParams:
+        """The request's SamplingParams for this prompt; a combination of fields they refuse is the client's 400."""
+        try:
+            return request.sampling_params(len(ids), self.engine.max_model_len)
+        except InvalidParam as exc:
+            raise APIError(400, str(exc), param=exc.param, code=exc.code) from None
 
     def _admit(self, kind: str, ids: list[int], params: SamplingParams, stop: list[str]) -> Job:
         try:
@@ -221,11 +228,3 @@ class Serving:
         finally:
             await stream.aclose()  # type: ignore[attr-defined]  # generate is an async generator
             self.release(job, outcome)
-
-
-def _params(request: CompletionRequest | ChatCompletionRequest) -> SamplingParams:
-    """The request's SamplingParams; a combination of fields they refuse is the client's 400."""
-    try:
-        return request.sampling_params()
-    except InvalidParam as exc:
-        raise APIError(400, str(exc), param=exc.param, code=exc.code) from None

@@ -10,7 +10,7 @@ import torch
 from checkpoint_helpers import TINY, llama_tensors, synthetic_gguf_metadata, write_checkpoint
 
 import fp8route
-from fp8route import quantize_checkpoint
+from fp8route import LLM, SamplingParams, quantize_checkpoint
 from fp8route.checkpoint.gguf_tokenizer import write_tokenizer
 from fp8route.checkpoint.random import write_random
 from fp8route.cli import main
@@ -35,34 +35,53 @@ def one_line_error(capsys, command: str) -> str:
 
 
 def test_generate_streams_and_times_a_checkpoint(tiny_fp8, capsys):
-    assert main(["generate", str(tiny_fp8), "--prompt", "the theme", "--max-new-tokens", "5", "--device", "cpu"]) == 0
+    assert main(["generate", str(tiny_fp8), "--prompt", "the theme", "--max-tokens", "5", "--device", "cpu"]) == 0
     err = capsys.readouterr().err
     assert "plan: " in err and "FP8 linears on cpu" in err and "TTFT" in err and "prompt tokens" in err
     assert "decode (M=1): cpu_dequant x8; made at plan time: " in err
 
 
-def test_generate_with_an_fp8_kv_cache(tiny_fp8, capsys):
-    argv = ["generate", str(tiny_fp8), "--prompt", "the theme", "--max-new-tokens", "5", "--device", "cpu"]
+def test_generate_with_an_fp8_kv_cache_keeps_it_in_e4m3_and_streams_the_models_answer(tiny_fp8, capsys, monkeypatch):
+    from fp8route.cli import generate
+
+    loaded = []
+    monkeypatch.setattr(generate, "load_model", lambda *a, **k: loaded.append(load_model(*a, **k)) or loaded[-1])
+    argv = ["generate", str(tiny_fp8), "--prompt", "the theme", "--max-tokens", "5", "--device", "cpu"]
     assert main([*argv, "--kv-cache-dtype", "fp8"]) == 0
-    assert "TTFT" in capsys.readouterr().err
+    printed = capsys.readouterr()
+    (model,) = loaded
+    assert model.kv_cache_dtype == "fp8" and model.engine.runner.pool.dtype == torch.float8_e4m3fn
+    assert "(cpu, bfloat16, KV cache float8_e4m3fn)" in printed.err
+    llm = LLM(tiny_fp8, device="cpu", kv_cache_dtype="fp8", max_num_seqs=1)
+    (expected,) = llm.generate("the theme", SamplingParams(max_tokens=5, temperature=0), use_tqdm=False)
+    assert expected.text and printed.out == expected.text + "\n"
 
 
 def test_generate_tp2_starts_two_ranks_and_says_the_same(tiny_fp8):
     def generate(*extra: str) -> subprocess.CompletedProcess[str]:
-        argv = ["generate", str(tiny_fp8), "--prompt", "the theme", "--max-new-tokens", "6", "--device", "cpu"]
+        argv = ["generate", str(tiny_fp8), "--prompt", "the theme", "--max-tokens", "6", "--device", "cpu"]
         command = [sys.executable, "-m", "fp8route", *argv, *extra]
         return subprocess.run(command, capture_output=True, text=True, timeout=300, check=True)
 
     one, two = generate(), generate("--tp", "2")
     assert two.stdout == one.stdout  # rank 0 alone prints, the same greedy text
-    assert "tensor parallel rank 0 of 2" in two.stderr and "tensor parallel" not in one.stderr
+    assert "tensor parallel rank 0 of 2; all-reduce gloo" in two.stderr and "tensor parallel" not in one.stderr
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["generate", "{tmp}/nowhere", "--prompt", "x"], "nowhere is not there: expected a checkpoint folder"),
-        (["generate", "{fp8}", "--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+        (["generate", "{fp8}", "--prompt", "x", "--max-tokens", "0"], "--max-tokens must be at least 1"),
+        (
+            ["generate", "{fp8}", "--prompt", "x", "--max-new-tokens", "0"],
+            "--max-tokens must be at least 1",
+        ),  # the old name
+        # Checked before the model loads: a folder that is not there is not what it says.
+        (
+            ["generate", "{tmp}/nowhere", "--prompt", "x", "--temperature", "-1"],
+            "generate: --temperature must be a number in [0, 100], got -1.0",
+        ),
         (
             ["generate", "{fp8}", "--prompt", "x", "--device", "cuda"]
             if not torch.cuda.is_available()
@@ -89,6 +108,9 @@ def test_generate_tp2_starts_two_ranks_and_says_the_same(tiny_fp8):
         (["bench", "serve", "{fp8}", "--async-scheduling", "1"], "--async-scheduling: on, off or on,off, got '1'"),
         (["demo", "--layers", "0"], "--layers must be at least 1"),
         (["inspect", "{fp8}/config.json"], "expected a checkpoint folder"),
+        (["inspect", "{tmp}"], "config.json not found in"),  # an empty folder: its config is what it lacks first
+        (["eval", "{tmp}", "--task", "hellaswag", "--device", "cpu"], "config.json not found in"),
+        (["generate", "{tmp}", "--prompt", "x", "--device", "cpu"], "config.json not found in"),
         (["bench", "e2e", "--random", "llama-3.1-8b"], "CUDA GPU"),
     ],
 )
@@ -124,3 +146,32 @@ def test_a_random_checkpoint_of_real_form_loads_and_generates(tmp_path):
     assert len(model.model.layers) == TINY["num_hidden_layers"]
     out = model.generate(torch.tensor([[1, 2, 3], [4, 5, 6]]), 4)
     assert out.shape == (2, 7) and bool((out[:, :3] == torch.tensor([[1, 2, 3], [4, 5, 6]])).all())
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["inspect", "smollm2", "--device", "cpu"],
+        ["eval", "smollm2", "--text", "{tmp}/text.txt", "--text-seq-len", "8", "--limit", "1", "--out", "{tmp}"],
+        ["generate", "smollm2", "--prompt", "the theme", "--max-tokens", "2", "--device", "cpu"],
+    ],
+)
+def test_every_command_taking_a_model_knows_the_smollm2_name(tiny_fp8, tmp_path, monkeypatch, capsys, argv):
+    import fp8route.checkpoint.smollm2 as smollm2
+
+    monkeypatch.setattr(smollm2, "smollm2_folder", lambda fp8=True, progress=None: tiny_fp8)
+    (tmp_path / "text.txt").write_text("the theme of the day is the theme of the night, said the other one\n" * 4)
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 0, capsys.readouterr().err
+
+
+def test_eval_on_a_cpu_computes_with_the_engines_thread_count(tiny_fp8, tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    asked: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", asked.append)
+    (tmp_path / "text.txt").write_text("the theme of the day is the theme of the night\n" * 4)
+    argv = ["eval", str(tiny_fp8), "--text", str(tmp_path / "text.txt"), "--text-seq-len", "8", "--limit", "1"]
+    assert main([*argv, "--device", "cpu", "--out", str(tmp_path), "--quiet"]) == 0
+    assert asked == [2]  # three cores, one left to the host

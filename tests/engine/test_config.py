@@ -3,6 +3,7 @@ line, naming the flag); the flags, their defaults and help made from the fields;
 the same text through LLM.generate and the model's static generate."""
 
 import argparse
+import os
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from fp8route.engine.config import add_engine_args
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
+        ({"cpu_threads": 0}, "cpu_threads must be an integer >= 1, got 0"),
         ({"dtype": "float64"}, "dtype must be one of bfloat16, float16, float32, got 'float64'"),
         ({"dtype": torch.int8}, "dtype must be one of bfloat16, float16, float32, got 'torch.int8'"),
         ({"device": "gpu7"}, "device must be cuda, cuda:N or cpu, got 'gpu7'"),
@@ -71,8 +73,49 @@ def test_a_bad_flag_names_the_flag():
 
 def test_the_token_budget_defaults_by_device():
     assert EngineConfig().batched_tokens(torch.device("cuda")) == 8192
-    assert EngineConfig().batched_tokens(torch.device("cpu")) == 2048
+    # A step of 512 tokens is about a second of a 2-core CPU: a long prompt cannot stall the others longer.
+    assert EngineConfig(max_num_seqs=4).batched_tokens(torch.device("cpu")) == 512
     assert EngineConfig(max_num_batched_tokens=100, max_num_seqs=4).batched_tokens(torch.device("cpu")) == 100
+
+
+def test_a_long_prompt_on_a_cpu_is_chunked_while_a_running_stream_moves_every_step(tmp_path):
+    folder = text_model_folder(tmp_path / "m", max_positions=2048)
+    llm = LLM(folder, device="cpu", dtype="float32", max_num_seqs=4, max_model_len=2048)
+    engine = llm.engine
+    running = engine.add_request([5, 6, 7], SamplingParams(max_tokens=40, ignore_eos=True))
+    engine.step()
+    long = engine.add_request([3 + i % 250 for i in range(1500)], SamplingParams(max_tokens=1, ignore_eos=True))
+    steps = 0
+    while not long.finished:
+        before = running.num_output_tokens
+        engine.step()
+        steps += 1
+        assert running.num_output_tokens == before + 1  # the stream gets its token every step
+    assert steps == 3  # 1500 prompt tokens in chunks of the 512-token budget (less the stream's one)
+
+
+def test_cpu_threads_come_from_the_cores_this_process_may_use(monkeypatch):
+    for name in ("OMP_NUM_THREADS", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert EngineConfig().threads() == 7  # one core left to the host thread
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert EngineConfig().threads() == 3  # shared among the ranks
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert EngineConfig().threads() == 1
+    assert EngineConfig(cpu_threads=5).threads() == 5
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert EngineConfig().threads() is None  # the user's own setting stands
+
+
+def test_a_cpu_engine_computes_with_those_threads_and_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    asked: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", asked.append)
+    LLM(text_model_folder(tmp_path / "m"), device="cpu", max_num_seqs=2)
+    assert asked == [2]
+    assert "CPU threads" in capsys.readouterr().err
 
 
 def test_the_same_seed_gives_the_same_text_through_llm_generate_and_the_models_generate(tmp_path):
@@ -85,3 +128,9 @@ def test_the_same_seed_gives_the_same_text_through_llm_generate_and_the_models_g
     assert [o.text for o in offline] == [
         llm.tokenizer.decode(row, skip_special_tokens=True) for row in static[:, 7:].tolist()
     ]
+
+
+def test_a_pool_too_small_on_a_cpu_names_the_cpu_setting(tmp_path):
+    llm = LLM(text_model_folder(tmp_path / "m"), device="cpu", max_num_seqs=2, num_kv_blocks=3)
+    with pytest.raises(Fp8InputError, match=r"larger KV cache \(num_kv_blocks, or gpu_memory_utilization on a GPU\)"):
+        llm.generate([list(range(3, 40))], SamplingParams(max_tokens=8), use_tqdm=False)

@@ -232,4 +232,4 @@ def test_cli_bad_input_is_one_line(tiny_folders, tmp_path, capsys, argv, message
 def test_cli_missing_path_is_one_line(tmp_path, capsys):
     rc = main(["eval", str(tmp_path / "nowhere"), "--task", "arc_easy", "--limit", "1", "--out", str(tmp_path)])
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and err.count("\n") == 0 and "no such checkpoint folder" in err
+    assert rc == 2 and err.count("\n") == 0 and "nowhere is not there: expected a checkpoint folder" in err

@@ -21,6 +21,16 @@ def test_peer_memory_on_a_cpu_says_why_it_runs_nccl(method):
     assert reduce.method == "nccl" and "not a CUDA device" in reduce.describe()
 
 
+def test_a_cpu_group_names_gloo_not_nccl(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        assert AllReduce(torch.device("cpu"), torch.bfloat16, 1024).describe() == "gloo (the process group's own)"
+    finally:
+        dist.destroy_process_group()
+
+
 def test_add_rms_norm_without_the_fused_path_is_the_sum_then_the_add_and_norm(monkeypatch):
     summed = []
     monkeypatch.setattr(AllReduce, "__call__", lambda self, t: summed.append(t) or 2 * t)  # as if two ranks

@@ -6,7 +6,7 @@ import serve_helpers  # noqa: F401  (the serve extra, or the skip / CI failure)
 from pydantic import ValidationError
 
 from fp8route.serve.errors import from_validation
-from fp8route.serve.protocol import ChatCompletionRequest, CompletionRequest
+from fp8route.serve.protocol import ChatCompletionRequest, CompletionRequest, InvalidParam
 
 
 def refusal(model, body):
@@ -24,6 +24,19 @@ def test_what_vllms_serving_benchmark_sends_is_accepted():
     params = request.sampling_params()
     assert (params.max_tokens, params.temperature, params.ignore_eos) == (8, 0.0, True)
     assert request.include_usage and not request.continuous_usage
+
+
+def test_max_tokens_left_out_is_fitted_to_the_context_and_one_sent_is_kept():
+    request = CompletionRequest.model_validate({"model": "m", "prompt": "hi"})
+    assert request.sampling_params().max_tokens == 16  # OpenAI's default for completions
+    assert request.sampling_params(10, 256).max_tokens == 16
+    assert request.sampling_params(250, 256).max_tokens == 6  # not a 16 the client never sent, refused
+    sent = CompletionRequest.model_validate({"model": "m", "prompt": "hi", "max_tokens": 100})
+    assert sent.sampling_params(250, 256).max_tokens == 100  # the engine refuses what the client asked
+    chat = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    assert chat.sampling_params(250, 256).max_tokens is None
+    with pytest.raises(InvalidParam, match="prompt's 256 tokens fill the model's context of 256 tokens"):
+        request.sampling_params(256, 256)
 
 
 def test_unimplemented_parameters_at_their_neutral_values_change_nothing_and_are_accepted():

@@ -105,9 +105,14 @@ def test_a_stop_string_ends_the_text_before_it_streamed_or_not(client):
 
 
 def test_seeded_sampling_repeats_and_params_reach_the_engine(client):
-    kwargs = {"model": MODEL, "prompt": "seeded", "max_tokens": 12, "temperature": 1.0, "top_p": 0.9, "seed": 7}
-    first, second = (client.completions.create(**kwargs, extra_body={"ignore_eos": True}) for _ in range(2))
-    assert first.choices[0].text == second.choices[0].text
+    kwargs = {"model": MODEL, "prompt": "seeded", "max_tokens": 12, "extra_body": {"ignore_eos": True}}
+    sampled = {"temperature": 1.0, "top_p": 0.9}
+    first, second = (client.completions.create(**kwargs, **sampled, seed=7).choices[0].text for _ in range(2))
+    other = client.completions.create(**kwargs, **sampled, seed=8).choices[0].text
+    greedy = client.completions.create(**kwargs, temperature=0).choices[0].text
+    # Greedy repeats too: the sample must also differ from it, and from another seed's, or the
+    # temperature and the seed never reached the sampler.
+    assert first == second and first != greedy and other not in (first, greedy)
     stopped = client.completions.create(
         model=MODEL, prompt="seeded", max_tokens=12, temperature=0, extra_body={"min_tokens": 12, "stop_token_ids": [2]}
     )
@@ -128,6 +133,8 @@ BAD = [
     ("unknown model", "completions", {**X, "model": "gpt-4"}, 404, "'gpt-4' does not exist", "model"),
     ("max_tokens 0", "completions", {**X, "max_tokens": 0}, 400, "greater than or equal to 1", "max_tokens"),
     ("over the context", "completions", {**X, "prompt": "x" * 200, "max_tokens": 100}, 400, "context of 256", None),
+    ("a prompt filling the context", "completions", {**X, "prompt": [5] * 256}, 400, "leave none to generate",
+     "prompt"),
     ("temperature", "completions", {**X, "temperature": 2.5}, 400, "less than or equal to 2", "temperature"),
     ("top_p", "chat/completions", {**CHAT, "top_p": 1.5}, 400, "less than or equal to 1", "top_p"),
     ("top_p 0", "completions", {**X, "top_p": 0}, 400, "greater than 0", "top_p"),
@@ -183,6 +190,12 @@ def test_bad_input_is_a_4xx_in_openais_error_body(server, what, path, body, stat
     assert "\n" not in error["message"] and "Traceback" not in error["message"]
     assert error["param"] == param
     assert error["type"] == "invalid_request_error"
+
+
+def test_a_completion_without_max_tokens_takes_what_its_context_leaves(client):
+    # OpenAI's default of 16 would pass the context of 256: it is the default, not a value to refuse.
+    out = client.completions.create(model=MODEL, prompt=[5] * 250, temperature=0, extra_body={"ignore_eos": True})
+    assert out.usage.completion_tokens == 6 and out.choices[0].finish_reason == "length"
 
 
 def test_after_every_bad_input_the_server_is_healthy_and_serves(server, client):
