@@ -143,7 +143,7 @@ class EngineClient:
 
     def _deliver_all(self, items: Sequence[tuple[str, StreamOutput | BaseException]]) -> None:
         # One wake-up of each event loop per step, not one per request: each costs the loop a
-        # self-pipe write and the engine's thread the GIL (benchmarks/serve_overhead.py).
+        # self-pipe write and the engine's thread the GIL.
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Queue, StreamOutput | BaseException]]] = {}
         for request_id, item in items:
             stream = self._streams.get(request_id)

@@ -6,7 +6,7 @@ second one's matching blocks are shared (reference-counted, read-only: a sequenc
 writes past its full blocks) and their prefill is skipped. The key holds the tokens themselves,
 so a match is exact, never a hash collision; packed as int32 bytes, not a tuple of ints, which
 would keep a finished prompt's int objects alive and cost a cached block about 1 KB of host
-memory instead of about 0.4 KB (benchmarks/prefix_cache_memory.py). When the last sequence using a cached block frees
+memory instead of about 0.4 KB (docs/serve.md). When the last sequence using a cached block frees
 it, the block stays cached but evictable; new allocations take never-cached blocks first, then
 evict the least recently freed cached ones (a sequence's tail before its head).
 """

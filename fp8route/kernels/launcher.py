@@ -66,7 +66,7 @@ class DirectLauncher:
             if args[i].data_ptr() & 15:
                 misaligned |= 1 << i
         # meta's values in its order (a caller builds its meta alike each time): a constexpr left out
-        # of the caller's key (rope's head size, 4eaa5f6) cannot reuse another value's kernel.
+        # of the caller's key (as rope's head size once was) cannot reuse another value's kernel.
         use_pdl = self.pdl and kernel_options().pdl
         full_key = (key, misaligned, device, use_pdl, *meta.values())
         entry = self._compiled.get(full_key)

@@ -47,7 +47,7 @@ def why_not(m_max: int, n: int, k: int) -> str | None:
 C = DecodeConfig
 # (block_n, block_k, num_warps, num_stages) per block_m where no measured entry exists.
 _DEFAULT_BLOCKS = {16: (256, 128, 8, 4), 32: (128, 128, 8, 4), 64: (128, 128, 8, 4)}
-# The fastest config per M bucket, from `benchmarks/decode_bench.py --sweep` (benchmarks/DECODE.md):
+# The fastest config per M bucket, from `fp8route bench decode --sweep` (benchmarks/DECODE.md):
 # (N, K) -> ((m_max, config), ...), in increasing m_max.
 _H200: dict[tuple[int, int], tuple[tuple[int, DecodeConfig], ...]] = {
     (6144, 4096): (  # 8B qkv (80 registers: 3 CTAs per SM instead of 2)
