@@ -143,10 +143,13 @@ class Sampler:
             if counted is not None:
                 self._penalize(x, counted, rows, [params[i] for i in penalized])
             if masks is not None:
-                from fp8route.engine.structured import apply_bitmask
-
                 where = upload(torch.tensor(masks[0]), self.device)
-                x[where] = apply_bitmask(x[where], masks[1])
+                if kernels.available(x):
+                    kernels.apply_bitmask_(x, where, masks[1])
+                else:
+                    from fp8route.engine.structured import apply_bitmask
+
+                    x[where] = apply_bitmask(x[where], masks[1])
             tokens = _draw(x, params, [r.seed for r in requests], steps)
         if counted is not None and self.counts is not None:
             self.counts.index_put_((rows[counted], tokens[counted]), torch.ones_like(counted, dtype=torch.int32), True)

@@ -5,6 +5,7 @@ A step that samples 150 rows of Llama-3's 128256 logits with torch ops spends mi
 vocabulary sorts, int64 hash tensors and the penalty gathers' temporaries: longer than the decode
 forward's own share. Here:
 - penalize: vLLM's repetition / frequency / presence penalties from the per-row counts, in place.
+- apply_bitmask_: a grammar's token bitmask (xgrammar's) as -inf logits, in place.
 - top_candidates: each row's k largest logits and their ids: each 2048-logit chunk's top k packed
   with its ids into int64 keys (Triton's bitonic topk), then torch's topk over those few.
 - nucleus_floor: each row's top_p cut as a logit threshold, searched with 7 pivots a round over 9
@@ -57,6 +58,16 @@ def penalize(
     chunks = triton.cdiv(vocab, _CHUNK)
     args = (x, where, table, counts, seen, factors, x.stride(0), counts.stride(0), vocab, n)
     _PENALIZE((n, chunks), (int_key(x.stride(0), counts.stride(0), n), vocab), args, {"CHUNK": _CHUNK, "num_warps": 4})
+
+
+def apply_bitmask_(x: torch.Tensor, where: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """In place on float32 x [R, V]: -inf in row where[i] wherever bitmask[i] (int32 [n, ceil(V / 32)],
+    bit b of word w for token 32 w + b: xgrammar's layout) has a 0 bit."""
+    n, vocab = where.numel(), x.shape[1]
+    if n:
+        args = (x, where, bitmask, x.stride(0), bitmask.stride(0), vocab)
+        key = (int_key(x.stride(0), bitmask.stride(0)), vocab)
+        _MASK((n, triton.cdiv(vocab, _CHUNK)), key, args, {"CHUNK": _CHUNK, "num_warps": 4})
 
 
 def top_candidates(x: torch.Tensor, where: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,6 +187,16 @@ if TRITON_IMPORT_ERROR is None:
         tl.store(x_row + offs, x, mask=inside)
 
     @triton.jit
+    def _mask_kernel(x_ptr, where_ptr, bits_ptr, x_stride, bits_stride, vocab, CHUNK: tl.constexpr):
+        i = tl.program_id(0)
+        offs = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
+        inside = offs < vocab
+        words = tl.load(bits_ptr + i * bits_stride + offs // 32, mask=inside, other=-1)
+        allowed = ((words >> (offs % 32)) & 1) != 0
+        x_row = x_ptr + tl.load(where_ptr + i) * x_stride
+        tl.store(x_row + offs, float("-inf"), mask=inside & ~allowed)
+
+    @triton.jit
     def _top_kernel(x_ptr, where_ptr, keys_ptr, x_stride, vocab, chunks, CHUNK: tl.constexpr, K: tl.constexpr):
         i = tl.program_id(0)
         chunk = tl.program_id(1)
@@ -289,6 +310,7 @@ if TRITON_IMPORT_ERROR is None:
         tl.store(rank_ptr + i, tl.sum(larger, axis=0).to(tl.int64) + 1)
 
     _PENALIZE = DirectLauncher(_penalize_kernel, pointers=6)
+    _MASK = DirectLauncher(_mask_kernel, pointers=3)
     _TOP = DirectLauncher(_top_kernel, pointers=3)
     _SEARCH = DirectLauncher(_search_kernel, pointers=9)
     _DRAW = DirectLauncher(_draw_kernel, pointers=9)

@@ -112,3 +112,19 @@ def test_top_candidates_are_topks(dtype, k):
     expected = rows.sort(dim=-1, descending=True, stable=True)
     assert torch.equal(values, expected.values[:, :k])
     assert torch.equal(ids, expected.indices[:, :k])
+
+
+def test_apply_bitmask_in_place_is_structured_outputs():
+    from fp8route.engine.structured import apply_bitmask
+
+    g = torch.Generator().manual_seed(6)
+    x = logits(6)
+    words = -(-VOCAB // 32)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (3, words), generator=g, dtype=torch.int32)
+    bitmask[1] = -1  # every token allowed
+    where = torch.tensor([2, 5, 9], device=DEVICE)
+    expected = x.clone()
+    expected[where] = apply_bitmask(x[where], bitmask.to(DEVICE))
+    kernels.apply_bitmask_(x, where, bitmask.to(DEVICE))
+    assert torch.equal(x, expected)
+    assert x[2].isinf().sum() > VOCAB // 4 and not x[5].isinf().any()
