@@ -7,6 +7,7 @@ import functools
 import itertools
 import json
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,8 +28,38 @@ from fp8route.tuning.timing import copy_bandwidth_gbs
 ARMS = ("routed", "bf16", *BACKENDS)
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """The arms and shapes a run times, from the command line, checked."""
+
+    arms: list[str]
+    batches: list[int]
+    inputs: list[int]
+    sizes: list[int]  # tensor parallel sizes
+    methods: list[str]  # all-reduce methods, for tp > 1
+    attentions: list[str]
+    options: list[KernelOptions]
+
+
 def run(args: argparse.Namespace) -> int:
     device = cuda_device(argparse.Namespace(device="cuda"))
+    plan = _plan(args, device)
+    fingerprint = Fingerprint.of(device)
+    print(f"bench e2e on {fingerprint.summary()}")
+    copy_gbs = copy_bandwidth_gbs()
+    print(f"copy bandwidth (this run): {copy_gbs:.0f} GB/s")
+    with tempfile.TemporaryDirectory(prefix="fp8route-e2e-", dir=args.tmp) as tmp:
+        rows = _bench(plan, _folders(args, plan.arms, Path(tmp)), args.output, copy_gbs)
+    print("\n" + table(rows))
+    if len(plan.sizes) > 1:
+        print("\n" + tp_summary(rows))
+    if len(plan.options) > 1:
+        print("\n" + options_summary(rows))
+    _write(args, rows, fingerprint, copy_gbs)
+    return 0
+
+
+def _plan(args: argparse.Namespace, device: torch.device) -> _Plan:
     arms = [a.strip() for a in args.policy.split(",") if a.strip()]
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
@@ -55,35 +86,38 @@ def run(args: argparse.Namespace) -> int:
     if True in pdls and (reason := why_not_pdl(device)) is not None:
         raise Fp8InputError(f"--pdl on: programmatic dependent launch: {reason}")
     options = [KernelOptions(p, s) for p in pdls for s in _switch_list(args.silu_in_down, "--silu-in-down")]
-    fingerprint = Fingerprint.of(device)
-    print(f"bench e2e on {fingerprint.summary()}")
-    copy_gbs = copy_bandwidth_gbs()
-    print(f"copy bandwidth (this run): {copy_gbs:.0f} GB/s")
+    return _Plan(arms, batches, inputs, sizes, methods, attentions, options)
+
+
+def _folders(args: argparse.Namespace, arms: list[str], tmp: Path) -> dict[str, Path]:
+    """The checkpoints the arms load: "fp8" always, "bf16" for the bf16 arm (random checkpoints only)."""
+    if args.random is None:
+        return {"fp8": Path(args.path)}
+    config = MODELS[args.random]
+    folders = {"fp8": write_random(tmp / "fp8", config, fp8=True)}
+    if "bf16" in arms:
+        folders["bf16"] = write_random(tmp / "bf16", config, fp8=False)
+    print(f"random checkpoints of {args.random} written to {tmp}")
+    return folders
+
+
+def _bench(plan: _Plan, folders: dict[str, Path], output: int, copy_gbs: float) -> list[E2ERow]:
+    """Every arm at every tensor parallel size (and all-reduce method), printing each arm's rows as they come."""
     rows: list[E2ERow] = []
-    with tempfile.TemporaryDirectory(prefix="fp8route-e2e-", dir=args.tmp) as tmp:
-        folders: dict[str, Path] = {}
-        if args.random is not None:
-            config = MODELS[args.random]
-            folders["fp8"] = write_random(Path(tmp) / "fp8", config, fp8=True)
-            if "bf16" in arms:
-                folders["bf16"] = write_random(Path(tmp) / "bf16", config, fp8=False)
-            print(f"random checkpoints of {args.random} written to {tmp}")
-        else:
-            folders["fp8"] = Path(args.path)
-        for tp in sizes:
-            for arm, attention, option in itertools.product(arms, attentions, options):
-                folder = folders["bf16"] if arm == "bf16" else folders["fp8"]
-                for method in methods if tp > 1 else ["nccl"]:
-                    run_args = (arm, folder, batches, inputs, args.output, copy_gbs)
-                    bench = functools.partial(bench_arm, tp=tp, all_reduce=method, attention=attention, options=option)
-                    new = bench(*run_args) if tp == 1 else run_ranks(tp, bench, *run_args)
-                    rows += new
-                    print(table(new).split("\n", 1)[1], flush=True)
-    print("\n" + table(rows))
-    if len(sizes) > 1:
-        print("\n" + tp_summary(rows))
-    if len(options) > 1:
-        print("\n" + options_summary(rows))
+    for tp in plan.sizes:
+        for arm, attention, option in itertools.product(plan.arms, plan.attentions, plan.options):
+            folder = folders["bf16"] if arm == "bf16" else folders["fp8"]
+            for method in plan.methods if tp > 1 else ["nccl"]:
+                run_args = (arm, folder, plan.batches, plan.inputs, output, copy_gbs)
+                bench = functools.partial(bench_arm, tp=tp, all_reduce=method, attention=attention, options=option)
+                new = bench(*run_args) if tp == 1 else run_ranks(tp, bench, *run_args)
+                rows += new
+                print(table(new).split("\n", 1)[1], flush=True)
+    return rows
+
+
+def _write(args: argparse.Namespace, rows: list[E2ERow], fingerprint: Fingerprint, copy_gbs: float) -> None:
+    """The rows as JSON (with the command and the device) and as a PNG, under --out."""
     out = Path(args.out).expanduser() if args.out else Path("bench-results") / fingerprint.slug
     out.mkdir(parents=True, exist_ok=True)
     doc = {
@@ -100,7 +134,6 @@ def run(args: argparse.Namespace) -> int:
     png = plot(rows, out / f"{stem}.png", f"{args.random or args.path} on {fingerprint.gpu}")
     if png is not None:
         print(f"wrote {png}")
-    return 0
 
 
 def _switch_list(text: str, flag: str) -> list[bool]:
