@@ -64,11 +64,11 @@ def _plan(args: argparse.Namespace, device: torch.device) -> _Plan:
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         raise Fp8InputError(f"--policy: unknown {', '.join(unknown)}; known: {', '.join(ARMS)}")
-    if (args.path is None) == (args.random is None):
-        raise Fp8InputError("give a checkpoint folder or --random MODEL (one of them)")
+    if (args.model is None) == (args.random is None):
+        raise Fp8InputError("give MODEL (a checkpoint folder) or --random NAME, one of them")
     if args.random is not None and args.random not in MODELS:
         raise Fp8InputError(f"--random: unknown model {args.random!r}; known: {', '.join(MODELS)}")
-    if args.path is not None and "bf16" in arms:
+    if args.model is not None and "bf16" in arms:
         raise Fp8InputError("the bf16 arm needs the same weights unquantized: use --random, or leave bf16 out")
     batches, inputs = int_list(args.batch, "--batch"), int_list(args.input, "--input")
     sizes = int_list(args.tp, "--tp")
@@ -92,7 +92,7 @@ def _plan(args: argparse.Namespace, device: torch.device) -> _Plan:
 def _folders(args: argparse.Namespace, arms: list[str], tmp: Path) -> dict[str, Path]:
     """The checkpoints the arms load: "fp8" always, "bf16" for the bf16 arm (random checkpoints only)."""
     if args.random is None:
-        return {"fp8": Path(args.path)}
+        return {"fp8": Path(args.model)}
     config = MODELS[args.random]
     folders = {"fp8": write_random(tmp / "fp8", config, fp8=True)}
     if "bf16" in arms:
@@ -127,11 +127,11 @@ def _write(args: argparse.Namespace, rows: list[E2ERow], fingerprint: Fingerprin
         "copy_gbs": round(copy_gbs, 1),
         "rows": as_json(rows),
     }
-    stem = f"e2e-{args.random or Path(args.path).name}"
+    stem = f"e2e-{args.random or Path(args.model).name}"
     path = out / f"{stem}.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {path}")
-    png = plot(rows, out / f"{stem}.png", f"{args.random or args.path} on {fingerprint.gpu}")
+    png = plot(rows, out / f"{stem}.png", f"{args.random or args.model} on {fingerprint.gpu}")
     if png is not None:
         print(f"wrote {png}")
 
@@ -146,9 +146,13 @@ def _switch_list(text: str, flag: str) -> list[bool]:
 
 def register(kinds: argparse._SubParsersAction) -> None:
     e2e = kinds.add_parser("e2e", help="TTFT, prefill and decode of a whole model per policy arm (GPU)")
-    e2e.add_argument("path", nargs="?", help="an FP8 checkpoint folder")
-    e2e.add_argument("--random", help=f"write and run a random checkpoint of {' | '.join(MODELS)}")
-    e2e.add_argument("--batch", default="1,16")
+    e2e.add_argument("model", nargs="?", metavar="MODEL", help="an FP8 checkpoint folder (or give --random)")
+    e2e.add_argument(
+        "--random",
+        metavar="NAME",
+        help=f"write and run a random checkpoint of {' | '.join(MODELS)} (default: none: give MODEL)",
+    )
+    e2e.add_argument("--batch", default="1,16", help="rows decoded together, comma-separated batch sizes")
     e2e.add_argument("--input", default="1024,4096", help="prompt tokens per row")
     e2e.add_argument("--output", type=int, default=128, help="new tokens per row")
     e2e.add_argument("--policy", default="routed,cublas,rowwise,bf16", help=f"arms: {', '.join(ARMS)}")
