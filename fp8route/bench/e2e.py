@@ -8,19 +8,21 @@ a warm-up of WARMUP_S; decode runs from the CUDA graphs generate uses.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import hashlib
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from fp8route.engine.causal_lm import CausalLM
 from fp8route.engine.config import EngineConfig
 from fp8route.engine.load import load_model
 from fp8route.kernels.options import KernelOptions, set_kernel_options
@@ -125,30 +127,13 @@ def _bench_arm(
     arm: str, folder: Path, batches: Sequence[int], inputs: Sequence[int], output: int, copy_gbs: float,
     repeats: int, tp: int, all_reduce: str, attention: str, options: KernelOptions,
 ) -> list[E2ERow]:  # fmt: skip
-    forced = arm not in ("routed", "bf16")
-    saved = os.environ.get(FORCE_ENV)
-    if forced:
-        os.environ[FORCE_ENV] = arm
-    else:
-        os.environ.pop(FORCE_ENV, None)
     device = init_from_env("cuda") or torch.device("cuda")  # under run_ranks: this rank's GPU, set current
     torch.cuda.reset_peak_memory_stats(device)
-    # Each timed call brings prompts no earlier call did, but the repeats of one call share theirs: the
-    # prefix cache would answer them, so it is off.
-    config = EngineConfig(
-        device=str(device), max_num_seqs=max(batches), max_model_len=max(inputs) + output,
-        max_num_batched_tokens=max(8192, max(inputs)), enable_prefix_caching=False, all_reduce=all_reduce,
-        attention=attention, tp=tp,
-    )  # fmt: skip
-    try:
+    config = _engine_config(device, batches, inputs, output, tp, all_reduce, attention)
+    with _forced(arm):
         model = load_model(folder, policy=Policy.from_env(), config=config, quiet=True)
-    finally:
-        if saved is None:
-            os.environ.pop(FORCE_ENV, None)
-        else:
-            os.environ[FORCE_ENV] = saved
-    model_gb = torch.cuda.memory_allocated() / 1e9
-    nbytes = weight_bytes(model)
+    run = _ArmRun(arm, tp, all_reduce, attention, options, copy_gbs, output, repeats,
+                  model_gb=torch.cuda.memory_allocated() / 1e9, weight_bytes=weight_bytes(model))  # fmt: skip
     gen = torch.Generator(device="cuda").manual_seed(0)
     vocab = model.cfg.vocab_size
     rows = []
@@ -158,45 +143,96 @@ def _bench_arm(
         model.generate(warm, 4)
         for tokens in inputs:
             ids = torch.randint(0, vocab, (batch, tokens), device="cuda", generator=gen)
-            # TTFT: the batch's prompts through the engine to each row's first token.
-            ttfts, _ = timed_calls(functools.partial(model.generate, ids, 1), repeats)
-            fulls, generated = timed_calls(functools.partial(model.generate, ids, output), repeats)
-            assert isinstance(generated, torch.Tensor)
-            ttft, full = statistics.median(ttfts), statistics.median(fulls)
-            step = (full - ttft) / (output - 1)
-            # The timed steps attend to tokens + 1 ... tokens + output - 1 positions: tokens + output / 2 on average.
-            kv = batch * (tokens + output / 2) * model.engine.runner.pool.bytes_per_token
-            floor = (nbytes + kv) / (copy_gbs * 1e9)
-            rows.append(
-                E2ERow(
-                    arm,
-                    batch,
-                    tokens,
-                    ttft * 1e3,
-                    batch * tokens / ttft,
-                    step * 1e3,
-                    batch / step,
-                    nbytes / 1e9,
-                    (nbytes + kv) / step / 1e9,
-                    floor / step,
-                    tp,
-                    model_gb,
-                    torch.cuda.max_memory_allocated() / 1e9,
-                    hashlib.sha1(generated.cpu().numpy().tobytes()).hexdigest()[:12],
-                    _ranks_agree(generated) if tp > 1 else None,
-                    all_reduce if tp > 1 else "",
-                    min(ttfts) * 1e3,
-                    max(ttfts) * 1e3,
-                    attention,
-                    kv / 1e9,
-                    options.pdl,
-                    options.silu_in_down,
-                )  # fmt: skip
-            )
+            rows.append(_measure(model, ids, run))
     del model
     gc.collect()
     torch.cuda.empty_cache()
     return rows
+
+
+@dataclass(frozen=True)
+class _ArmRun:
+    """What every row of one arm's run shares."""
+
+    arm: str
+    tp: int
+    all_reduce: str
+    attention: str
+    options: KernelOptions
+    copy_gbs: float
+    output: int
+    repeats: int
+    model_gb: float
+    weight_bytes: int
+
+
+@contextlib.contextmanager
+def _forced(arm: str) -> Iterator[None]:
+    """FP8ROUTE_FORCE set to the arm's backend (unset for routed and bf16) within, as it was after."""
+    saved = os.environ.get(FORCE_ENV)
+    if arm not in ("routed", "bf16"):
+        os.environ[FORCE_ENV] = arm
+    else:
+        os.environ.pop(FORCE_ENV, None)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(FORCE_ENV, None)
+        else:
+            os.environ[FORCE_ENV] = saved
+
+
+def _engine_config(
+    device: torch.device, batches: Sequence[int], inputs: Sequence[int], output: int, tp: int, all_reduce: str,
+    attention: str,
+) -> EngineConfig:  # fmt: skip
+    # Each timed call brings prompts no earlier call did, but the repeats of one call share theirs: the
+    # prefix cache would answer them, so it is off.
+    return EngineConfig(
+        device=str(device), max_num_seqs=max(batches), max_model_len=max(inputs) + output,
+        max_num_batched_tokens=max(8192, max(inputs)), enable_prefix_caching=False, all_reduce=all_reduce,
+        attention=attention, tp=tp,
+    )  # fmt: skip
+
+
+def _measure(model: CausalLM, ids: torch.Tensor, run: _ArmRun) -> E2ERow:
+    """One (batch, prompt length) of the arm: TTFT, then the decode step from a full generate's time."""
+    batch, tokens = ids.shape
+    # TTFT: the batch's prompts through the engine to each row's first token.
+    ttfts, _ = timed_calls(functools.partial(model.generate, ids, 1), run.repeats)
+    fulls, generated = timed_calls(functools.partial(model.generate, ids, run.output), run.repeats)
+    assert isinstance(generated, torch.Tensor)
+    ttft, full = statistics.median(ttfts), statistics.median(fulls)
+    step = (full - ttft) / (run.output - 1)
+    # The timed steps attend to tokens + 1 ... tokens + output - 1 positions: tokens + output / 2 on average.
+    kv = batch * (tokens + run.output / 2) * model.engine.runner.pool.bytes_per_token
+    nbytes = run.weight_bytes
+    floor = (nbytes + kv) / (run.copy_gbs * 1e9)
+    return E2ERow(
+        run.arm,
+        batch,
+        tokens,
+        ttft * 1e3,
+        batch * tokens / ttft,
+        step * 1e3,
+        batch / step,
+        nbytes / 1e9,
+        (nbytes + kv) / step / 1e9,
+        floor / step,
+        run.tp,
+        run.model_gb,
+        torch.cuda.max_memory_allocated() / 1e9,
+        hashlib.sha1(generated.cpu().numpy().tobytes()).hexdigest()[:12],
+        _ranks_agree(generated) if run.tp > 1 else None,
+        run.all_reduce if run.tp > 1 else "",
+        min(ttfts) * 1e3,
+        max(ttfts) * 1e3,
+        run.attention,
+        kv / 1e9,
+        run.options.pdl,
+        run.options.silu_in_down,
+    )  # fmt: skip
 
 
 def _ranks_agree(tokens: torch.Tensor) -> bool:

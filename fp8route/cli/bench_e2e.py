@@ -7,6 +7,7 @@ import functools
 import itertools
 import json
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,17 +28,47 @@ from fp8route.tuning.timing import copy_bandwidth_gbs
 ARMS = ("routed", "bf16", *BACKENDS)
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """The arms and shapes a run times, from the command line, checked."""
+
+    arms: list[str]
+    batches: list[int]
+    inputs: list[int]
+    sizes: list[int]  # tensor parallel sizes
+    methods: list[str]  # all-reduce methods, for tp > 1
+    attentions: list[str]
+    options: list[KernelOptions]
+
+
 def run(args: argparse.Namespace) -> int:
     device = cuda_device(argparse.Namespace(device="cuda"))
+    plan = _plan(args, device)
+    fingerprint = Fingerprint.of(device)
+    print(f"bench e2e on {fingerprint.summary()}")
+    copy_gbs = copy_bandwidth_gbs()
+    print(f"copy bandwidth (this run): {copy_gbs:.0f} GB/s")
+    with tempfile.TemporaryDirectory(prefix="fp8route-e2e-", dir=args.tmp) as tmp:
+        rows = _bench(plan, _folders(args, plan.arms, Path(tmp)), args.output, copy_gbs)
+    print("\n" + table(rows))
+    if len(plan.sizes) > 1:
+        print("\n" + tp_summary(rows))
+    if len(plan.options) > 1:
+        print("\n" + options_summary(rows))
+    _write(args, rows, fingerprint, copy_gbs)
+    return 0
+
+
+def _plan(args: argparse.Namespace, device: torch.device) -> _Plan:
     arms = [a.strip() for a in args.policy.split(",") if a.strip()]
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         raise Fp8InputError(f"--policy: unknown {', '.join(unknown)}; known: {', '.join(ARMS)}")
-    if (args.path is None) == (args.random is None):
-        raise Fp8InputError("give a checkpoint folder or --random MODEL (one of them)")
+    if (args.model is None) == (args.random is None):
+        raise Fp8InputError("give MODEL (a checkpoint folder) or --random NAME, one of them")
     if args.random is not None and args.random not in MODELS:
         raise Fp8InputError(f"--random: unknown model {args.random!r}; known: {', '.join(MODELS)}")
-    if args.path is not None and "bf16" in arms:
+    if args.model is not None and "bf16" in arms:
         raise Fp8InputError("the bf16 arm needs the same weights unquantized: use --random, or leave bf16 out")
     batches, inputs = int_list(args.batch, "--batch"), int_list(args.input, "--input")
     sizes = int_list(args.tp, "--tp")
@@ -55,35 +86,38 @@ def run(args: argparse.Namespace) -> int:
     if True in pdls and (reason := why_not_pdl(device)) is not None:
         raise Fp8InputError(f"--pdl on: programmatic dependent launch: {reason}")
     options = [KernelOptions(p, s) for p in pdls for s in _switch_list(args.silu_in_down, "--silu-in-down")]
-    fingerprint = Fingerprint.of(device)
-    print(f"bench e2e on {fingerprint.summary()}")
-    copy_gbs = copy_bandwidth_gbs()
-    print(f"copy bandwidth (this run): {copy_gbs:.0f} GB/s")
+    return _Plan(arms, batches, inputs, sizes, methods, attentions, options)
+
+
+def _folders(args: argparse.Namespace, arms: list[str], tmp: Path) -> dict[str, Path]:
+    """The checkpoints the arms load: "fp8" always, "bf16" for the bf16 arm (random checkpoints only)."""
+    if args.random is None:
+        return {"fp8": Path(args.model)}
+    config = MODELS[args.random]
+    folders = {"fp8": write_random(tmp / "fp8", config, fp8=True)}
+    if "bf16" in arms:
+        folders["bf16"] = write_random(tmp / "bf16", config, fp8=False)
+    print(f"random checkpoints of {args.random} written to {tmp}")
+    return folders
+
+
+def _bench(plan: _Plan, folders: dict[str, Path], output: int, copy_gbs: float) -> list[E2ERow]:
+    """Every arm at every tensor parallel size (and all-reduce method), printing each arm's rows as they come."""
     rows: list[E2ERow] = []
-    with tempfile.TemporaryDirectory(prefix="fp8route-e2e-", dir=args.tmp) as tmp:
-        folders: dict[str, Path] = {}
-        if args.random is not None:
-            config = MODELS[args.random]
-            folders["fp8"] = write_random(Path(tmp) / "fp8", config, fp8=True)
-            if "bf16" in arms:
-                folders["bf16"] = write_random(Path(tmp) / "bf16", config, fp8=False)
-            print(f"random checkpoints of {args.random} written to {tmp}")
-        else:
-            folders["fp8"] = Path(args.path)
-        for tp in sizes:
-            for arm, attention, option in itertools.product(arms, attentions, options):
-                folder = folders["bf16"] if arm == "bf16" else folders["fp8"]
-                for method in methods if tp > 1 else ["nccl"]:
-                    run_args = (arm, folder, batches, inputs, args.output, copy_gbs)
-                    bench = functools.partial(bench_arm, tp=tp, all_reduce=method, attention=attention, options=option)
-                    new = bench(*run_args) if tp == 1 else run_ranks(tp, bench, *run_args)
-                    rows += new
-                    print(table(new).split("\n", 1)[1], flush=True)
-    print("\n" + table(rows))
-    if len(sizes) > 1:
-        print("\n" + tp_summary(rows))
-    if len(options) > 1:
-        print("\n" + options_summary(rows))
+    for tp in plan.sizes:
+        for arm, attention, option in itertools.product(plan.arms, plan.attentions, plan.options):
+            folder = folders["bf16"] if arm == "bf16" else folders["fp8"]
+            for method in plan.methods if tp > 1 else ["nccl"]:
+                run_args = (arm, folder, plan.batches, plan.inputs, output, copy_gbs)
+                bench = functools.partial(bench_arm, tp=tp, all_reduce=method, attention=attention, options=option)
+                new = bench(*run_args) if tp == 1 else run_ranks(tp, bench, *run_args)
+                rows += new
+                print(table(new).split("\n", 1)[1], flush=True)
+    return rows
+
+
+def _write(args: argparse.Namespace, rows: list[E2ERow], fingerprint: Fingerprint, copy_gbs: float) -> None:
+    """The rows as JSON (with the command and the device) and as a PNG, under --out."""
     out = Path(args.out).expanduser() if args.out else Path("bench-results") / fingerprint.slug
     out.mkdir(parents=True, exist_ok=True)
     doc = {
@@ -93,14 +127,13 @@ def run(args: argparse.Namespace) -> int:
         "copy_gbs": round(copy_gbs, 1),
         "rows": as_json(rows),
     }
-    stem = f"e2e-{args.random or Path(args.path).name}"
+    stem = f"e2e-{args.random or Path(args.model).name}"
     path = out / f"{stem}.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {path}")
-    png = plot(rows, out / f"{stem}.png", f"{args.random or args.path} on {fingerprint.gpu}")
+    png = plot(rows, out / f"{stem}.png", f"{args.random or args.model} on {fingerprint.gpu}")
     if png is not None:
         print(f"wrote {png}")
-    return 0
 
 
 def _switch_list(text: str, flag: str) -> list[bool]:
@@ -113,9 +146,13 @@ def _switch_list(text: str, flag: str) -> list[bool]:
 
 def register(kinds: argparse._SubParsersAction) -> None:
     e2e = kinds.add_parser("e2e", help="TTFT, prefill and decode of a whole model per policy arm (GPU)")
-    e2e.add_argument("path", nargs="?", help="an FP8 checkpoint folder")
-    e2e.add_argument("--random", help=f"write and run a random checkpoint of {' | '.join(MODELS)}")
-    e2e.add_argument("--batch", default="1,16")
+    e2e.add_argument("model", nargs="?", metavar="MODEL", help="an FP8 checkpoint folder (or give --random)")
+    e2e.add_argument(
+        "--random",
+        metavar="NAME",
+        help=f"write and run a random checkpoint of {' | '.join(MODELS)} (default: none: give MODEL)",
+    )
+    e2e.add_argument("--batch", default="1,16", help="rows decoded together, comma-separated batch sizes")
     e2e.add_argument("--input", default="1024,4096", help="prompt tokens per row")
     e2e.add_argument("--output", type=int, default=128, help="new tokens per row")
     e2e.add_argument("--policy", default="routed,cublas,rowwise,bf16", help=f"arms: {', '.join(ARMS)}")

@@ -83,8 +83,8 @@ def _run_in_child(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) 
 def run(args: argparse.Namespace) -> int:
     if args.url is not None:
         return bench_serve_http.run(args)
-    if (args.path is None) == (args.random is None):
-        raise Fp8InputError("give a checkpoint folder or --random MODEL (one of them)")
+    if (args.model is None) == (args.random is None):
+        raise Fp8InputError("give MODEL (a checkpoint folder) or --random NAME, one of them")
     if args.random is not None and args.random not in MODELS:
         raise Fp8InputError(f"--random: unknown model {args.random!r}; known: {', '.join(MODELS)}")
     load_options(args)
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
                 folders["bf16"] = write_random(Path(tmp) / "bf16", MODELS[args.random], fp8=False)
             print(f"random checkpoints of {args.random} written to {tmp}")
         else:
-            folders["fp8"] = folders["bf16"] = resolve_model(args.path)
+            folders["fp8"] = folders["bf16"] = resolve_model(args.model)
         config = read_json(folders["fp8"] / CONFIG)
         arms = _arms(args, folders)
         load, warmup = loads(args, int(config["vocab_size"]), eos_token_ids(config))
@@ -115,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
     print("\n" + "\n".join(_checks(reports, digests, arms)))
     out = Path(args.out).expanduser() if args.out else Path("bench-results") / fingerprint.slug
     where = {"command": command_line(), "fingerprint": fingerprint.to_json() if device == "cuda" else {"device": "cpu"}}
-    title = f"{args.random or args.path}: {args.num_prompts} requests"
-    write_results(args, reports, out, f"serve-{args.random or Path(args.path).name}", title, where)
+    title = f"{args.random or args.model}: {args.num_prompts} requests"
+    write_results(args, reports, out, f"serve-{args.random or Path(args.model).name}", title, where)
     return 0 if all(r.failed == 0 and not r.extra.get("leaked") for r in reports) else 1
 
 
@@ -197,8 +197,14 @@ def _ratios(r: ServeReport) -> list[str]:
 
 def register(kinds: argparse._SubParsersAction) -> None:
     serve = kinds.add_parser("serve", help="a serving load on the engine per arm: throughput, TTFT, TPOT, ITL")
-    serve.add_argument("path", nargs="?", help="a checkpoint folder (or smollm2); with --url, the served one's")
-    serve.add_argument("--random", help=f"write and serve a random checkpoint of {' | '.join(MODELS)}")
+    serve.add_argument(
+        "model", nargs="?", metavar="MODEL", help="a checkpoint folder (or smollm2); with --url, the served one's"
+    )
+    serve.add_argument(
+        "--random",
+        metavar="NAME",
+        help=f"write and serve a random checkpoint of {' | '.join(MODELS)} (default: none: give MODEL or --url)",
+    )
     serve.add_argument("--policy", default="routed", help=f"arms: {', '.join(POLICIES)} (comma-separated)")
     serve.add_argument(
         "--prefix-caching", dest="enable_prefix_caching", default="on", help="on, off, or on,off (both, as arms)"
@@ -219,7 +225,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
         help="what requests ask for: greedy, mixed (top_k, top_p, min_p, penalties, logprobs=5), json (a JSON "
         "schema); a comma-separated list runs each as an arm",
     )  # fmt: skip
-    serve.add_argument("--num-prompts", type=int, default=200)
+    serve.add_argument("--num-prompts", type=int, default=200, help="requests in the load")
     serve.add_argument("--input-len", default="1024:1024", help="prompt tokens A:B, uniform (after the prefix)")
     serve.add_argument("--output-len", default="128:128", help="output tokens A:B, uniform (EOS ignored)")
     serve.add_argument("--request-rate", default="inf", help="requests per second (Poisson), or inf: all at once")
@@ -227,7 +233,10 @@ def register(kinds: argparse._SubParsersAction) -> None:
     add_engine_args(serve, ENGINE_ARGS)
     serve.add_argument("--lone-prefill", type=int, default=0, help="also time one prefill of this many tokens")
     serve.add_argument("--static-batch", type=int, default=0, help="also time the static generate at this batch")
-    serve.add_argument("--seed", type=int, default=0)
+    serve.add_argument(
+        "--seed", type=int, default=0,
+        help="seed of the load: its lengths, token ids and arrivals (with --url, also which clients disconnect)",
+    )  # fmt: skip
     serve.add_argument("--tmp", help="where random checkpoints are written (default: the system's temp)")
     serve.add_argument("--out", help="directory for the JSON and PNG (default: ./bench-results/<device>/)")
     bench_serve_http.add_args(serve)

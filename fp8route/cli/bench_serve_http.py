@@ -23,8 +23,15 @@ API_KEY_ENV = "FP8ROUTE_API_KEY"
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", help="drive the OpenAI-compatible server at this address (http://HOST:PORT) instead")
-    parser.add_argument("--model", help="with --url: the model to ask for (default: the first GET /v1/models lists)")
+    parser.add_argument(
+        "--url",
+        help="drive the OpenAI-compatible server at this address (http://HOST:PORT) instead "
+        "(default: none: the engine, in this process)",
+    )
+    parser.add_argument(
+        "--model", dest="served_model", metavar="NAME",
+        help="with --url: the model to ask for (default: the first GET /v1/models lists)",
+    )  # fmt: skip
     parser.add_argument("--api-key", help=f"with --url: sent as 'Authorization: Bearer KEY' (default: ${API_KEY_ENV})")
     parser.add_argument(
         "--disconnect-fraction", type=float, default=0.0,
@@ -39,16 +46,16 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def _config(args: argparse.Namespace) -> tuple[dict[str, Any], Path | None]:
     """The served model's config (its vocabulary sizes the load's token ids), and its folder if given."""
-    if args.path is not None:
-        folder = resolve_model(args.path)
+    if args.model is not None:
+        folder = resolve_model(args.model)
         return read_json(folder / CONFIG), folder
     if args.random is not None:
         if args.random not in MODELS:
             raise Fp8InputError(f"--random: unknown model {args.random!r}; known: {', '.join(MODELS)}")
         return dict(MODELS[args.random]), None
     raise Fp8InputError(
-        "--url: also give the served checkpoint's folder (or --random MODEL for a random one): the load's token "
-        "ids must fit its vocabulary"
+        "--url: also give the served checkpoint's folder as MODEL (or --random NAME for a random one): the load's "
+        "token ids must fit its vocabulary"
     )
 
 
@@ -78,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     config, folder = _config(args)
     load, warmup = loads(args, int(config["vocab_size"]), eos_token_ids(config))
     prompts, warm_prompts = _prompts(args, folder, load), _prompts(args, folder, warmup)
-    common = {"model": args.model, "api_key": api_key, "timeout_s": args.request_timeout}
+    common = {"model": args.served_model, "api_key": api_key, "timeout_s": args.request_timeout}
     warm, _, _, model = asyncio.run(run_http_load(url, warmup, prompts=warm_prompts, **common))
     if warm.lost:
         print(f"warm-up: {warm.lost} of {len(warmup)} requests failed, e.g. {warm.errors[0]}")

@@ -25,6 +25,7 @@ from fp8route.device import DeviceInfo
 from fp8route.errors import Fp8RouteError
 from fp8route.linear.plan import make_plan
 from fp8route.linear.policy import Policy
+from fp8route.models.shapes import LayerShape
 from fp8route.progress import TextProgress
 from fp8route.routing.choose import MIN_TIE
 from fp8route.routing.fingerprint import Fingerprint
@@ -67,25 +68,38 @@ def run_tune(args: argparse.Namespace) -> int:
             f"tuning {len(shapes)} shapes x {len(m_values)} M values, {what}, clock: {args.clock}, "
             f"on {fingerprint.summary()}"
         )
-    # First calls build JIT kernels and library handles: done before the clock, reported apart.
-    start = time.perf_counter()
-    first = GemmProblem(shapes[0].n, shapes[0].k, info, out_dtype=dtype, x_quantized=args.x_quantized)
-    first = first.with_bucket(dtype, m_values[0])
     try:
-        measure(first, m_values[0], tuner.candidates(first))
-        warm = time.perf_counter() - start
-        start = time.perf_counter()
-        table = tuner.tune(shapes)
+        table, warm, elapsed = _tune(tuner, measure, shapes)
     except HostBehindError as exc:
         print(f"fp8route tune: {exc}; nothing was saved", file=sys.stderr)
         return 2
-    finally:
-        measure.release()
-    elapsed = time.perf_counter() - start
     if rank != 0:
         return 0
     print(f"tuned in {elapsed:.1f} s (+ {warm:.1f} s warm-up: JIT builds, first-call setup); {batch_summary()}\n")
     print(summary(table, info, dtype, args.x_quantized))
+    _save(args, table, fingerprint)
+    return 0
+
+
+def _tune(tuner: Tuner, measure: CudaMeasure, shapes: list[LayerShape]) -> tuple[RoutingTable, float, float]:
+    """The routing table, with the seconds of its warm-up and of the tuning; the measure released after.
+    First calls build JIT kernels and library handles: done before the clock, reported apart."""
+    dtype, m = tuner.dtypes[0], tuner.m_values[0]
+    start = time.perf_counter()
+    first = GemmProblem(shapes[0].n, shapes[0].k, tuner.device, out_dtype=dtype, x_quantized=tuner.x_quantized)
+    first = first.with_bucket(dtype, m)
+    try:
+        measure(first, m, tuner.candidates(first))
+        warm = time.perf_counter() - start
+        start = time.perf_counter()
+        table = tuner.tune(shapes)
+    finally:
+        measure.release()
+    return table, warm, time.perf_counter() - start
+
+
+def _save(args: argparse.Namespace, table: RoutingTable, fingerprint: Fingerprint) -> None:
+    """Merge the table into --table (or this GPU's default file), and write a copy under --out if given."""
     path = Path(args.table).expanduser() if args.table else default_path(fingerprint)
     saved = save_table(table, path)
     print(f"\nrouting table: {display_path(path)} ({len(saved.shapes)} shapes); fp8route.route(model) uses it here")
@@ -93,7 +107,6 @@ def run_tune(args: argparse.Namespace) -> int:
         copy = Path(args.out).expanduser() / f"routing-{fingerprint.slug}.json"
         save_table(saved, copy, merge=False)
         print(f"copy: {copy} (ship it as fp8route/routing/defaults/{fingerprint.slug}.json)")
-    return 0
 
 
 def summary(table: RoutingTable, device: DeviceInfo, dtype: torch.dtype, x_quantized: bool = False) -> str:

@@ -279,8 +279,25 @@ def decode_attention(
     (rotated) and value are written at position lengths[b] - 1 first."""
     if TRITON_IMPORT_ERROR is not None:
         raise RuntimeError(TRITON_IMPORT_ERROR)
+    fp8 = _check_pages(q, pages)
+    hkv = pages.k.shape[2]
+    launch = launch or LAUNCH[fp8]
+    split = split or split_len(q.shape[0] * hkv)
+    if split % BLOCK_N or split < BLOCK_N or split % launch.block:
+        raise Fp8InputError(
+            f"decode_attention: split {split} must be a positive multiple of {BLOCK_N} and of the tile, {launch.block}"
+        )
+    num_splits = min(_MAX_SPLITS, triton.cdiv(pages.max_len, split))
+    if new is not None and (not fuses_new_token(q, new) or new.k.shape[1] != hkv):
+        raise Fp8InputError("decode_attention: this new token cannot be fused (see fuses_new_token)")
+    partial, lse = _split_pass(q, pages, lengths, scale, split, num_splits, new, launch)
+    return _combine_pass(q, partial, lse, lengths, split, launch)
+
+
+def _check_pages(q: torch.Tensor, pages: Pages) -> bool:
+    """Refuse q and K/V blocks that do not fit each other; whether the cache is fp8."""
     b, h, d = q.shape
-    k, v, tables, rows, k_scale, v_scale = pages
+    k, v, _, rows, k_scale, v_scale = pages
     _, page, hkv, _ = k.shape
     if h % hkv != 0 or k.shape[-1] != d or v.shape != k.shape or rows.shape != (b,) or page & (page - 1):
         raise Fp8InputError(
@@ -295,19 +312,26 @@ def decode_attention(
         )
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise Fp8InputError("decode_attention: q and the K/V blocks need unit stride on the head dim")
+    return fp8
+
+
+def _pad(n: int) -> int:
+    """n rounded up to a power of two of at least 16: a tl.dot / tl.arange dimension."""
+    return max(16, triton.next_power_of_2(n))
+
+
+def _split_pass(
+    q: torch.Tensor, pages: Pages, lengths: torch.Tensor, scale: float | None, split: int, num_splits: int,
+    new: NewToken | None, launch: Launch,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Kernel 1: each split's normalized output [B, H, num_splits, D] and log-sum-exp [B, H, num_splits], fp32."""
+    b, h, d = q.shape
+    k, v, tables, rows, k_scale, v_scale = pages
+    _, page, hkv, _ = k.shape
+    fp8 = k.dtype == torch.float8_e4m3fn
     group = h // hkv
-    launch = launch or LAUNCH[fp8]
-    split = split or split_len(b * hkv)
-    if split % BLOCK_N or split < BLOCK_N or split % launch.block:
-        raise Fp8InputError(
-            f"decode_attention: split {split} must be a positive multiple of {BLOCK_N} and of the tile, {launch.block}"
-        )
-    num_splits = min(_MAX_SPLITS, triton.cdiv(pages.max_len, split))
-    if new is not None and (not fuses_new_token(q, new) or new.k.shape[1] != hkv):
-        raise Fp8InputError("decode_attention: this new token cannot be fused (see fuses_new_token)")
     partial = torch.empty((b, h, num_splits, d), dtype=torch.float32, device=q.device)
     lse = torch.empty((b, h, num_splits), dtype=torch.float32, device=q.device)
-    d_pad = max(16, triton.next_power_of_2(d))
     nk, nv, cos, sin = new if new is not None else (q, q, lse, lse)  # unread without NEW
     _split_kernel[(b, hkv, num_splits)](
         q, k, v, tables, rows, lengths, partial, lse, nk, nv, cos, sin,
@@ -319,20 +343,28 @@ def decode_attention(
         lse.stride(0), lse.stride(1),
         nk.stride(0), nk.stride(1), nv.stride(0), nv.stride(1), cos.stride(0),
         scale if scale is not None else d**-0.5, k_scale, v_scale, 1.0 / k_scale, 1.0 / v_scale,
-        G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, D_PAD=d_pad, PAGE=page,
+        G=group, G_PAD=_pad(group), D=d, D_PAD=_pad(d), PAGE=page,
         SPLIT=split, MAX_SPLITS=num_splits, BLOCK=launch.block, NEW=new is not None, FP8=fp8,
         F16=fp8 and launch.f16 and q.dtype != torch.float32,
         # An fp32 cache asks for fp32 products (tl.dot would round them to TF32); 16-bit ones are exact.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=launch.warps, num_stages=launch.stages, **launch_options(),
     )  # fmt: skip
+    return partial, lse
+
+
+def _combine_pass(
+    q: torch.Tensor, partial: torch.Tensor, lse: torch.Tensor, lengths: torch.Tensor, split: int, launch: Launch
+) -> torch.Tensor:
+    """Kernel 2: each row's valid splits combined -> [B, H, D] in q's dtype."""
+    b, h, num_splits, d = partial.shape
     out = torch.empty_like(q)
     _combine_kernel[(b, h)](
         partial, lse, lengths, out,
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
-        SPLIT=split, MAX_SPLITS=num_splits, BLOCK=launch.block, S_PAD=max(16, triton.next_power_of_2(num_splits)),
-        D=d, D_PAD=d_pad, num_warps=4, **launch_options(),
+        SPLIT=split, MAX_SPLITS=num_splits, BLOCK=launch.block, S_PAD=_pad(num_splits),
+        D=d, D_PAD=_pad(d), num_warps=4, **launch_options(),
     )  # fmt: skip
     return out

@@ -40,7 +40,7 @@ def test_bench_serve_url_without_the_model_folder_says_what_to_give(server, caps
     assert main(["bench", "serve", "--url", server.url, "--api-key", API_KEY]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "fp8route bench: --url: also give the served checkpoint's folder (or --random MODEL for a random one): "
+        "fp8route bench: --url: also give the served checkpoint's folder as MODEL (or --random NAME for a random one): "
         "the load's token ids must fit its vocabulary"
     ]
 
