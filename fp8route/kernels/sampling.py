@@ -57,7 +57,7 @@ def penalize(
         return
     chunks = triton.cdiv(vocab, _CHUNK)
     args = (x, where, table, counts, seen, factors, x.stride(0), counts.stride(0), vocab, n)
-    _PENALIZE((n, chunks), (int_key(x.stride(0), counts.stride(0), n), vocab), args, {"CHUNK": _CHUNK, "num_warps": 4})
+    _PENALIZE((n, chunks), (int_key(x.stride(0), counts.stride(0)), vocab), args, {"CHUNK": _CHUNK, "num_warps": 4})
 
 
 def apply_bitmask_(x: torch.Tensor, where: torch.Tensor, bitmask: torch.Tensor) -> None:
@@ -74,7 +74,7 @@ def top_candidates(x: torch.Tensor, where: torch.Tensor, k: int) -> tuple[torch.
     """Row where[i] of x [R, V]'s k largest values (float32, highest first) and their ids (int64),
     each [n, k]; the lower id first among equal values. k at most MAX_CANDIDATES."""
     n, vocab = where.numel(), x.shape[1]
-    width = triton.next_power_of_2(k)
+    width = max(16, triton.next_power_of_2(k))  # k = 1 (a single-element topk) failed its test on the H200
     chunks = triton.cdiv(vocab, _CHUNK)
     keys = torch.empty((n, chunks * width), dtype=torch.int64, device=x.device)
     if n:
@@ -105,7 +105,7 @@ def nucleus_floor(
     for round_ in range(_ROUNDS + 1):
         args = (x, where, top, floor, temperature, top_p, bounds, sums, lows, x.stride(0), vocab, n, round_)
         final = round_ == _ROUNDS
-        _SEARCH((n, slices), (int_key(x.stride(0), n, round_), vocab, final), args, {**meta, "FINAL": final})
+        _SEARCH((n, slices), (int_key(x.stride(0)), vocab, final), args, {**meta, "FINAL": final})
     return lows.amin(dim=-1)
 
 
@@ -165,7 +165,7 @@ if TRITON_IMPORT_ERROR is None:
         h = _fmix32(h ^ (z >> 32).to(tl.uint32))
         return ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["n"])
     def _penalize_kernel(
         x_ptr, where_ptr, table_ptr, counts_ptr, seen_ptr, factors_ptr, x_stride, table_stride, vocab, n,
         CHUNK: tl.constexpr,
@@ -210,7 +210,7 @@ if TRITON_IMPORT_ERROR is None:
         top = tl.topk(key, K)
         tl.store(keys_ptr + (i * chunks + chunk).to(tl.int64) * K + tl.arange(0, K), top)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["n", "round_"])
     def _search_kernel(
         x_ptr, where_ptr, top_ptr, floor_ptr, temp_ptr, top_p_ptr, bounds_ptr, sums_ptr, lows_ptr, x_stride,
         vocab, n, round_, SLICE: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr, SLICES: tl.constexpr,
