@@ -3,7 +3,8 @@
 # what to run, in order:
 #   kernel:  the paged attention kernel against the decode kernel and SDPA (fp8route bench attention);
 #            SWEEP=1: its tilings too
-#   tests:   the GPU tests of the kernel, the engine, the graphs (TESTS overrides which); the serving
+#   tests:   the GPU tests of the kernel, the engine, the graphs (TESTS overrides which, WORKERS the
+#            pytest processes, 4); the serving
 #            phases after it are skipped when one fails
 #   decode:  bench serve's decode-heavy load (1024 prompts of 512-1536, 128-512 out), against its own
 #            bound (a lone 4096-token prefill timed in the arm)
@@ -55,7 +56,7 @@ for phase in $PHASES; do
         tests=${TESTS:-"tests/gpu/test_paged_attention_gpu.py tests/engine/test_mixed_step.py tests/engine/test_prefill_graphs.py \
 tests/gpu/test_engine_gpu.py tests/gpu/test_decode_attention.py tests/gpu/test_fp8_kv_gpu.py"}
         # shellcheck disable=SC2086
-        timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q $tests -n 4 -rfEs --tb=short -p no:cacheprovider \
+        timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q $tests -n "${WORKERS:-4}" -rfEs --tb=short -p no:cacheprovider \
             > "$OUT/gpu_tests.log" 2>&1 || failed=1
         tail -3 "$OUT/gpu_tests.log" | tee -a "$log"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -20 | tee -a "$log"
         [ "${KEEP_GOING:-0}" = 1 ] && failed=0 ;;
