@@ -3,12 +3,14 @@ ops, whatever mix of SamplingParams the rows carry.
 
 A row's logits are processed in SamplingParams' order (bias, min_tokens, penalties, structured
 output, temperature, min_p, top_k, top_p); each op runs on the rows that need it only, so a step of
-plain requests pays for none of them and only the rows with top_p < 1 sort their vocabulary. The
-per-row values reach the device from pinned memory and nothing waits for the GPU.
+plain requests pays for none of them. min_p, top_k and top_p become one floor per row, the lowest
+logit it keeps. On CUDA the ops are fp8route.kernels.sampling's kernels; the torch ops here are the
+CPU path and their oracle (they sort a top_p row's vocabulary). The per-row values reach the device
+from pinned memory and nothing waits for the GPU.
 
 Each request samples from its own stream: the noise for a request's t-th token is a hash of (its
 seed, t, token id), so the tokens it draws do not depend on which other requests share its batch,
-and a seed reproduces them exactly. Drawn as the exponential race argmax(p / E), E = -log U.
+and a seed reproduces them exactly. Drawn as a Gumbel-max, argmax((x - max) / T - log(-log U)).
 
 Penalties need the tokens each request saw. They are kept on the device, as counts per table row
 [rows, vocab] (made on the first penalized request): seeded from the prompt and the output when a
@@ -71,22 +73,24 @@ class Logprobs:
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> list[torch.Tensor]:
     """For logits [L, vocab] and tokens [L]: each token's log-probability, its rank, and the top k
     (ids, log-probabilities): Logprobs' tensors but rows and ks."""
+    every = torch.arange(len(tokens), device=logits.device)
     if kernels.available(logits):
-        lse, own, rank = kernels.logprob_stats(logits, torch.arange(len(tokens), device=logits.device), tokens)
+        lse, own, rank = kernels.logprob_stats(logits, every, tokens)
     else:
         x = logits.float()
         lse = torch.logsumexp(x, dim=-1)
         own = x.gather(1, tokens[:, None])[:, 0]
         rank = (x > own[:, None]).sum(-1) + 1
     if k:
-        values, ids = _top(logits, torch.arange(len(tokens), device=logits.device), k)
+        values, ids = _top(logits, every, k)
     else:
         values, ids = logits[:, :0].float(), tokens[:, None][:, :0]
     return [tokens, own - lse, rank, ids, values - lse[:, None]]
 
 
 def _top(x: torch.Tensor, where: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows where of x: their k largest values (float32) and ids, highest first."""
+    """Rows where of x: their k largest values (float32) and ids, highest first (torch's topk on the
+    CPU, and for a k beyond the kernels' candidates)."""
     if kernels.available(x) and k <= kernels.MAX_CANDIDATES:
         return kernels.top_candidates(x, where, k)
     values, ids = x.index_select(0, where).topk(k, dim=-1)
@@ -258,9 +262,9 @@ def _draw(
 
 
 def _floors(x: torch.Tensor, d: _Draws, top: torch.Tensor) -> torch.Tensor:
-    """The lowest logit each sampled row keeps after min_p, top_k and top_p, float32 [n]. top_k's rows
-    find it among their k candidates (torch's topk); the others' top_p searches the whole row: with
-    the kernels on CUDA, by sorting the row here."""
+    """The lowest logit each sampled row keeps after min_p, top_k and top_p, float32 [n]. A top_k row
+    finds it among its k candidates; the others' top_p looks at the whole row: a threshold search on
+    CUDA, a sort of the row here."""
     floor = top + d.temperature * d.log_min_p  # min_p: p_i >= min_p * p_max, as logits
     with_k = [j for j, p in enumerate(d.params) if p.top_k > 0]
     if with_k:

@@ -35,7 +35,7 @@ _SLICE = 8192  # a row's logits one search program reads
 _PIVOTS = 8  # a round narrows the search 8-fold: 9 rounds reach 2**-27 of its window
 _ROUNDS = 9
 # The search starts this many temperatures below the row's top: a token lower has e**-40 of its mass.
-WINDOW = 40.0
+_WINDOW = 40.0
 
 
 def available(x: torch.Tensor) -> bool:
@@ -101,7 +101,8 @@ def nucleus_floor(
     lows = torch.empty((n, slices), dtype=torch.float32, device=x.device)
     if n == 0:
         return lows[:, 0]
-    meta = {"SLICE": _SLICE, "BLOCK": 512, "PIVOTS": _PIVOTS, "SLICES": triton.next_power_of_2(slices), "num_warps": 4}
+    meta = {"SLICE": _SLICE, "BLOCK": 512, "PIVOTS": _PIVOTS, "SLICES": triton.next_power_of_2(slices),
+            "WINDOW": _WINDOW, "num_warps": 4}  # fmt: skip
     for round_ in range(_ROUNDS + 1):
         args = (x, where, top, floor, temperature, top_p, bounds, sums, lows, x.stride(0), vocab, n, round_)
         final = round_ == _ROUNDS
@@ -214,7 +215,7 @@ if TRITON_IMPORT_ERROR is None:
     def _search_kernel(
         x_ptr, where_ptr, top_ptr, floor_ptr, temp_ptr, top_p_ptr, bounds_ptr, sums_ptr, lows_ptr, x_stride,
         vocab, n, round_, SLICE: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr, SLICES: tl.constexpr,
-        FINAL: tl.constexpr,
+        WINDOW: tl.constexpr, FINAL: tl.constexpr,
     ):  # fmt: skip
         """One round of the top_p search for row i's slice s. Invariant: the mass above logit hi is at
         most the target, the mass above lo is more. A round's pivots split [lo, hi) in PIVOTS; the first
@@ -228,7 +229,7 @@ if TRITON_IMPORT_ERROR is None:
         temp = tl.load(temp_ptr + i)
         steps = tl.arange(0, PIVOTS)
         if round_ == 0:
-            lo = tl.maximum(floor, top - 40.0 * temp)
+            lo = tl.maximum(floor, top - WINDOW * temp)
             lo = lo - (tl.abs(lo) + 1.0) * 1e-6  # tokens at the window's edge (or at floor) lie above it
             hi = top
         else:
