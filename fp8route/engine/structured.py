@@ -306,13 +306,15 @@ class Grammars:
     def fill(self, bitmask: torch.Tensor, matchers: Sequence[Matcher | None]) -> None:
         """Row j of the CPU int32 bitmask := what matchers[j] allows next (None: the row is left as it is),
         the rows of running grammars filled in parallel."""
-        running = [(j, m) for j, m in enumerate(matchers) if m is not None and not m.terminated]
+        running: list[tuple[int, Matcher]] = []
+        for j, m in enumerate(matchers):
+            if m is not None and m.terminated:
+                m.fill(bitmask, j)  # its stop tokens only
+            elif m is not None:
+                running.append((j, m))
         if running:
             rows, handles = zip(*((j, m._matcher) for j, m in running), strict=True)
             self._batch.batch_fill_next_token_bitmask(list(handles), bitmask, list(rows))
-        for j, m in enumerate(matchers):
-            if m is not None and m.terminated:
-                m.fill(bitmask, j)
 
     def new_bitmask(self, rows: int) -> torch.Tensor:
         """An int32 [rows, words] CPU bitmask with every token allowed (the row of a request without a grammar)."""
