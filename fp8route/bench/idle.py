@@ -15,6 +15,8 @@ from collections.abc import Iterable
 
 import torch
 
+from fp8route.bench.serve import sampling_params
+from fp8route.bench.workload import LoadRequest
 from fp8route.engine.llm import LLM
 from fp8route.engine.sampling import SamplingParams
 
@@ -38,11 +40,13 @@ def idle_share(spans: Iterable[tuple[float, float]]) -> tuple[float, float]:
     return 1 - busy / (last - first), last - first
 
 
-def _steady(llm: LLM, batch: int, steps: int, arrivals: int) -> None:
-    """`batch` requests decoding past their first tokens, then `arrivals` new prompts waiting."""
+def _steady(llm: LLM, batch: int, steps: int, arrivals: int, sampling: str) -> None:
+    """`batch` requests decoding past their first tokens (each with `sampling`'s params, as bench
+    serve's arm of that name has them), then `arrivals` new prompts waiting."""
     engine, vocab = llm.engine, llm.model.cfg.vocab_size
-    params = SamplingParams(max_tokens=steps * 4 + 64, temperature=0, ignore_eos=True)
-    for _ in range(batch):
+    load = LoadRequest([], steps * 4 + 64, 0.0)
+    for index in range(batch):
+        params = sampling_params(sampling, load, index)
         engine.add_request(torch.randint(0, vocab, (128,)).tolist(), params)
     while any(r.num_output_tokens < 8 for r in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
@@ -50,12 +54,12 @@ def _steady(llm: LLM, batch: int, steps: int, arrivals: int) -> None:
         engine.add_request(torch.randint(0, vocab, (512,)).tolist(), SamplingParams(max_tokens=8, ignore_eos=True))
 
 
-def measure(llm: LLM, batch: int, steps: int, arrivals: int) -> dict[str, float]:
+def measure(llm: LLM, batch: int, steps: int, arrivals: int, sampling: str = "greedy") -> dict[str, float]:
     """Profile `steps` steps from steady state; the requests are aborted after."""
     from torch.profiler import ProfilerActivity, profile
 
     engine = llm.engine
-    _steady(llm, batch, steps, arrivals)
+    _steady(llm, batch, steps, arrivals, sampling)
     engine.stats.clear()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as trace:
@@ -76,14 +80,14 @@ def measure(llm: LLM, batch: int, steps: int, arrivals: int) -> dict[str, float]
 
 
 def table(rows: list[dict]) -> str:
-    """One markdown row per (kind, batch)."""
+    """One markdown row per (kind, sampling, batch)."""
     lines = [
-        "| steps | batch | n | mixed | GPU idle | step ms | host us (median) | wall us (median) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| steps | sampling | batch | n | mixed | GPU idle | step ms | host us (median) | wall us (median) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['kind']} | {r['batch']} | {r['steps']} | {r['mixed_steps']} | {100 * r['idle']:.1f}% | "
-            f"{r['step_ms']:.2f} | {r['host_us']:.0f} | {r['wall_us']:.0f} |"
+            f"| {r['kind']} | {r['sampling']} | {r['batch']} | {r['steps']} | {r['mixed_steps']} | "
+            f"{100 * r['idle']:.1f}% | {r['step_ms']:.2f} | {r['host_us']:.0f} | {r['wall_us']:.0f} |"
         )
     return "\n".join(lines)

@@ -7,9 +7,15 @@ import argparse
 from fp8route.cli.sweep_args import cuda_device, int_list
 from fp8route.errors import Fp8InputError
 
+IDLE_SAMPLINGS = ("greedy", "mixed")  # bench serve's arms that need no tokenizer
+
 
 def run(args: argparse.Namespace) -> int:
     batches = int_list(args.batches, "--batches")
+    samplings = args.sampling.split(",")
+    unknown = [s for s in samplings if s not in IDLE_SAMPLINGS]
+    if unknown:
+        raise Fp8InputError(f"--sampling takes {', '.join(IDLE_SAMPLINGS)} (comma-separated), got {unknown[0]!r}")
     if args.steps < 1:
         raise Fp8InputError(f"--steps must be at least 1, got {args.steps}")
     device = cuda_device(argparse.Namespace(device="cuda"))
@@ -21,9 +27,10 @@ def run(args: argparse.Namespace) -> int:
     llm = LLM(args.path, max_num_seqs=max(batches), max_model_len=args.max_model_len, skip_tokenizer_init=True,
               record_stats=True)  # fmt: skip
     rows = []
-    for batch in batches:
-        rows.append(measure(llm, batch, args.steps, arrivals=0) | {"kind": "decode"})
-        rows.append(measure(llm, batch, args.steps, arrivals=MIXED_ARRIVALS) | {"kind": "mixed"})
+    for sampling in samplings:
+        for batch in batches:
+            for kind, arrivals in (("decode", 0), ("mixed", MIXED_ARRIVALS)):
+                rows.append(measure(llm, batch, args.steps, arrivals, sampling) | {"kind": kind, "sampling": sampling})
     print(table(rows))
     return 0
 
@@ -37,5 +44,10 @@ def register(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("path", help="checkpoint folder (e.g. a random one: fp8route.checkpoint.random.write_random)")
     parser.add_argument("--batches", default="64,256", help="decoding requests per measurement, comma-separated")
     parser.add_argument("--steps", type=int, default=40, help="engine steps profiled per measurement")
+    parser.add_argument(
+        "--sampling",
+        default="greedy",
+        help=f"what each request asks for, comma-separated: {', '.join(IDLE_SAMPLINGS)} (bench serve's arms)",
+    )
     parser.add_argument("--max-model-len", type=int, default=8192, help="the engine's context length")
     parser.set_defaults(run=run)

@@ -14,6 +14,6 @@ def test_overlaps_count_once_and_gaps_are_idle():
 
 
 def test_table_has_a_row_per_measurement():
-    row = {"kind": "decode", "batch": 64, "steps": 40, "mixed_steps": 0, "idle": 0.051, "step_ms": 6.5,
-           "host_us": 1170.0, "wall_us": 6400.0}  # fmt: skip
-    assert table([row]).splitlines()[-1] == "| decode | 64 | 40 | 0 | 5.1% | 6.50 | 1170 | 6400 |"
+    row = {"kind": "decode", "sampling": "mixed", "batch": 64, "steps": 40, "mixed_steps": 0, "idle": 0.051,
+           "step_ms": 6.5, "host_us": 1170.0, "wall_us": 6400.0}  # fmt: skip
+    assert table([row]).splitlines()[-1] == "| decode | mixed | 64 | 40 | 0 | 5.1% | 6.50 | 1170 | 6400 |"

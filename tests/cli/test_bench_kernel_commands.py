@@ -19,6 +19,7 @@ from fp8route.kernels.paged_attention import Launch
         (["bench", "attention", "--layers", "0"], "--layers must be at least 1"),
         (["bench", "idle", "ckpt", "--steps", "0"], "--steps must be at least 1"),
         (["bench", "idle", "ckpt", "--batches", "64,x"], "--batches"),
+        (["bench", "idle", "ckpt", "--sampling", "greedy,json"], "--sampling takes greedy, mixed"),
     ],
 )
 def test_bad_options_are_one_line_naming_them(argv, message, capsys):
