@@ -133,28 +133,18 @@ class Sampler:
         constrains, their bitmasks on the device). -> (tokens [R], the rows' Logprobs if any asked)."""
         params = [r.params for r in requests]
         steps = [r.num_output_scheduled - 1 for r in requests]  # each request's output token being chosen
-        held = [i for i, (p, t) in enumerate(zip(params, steps, strict=True)) if t < p.min_tokens]
+        held = {  # the rows before their min_tokens: the ids they may not draw yet
+            i: [*(() if p.ignore_eos else eos_token_ids), *p.stop_token_ids]
+            for i, (p, t) in enumerate(zip(params, steps, strict=True))
+            if t < p.min_tokens
+        }
         penalized = [i for i, p in enumerate(params) if p.penalized]
-        counted = upload(torch.tensor(penalized), self.device) if penalized else None
         if masks is None and not held and all(p.greedy and p.plain for p in params):
             tokens = greedy if greedy is not None else greedy_tokens(logits)
         else:
-            x = logits.to(torch.float32, copy=True)
-            self._bias(x, params)
-            if held:
-                banned = [[*(() if params[i].ignore_eos else eos_token_ids), *params[i].stop_token_ids] for i in held]
-                _mask_tokens(x, held, banned)
-            if counted is not None:
-                self._penalize(x, counted, rows, [params[i] for i in penalized])
-            if masks is not None:
-                where = upload(torch.tensor(masks[0]), self.device)
-                if kernels.available(x):
-                    kernels.apply_bitmask_(x, where, masks[1])
-                else:
-                    from fp8route.engine.structured import apply_bitmask
-
-                    x[where] = apply_bitmask(x[where], masks[1])
-            tokens = _draw(x, params, [r.seed for r in requests], steps)
+            x, top = self._process(logits, params, rows, held, bool(penalized), masks)
+            tokens = _draw(x, top, params, [r.seed for r in requests], steps)
+        counted = upload(torch.tensor(penalized), self.device) if penalized else None
         if counted is not None and self.counts is not None:
             self.counts.index_put_((rows[counted], tokens[counted]), torch.ones_like(counted, dtype=torch.int32), True)
         asked = [i for i, p in enumerate(params) if p.logprobs is not None]
@@ -166,6 +156,57 @@ class Sampler:
         where = upload(torch.tensor(asked), self.device)
         return tokens, Logprobs(asked, ks, *token_logprobs(logits[where], tokens[where], max(ks)))
 
+    def _process(
+        self, logits: torch.Tensor, params: Sequence[SamplingParams], rows: torch.Tensor,
+        held: dict[int, list[int]], penalized: bool, masks: tuple[list[int], torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """The logits biased, held back (held: row -> its banned ids), penalized and masked, as float32;
+        and each row's maximum of them."""
+        x = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+        source = logits
+        if held or any(p.logit_bias for p in params):
+            x.copy_(logits)
+            self._bias(x, params)
+            _mask_tokens(x, list(held), list(held.values()))
+            source = x
+        factors = self._factors(params) if penalized else None
+        top = None
+        if kernels.available(x):
+            top = kernels.process(source, x, rows, self.counts, self.seen, factors)
+        else:
+            x.copy_(source)
+            if factors is not None:
+                self._penalize(x, rows, factors)
+        if masks is not None:
+            where = upload(torch.tensor(masks[0]), self.device)
+            if kernels.available(x):
+                kernels.apply_bitmask_(x, where, masks[1])
+            else:
+                from fp8route.engine.structured import apply_bitmask
+
+                x[where] = apply_bitmask(x[where], masks[1])
+            top = None
+        return x, x.amax(dim=-1) if top is None else top
+
+    def _factors(self, params: Sequence[SamplingParams]) -> torch.Tensor:
+        """Each row's (repetition, frequency, presence) penalties, float32 [3, R] on the device; a row
+        without penalties (1, 0, 0), which leave it as it is."""
+        assert self.counts is not None and self.seen is not None, "a penalized request took its row unseen"
+        factors = [[p.repetition_penalty for p in params], [p.frequency_penalty for p in params],
+                   [p.presence_penalty for p in params]]  # fmt: skip
+        return upload(torch.tensor(factors, dtype=torch.float32), self.device)
+
+    def _penalize(self, x: torch.Tensor, rows: torch.Tensor, factors: torch.Tensor) -> None:
+        """vLLM's penalties on every row of x (the torch path of kernels.process): repetition divides a
+        seen token's positive logit (multiplies a negative one); frequency subtracts per output
+        occurrence, presence once."""
+        assert self.counts is not None and self.seen is not None
+        rep, freq, pres = factors[:, :, None]
+        counts = self.counts[rows]
+        appeared = counts > 0
+        seen = self.seen[rows] | appeared
+        x.copy_(torch.where(seen, torch.where(x > 0, x / rep, x * rep), x) - freq * counts - pres * appeared)
+
     def _bias(self, x: torch.Tensor, params: Sequence[SamplingParams]) -> None:
         vocab = x.shape[-1]
         triples = [
@@ -176,28 +217,6 @@ class Sampler:
         rows, tokens, values = zip(*triples, strict=True)
         where = upload(torch.tensor([rows, tokens]), self.device)
         x.index_put_((where[0], where[1]), upload(torch.tensor(values), self.device), accumulate=True)
-
-    def _penalize(
-        self, x: torch.Tensor, where: torch.Tensor, rows: torch.Tensor, params: Sequence[SamplingParams]
-    ) -> None:
-        """vLLM's penalties on the rows `where` (their params in order): repetition divides a seen
-        token's positive logit (multiplies a negative one); frequency subtracts per output occurrence,
-        presence once."""
-        assert self.counts is not None and self.seen is not None, "a penalized request took its row unseen"
-        factors = [[p.repetition_penalty for p in params], [p.frequency_penalty for p in params],
-                   [p.presence_penalty for p in params]]  # fmt: skip
-        factors_t = upload(torch.tensor(factors, dtype=torch.float32), self.device)
-        table = rows[where]
-        if kernels.available(x):
-            kernels.penalize(x, where, table, self.counts, self.seen, factors_t)
-            return
-        rep, freq, pres = factors_t[:, :, None]
-        counts = self.counts[table]
-        appeared = counts > 0
-        seen = self.seen[table] | appeared
-        rows_x = x[where]
-        rows_x = torch.where(seen, torch.where(rows_x > 0, rows_x / rep, rows_x * rep), rows_x)
-        x[where] = rows_x - freq * counts - pres * appeared
 
 
 def _mask_tokens(x: torch.Tensor, rows: Sequence[int], banned: Sequence[Sequence[int]]) -> None:
@@ -236,10 +255,11 @@ class _Draws:
 
 
 def _draw(
-    x: torch.Tensor, params: Sequence[SamplingParams], seeds: Sequence[int], steps: Sequence[int]
+    x: torch.Tensor, top: torch.Tensor, params: Sequence[SamplingParams], seeds: Sequence[int], steps: Sequence[int]
 ) -> torch.Tensor:
-    """One token per row of processed logits x [R, vocab]: the argmax where the temperature is 0,
-    else drawn after temperature, min_p, top_k and top_p from the row's (seed, step) stream."""
+    """One token per row of processed logits x [R, vocab] (top: each row's maximum): the argmax where
+    the temperature is 0, else drawn after temperature, min_p, top_k and top_p from the row's (seed,
+    step) stream."""
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if len(sampled) < len(params):
         tokens = greedy_tokens(x)
@@ -248,7 +268,7 @@ def _draw(
     if not sampled:
         return tokens
     d = _Draws.of(sampled, params, seeds, steps, x.shape[-1], x.device)
-    top = x.amax(dim=-1)[d.where]
+    top = top[d.where]
     floor = _floors(x, d, top)
     if kernels.available(x):
         chosen = kernels.draw(x, d.where, top, floor, d.temperature, d.seeds, d.steps)

@@ -281,14 +281,16 @@ def _sampling(model: Model, dtype: torch.dtype) -> None:
         x = torch.empty((rows, vocab), dtype=torch.float32)
         where, ints = torch.arange(rows), torch.zeros(rows, dtype=torch.int64)
         values = torch.ones(rows)
-        sampling.penalize(x, where, where, torch.empty((rows, vocab), dtype=torch.int32),
-                          torch.empty((rows, vocab), dtype=torch.bool), torch.ones(3, rows))  # fmt: skip
+        logits = torch.empty((rows, vocab), dtype=dtype)
+        for source in (logits, x):
+            sampling.process(source, x, where, torch.empty((rows, vocab), dtype=torch.int32),
+                             torch.empty((rows, vocab), dtype=torch.bool), torch.ones(3, rows))  # fmt: skip
+            sampling.process(source, x, where, None, None, None)
         sampling.apply_bitmask_(x, where, torch.empty((rows, -(-vocab // 32)), dtype=torch.int32))
         sampling.nucleus_floor(x, where, values, values, values, values)
         sampling.draw(x, where, values, values, values, ints, ints)
         for k in (5, 40):
             sampling.top_candidates(x, where, k)
-        logits = torch.empty((rows, vocab), dtype=dtype)
         sampling.top_candidates(logits, where, 5)
         sampling.logprob_stats(logits, where, ints)
 
@@ -311,7 +313,7 @@ SWEEPS: dict[str, Callable[[Model, torch.dtype], None]] = {
     "attention": _attention,
     "paged_attention": _paged_attention,
     "argmax": _argmax,
-    "sampling": _sampling,  # the sampler's penalties, bitmask, top-k candidates, top_p search, draw, logprobs
+    "sampling": _sampling,  # the sampler: processing, bitmask, top-k candidates, top_p search, draw, logprobs
     "peer_reduce": _peer_reduce,  # tensor parallel's all-reduce fused with the norm after it
 }
 

@@ -4,10 +4,13 @@ statistics, with no sort of the vocabulary and no [rows, vocab] temporaries.
 A step that samples 150 rows of Llama-3's 128256 logits with torch ops spends milliseconds in full-
 vocabulary sorts, int64 hash tensors and the penalty gathers' temporaries: longer than the decode
 forward's own share. Here:
-- penalize: vLLM's repetition / frequency / presence penalties from the per-row counts, in place.
+- process: the logits as float32 with vLLM's repetition / frequency / presence penalties from the
+  per-row counts, and each row's maximum, in one pass.
 - apply_bitmask_: a grammar's token bitmask (xgrammar's) as -inf logits, in place.
-- top_candidates: each row's k largest logits and their ids: each 2048-logit chunk's top k packed
-  with its ids into int64 keys (Triton's bitonic topk), then torch's topk over those few.
+- top_candidates: each row's k largest logits and their ids, as int64 keys (the value's bits, then
+  the id) that are all distinct: the k-th largest chunk maximum bounds the k-th key from below, so
+  exactly k chunks hold keys at or above it; those k chunks' top keys (Triton's bitonic topk over 512
+  logits each), then torch's topk over the k x k few.
 - nucleus_floor: each row's top_p cut as a logit threshold, searched with 7 pivots a round over 9
   rounds (FlashInfer's sampling kernels search a pivot alike), each round a launch that splits every
   row over 16 programs.
@@ -30,8 +33,10 @@ from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
 GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 ID_MUL, FMIX1, FMIX2 = 0x9E3779B1, 0x85EBCA6B, 0xC2B2AE35
 _CHUNK = 2048  # the logits one program reads
-MAX_CANDIDATES = _CHUNK  # the most top_candidates finds: a chunk's own
-_SLICE = 8192  # a row's logits one search program reads
+MAX_CANDIDATES = 2048  # the most top_candidates finds
+_TOP_CHUNK = 512  # the logits one top_candidates program reads (fewer for a k past vocab / 512)
+_NO_KEY = -(2**63)  # below every key top_candidates makes
+_SLICE = 2048  # a row's logits one search program reads
 _PIVOTS = 8  # a round narrows the search 8-fold: 9 rounds reach 2**-27 of its window
 _ROUNDS = 9
 # The search starts this many temperatures below the row's top: a token lower has e**-40 of its mass.
@@ -46,18 +51,24 @@ def available(x: torch.Tensor) -> bool:
     return x.is_cuda
 
 
-def penalize(
-    x: torch.Tensor, where: torch.Tensor, table: torch.Tensor, counts: torch.Tensor, seen: torch.Tensor,
-    factors: torch.Tensor,
-) -> None:  # fmt: skip
-    """In place on float32 x [R, V]: row where[i] by table row table[i]'s counts (int32) and seen (bool)
-    [rows, V], with factors [3, n] = (repetition, frequency, presence)."""
-    n, vocab = where.numel(), x.shape[1]
-    if n == 0:
-        return
+def process(
+    logits: torch.Tensor, out: torch.Tensor, table: torch.Tensor, counts: torch.Tensor | None,
+    seen: torch.Tensor | None, factors: torch.Tensor | None,
+) -> torch.Tensor:  # fmt: skip
+    """out (float32 [R, V]) = logits [R, V] (out itself allowed) penalized: row i by table row table[i]'s
+    counts (int32) and seen (bool) [rows, V], with factors [3, R] = (repetition, frequency, presence),
+    a row of neutral factors (1, 0, 0) untouched; None: no penalties. -> each row's maximum, [R]."""
+    rows, vocab = logits.shape
     chunks = triton.cdiv(vocab, _CHUNK)
-    args = (x, where, table, counts, seen, factors, x.stride(0), counts.stride(0), vocab, n)
-    _PENALIZE((n, chunks), (int_key(x.stride(0), counts.stride(0)), vocab), args, {"CHUNK": _CHUNK, "num_warps": 4})
+    maxima = torch.empty((rows, chunks), dtype=torch.float32, device=logits.device)
+    if rows:
+        penalized = counts is not None and seen is not None and factors is not None
+        tables = (counts, seen, factors) if penalized else (out, out, out)
+        args = (logits, out, table, *tables, maxima, logits.stride(0), out.stride(0), tables[0].stride(0), vocab,
+                rows, chunks)  # fmt: skip
+        key = (logits.dtype, int_key(logits.stride(0), out.stride(0), tables[0].stride(0), chunks), vocab)
+        _PROCESS((rows, chunks), key, args, {"CHUNK": _CHUNK, "PENALIZE": penalized, "num_warps": 4})
+    return maxima.amax(dim=-1)
 
 
 def apply_bitmask_(x: torch.Tensor, where: torch.Tensor, bitmask: torch.Tensor) -> None:
@@ -74,17 +85,33 @@ def top_candidates(x: torch.Tensor, where: torch.Tensor, k: int) -> tuple[torch.
     """Row where[i] of x [R, V]'s k largest values (float32, highest first) and their ids (int64),
     each [n, k]; the lower id first among equal values. k at most MAX_CANDIDATES."""
     n, vocab = where.numel(), x.shape[1]
-    width = max(16, triton.next_power_of_2(k))  # k = 1 (a single-element topk) failed its test on the H200
-    chunks = triton.cdiv(vocab, _CHUNK)
-    keys = torch.empty((n, chunks * width), dtype=torch.int64, device=x.device)
+    chunk = _chunk_for(vocab, k)
+    if chunk == 0:  # too few chunks to bound the k-th: a stable sort of the rows (the keys' order)
+        ordered = x.index_select(0, where).float().sort(dim=-1, descending=True, stable=True)
+        return ordered.values[:, :k], ordered.indices[:, :k]
+    chunks, width = triton.cdiv(vocab, chunk), min(max(16, triton.next_power_of_2(k)), chunk)
+    maxima = torch.empty((n, chunks), dtype=torch.int64, device=x.device)
+    keys = torch.full((n, k, width), _NO_KEY, dtype=torch.int64, device=x.device)
     if n:
-        args = (x, where, keys, x.stride(0), vocab, chunks)
-        key = (x.dtype, int_key(x.stride(0), chunks), vocab)
-        _TOP((n, chunks), key, args, {"CHUNK": _CHUNK, "K": width, "num_warps": 4})
-    top = keys.topk(k, dim=-1).values
+        key = (x.dtype, int_key(x.stride(0), chunks, k), vocab)
+        _MAX_KEY((n, chunks), key, (x, where, maxima, x.stride(0), vocab, chunks), {"CHUNK": chunk, "num_warps": 4})
+        bound = maxima.topk(k, dim=-1).values[:, k - 1].contiguous()
+        slots = torch.zeros(n, dtype=torch.int32, device=x.device)
+        args = (x, where, maxima, bound, slots, keys, x.stride(0), vocab, chunks, k)
+        _GATHER((n, chunks), key, args, {"CHUNK": chunk, "WIDTH": width, "num_warps": 4})
+    top = keys.view(n, k * width).topk(k, dim=-1).values
     ordered = (top >> 32).to(torch.int32)
     values = torch.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).view(torch.float32)
     return values, 0xFFFFFFFF - (top & 0xFFFFFFFF)
+
+
+def _chunk_for(vocab: int, k: int) -> int:
+    """The largest power-of-two chunk, _TOP_CHUNK at most and 16 at least, that splits a row of vocab
+    into k chunks or more (0: none does): the k-th largest chunk maximum bounds the row's k-th value."""
+    chunk = _TOP_CHUNK
+    while chunk >= 16 and triton.cdiv(vocab, chunk) < k:
+        chunk //= 2
+    return chunk if chunk >= 16 else 0
 
 
 def nucleus_floor(
@@ -166,26 +193,29 @@ if TRITON_IMPORT_ERROR is None:
         h = _fmix32(h ^ (z >> 32).to(tl.uint32))
         return ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
 
-    @triton.jit(do_not_specialize=["n"])
-    def _penalize_kernel(
-        x_ptr, where_ptr, table_ptr, counts_ptr, seen_ptr, factors_ptr, x_stride, table_stride, vocab, n,
-        CHUNK: tl.constexpr,
+    @triton.jit(do_not_specialize=["rows"])
+    def _process_kernel(
+        src_ptr, out_ptr, table_ptr, counts_ptr, seen_ptr, factors_ptr, maxima_ptr, src_stride, out_stride,
+        table_stride, vocab, rows, chunks, CHUNK: tl.constexpr, PENALIZE: tl.constexpr,
     ):  # fmt: skip
         i = tl.program_id(0)
-        offs = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
+        chunk = tl.program_id(1)
+        offs = chunk * CHUNK + tl.arange(0, CHUNK)
         inside = offs < vocab
-        x_row = x_ptr + tl.load(where_ptr + i) * x_stride
-        t = tl.load(table_ptr + i) * table_stride
-        count = tl.load(counts_ptr + t + offs, mask=inside, other=0)
-        seen = tl.load(seen_ptr + t + offs, mask=inside, other=0) != 0
-        appeared = count > 0
-        rep = tl.load(factors_ptr + i)
-        freq = tl.load(factors_ptr + n + i)
-        pres = tl.load(factors_ptr + 2 * n + i)
-        x = tl.load(x_row + offs, mask=inside, other=0.0)
-        x = tl.where(seen | appeared, tl.where(x > 0, x / rep, x * rep), x)
-        x = x - freq * count.to(tl.float32) - pres * appeared.to(tl.float32)
-        tl.store(x_row + offs, x, mask=inside)
+        x = tl.load(src_ptr + i * src_stride + offs, mask=inside, other=float("-inf")).to(tl.float32)
+        if PENALIZE:
+            rep = tl.load(factors_ptr + i)
+            freq = tl.load(factors_ptr + rows + i)
+            pres = tl.load(factors_ptr + 2 * rows + i)
+            if (rep != 1.0) | (freq != 0.0) | (pres != 0.0):
+                t = tl.load(table_ptr + i) * table_stride
+                count = tl.load(counts_ptr + t + offs, mask=inside, other=0)
+                seen = tl.load(seen_ptr + t + offs, mask=inside, other=0) != 0
+                appeared = count > 0
+                x = tl.where(seen | appeared, tl.where(x > 0, x / rep, x * rep), x)
+                x = x - freq * count.to(tl.float32) - pres * appeared.to(tl.float32)
+        tl.store(out_ptr + i * out_stride + offs, x, mask=inside)
+        tl.store(maxima_ptr + i * chunks + chunk, tl.max(x, axis=0))
 
     @triton.jit
     def _mask_kernel(x_ptr, where_ptr, bits_ptr, x_stride, bits_stride, vocab, CHUNK: tl.constexpr):
@@ -198,18 +228,41 @@ if TRITON_IMPORT_ERROR is None:
         tl.store(x_row + offs, float("-inf"), mask=inside & ~allowed)
 
     @triton.jit
-    def _top_kernel(x_ptr, where_ptr, keys_ptr, x_stride, vocab, chunks, CHUNK: tl.constexpr, K: tl.constexpr):
+    def _keys(x_row, offs, vocab):
+        """int64 keys ordered as the logits at offs, the lower id first among equal ones; padding lowest."""
+        inside = offs < vocab
+        x = tl.load(x_row + offs, mask=inside, other=0.0).to(tl.float32)
+        bits = x.to(tl.int32, bitcast=True)
+        ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # ordered as the floats, as int32
+        key = (ordered.to(tl.int64) << 32) + (0xFFFFFFFF - offs.to(tl.int64))
+        return tl.where(inside, key, -0x7FFFFFFFFFFFFFFF - 1)
+
+    @triton.jit
+    def _max_key_kernel(x_ptr, where_ptr, maxima_ptr, x_stride, vocab, chunks, CHUNK: tl.constexpr):
         i = tl.program_id(0)
         chunk = tl.program_id(1)
         offs = chunk * CHUNK + tl.arange(0, CHUNK)
-        inside = offs < vocab
-        x = tl.load(x_ptr + tl.load(where_ptr + i) * x_stride + offs, mask=inside, other=0.0).to(tl.float32)
-        bits = x.to(tl.int32, bitcast=True)
-        ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # ordered as the floats, as int32
-        key = (ordered.to(tl.int64) << 32) + (0xFFFFFFFF - offs.to(tl.int64))  # the lower id wins a tie
-        key = tl.where(inside, key, -0x7FFFFFFFFFFFFFFF - 1)
-        top = tl.topk(key, K)
-        tl.store(keys_ptr + (i * chunks + chunk).to(tl.int64) * K + tl.arange(0, K), top)
+        key = _keys(x_ptr + tl.load(where_ptr + i) * x_stride, offs, vocab)
+        tl.store(maxima_ptr + i * chunks + chunk, tl.max(key, axis=0))
+
+    @triton.jit
+    def _gather_kernel(
+        x_ptr, where_ptr, maxima_ptr, bound_ptr, slots_ptr, keys_ptr, x_stride, vocab, chunks, k,
+        CHUNK: tl.constexpr, WIDTH: tl.constexpr,
+    ):  # fmt: skip
+        """A chunk whose maximum key is at or above the row's bound (k chunks a row do) writes its top
+        WIDTH keys, those below the bound as the lowest key, into the row's next slot."""
+        i = tl.program_id(0)
+        chunk = tl.program_id(1)
+        bound = tl.load(bound_ptr + i)
+        if tl.load(maxima_ptr + i * chunks + chunk) >= bound:
+            slot = tl.atomic_add(slots_ptr + i, 1)
+            offs = chunk * CHUNK + tl.arange(0, CHUNK)
+            key = _keys(x_ptr + tl.load(where_ptr + i) * x_stride, offs, vocab)
+            key = tl.where(key >= bound, key, -0x7FFFFFFFFFFFFFFF - 1)
+            if WIDTH < CHUNK:
+                key = tl.topk(key, WIDTH)
+            tl.store(keys_ptr + ((i * k + slot) * WIDTH).to(tl.int64) + tl.arange(0, WIDTH), key)
 
     @triton.jit(do_not_specialize=["n", "round_"])
     def _search_kernel(
@@ -310,9 +363,10 @@ if TRITON_IMPORT_ERROR is None:
         tl.store(own_ptr + i, own)
         tl.store(rank_ptr + i, tl.sum(larger, axis=0).to(tl.int64) + 1)
 
-    _PENALIZE = DirectLauncher(_penalize_kernel, pointers=6)
+    _PROCESS = DirectLauncher(_process_kernel, pointers=7)
     _MASK = DirectLauncher(_mask_kernel, pointers=3)
-    _TOP = DirectLauncher(_top_kernel, pointers=3)
+    _MAX_KEY = DirectLauncher(_max_key_kernel, pointers=3)
+    _GATHER = DirectLauncher(_gather_kernel, pointers=6)
     _SEARCH = DirectLauncher(_search_kernel, pointers=9)
     _DRAW = DirectLauncher(_draw_kernel, pointers=9)
     _STATS = DirectLauncher(_stats_kernel, pointers=6)

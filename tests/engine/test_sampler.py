@@ -139,7 +139,7 @@ def expected_penalized(logits: torch.Tensor) -> torch.Tensor:
 def test_penalties_on_a_hand_built_history():
     sampler, reqs = penalized(1)
     x = LOGITS[None].clone()
-    sampler._penalize(x, torch.tensor([0]), torch.tensor([0]), [reqs[0].params])
+    sampler._penalize(x, torch.tensor([0]), sampler._factors([reqs[0].params]))
     torch.testing.assert_close(x[0], expected_penalized(LOGITS))
 
 

@@ -26,24 +26,31 @@ def logits(seed: int = 0) -> torch.Tensor:
     return (torch.randn(ROWS, VOCAB, generator=g) * 3).to(DEVICE)
 
 
-def test_penalize_matches_the_torch_path():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_process_penalizes_as_the_torch_path_and_finds_each_rows_maximum(dtype):
     g = torch.Generator().manual_seed(1)
-    x = logits()
+    source = logits().to(dtype)
     counts = torch.randint(0, 3, (ROWS + 2, VOCAB), generator=g, dtype=torch.int32).to(DEVICE)
     counts[counts == 1] = 0  # most tokens never appeared
     seen = (torch.rand(ROWS + 2, VOCAB, generator=g) < 0.1).to(DEVICE)
-    where = torch.tensor([0, 3, 4, 9], device=DEVICE)
-    table = torch.tensor([13, 2, 0, 7], device=DEVICE)
-    factors = torch.tensor([[1.1, 1.0, 0.8, 1.3], [0.2, 0.0, 0.5, 0.0], [0.3, 1.0, 0.0, 0.1]], device=DEVICE)
-    expected = x.clone()
+    table = torch.randperm(ROWS + 2, generator=g)[:ROWS].to(DEVICE)
+    factors = torch.tensor([[1.0] * ROWS, [0.0] * ROWS, [0.0] * ROWS], device=DEVICE)  # neutral: untouched
+    factors[:, [0, 3, 4, 9]] = torch.tensor([[1.1, 1.0, 0.8, 1.3], [0.2, 0.0, 0.5, 0.0], [0.3, 1.0, 0.0, 0.1]],
+                                            device=DEVICE)  # fmt: skip
+    x = torch.empty(source.shape, dtype=torch.float32, device=DEVICE)
+    top = kernels.process(source, x, table, counts, seen, factors)
     rep, freq, pres = factors[:, :, None]
     c, s = counts[table], seen[table] | (counts[table] > 0)
-    rows = expected[where]
-    rows = torch.where(s, torch.where(rows > 0, rows / rep, rows * rep), rows)
-    expected[where] = rows - freq * c - pres * (c > 0)
-    kernels.penalize(x, where, table, counts, seen, factors)
+    expected = source.float()
+    expected = (
+        torch.where(s, torch.where(expected > 0, expected / rep, expected * rep), expected) - freq * c - pres * (c > 0)
+    )
     assert torch.allclose(x, expected, atol=1e-6, rtol=1e-6)
-    assert not torch.equal(x[where], logits()[where])  # the case penalizes something
+    assert torch.equal(x[[1, 2]], source[[1, 2]].float())  # neutral rows are the logits as float32
+    assert not torch.equal(x[[0, 3, 4, 9]], source[[0, 3, 4, 9]].float())  # the case penalizes something
+    assert torch.equal(top, x.amax(-1))
+    assert torch.equal(kernels.process(source, x, table, None, None, None), source.float().amax(-1))
+    assert torch.equal(x, source.float())
 
 
 @pytest.mark.parametrize("top_p", [0.1, 0.5, 0.9, 0.99])
@@ -100,7 +107,9 @@ def test_logprob_stats_are_log_softmaxs(dtype):
     assert torch.equal(rank, (rows > own[:, None]).sum(-1) + 1)
 
 
-@pytest.mark.parametrize(("dtype", "k"), [(torch.float32, 40), (torch.bfloat16, 5), (torch.float32, 1)])
+# k = 40: 20 of the top 40 in one chunk; bf16's coarse values tie across chunks; k = 400 takes the sort.
+@pytest.mark.parametrize(("dtype", "k"), [(torch.float32, 40), (torch.bfloat16, 5), (torch.bfloat16, 33),
+                                          (torch.float32, 1), (torch.float32, 400)])  # fmt: skip
 def test_top_candidates_are_topks(dtype, k):
     x = logits(5).to(dtype)
     x[4, 10:30] = x[4].max()  # equal values: the lower ids first, as a stable sort has them
