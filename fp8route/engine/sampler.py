@@ -3,10 +3,11 @@ ops, whatever mix of SamplingParams the rows carry.
 
 A row's logits are processed in SamplingParams' order (bias, min_tokens, penalties, structured
 output, temperature, min_p, top_k, top_p); each op runs on the rows that need it only, so a step of
-plain requests pays for none of them. min_p, top_k and top_p become one floor per row, the lowest
-logit it keeps. On CUDA the ops are fp8route.kernels.sampling's kernels; the torch ops here are the
-CPU path and their oracle (they sort a top_p row's vocabulary). The per-row values reach the device
-from pinned memory and nothing waits for the GPU.
+plain requests pays for none of them. min_p and top_p become one floor per row, the lowest logit it
+keeps; a top_k row keeps exactly its k largest logits (the lower id first among equal ones) and draws
+among them. On CUDA the ops are fp8route.kernels.sampling's kernels; the torch ops here are the CPU
+path and their oracle (they sort a top_p row's vocabulary). The per-row values reach the device from
+pinned memory and nothing waits for the GPU.
 
 Each request samples from its own stream: the noise for a request's t-th token is a hash of (its
 seed, t, token id), so the tokens it draws do not depend on which other requests share its batch,
@@ -89,12 +90,12 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> list[t
 
 
 def _top(x: torch.Tensor, where: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows where of x: their k largest values (float32) and ids, highest first (torch's topk on the
-    CPU, and for a k beyond the kernels' candidates)."""
+    """Rows where of x: their k largest values (float32) and ids, highest first, the lower id first
+    among equal values (a stable sort on the CPU, and for a k beyond the kernels' candidates)."""
     if kernels.available(x) and k <= kernels.MAX_CANDIDATES:
         return kernels.top_candidates(x, where, k)
-    values, ids = x.index_select(0, where).topk(k, dim=-1)
-    return values.float(), ids
+    ordered = x.index_select(0, where).float().sort(dim=-1, descending=True, stable=True)
+    return ordered.values[:, :k], ordered.indices[:, :k]
 
 
 class Sampler:
@@ -259,7 +260,7 @@ def _draw(
 ) -> torch.Tensor:
     """One token per row of processed logits x [R, vocab] (top: each row's maximum): the argmax where
     the temperature is 0, else drawn after temperature, min_p, top_k and top_p from the row's (seed,
-    step) stream."""
+    step) stream: a top_k row among its k candidates, another over its whole row."""
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if len(sampled) < len(params):
         tokens = greedy_tokens(x)
@@ -269,30 +270,22 @@ def _draw(
         return tokens
     d = _Draws.of(sampled, params, seeds, steps, x.shape[-1], x.device)
     top = top[d.where]
-    floor = _floors(x, d, top)
-    if kernels.available(x):
-        chosen = kernels.draw(x, d.where, top, floor, d.temperature, d.seeds, d.steps)
+    floor = top + d.temperature * d.log_min_p  # min_p: p_i >= min_p * p_max, as logits
+    with_k = [j for j, p in enumerate(d.params) if p.top_k > 0]
+    if len(with_k) < len(d.params):
+        chosen = _draw_rows(x, d, top, floor)
     else:
-        rows = x[d.where]
-        keys = (rows - top[:, None]) / d.temperature[:, None] - torch.log(
-            -torch.log(_uniform(d.seeds, d.steps, x.shape[-1]))
-        )
-        chosen = keys.masked_fill(~((rows >= floor[:, None]) & (rows > -math.inf)), -math.inf).argmax(dim=-1)
+        chosen = torch.empty(len(sampled), dtype=torch.int64, device=x.device)
+    if with_k:
+        k = upload(torch.tensor(with_k), x.device)
+        most = min(max(d.params[j].top_k for j in with_k), x.shape[-1])
+        chosen.index_copy_(0, k, _draw_top_k(x, d, k, most, top[k], floor[k]))
     return tokens.index_copy(0, d.where, chosen)
 
 
-def _floors(x: torch.Tensor, d: _Draws, top: torch.Tensor) -> torch.Tensor:
-    """The lowest logit each sampled row keeps after min_p, top_k and top_p, float32 [n]. A top_k row
-    finds it among its k candidates; the others' top_p looks at the whole row: a threshold search on
-    CUDA, a sort of the row here."""
-    floor = top + d.temperature * d.log_min_p  # min_p: p_i >= min_p * p_max, as logits
-    with_k = [j for j, p in enumerate(d.params) if p.top_k > 0]
-    if with_k:
-        k = upload(torch.tensor(with_k), x.device)
-        most = int(max(d.params[j].top_k for j in with_k))
-        candidates = _top(x, d.where[k], min(most, x.shape[-1]))[0]
-        kth = candidates.gather(1, (d.top_k[k] - 1)[:, None])[:, 0]
-        floor[k] = _nucleus(candidates, top[k], torch.maximum(floor[k], kth), d.temperature[k], d.top_p[k])
+def _draw_rows(x: torch.Tensor, d: _Draws, top: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+    """The token of each row of d without top_k, drawn over its whole row above floor raised to its
+    top_p cut (a threshold search on CUDA, a sort of the row here); a top_k row's is left undefined."""
     nucleus = [j for j, p in enumerate(d.params) if p.top_k == 0 and p.top_p < 1]
     if nucleus:
         n = upload(torch.tensor(nucleus), x.device)
@@ -301,7 +294,38 @@ def _floors(x: torch.Tensor, d: _Draws, top: torch.Tensor) -> torch.Tensor:
             floor[n] = kernels.nucleus_floor(x, d.where[n], *args)
         else:
             floor[n] = _nucleus(x[d.where[n]].sort(dim=-1, descending=True).values, *args)
-    return floor
+    if kernels.available(x):
+        return kernels.draw(x, d.where, top, floor, d.temperature, d.seeds, d.steps, d.top_k)
+    ids = torch.arange(x.shape[-1], device=x.device)[None]
+    return _draw_among(x[d.where], ids, top, floor, d.temperature, d.seeds, d.steps)
+
+
+def _draw_top_k(
+    x: torch.Tensor, d: _Draws, k: torch.Tensor, most: int, top: torch.Tensor, floor: torch.Tensor
+) -> torch.Tensor:
+    """The token of rows k of d (each with a top_k, most the largest; top and floor theirs), drawn
+    among their top_k candidates (the lower id first among equal logits) above floor raised to the
+    top_p cut of their mass."""
+    top_k = d.top_k[k]
+    values, ids = _top(x, d.where[k], most)
+    values = values.masked_fill(torch.arange(most, device=x.device) >= top_k[:, None], -math.inf)  # just its k
+    kth = values.gather(1, (top_k - 1)[:, None])[:, 0]
+    temperature = d.temperature[k]
+    floor = _nucleus(values, top, torch.maximum(floor, kth), temperature, d.top_p[k])
+    args = (values, ids, top, floor, temperature, d.seeds[k], d.steps[k])
+    return kernels.draw_among(*args) if kernels.available(values) else _draw_among(*args)
+
+
+def _draw_among(
+    values: torch.Tensor, ids: torch.Tensor, top: torch.Tensor, floor: torch.Tensor, temperature: torch.Tensor,
+    seeds: torch.Tensor, steps: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """Row i's token: the Gumbel-max over its logits values[i] >= floor[i] (their token ids ids[i],
+    or one row of ids for every row), argmax of (value - top) / temperature - log(-log U(seed, step, id))."""
+    keys = (values - top[:, None]) / temperature[:, None] - torch.log(-torch.log(_uniform(seeds, steps, ids)))
+    keys = keys.masked_fill(~((values >= floor[:, None]) & (values > -math.inf)), -math.inf)
+    at = keys.argmax(dim=-1, keepdim=True)
+    return ids.expand(len(values), -1).gather(1, at)[:, 0]
 
 
 def _nucleus(
@@ -317,15 +341,15 @@ def _nucleus(
     return torch.where(inside, ordered, math.inf).amin(dim=-1)
 
 
-def _uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """U(0, 1) float32 [B, vocab] from a counter hash of (seed, step) per row and the token id, as
-    fp8route.kernels.sampling.uniform has it (int64 ops wrap; 32-bit values are kept masked)."""
+def _uniform(seeds: torch.Tensor, steps: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """U(0, 1) float32 [B, V] for token ids [B, V] (or [1, V] for every row) from a counter hash of
+    (seed, step) per row and the token id, as fp8route.kernels.sampling.uniform has it (int64 ops
+    wrap; 32-bit values are kept masked)."""
     z = seeds * _GOLDEN + steps * _MIX2
     for shift, mult in ((30, _MIX1), (27, _MIX2)):  # splitmix64's finalizer (logical shifts)
         z = (z ^ ((z >> shift) & ((1 << (64 - shift)) - 1))) * mult
     z = z ^ ((z >> 31) & ((1 << 33) - 1))
-    ids = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
-    h = _fmix32(((ids[None, :] * kernels.ID_MUL) & _MASK32) ^ (z[:, None] & _MASK32))
+    h = _fmix32(((ids * kernels.ID_MUL) & _MASK32) ^ (z[:, None] & _MASK32))
     h = _fmix32(h ^ ((z[:, None] >> 32) & _MASK32))
     return ((h >> 8).float() + 0.5) / float(1 << 24)
 

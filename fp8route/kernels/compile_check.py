@@ -288,7 +288,11 @@ def _sampling(model: Model, dtype: torch.dtype) -> None:
             sampling.process(source, x, where, None, None, None)
         sampling.apply_bitmask_(x, where, torch.empty((rows, -(-vocab // 32)), dtype=torch.int32))
         sampling.nucleus_floor(x, where, values, values, values, values)
-        sampling.draw(x, where, values, values, values, ints, ints)
+        sampling.draw(x, where, values, values, values, ints, ints, ints)
+        for k in (20, 40):
+            candidates = torch.empty((rows, k))
+            sampling.draw_among(candidates, ints[:, None].expand(rows, k).contiguous(), values, values, values, ints,
+                                ints)  # fmt: skip
         for k in (5, 40):
             sampling.top_candidates(x, where, k)
         sampling.top_candidates(logits, where, 5)

@@ -10,13 +10,14 @@ forward's own share. Here:
 - top_candidates: each row's k largest logits and their ids, as int64 keys (the value's bits, then
   the id) that are all distinct: the k-th largest chunk maximum bounds the k-th key from below, so
   exactly k chunks hold keys at or above it; those k chunks' top keys (Triton's bitonic topk over 512
-  logits each), then torch's topk over the k x k few.
-- nucleus_floor: each row's top_p cut as a logit threshold, searched with 7 pivots a round over 9
-  rounds (FlashInfer's sampling kernels search a pivot alike), each round a launch that splits every
-  row over 16 programs.
+  logits each), then torch's topk over those few.
+- nucleus_floor: each row's top_p cut as a logit threshold, searched with 15 pivots a round over 7
+  rounds (FlashInfer's sampling kernels search a pivot alike), each round a launch of a program per
+  2048 logits of every row.
 - draw: the exponential race as a Gumbel-max, argmax over the kept tokens of
   (x - max) / T - log(-log U), U from a hash of (seed, step) and the token id: a row's token depends
-  on its own seed and step only, whatever shares its batch.
+  on its own seed and step only, whatever shares its batch. draw_among: the same over a top_k row's
+  candidates.
 - logprob_stats: each row's log-sum-exp and the rank of a token in one pass.
 
 fp8route.engine.sampler holds the same operations in torch (the CPU path and these kernels' oracle).
@@ -37,8 +38,8 @@ MAX_CANDIDATES = 2048  # the most top_candidates finds
 _TOP_CHUNK = 512  # the logits one top_candidates program reads (fewer for a k past vocab / 512)
 _NO_KEY = -(2**63)  # below every key top_candidates makes
 _SLICE = 2048  # a row's logits one search program reads
-_PIVOTS = 8  # a round narrows the search 8-fold: 9 rounds reach 2**-27 of its window
-_ROUNDS = 9
+_PIVOTS = 16  # a round narrows the search 16-fold: 7 rounds reach 2**-28 of its window
+_ROUNDS = 7
 # The search starts this many temperatures below the row's top: a token lower has e**-40 of its mass.
 _WINDOW = 40.0
 
@@ -95,7 +96,7 @@ def top_candidates(x: torch.Tensor, where: torch.Tensor, k: int) -> tuple[torch.
     if n:
         key = (x.dtype, int_key(x.stride(0), chunks, k), vocab)
         _MAX_KEY((n, chunks), key, (x, where, maxima, x.stride(0), vocab, chunks), {"CHUNK": chunk, "num_warps": 4})
-        bound = maxima.topk(k, dim=-1).values[:, k - 1].contiguous()
+        bound = maxima.topk(k, dim=-1, sorted=False).values.amin(dim=-1)
         slots = torch.zeros(n, dtype=torch.int32, device=x.device)
         args = (x, where, maxima, bound, slots, keys, x.stride(0), vocab, chunks, k)
         _GATHER((n, chunks), key, args, {"CHUNK": chunk, "WIDTH": width, "num_warps": 4})
@@ -128,7 +129,7 @@ def nucleus_floor(
     lows = torch.empty((n, slices), dtype=torch.float32, device=x.device)
     if n == 0:
         return lows[:, 0]
-    meta = {"SLICE": _SLICE, "BLOCK": 512, "PIVOTS": _PIVOTS, "SLICES": triton.next_power_of_2(slices),
+    meta = {"SLICE": _SLICE, "BLOCK": 256, "PIVOTS": _PIVOTS, "SLICES": triton.next_power_of_2(slices),
             "WINDOW": _WINDOW, "num_warps": 4}  # fmt: skip
     for round_ in range(_ROUNDS + 1):
         args = (x, where, top, floor, temperature, top_p, bounds, sums, lows, x.stride(0), vocab, n, round_)
@@ -139,18 +140,34 @@ def nucleus_floor(
 
 def draw(
     x: torch.Tensor, where: torch.Tensor, top: torch.Tensor, floor: torch.Tensor, temperature: torch.Tensor,
-    seeds: torch.Tensor, steps: torch.Tensor,
+    seeds: torch.Tensor, steps: torch.Tensor, skip: torch.Tensor,
 ) -> torch.Tensor:  # fmt: skip
     """Row where[i] of x's token, int64 [n]: argmax over x >= floor[i] of
-    (x - top[i]) / temperature[i] - log(-log U(seeds[i], steps[i], token))."""
+    (x - top[i]) / temperature[i] - log(-log U(seeds[i], steps[i], token)); 0 where skip[i] (int64) is
+    not 0 (a row drawn elsewhere)."""
     n, vocab = where.numel(), x.shape[1]
     chunks = triton.cdiv(vocab, _CHUNK)
     keys = torch.empty((n, chunks), dtype=torch.float32, device=x.device)
     ids = torch.empty((n, chunks), dtype=torch.int64, device=x.device)
     if n:
-        args = (x, where, top, floor, temperature, seeds, steps, keys, ids, x.stride(0), vocab, chunks)
+        args = (x, where, top, floor, temperature, seeds, steps, skip, keys, ids, x.stride(0), vocab, chunks)
         _DRAW((n, chunks), (int_key(x.stride(0), chunks), vocab), args, {"CHUNK": _CHUNK, "num_warps": 4})
     return ids.gather(1, keys.argmax(-1, keepdim=True))[:, 0]
+
+
+def draw_among(
+    values: torch.Tensor, ids: torch.Tensor, top: torch.Tensor, floor: torch.Tensor, temperature: torch.Tensor,
+    seeds: torch.Tensor, steps: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """Row i's token among its candidates, values [n, m] (float32) with token ids [n, m] (int64): as
+    draw, over the candidates >= floor[i]."""
+    n, m = values.shape
+    tokens = torch.empty(n, dtype=torch.int64, device=values.device)
+    if n:
+        args = (values, ids, top, floor, temperature, seeds, steps, tokens, m)
+        meta = {"BLOCK": max(16, triton.next_power_of_2(m)), "num_warps": 4}
+        _DRAW_AMONG((n,), (int_key(m),), args, meta)
+    return tokens
 
 
 def logprob_stats(logits: torch.Tensor, where: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -326,19 +343,38 @@ if TRITON_IMPORT_ERROR is None:
 
     @triton.jit
     def _draw_kernel(
-        x_ptr, where_ptr, top_ptr, floor_ptr, temp_ptr, seed_ptr, step_ptr, key_ptr, id_ptr, x_stride, vocab,
-        chunks, CHUNK: tl.constexpr,
+        x_ptr, where_ptr, top_ptr, floor_ptr, temp_ptr, seed_ptr, step_ptr, skip_ptr, key_ptr, id_ptr, x_stride,
+        vocab, chunks, CHUNK: tl.constexpr,
     ):  # fmt: skip
         i = tl.program_id(0)
         chunk = tl.program_id(1)
-        offs = chunk * CHUNK + tl.arange(0, CHUNK)
-        x = tl.load(x_ptr + tl.load(where_ptr + i) * x_stride + offs, mask=offs < vocab, other=float("-inf"))
-        u = uniform(tl.load(seed_ptr + i), tl.load(step_ptr + i), offs)
-        key = (x - tl.load(top_ptr + i)) / tl.load(temp_ptr + i) - tl.log(-tl.log(u))
-        key = tl.where((x >= tl.load(floor_ptr + i)) & (x > float("-inf")), key, float("-inf"))
-        best, at = tl.max(key, axis=0, return_indices=True, return_indices_tie_break_left=True)
-        tl.store(key_ptr + i * chunks + chunk, best)
-        tl.store(id_ptr + i * chunks + chunk, (chunk * CHUNK + at).to(tl.int64))
+        if tl.load(skip_ptr + i) != 0:
+            tl.store(key_ptr + i * chunks + chunk, float("-inf"))
+            tl.store(id_ptr + i * chunks + chunk, 0)
+        else:
+            offs = chunk * CHUNK + tl.arange(0, CHUNK)
+            x = tl.load(x_ptr + tl.load(where_ptr + i) * x_stride + offs, mask=offs < vocab, other=float("-inf"))
+            u = uniform(tl.load(seed_ptr + i), tl.load(step_ptr + i), offs)
+            key = (x - tl.load(top_ptr + i)) / tl.load(temp_ptr + i) - tl.log(-tl.log(u))
+            key = tl.where((x >= tl.load(floor_ptr + i)) & (x > float("-inf")), key, float("-inf"))
+            best, at = tl.max(key, axis=0, return_indices=True, return_indices_tie_break_left=True)
+            tl.store(key_ptr + i * chunks + chunk, best)
+            tl.store(id_ptr + i * chunks + chunk, (chunk * CHUNK + at).to(tl.int64))
+
+    @triton.jit
+    def _draw_among_kernel(
+        values_ptr, ids_ptr, top_ptr, floor_ptr, temp_ptr, seed_ptr, step_ptr, token_ptr, m, BLOCK: tl.constexpr
+    ):
+        i = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        inside = offs < m
+        v = tl.load(values_ptr + i * m + offs, mask=inside, other=float("-inf"))
+        ids = tl.load(ids_ptr + i * m + offs, mask=inside, other=0)
+        u = uniform(tl.load(seed_ptr + i), tl.load(step_ptr + i), ids)
+        key = (v - tl.load(top_ptr + i)) / tl.load(temp_ptr + i) - tl.log(-tl.log(u))
+        key = tl.where((v >= tl.load(floor_ptr + i)) & (v > float("-inf")), key, float("-inf"))
+        _, at = tl.max(key, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        tl.store(token_ptr + i, tl.sum(tl.where(offs == at, ids, 0), axis=0))
 
     @triton.jit
     def _stats_kernel(x_ptr, where_ptr, token_ptr, lse_ptr, own_ptr, rank_ptr, x_stride, vocab, BLOCK: tl.constexpr):
@@ -368,5 +404,6 @@ if TRITON_IMPORT_ERROR is None:
     _MAX_KEY = DirectLauncher(_max_key_kernel, pointers=3)
     _GATHER = DirectLauncher(_gather_kernel, pointers=6)
     _SEARCH = DirectLauncher(_search_kernel, pointers=9)
-    _DRAW = DirectLauncher(_draw_kernel, pointers=9)
+    _DRAW = DirectLauncher(_draw_kernel, pointers=10)
+    _DRAW_AMONG = DirectLauncher(_draw_among_kernel, pointers=8)
     _STATS = DirectLauncher(_stats_kernel, pointers=6)

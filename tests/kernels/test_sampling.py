@@ -84,14 +84,35 @@ def test_the_draw_takes_the_torch_paths_tokens():
     floor = torch.tensor([-math.inf, 0.0, -math.inf, 3.0, -math.inf, -1.0], device=DEVICE)
     seeds = torch.tensor([5, -7, 2**62, 0, 123456789, 5], device=DEVICE)
     steps = torch.tensor([0, 1, 2, 3, 400, 1], device=DEVICE)
-    tokens = kernels.draw(x, where, top, floor, temperature, seeds, steps)
+    skip = torch.tensor([0, 0, 0, 0, 0, 40], device=DEVICE)  # the last row is drawn elsewhere
+    tokens = kernels.draw(x, where, top, floor, temperature, seeds, steps, skip)
     rows = x[where]
-    u = sampler._uniform(seeds, steps, VOCAB)
-    keys = (rows - top[:, None]) / temperature[:, None] - torch.log(-torch.log(u))
-    expected = keys.masked_fill(rows < floor[:, None], -math.inf).argmax(-1)
+    ids = torch.arange(VOCAB, device=DEVICE)[None]
+    expected = sampler._draw_among(rows, ids, top, floor, temperature, seeds, steps)
+    assert torch.equal(tokens[:-1], expected[:-1])
+    assert tokens[-1] == 0
+    assert (rows.gather(1, tokens[:, None])[:-1, 0] >= floor[:-1]).all()
+    assert not torch.equal(tokens[:-1], rows.argmax(-1)[:-1])  # it draws, not the argmax
+
+
+def test_the_draw_among_candidates_takes_the_torch_paths_tokens():
+    g = torch.Generator().manual_seed(8)
+    values = (torch.randn(ROWS, 40, generator=g) * 2).sort(dim=-1, descending=True).values.to(DEVICE)
+    values[3, 20:] = -math.inf  # a row whose top_k is 20 of the 40
+    ids = torch.stack([torch.randperm(VOCAB, generator=g)[:40] for _ in range(ROWS)]).to(DEVICE)
+    top = values[:, 0] + 0.5
+    temperature = torch.linspace(0.3, 2.0, ROWS, device=DEVICE)
+    floor = values[:, 30].clone()
+    floor[0] = -math.inf
+    seeds = torch.arange(ROWS, device=DEVICE) * 7919 - 5
+    steps = torch.arange(ROWS, device=DEVICE) * 3
+    tokens = kernels.draw_among(values, ids, top, floor, temperature, seeds, steps)
+    expected = sampler._draw_among(values, ids, top, floor, temperature, seeds, steps)
     assert torch.equal(tokens, expected)
-    assert (rows.gather(1, tokens[:, None])[:, 0] >= floor).all()
-    assert not torch.equal(tokens, rows.argmax(-1))  # it draws, not the argmax
+    at = (ids == tokens[:, None]).int().argmax(-1)  # each token is one of its row's candidates above floor
+    assert (ids.gather(1, at[:, None])[:, 0] == tokens).all()
+    assert (values.gather(1, at[:, None])[:, 0] >= floor).all()
+    assert not torch.equal(tokens, ids[:, 0])  # it draws, not the top candidate
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
