@@ -11,9 +11,9 @@ forward's own share. Here:
   the id) that are all distinct: the k-th largest chunk maximum bounds the k-th key from below, so
   exactly k chunks hold keys at or above it; those k chunks' top keys (Triton's bitonic topk over 512
   logits each), then torch's topk over those few.
-- nucleus_floor: each row's top_p cut as a logit threshold, searched with 15 pivots a round over 7
+- nucleus_floor: each row's top_p cut as a logit threshold, searched with 7 pivots a round over 9
   rounds (FlashInfer's sampling kernels search a pivot alike), each round a launch of a program per
-  2048 logits of every row.
+  8192 logits of every row.
 - draw: the exponential race as a Gumbel-max, argmax over the kept tokens of
   (x - max) / T - log(-log U), U from a hash of (seed, step) and the token id: a row's token depends
   on its own seed and step only, whatever shares its batch. draw_among: the same over a top_k row's
@@ -35,11 +35,12 @@ GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 ID_MUL, FMIX1, FMIX2 = 0x9E3779B1, 0x85EBCA6B, 0xC2B2AE35
 _CHUNK = 2048  # the logits one program reads
 MAX_CANDIDATES = 2048  # the most top_candidates finds
-_TOP_CHUNK = 512  # the logits one top_candidates program reads (fewer for a k past vocab / 512)
+_TOP_CHUNK = 512  # the logits of a top_candidates chunk (fewer for a k past vocab / 512)
+_GROUP = 4  # the chunks one top_candidates program takes: a program per chunk spends its time starting
 _NO_KEY = -(2**63)  # below every key top_candidates makes
-_SLICE = 2048  # a row's logits one search program reads
-_PIVOTS = 16  # a round narrows the search 16-fold: 7 rounds reach 2**-28 of its window
-_ROUNDS = 7
+_SLICE = 8192  # a row's logits one search program reads
+_PIVOTS = 8  # a round narrows the search 8-fold: 9 rounds reach 2**-27 of its window
+_ROUNDS = 9
 # The search starts this many temperatures below the row's top: a token lower has e**-40 of its mass.
 _WINDOW = 40.0
 
@@ -95,11 +96,13 @@ def top_candidates(x: torch.Tensor, where: torch.Tensor, k: int) -> tuple[torch.
     keys = torch.full((n, k, width), _NO_KEY, dtype=torch.int64, device=x.device)
     if n:
         key = (x.dtype, int_key(x.stride(0), chunks, k), vocab)
-        _MAX_KEY((n, chunks), key, (x, where, maxima, x.stride(0), vocab, chunks), {"CHUNK": chunk, "num_warps": 4})
+        grid = (n, triton.cdiv(chunks, _GROUP))
+        meta = {"CHUNK": chunk, "GROUP": _GROUP, "num_warps": 4}
+        _MAX_KEY(grid, key, (x, where, maxima, x.stride(0), vocab, chunks), meta)
         bound = maxima.topk(k, dim=-1, sorted=False).values.amin(dim=-1)
         slots = torch.zeros(n, dtype=torch.int32, device=x.device)
         args = (x, where, maxima, bound, slots, keys, x.stride(0), vocab, chunks, k)
-        _GATHER((n, chunks), key, args, {"CHUNK": chunk, "WIDTH": width, "num_warps": 4})
+        _GATHER(grid, key, args, {**meta, "WIDTH": width})
     top = keys.view(n, k * width).topk(k, dim=-1).values
     ordered = (top >> 32).to(torch.int32)
     values = torch.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).view(torch.float32)
@@ -129,7 +132,7 @@ def nucleus_floor(
     lows = torch.empty((n, slices), dtype=torch.float32, device=x.device)
     if n == 0:
         return lows[:, 0]
-    meta = {"SLICE": _SLICE, "BLOCK": 256, "PIVOTS": _PIVOTS, "SLICES": triton.next_power_of_2(slices),
+    meta = {"SLICE": _SLICE, "BLOCK": 512, "PIVOTS": _PIVOTS, "SLICES": triton.next_power_of_2(slices),
             "WINDOW": _WINDOW, "num_warps": 4}  # fmt: skip
     for round_ in range(_ROUNDS + 1):
         args = (x, where, top, floor, temperature, top_p, bounds, sums, lows, x.stride(0), vocab, n, round_)
@@ -159,14 +162,14 @@ def draw_among(
     values: torch.Tensor, ids: torch.Tensor, top: torch.Tensor, floor: torch.Tensor, temperature: torch.Tensor,
     seeds: torch.Tensor, steps: torch.Tensor,
 ) -> torch.Tensor:  # fmt: skip
-    """Row i's token among its candidates, values [n, m] (float32) with token ids [n, m] (int64): as
-    draw, over the candidates >= floor[i]."""
+    """Row i's token among its candidates, values [n, m] (float32) with token ids [n, m] (int64), each
+    row's m contiguous: as draw, over the candidates >= floor[i]."""
     n, m = values.shape
     tokens = torch.empty(n, dtype=torch.int64, device=values.device)
     if n:
-        args = (values, ids, top, floor, temperature, seeds, steps, tokens, m)
+        args = (values, ids, top, floor, temperature, seeds, steps, tokens, values.stride(0), ids.stride(0), m)
         meta = {"BLOCK": max(16, triton.next_power_of_2(m)), "num_warps": 4}
-        _DRAW_AMONG((n,), (int_key(m),), args, meta)
+        _DRAW_AMONG((n,), (int_key(values.stride(0), ids.stride(0), m),), args, meta)
     return tokens
 
 
@@ -255,31 +258,36 @@ if TRITON_IMPORT_ERROR is None:
         return tl.where(inside, key, -0x7FFFFFFFFFFFFFFF - 1)
 
     @triton.jit
-    def _max_key_kernel(x_ptr, where_ptr, maxima_ptr, x_stride, vocab, chunks, CHUNK: tl.constexpr):
+    def _max_key_kernel(
+        x_ptr, where_ptr, maxima_ptr, x_stride, vocab, chunks, CHUNK: tl.constexpr, GROUP: tl.constexpr
+    ):
         i = tl.program_id(0)
-        chunk = tl.program_id(1)
-        offs = chunk * CHUNK + tl.arange(0, CHUNK)
+        chunk = tl.program_id(1) * GROUP + tl.arange(0, GROUP)
+        offs = chunk[:, None] * CHUNK + tl.arange(0, CHUNK)[None, :]
         key = _keys(x_ptr + tl.load(where_ptr + i) * x_stride, offs, vocab)
-        tl.store(maxima_ptr + i * chunks + chunk, tl.max(key, axis=0))
+        tl.store(maxima_ptr + i * chunks + chunk, tl.max(key, axis=1), mask=chunk < chunks)
 
     @triton.jit
     def _gather_kernel(
         x_ptr, where_ptr, maxima_ptr, bound_ptr, slots_ptr, keys_ptr, x_stride, vocab, chunks, k,
-        CHUNK: tl.constexpr, WIDTH: tl.constexpr,
+        CHUNK: tl.constexpr, WIDTH: tl.constexpr, GROUP: tl.constexpr,
     ):  # fmt: skip
-        """A chunk whose maximum key is at or above the row's bound (k chunks a row do) writes its top
-        WIDTH keys, those below the bound as the lowest key, into the row's next slot."""
+        """Each of the program's chunks whose maximum key is at or above the row's bound (k chunks a
+        row are) writes its top WIDTH keys, those below the bound as the lowest key, into the row's
+        next slot."""
         i = tl.program_id(0)
-        chunk = tl.program_id(1)
         bound = tl.load(bound_ptr + i)
-        if tl.load(maxima_ptr + i * chunks + chunk) >= bound:
-            slot = tl.atomic_add(slots_ptr + i, 1)
-            offs = chunk * CHUNK + tl.arange(0, CHUNK)
-            key = _keys(x_ptr + tl.load(where_ptr + i) * x_stride, offs, vocab)
-            key = tl.where(key >= bound, key, -0x7FFFFFFFFFFFFFFF - 1)
-            if WIDTH < CHUNK:
-                key = tl.topk(key, WIDTH)
-            tl.store(keys_ptr + ((i * k + slot) * WIDTH).to(tl.int64) + tl.arange(0, WIDTH), key)
+        x_row = x_ptr + tl.load(where_ptr + i) * x_stride
+        for j in range(GROUP):
+            chunk = tl.program_id(1) * GROUP + j
+            most = tl.load(maxima_ptr + i * chunks + chunk, mask=chunk < chunks, other=-0x7FFFFFFFFFFFFFFF - 1)
+            if most >= bound:  # a real key always is above the lowest
+                slot = tl.atomic_add(slots_ptr + i, 1)
+                key = _keys(x_row, chunk * CHUNK + tl.arange(0, CHUNK), vocab)
+                key = tl.where(key >= bound, key, -0x7FFFFFFFFFFFFFFF - 1)
+                if WIDTH < CHUNK:
+                    key = tl.topk(key, WIDTH)
+                tl.store(keys_ptr + ((i * k + slot) * WIDTH).to(tl.int64) + tl.arange(0, WIDTH), key)
 
     @triton.jit(do_not_specialize=["n", "round_"])
     def _search_kernel(
@@ -363,13 +371,14 @@ if TRITON_IMPORT_ERROR is None:
 
     @triton.jit
     def _draw_among_kernel(
-        values_ptr, ids_ptr, top_ptr, floor_ptr, temp_ptr, seed_ptr, step_ptr, token_ptr, m, BLOCK: tl.constexpr
-    ):
+        values_ptr, ids_ptr, top_ptr, floor_ptr, temp_ptr, seed_ptr, step_ptr, token_ptr, values_stride, ids_stride,
+        m, BLOCK: tl.constexpr,
+    ):  # fmt: skip
         i = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
         inside = offs < m
-        v = tl.load(values_ptr + i * m + offs, mask=inside, other=float("-inf"))
-        ids = tl.load(ids_ptr + i * m + offs, mask=inside, other=0)
+        v = tl.load(values_ptr + i * values_stride + offs, mask=inside, other=float("-inf"))
+        ids = tl.load(ids_ptr + i * ids_stride + offs, mask=inside, other=0)
         u = uniform(tl.load(seed_ptr + i), tl.load(step_ptr + i), ids)
         key = (v - tl.load(top_ptr + i)) / tl.load(temp_ptr + i) - tl.log(-tl.log(u))
         key = tl.where((v >= tl.load(floor_ptr + i)) & (v > float("-inf")), key, float("-inf"))

@@ -97,9 +97,10 @@ def test_the_draw_takes_the_torch_paths_tokens():
 
 def test_the_draw_among_candidates_takes_the_torch_paths_tokens():
     g = torch.Generator().manual_seed(8)
-    values = (torch.randn(ROWS, 40, generator=g) * 2).sort(dim=-1, descending=True).values.to(DEVICE)
+    # Views of wider rows, as a sort's first k are: each row's 40 are contiguous, the rows are not.
+    values = (torch.randn(ROWS, 48, generator=g) * 2).sort(dim=-1, descending=True).values.to(DEVICE)[:, :40]
     values[3, 20:] = -math.inf  # a row whose top_k is 20 of the 40
-    ids = torch.stack([torch.randperm(VOCAB, generator=g)[:40] for _ in range(ROWS)]).to(DEVICE)
+    ids = torch.stack([torch.randperm(VOCAB, generator=g)[:48] for _ in range(ROWS)]).to(DEVICE)[:, :40]
     top = values[:, 0] + 0.5
     temperature = torch.linspace(0.3, 2.0, ROWS, device=DEVICE)
     floor = values[:, 30].clone()
