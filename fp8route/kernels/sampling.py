@@ -99,7 +99,7 @@ def top_candidates(x: torch.Tensor, where: torch.Tensor, k: int) -> tuple[torch.
         grid = (n, triton.cdiv(chunks, _GROUP))
         meta = {"CHUNK": chunk, "GROUP": _GROUP, "num_warps": 4}
         _MAX_KEY(grid, key, (x, where, maxima, x.stride(0), vocab, chunks), meta)
-        bound = maxima.topk(k, dim=-1, sorted=False).values.amin(dim=-1)
+        bound = _kth(maxima, k)
         slots = torch.zeros(n, dtype=torch.int32, device=x.device)
         args = (x, where, maxima, bound, slots, keys, x.stride(0), vocab, chunks, k)
         _GATHER(grid, key, args, {**meta, "WIDTH": width})
@@ -107,6 +107,17 @@ def top_candidates(x: torch.Tensor, where: torch.Tensor, k: int) -> tuple[torch.
     ordered = (top >> 32).to(torch.int32)
     values = torch.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).view(torch.float32)
     return values, 0xFFFFFFFF - (top & 0xFFFFFFFF)
+
+
+def _kth(keys: torch.Tensor, k: int) -> torch.Tensor:
+    """The k-th largest of each row of keys [n, m] (int64), [n]: one program a row while a row fits one."""
+    n, m = keys.shape
+    if m > _TOP_CHUNK:
+        return keys.topk(k, dim=-1, sorted=False).values.amin(dim=-1)
+    kth = torch.empty(n, dtype=torch.int64, device=keys.device)
+    meta = {"BLOCK": max(16, triton.next_power_of_2(m)), "K": max(16, triton.next_power_of_2(k)), "num_warps": 4}
+    _KTH((n,), (int_key(keys.stride(0), m, k),), (keys, kth, keys.stride(0), m, k), meta)
+    return kth
 
 
 def _chunk_for(vocab: int, k: int) -> int:
@@ -268,6 +279,14 @@ if TRITON_IMPORT_ERROR is None:
         tl.store(maxima_ptr + i * chunks + chunk, tl.max(key, axis=1), mask=chunk < chunks)
 
     @triton.jit
+    def _kth_kernel(keys_ptr, kth_ptr, stride, m, k, BLOCK: tl.constexpr, K: tl.constexpr):
+        i = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        key = tl.load(keys_ptr + i * stride + offs, mask=offs < m, other=-0x7FFFFFFFFFFFFFFF - 1)
+        top = tl.topk(key, K)
+        tl.store(kth_ptr + i, tl.sum(tl.where(tl.arange(0, K) == k - 1, top, 0), axis=0))
+
+    @triton.jit
     def _gather_kernel(
         x_ptr, where_ptr, maxima_ptr, bound_ptr, slots_ptr, keys_ptr, x_stride, vocab, chunks, k,
         CHUNK: tl.constexpr, WIDTH: tl.constexpr, GROUP: tl.constexpr,
@@ -411,6 +430,7 @@ if TRITON_IMPORT_ERROR is None:
     _PROCESS = DirectLauncher(_process_kernel, pointers=7)
     _MASK = DirectLauncher(_mask_kernel, pointers=3)
     _MAX_KEY = DirectLauncher(_max_key_kernel, pointers=3)
+    _KTH = DirectLauncher(_kth_kernel, pointers=2)
     _GATHER = DirectLauncher(_gather_kernel, pointers=6)
     _SEARCH = DirectLauncher(_search_kernel, pointers=9)
     _DRAW = DirectLauncher(_draw_kernel, pointers=10)
