@@ -18,7 +18,8 @@ forward's own share. Here:
   (x - max) / T - log(-log U), U from a hash of (seed, step) and the token id: a row's token depends
   on its own seed and step only, whatever shares its batch. draw_among: the same over a top_k row's
   candidates.
-- logprob_stats: each row's log-sum-exp and the rank of a token in one pass.
+- logprob_stats: each row's log-sum-exp and the rank of a token in one pass (a program per slice of
+  a row, then a small one a row).
 
 fp8route.engine.sampler holds the same operations in torch (the CPU path and these kernels' oracle).
 """
@@ -39,6 +40,7 @@ _TOP_CHUNK = 512  # the logits of a top_candidates chunk (fewer for a k past voc
 _GROUP = 4  # the chunks one top_candidates program takes: a program per chunk spends its time starting
 _NO_KEY = -(2**63)  # below every key top_candidates makes
 _SLICE = 8192  # a row's logits one search program reads
+_STATS_SLICE = 16384  # a row's logits one logprob_stats program reads
 _PIVOTS = 8  # a round narrows the search 8-fold: 9 rounds reach 2**-27 of its window
 _ROUNDS = 9
 # The search starts this many temperatures below the row's top: a token lower has e**-40 of its mass.
@@ -186,15 +188,20 @@ def draw_among(
 
 def logprob_stats(logits: torch.Tensor, where: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """For row where[i] of logits [R, V] and its token tokens[i]: (log-sum-exp, the token's logit,
-    its rank: 1 + the tokens with a larger logit), each [n]."""
+    its rank: 1 + the tokens with a larger logit), each [n]: each slice of a row in a program of its
+    own, then one program a row sums them."""
     n, vocab = where.numel(), logits.shape[1]
+    slices = triton.cdiv(vocab, _STATS_SLICE)
+    parts = torch.empty((3, n, slices), dtype=torch.float32, device=logits.device)  # maxima, sums, larger
     lse = torch.empty(n, dtype=torch.float32, device=logits.device)
     own = torch.empty(n, dtype=torch.float32, device=logits.device)
     rank = torch.empty(n, dtype=torch.int64, device=logits.device)
     if n:
-        args = (logits, where, tokens, lse, own, rank, logits.stride(0), vocab)
-        key = (logits.dtype, int_key(logits.stride(0)), vocab)
-        _STATS((n,), key, args, {"BLOCK": _CHUNK, "num_warps": 8})
+        args = (logits, where, tokens, parts, own, logits.stride(0), vocab, n * slices)
+        key = (logits.dtype, int_key(logits.stride(0), n * slices), vocab)
+        _STATS((n, slices), key, args, {"SLICE": _STATS_SLICE, "BLOCK": _CHUNK, "num_warps": 8})
+        meta = {"SLICES": triton.next_power_of_2(slices), "num_warps": 1}
+        _STATS_SUM((n,), (int_key(n * slices, slices),), (parts, lse, rank, n * slices, slices), meta)
     return lse, own, rank
 
 
@@ -404,27 +411,49 @@ if TRITON_IMPORT_ERROR is None:
         _, at = tl.max(key, axis=0, return_indices=True, return_indices_tie_break_left=True)
         tl.store(token_ptr + i, tl.sum(tl.where(offs == at, ids, 0), axis=0))
 
-    @triton.jit
-    def _stats_kernel(x_ptr, where_ptr, token_ptr, lse_ptr, own_ptr, rank_ptr, x_stride, vocab, BLOCK: tl.constexpr):
+    @triton.jit(do_not_specialize=["part_stride"])
+    def _stats_kernel(
+        x_ptr, where_ptr, token_ptr, parts_ptr, own_ptr, x_stride, vocab, part_stride, SLICE: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        """Slice s of row i: its maximum, the sum of exp(x - that maximum), and the count of logits
+        above the row's token's."""
         i = tl.program_id(0)
+        s = tl.program_id(1)
         x_row = x_ptr + tl.load(where_ptr + i) * x_stride
         own = tl.load(x_row + tl.load(token_ptr + i)).to(tl.float32)
+        if s == 0:
+            tl.store(own_ptr + i, own)
         top = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
         total = tl.zeros([BLOCK], dtype=tl.float32)
         larger = tl.zeros([BLOCK], dtype=tl.int32)
-        for start in range(0, vocab, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
+        for offset in range(0, SLICE, BLOCK):
+            offs = s * SLICE + offset + tl.arange(0, BLOCK)
             x = tl.load(x_row + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
             new_top = tl.maximum(top, x)
             safe = tl.where(new_top > float("-inf"), new_top, 0.0)
             total = total * tl.exp(top - safe) + tl.exp(x - safe)
             top = new_top
             larger += (x > own).to(tl.int32)
-        row_top = tl.max(top, axis=0)
-        safe = tl.where(top > float("-inf"), top, row_top)
-        lse = row_top + tl.log(tl.sum(total * tl.exp(safe - row_top), axis=0))
-        tl.store(lse_ptr + i, lse)
-        tl.store(own_ptr + i, own)
+        most = tl.max(top, axis=0)
+        base = tl.where(most > float("-inf"), most, 0.0)
+        part = parts_ptr + i * tl.num_programs(1) + s
+        tl.store(part, most)
+        tl.store(part + part_stride, tl.sum(total * tl.exp(tl.where(top > float("-inf"), top, base) - base), axis=0))
+        tl.store(part + 2 * part_stride, tl.sum(larger, axis=0).to(tl.float32))  # exact below 2**24
+
+    @triton.jit
+    def _stats_sum_kernel(parts_ptr, lse_ptr, rank_ptr, part_stride, slices, SLICES: tl.constexpr):
+        i = tl.program_id(0)
+        offs = tl.arange(0, SLICES)
+        inside = offs < slices
+        part = parts_ptr + i * slices + offs
+        most = tl.load(part, mask=inside, other=float("-inf"))
+        sums = tl.load(part + part_stride, mask=inside, other=0.0)
+        larger = tl.load(part + 2 * part_stride, mask=inside, other=0.0)
+        top = tl.max(most, axis=0)
+        base = tl.where(top > float("-inf"), top, 0.0)
+        tl.store(lse_ptr + i, top + tl.log(tl.sum(sums * tl.exp(most - base), axis=0)))
         tl.store(rank_ptr + i, tl.sum(larger, axis=0).to(tl.int64) + 1)
 
     _PROCESS = DirectLauncher(_process_kernel, pointers=7)
@@ -435,4 +464,5 @@ if TRITON_IMPORT_ERROR is None:
     _SEARCH = DirectLauncher(_search_kernel, pointers=9)
     _DRAW = DirectLauncher(_draw_kernel, pointers=10)
     _DRAW_AMONG = DirectLauncher(_draw_among_kernel, pointers=8)
-    _STATS = DirectLauncher(_stats_kernel, pointers=6)
+    _STATS = DirectLauncher(_stats_kernel, pointers=5)
+    _STATS_SUM = DirectLauncher(_stats_sum_kernel, pointers=3)

@@ -117,11 +117,15 @@ def test_the_draw_among_candidates_takes_the_torch_paths_tokens():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_logprob_stats_are_log_softmaxs(dtype):
-    x = logits(4).to(dtype)
+@pytest.mark.parametrize("vocab", [VOCAB, 40000])  # one slice of a row; three, their sums added
+def test_logprob_stats_are_log_softmaxs(dtype, vocab):
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(ROWS, vocab, generator=g) * 3).to(DEVICE).to(dtype)
     x[3, 100:] = -math.inf  # a masked row keeps a finite sum
-    where = torch.tensor([0, 3, 11], device=DEVICE)
-    tokens = torch.tensor([17, 5, 4000], device=DEVICE)
+    x[5, : vocab // 2] = -math.inf  # whole slices masked
+    x[5, -1] = 20.0
+    where = torch.tensor([0, 3, 5, 11], device=DEVICE)
+    tokens = torch.tensor([17, 5, vocab - 2, 4000], device=DEVICE)
     lse, own, rank = kernels.logprob_stats(x, where, tokens)
     rows = x[where].float()
     assert torch.allclose(lse, torch.logsumexp(rows, -1), atol=1e-5, rtol=1e-5)
