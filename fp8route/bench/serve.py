@@ -24,6 +24,7 @@ from fp8route.engine.llm_engine import StepStats
 from fp8route.engine.request import Request
 from fp8route.engine.sampling import SamplingParams
 from fp8route.engine.structured import StructuredOutputs
+from fp8route.kernels.launcher import first_launches
 from fp8route.linear.policy import Policy
 
 
@@ -209,6 +210,11 @@ def _unloaded(llm: LLM, load: list[LoadRequest], probes: int = 5) -> dict[str, f
     return {"unloaded_ttft_ms": 1e3 * statistics.median(ttft), "unloaded_itl_ms": 1e3 * statistics.median(itl)}
 
 
+def _alloc_retries(cuda: bool) -> int:
+    """Allocations torch's CUDA allocator retried after freeing its cache (each a device sync)."""
+    return int(torch.cuda.memory_stats().get("num_alloc_retries", 0)) if cuda else 0
+
+
 def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tuple[ServeReport, list[str]]:
     """One arm, in this process: load the model under the arm's policy, warm up, measure."""
     forced = arm.policy not in ("routed", "bf16")
@@ -240,6 +246,7 @@ def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tup
         extra.update({f"static_{k}": v for k, v in _static_generate(llm, arm.static_batch, mean_in, mean_out).items()})
     engine.blocks.reset_prefix_cache()  # the load starts with an empty prefix cache
     engine.scheduler.preemptions = 0
+    launched, retries = first_launches(), _alloc_retries(cuda)
     results, duration, digests = drive(llm, load, arm.sampling)
     stats = engine.stats
     extra.update(
@@ -249,6 +256,8 @@ def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tup
             "prefix_hit_rate": engine.blocks.stats.hit_rate,
             "leaked": engine.leaked() or "",
             "preemptions": engine.scheduler.preemptions,
+            "kernel_first_launches": first_launches() - launched,  # kernel variants met only under the load
+            "alloc_retries": _alloc_retries(cuda) - retries,  # torch's allocator freed its cache to retry
         }
     )
     if cuda:

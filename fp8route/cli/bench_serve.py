@@ -120,6 +120,10 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(r.failed == 0 and not r.extra.get("leaked") for r in reports) else 1
 
 
+# What a step may wait for that the warm-up should have taken out of the load.
+_WAITS = {"kernel_first_launches": "kernels' first launches (compiles)", "alloc_retries": "allocator retries"}
+
+
 def _checks(reports: list[ServeReport], digests: dict[str, list[str]], arms: list[Arm]) -> list[str]:
     """Nothing lost, nothing leaked, and the same greedy tokens with the prefix cache (or mixed
     steps) on and off."""
@@ -128,6 +132,9 @@ def _checks(reports: list[ServeReport], digests: dict[str, list[str]], arms: lis
         leaked = r.extra.get("leaked")
         state = f"LEAKED: {leaked}" if leaked else "pool empty after the run"
         lines.append(f"{r.arm}: {r.completed} finished with their full output, {r.failed} failed; {state}")
+        waits = [f"{r.extra[k]} {what}" for k, what in _WAITS.items() if r.extra.get(k)]
+        if waits:
+            lines.append(f"{r.arm}: steps under the load waited for {' and '.join(waits)}")
         if "decode_step_ms" in r.extra:  # on a GPU: the pure decode steps against their floor
             e = r.extra
             lines.append(
@@ -145,14 +152,14 @@ def _checks(reports: list[ServeReport], digests: dict[str, list[str]], arms: lis
                 f"host {e['prefill_host_ms_mean']:.1f} ms a step"
             )
     # Arms that differ only in the prefix cache, async scheduling or prefill graphs should give the same
-    # tokens (an fp8 KV cache's are compared with its own, not bf16's).
+    # tokens (an fp8 KV cache's are compared with its own, not bf16's; a sampling's with its own).
     labels = {"enable_prefix_caching": "the prefix cache", "async_scheduling": "async scheduling",
               "prefill_graphs": "prefill graphs"}  # fmt: skip
     for axis, label in labels.items():
         groups: dict[tuple[object, ...], list[Arm]] = {}
         for arm in arms:
             c = arm.config
-            key = (arm.policy, c.kv_cache_dtype, *(getattr(c, a) for a in labels if a != axis))
+            key = (arm.policy, arm.sampling, c.kv_cache_dtype, *(getattr(c, a) for a in labels if a != axis))
             groups.setdefault(key, []).append(arm)
         for group in groups.values():
             if len(group) == 2:

@@ -37,6 +37,16 @@ DIRECT = DIRECT_VERSIONS[0] <= _TRITON_VERSION <= DIRECT_VERSIONS[1] and not tri
 _DIRECT_RANGE = "{}.{}-{}.{}".format(*DIRECT_VERSIONS[0], *DIRECT_VERSIONS[1])
 
 
+_first_launches = 0  # (kernel, key) pairs launched through Triton's own path, in this process
+
+
+def first_launches() -> int:
+    """How many (kernel, key) pairs have launched for the first time in this process, each through
+    Triton's own path: a compile, or a read of Triton's cache. One during a measured run is a step
+    that waited for it."""
+    return _first_launches
+
+
 def int_key(*values: int) -> tuple[tuple[bool, bool, bool], ...]:
     """What Triton specializes an integer argument on (== 1, divisible by 16, fits in 32 bits), for a
     key whose arguments take many values: one entry per class, not per value (a prefill's token count)."""
@@ -57,6 +67,7 @@ class DirectLauncher:
         self.pointers = pointers
         self.pdl = pdl
         self._compiled: dict[Hashable, tuple[Any, tuple[Any, ...]]] = {}
+        self._seen: set[Hashable] = set()  # every key launched, direct or not
         self._warned = False
 
     def __call__(self, grid: tuple[int, ...], key: Hashable, args: tuple[Any, ...], meta: dict[str, Any]) -> None:
@@ -81,6 +92,10 @@ class DirectLauncher:
             return
         if self.pdl:
             meta = {**meta, **launch_options()}
+        global _first_launches
+        if full_key not in self._seen:
+            self._seen.add(full_key)
+            _first_launches += 1
         kernel = self.fn[grid](*args, **meta)
         if not DIRECT:
             if not self._warned and not triton.knobs.runtime.interpret:

@@ -198,10 +198,10 @@ def logprob_stats(logits: torch.Tensor, where: torch.Tensor, tokens: torch.Tenso
     rank = torch.empty(n, dtype=torch.int64, device=logits.device)
     if n:
         args = (logits, where, tokens, parts, own, logits.stride(0), vocab, n * slices)
-        key = (logits.dtype, int_key(logits.stride(0), n * slices), vocab)
+        key = (logits.dtype, int_key(logits.stride(0)), vocab)  # n * slices is not specialized on
         _STATS((n, slices), key, args, {"SLICE": _STATS_SLICE, "BLOCK": _CHUNK, "num_warps": 8})
         meta = {"SLICES": triton.next_power_of_2(slices), "num_warps": 1}
-        _STATS_SUM((n,), (int_key(n * slices, slices),), (parts, lse, rank, n * slices, slices), meta)
+        _STATS_SUM((n,), (int_key(slices),), (parts, lse, rank, n * slices, slices), meta)
     return lse, own, rank
 
 
@@ -442,7 +442,7 @@ if TRITON_IMPORT_ERROR is None:
         tl.store(part + part_stride, tl.sum(total * tl.exp(tl.where(top > float("-inf"), top, base) - base), axis=0))
         tl.store(part + 2 * part_stride, tl.sum(larger, axis=0).to(tl.float32))  # exact below 2**24
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["part_stride"])
     def _stats_sum_kernel(parts_ptr, lse_ptr, rank_ptr, part_stride, slices, SLICES: tl.constexpr):
         i = tl.program_id(0)
         offs = tl.arange(0, SLICES)

@@ -58,6 +58,19 @@ def test_tokens_are_compared_between_arms_that_differ_in_one_option():
     reports = [ServeReport(a.name, 2, 0, 1.0, 1.0, 1.0, 1.0, {}, {}, {}, {}, 0) for a in arms]
     lines = _checks(reports, {a.name: ["x", "y"] for a in arms}, arms)
     assert "routed async-off / routed async-on: tokens with and without async scheduling equal" in lines
+    arms = _arms(args(sampling="greedy,mixed"), {"fp8": Path("f")})  # their tokens differ by design
+    reports = [ServeReport(a.name, 2, 0, 1.0, 1.0, 1.0, 1.0, {}, {}, {}, {}, 0) for a in arms]
+    assert not any("tokens with and without" in line for line in _checks(reports, {a.name: ["x"] for a in arms}, arms))
+
+
+def test_steps_that_waited_for_a_compile_or_the_allocator_are_named():
+    arms = _arms(args(), {"fp8": Path("f")})
+    waits = {"kernel_first_launches": 3, "alloc_retries": 0}
+    reports = [ServeReport(arms[0].name, 2, 0, 1.0, 1.0, 1.0, 1.0, {}, {}, {}, {}, 0, waits)]
+    lines = _checks(reports, {arms[0].name: ["x"]}, arms)
+    assert "routed: steps under the load waited for 3 kernels' first launches (compiles)" in lines
+    reports[0].extra["kernel_first_launches"] = 0
+    assert not any("waited" in line for line in _checks(reports, {arms[0].name: ["x"]}, arms))
 
 
 def test_a_gpu_arm_reports_its_decode_steps_against_their_floor():

@@ -185,3 +185,35 @@ def test_a_rows_tokens_do_not_depend_on_its_batch():
     ]
     tokens, _ = sampler(LOGITS.expand(len(mixed), -1).clone(), None, mixed, torch.arange(len(mixed)), ())
     assert alone[tokens[0]] == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_no_kernel_variant_depends_on_how_many_rows_sample():
+    """A step's row count changes under a load; the warm-up meets a few counts only. A kernel keyed (or
+    specialized by Triton) on a count class would compile in the middle of the load."""
+    from fp8route.bench.serve import MIXED
+    from fp8route.kernels.launcher import first_launches
+
+    vocab, device = 128256, torch.device("cuda")
+    sampler = Sampler(vocab, 200, device)
+    history = {"prompt_token_ids": list(range(100)), "output_token_ids": [5, 6]}
+    mixed = [
+        SimpleNamespace(params=SamplingParams(temperature=0.8, logprobs=5, **MIXED[i % 3]), seed=i,
+                        num_output_scheduled=3, **history)
+        for i in range(199)
+    ]  # fmt: skip
+    for row, r in enumerate(mixed):
+        if r.params.penalized:
+            sampler.admit(row, r)
+    logits = torch.randn(199, vocab, device=device, dtype=torch.bfloat16)
+
+    def step(n: int) -> None:
+        sampler(logits[:n], None, mixed[:n], torch.arange(n, device=device), [128001])
+
+    step(8)  # the warm-up's count
+    before = first_launches()
+    for n in (7, 1, 152, 151, 16, 199, 3):
+        step(n)
+    torch.cuda.synchronize()
+    assert first_launches() == before

@@ -82,6 +82,18 @@ def test_misaligned_pointer_or_new_key_goes_through_triton_again(fake_triton: Si
     assert len(fn.jit_calls) == 3 and len(fn.compiled.launches) == 1
 
 
+def test_first_launches_count_each_new_key_once(fake_triton: SimpleNamespace) -> None:
+    launch, x = DirectLauncher(FakeJit(), pointers=2), torch.zeros(8)
+    before = launcher_module.first_launches()
+    for key in ("a", "b", "a", "a", "b"):
+        launch((1,), key, (x, x, 8), META)
+    assert launcher_module.first_launches() - before == 2
+    fake_triton.knobs.runtime.launch_enter_hook = lambda metadata: None  # Triton's path every call now
+    launch((1,), "a", (x, x, 8), META)
+    launch((1,), "c", (x, x, 8), META)
+    assert launcher_module.first_launches() - before == 3
+
+
 @pytest.mark.parametrize("version", ["3.4", "3.6"])
 def test_a_launch_hook_keeps_triton_path(fake_triton: SimpleNamespace, version: str) -> None:
     # Triton 3.4 holds one hook or None; 3.5 on a chain of hooks, empty by default.
