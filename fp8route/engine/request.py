@@ -13,13 +13,15 @@ from fp8route.engine.sampling import SamplingParams
 
 class TokenLogprobs(NamedTuple):
     """One position's log-probabilities, from the model's logits before any processing: the token's
-    own, its rank (1 is the most likely), and the most likely tokens' (ids and values, best first)."""
+    own, its rank (1 is the most likely), and the most likely tokens' (ids and values, best first).
+    Tuples of numbers throughout: Python's collector stops tracking them after one look, so the many
+    a long generation keeps cost its full collections nothing."""
 
     token: int
     logprob: float
     rank: int
-    top_ids: list[int]
-    top_logprobs: list[float]
+    top_ids: tuple[int, ...]
+    top_logprobs: tuple[float, ...]
 
 
 class Status(enum.Enum):

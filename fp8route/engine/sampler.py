@@ -67,7 +67,8 @@ class Logprobs:
         """Host copies of tensors() as one TokenLogprobs per row."""
         token, logprob, rank, top_ids, top_logprobs = (t.tolist() for t in host)
         return [
-            TokenLogprobs(token[i], logprob[i], rank[i], top_ids[i][:k], top_logprobs[i][:k]) for i, k in enumerate(ks)
+            TokenLogprobs(token[i], logprob[i], rank[i], tuple(top_ids[i][:k]), tuple(top_logprobs[i][:k]))
+            for i, k in enumerate(ks)
         ]
 
 

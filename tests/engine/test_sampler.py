@@ -171,7 +171,7 @@ def test_logprobs_are_the_raw_log_softmax_with_rank_and_top_k():
     raw = torch.log_softmax(LOGITS, -1)
     assert entry.token == 5 and entry.rank == 6  # the model's own rank, before the bias
     assert entry.logprob == pytest.approx(raw[5].item(), abs=1e-6)
-    assert entry.top_ids == [0, 1, 2]
+    assert entry.top_ids == (0, 1, 2)
     assert entry.top_logprobs == pytest.approx(raw[:3].tolist(), abs=1e-6)
 
 
