@@ -291,7 +291,7 @@ def _draw(
     if with_k:
         k = upload(torch.tensor(with_k), x.device)
         most = min(max(d.params[j].top_k for j in with_k), x.shape[-1])
-        chosen.index_copy_(0, k, _draw_top_k(x, d, k, most, top[k], floor[k]))
+        chosen.index_copy_(0, k, _draw_top_k(x, d, k, most, top, floor))
     return tokens.index_copy(0, d.where, chosen)
 
 
@@ -315,17 +315,25 @@ def _draw_rows(x: torch.Tensor, d: _Draws, top: torch.Tensor, floor: torch.Tenso
 def _draw_top_k(
     x: torch.Tensor, d: _Draws, k: torch.Tensor, most: int, top: torch.Tensor, floor: torch.Tensor
 ) -> torch.Tensor:
-    """The token of rows k of d (each with a top_k, most the largest; top and floor theirs), drawn
-    among their top_k candidates (the lower id first among equal logits) above floor raised to the
-    top_p cut of their mass."""
-    top_k = d.top_k[k]
+    """The token of rows k of d (each with a top_k, most the largest; top and floor: every row of
+    d's), drawn among their top_k candidates (the lower id first among equal logits) above floor
+    raised to the top_p cut of their mass: one kernel on CUDA."""
     values, ids = _top(x, d.where[k], most)
-    values = values.masked_fill(torch.arange(most, device=x.device) >= top_k[:, None], -math.inf)  # just its k
+    args = (values, ids, k, top, floor, d.temperature, d.top_p, d.top_k, d.seeds, d.steps)
+    return kernels.draw_top_k(*args) if kernels.available(values) else _draw_top_k_rows(*args)
+
+
+def _draw_top_k_rows(
+    values: torch.Tensor, ids: torch.Tensor, k: torch.Tensor, top: torch.Tensor, floor: torch.Tensor,
+    temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """kernels.draw_top_k in torch: row i's candidates values[i] (ids[i]) are those of row k[i] of
+    the other tensors."""
+    top, temperature, top_k = top[k], temperature[k], top_k[k]
+    values = values.masked_fill(torch.arange(values.shape[1], device=values.device) >= top_k[:, None], -math.inf)
     kth = values.gather(1, (top_k - 1)[:, None])[:, 0]
-    temperature = d.temperature[k]
-    floor = _nucleus(values, top, torch.maximum(floor, kth), temperature, d.top_p[k])
-    args = (values, ids, top, floor, temperature, d.seeds[k], d.steps[k])
-    return kernels.draw_among(*args) if kernels.available(values) else _draw_among(*args)
+    floor = _nucleus(values, top, torch.maximum(floor[k], kth), temperature, top_p[k])
+    return _draw_among(values, ids, top, floor, temperature, seeds[k], steps[k])
 
 
 def _draw_among(

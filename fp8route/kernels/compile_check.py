@@ -290,9 +290,8 @@ def _sampling(model: Model, dtype: torch.dtype) -> None:
         sampling.nucleus_floor(x, where, values, values, values, values)
         sampling.draw(x, where, values, values, values, ints, ints, ints)
         for k in (20, 40):
-            candidates = torch.empty((rows, k))
-            sampling.draw_among(candidates, ints[:, None].expand(rows, k).contiguous(), values, values, values, ints,
-                                ints)  # fmt: skip
+            candidates, ids = torch.empty((rows, k)), torch.zeros((rows, k), dtype=torch.int64)
+            sampling.draw_top_k(candidates, ids, ints, values, values, values, values, ints, ints, ints)
         for k in (5, 40):
             sampling.top_candidates(x, where, k)
         sampling.top_candidates(logits, where, 5)

@@ -16,8 +16,8 @@ forward's own share. Here:
   8192 logits of every row.
 - draw: the exponential race as a Gumbel-max, argmax over the kept tokens of
   (x - max) / T - log(-log U), U from a hash of (seed, step) and the token id: a row's token depends
-  on its own seed and step only, whatever shares its batch. draw_among: the same over a top_k row's
-  candidates.
+  on its own seed and step only, whatever shares its batch. draw_top_k: a top_k row's k-th, top_p
+  cut and draw over its candidates, in one program.
 - logprob_stats: each row's log-sum-exp and the rank of a token in one pass (a program per slice of
   a row, then a small one a row).
 
@@ -171,18 +171,21 @@ def draw(
     return ids.gather(1, keys.argmax(-1, keepdim=True))[:, 0]
 
 
-def draw_among(
-    values: torch.Tensor, ids: torch.Tensor, top: torch.Tensor, floor: torch.Tensor, temperature: torch.Tensor,
-    seeds: torch.Tensor, steps: torch.Tensor,
+def draw_top_k(
+    values: torch.Tensor, ids: torch.Tensor, k: torch.Tensor, top: torch.Tensor, floor: torch.Tensor,
+    temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
 ) -> torch.Tensor:  # fmt: skip
-    """Row i's token among its candidates, values [n, m] (float32) with token ids [n, m] (int64), each
-    row's m contiguous: as draw, over the candidates >= floor[i]."""
+    """The token of a top_k row, int64 [n]: row i's candidates are values[i] (float32, highest first,
+    each row's m contiguous) with token ids ids[i] (int64), and its controls those of row k[i] of
+    top, floor, temperature, top_p, top_k (int64) and seeds and steps. It keeps its first top_k
+    candidates, raises floor to the k-th and to its top_p cut of their mass, and draws as draw does."""
     n, m = values.shape
     tokens = torch.empty(n, dtype=torch.int64, device=values.device)
     if n:
-        args = (values, ids, top, floor, temperature, seeds, steps, tokens, values.stride(0), ids.stride(0), m)
+        args = (values, ids, k, top, floor, temperature, top_p, top_k, seeds, steps, tokens, values.stride(0),
+                ids.stride(0), m)  # fmt: skip
         meta = {"BLOCK": max(16, triton.next_power_of_2(m)), "num_warps": 4}
-        _DRAW_AMONG((n,), (int_key(values.stride(0), ids.stride(0), m),), args, meta)
+        _DRAW_TOP_K((n,), (int_key(values.stride(0), ids.stride(0), m),), args, meta)
     return tokens
 
 
@@ -396,18 +399,29 @@ if TRITON_IMPORT_ERROR is None:
             tl.store(id_ptr + i * chunks + chunk, (chunk * CHUNK + at).to(tl.int64))
 
     @triton.jit
-    def _draw_among_kernel(
-        values_ptr, ids_ptr, top_ptr, floor_ptr, temp_ptr, seed_ptr, step_ptr, token_ptr, values_stride, ids_stride,
-        m, BLOCK: tl.constexpr,
+    def _draw_top_k_kernel(
+        values_ptr, ids_ptr, k_ptr, top_ptr, floor_ptr, temp_ptr, top_p_ptr, top_k_ptr, seed_ptr, step_ptr,
+        token_ptr, values_stride, ids_stride, m, BLOCK: tl.constexpr,
     ):  # fmt: skip
         i = tl.program_id(0)
+        j = tl.load(k_ptr + i)
+        keep = tl.load(top_k_ptr + j)
         offs = tl.arange(0, BLOCK)
-        inside = offs < m
+        inside = offs < tl.minimum(m, keep)  # its top_k, not the step's most
         v = tl.load(values_ptr + i * values_stride + offs, mask=inside, other=float("-inf"))
         ids = tl.load(ids_ptr + i * ids_stride + offs, mask=inside, other=0)
-        u = uniform(tl.load(seed_ptr + i), tl.load(step_ptr + i), ids)
-        key = (v - tl.load(top_ptr + i)) / tl.load(temp_ptr + i) - tl.log(-tl.log(u))
-        key = tl.where((v >= tl.load(floor_ptr + i)) & (v > float("-inf")), key, float("-inf"))
+        top = tl.load(top_ptr + j)
+        temp = tl.load(temp_ptr + j)
+        kth = tl.sum(tl.where(offs == keep - 1, v, 0.0), axis=0)
+        floor = tl.maximum(tl.load(floor_ptr + j), kth)
+        kept = v >= floor
+        e = tl.where(kept, tl.exp((v - top) / temp), 0.0)
+        ahead = tl.cumsum(e, axis=0) - e
+        nucleus = kept & (ahead <= tl.load(top_p_ptr + j) * tl.sum(e, axis=0))
+        cut = tl.min(tl.where(nucleus, v, float("inf")), axis=0)
+        u = uniform(tl.load(seed_ptr + j), tl.load(step_ptr + j), ids)
+        key = (v - top) / temp - tl.log(-tl.log(u))
+        key = tl.where((v >= cut) & (v > float("-inf")), key, float("-inf"))
         _, at = tl.max(key, axis=0, return_indices=True, return_indices_tie_break_left=True)
         tl.store(token_ptr + i, tl.sum(tl.where(offs == at, ids, 0), axis=0))
 
@@ -463,6 +477,6 @@ if TRITON_IMPORT_ERROR is None:
     _GATHER = DirectLauncher(_gather_kernel, pointers=6)
     _SEARCH = DirectLauncher(_search_kernel, pointers=9)
     _DRAW = DirectLauncher(_draw_kernel, pointers=10)
-    _DRAW_AMONG = DirectLauncher(_draw_among_kernel, pointers=8)
+    _DRAW_TOP_K = DirectLauncher(_draw_top_k_kernel, pointers=11)
     _STATS = DirectLauncher(_stats_kernel, pointers=5)
     _STATS_SUM = DirectLauncher(_stats_sum_kernel, pointers=3)

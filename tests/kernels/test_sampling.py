@@ -95,24 +95,29 @@ def test_the_draw_takes_the_torch_paths_tokens():
     assert not torch.equal(tokens[:-1], rows.argmax(-1)[:-1])  # it draws, not the argmax
 
 
-def test_the_draw_among_candidates_takes_the_torch_paths_tokens():
+@pytest.mark.parametrize("top_p", [1.0, 0.9, 0.3])
+def test_a_top_k_rows_draw_among_its_candidates_takes_the_torch_paths_tokens(top_p):
     g = torch.Generator().manual_seed(8)
+    n, rows = 10, 16  # candidates for 10 of 16 sampled rows
     # Views of wider rows, as a sort's first k are: each row's 40 are contiguous, the rows are not.
-    values = (torch.randn(ROWS, 48, generator=g) * 2).sort(dim=-1, descending=True).values.to(DEVICE)[:, :40]
-    values[3, 20:] = -math.inf  # a row whose top_k is 20 of the 40
-    ids = torch.stack([torch.randperm(VOCAB, generator=g)[:48] for _ in range(ROWS)]).to(DEVICE)[:, :40]
-    top = values[:, 0] + 0.5
-    temperature = torch.linspace(0.3, 2.0, ROWS, device=DEVICE)
-    floor = values[:, 30].clone()
-    floor[0] = -math.inf
-    seeds = torch.arange(ROWS, device=DEVICE) * 7919 - 5
-    steps = torch.arange(ROWS, device=DEVICE) * 3
-    tokens = kernels.draw_among(values, ids, top, floor, temperature, seeds, steps)
-    expected = sampler._draw_among(values, ids, top, floor, temperature, seeds, steps)
-    assert torch.equal(tokens, expected)
-    at = (ids == tokens[:, None]).int().argmax(-1)  # each token is one of its row's candidates above floor
-    assert (ids.gather(1, at[:, None])[:, 0] == tokens).all()
-    assert (values.gather(1, at[:, None])[:, 0] >= floor).all()
+    values = (torch.randn(n, 48, generator=g) * 2).sort(dim=-1, descending=True).values.to(DEVICE)[:, :40]
+    values[3, 25:] = -math.inf  # fewer finite logits than its top_k
+    ids = torch.stack([torch.randperm(VOCAB, generator=g)[:48] for _ in range(n)]).to(DEVICE)[:, :40]
+    k = torch.randperm(rows, generator=g)[:n].to(DEVICE)
+    top = torch.randn(rows, generator=g).to(DEVICE) + 6.0
+    temperature = torch.linspace(0.3, 2.0, rows).to(DEVICE)
+    floor = torch.full((rows,), -math.inf, device=DEVICE)
+    floor[k[1]] = values[1, 5]  # a min_p floor above its k-th
+    top_k = torch.tensor([40, 20, 1, 30, 40, 7, 40, 12, 33, 40, 2, 40, 9, 40, 40, 5], device=DEVICE)
+    cut = torch.full((rows,), top_p, device=DEVICE)
+    seeds = torch.arange(rows, device=DEVICE) * 7919 - 5
+    steps = torch.arange(rows, device=DEVICE) * 3
+    args = (values, ids, k, top, floor, temperature, cut, top_k, seeds, steps)
+    tokens = kernels.draw_top_k(*args)
+    assert torch.equal(tokens, sampler._draw_top_k_rows(*args))
+    at = (ids == tokens[:, None]).int().argmax(-1)  # each token is one of its row's first top_k candidates
+    assert (ids.gather(1, at[:, None])[:, 0] == tokens).all() and (at < top_k[k]).all()
+    assert (values.gather(1, at[:, None])[:, 0] >= floor[k]).all()
     assert not torch.equal(tokens, ids[:, 0])  # it draws, not the top candidate
 
 
