@@ -1,5 +1,5 @@
-"""The sampler's CUDA kernels: penalties, top-k candidates, the top_p cut, the seeded draw and logprob
-statistics, with no sort of the vocabulary and no [rows, vocab] temporaries.
+"""The sampler's CUDA kernels: the processed logits (penalties, maxima), top-k candidates, the top_p
+cut, the seeded draws and logprob statistics, with no sort of the vocabulary.
 
 A step that samples 150 rows of Llama-3's 128256 logits with torch ops spends milliseconds in full-
 vocabulary sorts, int64 hash tensors and the penalty gathers' temporaries: longer than the decode
