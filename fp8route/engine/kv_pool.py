@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from fp8route.engine.kv_quant import FP8_KV, KVScales, dequantize_kv, quantize_kv
@@ -33,6 +34,19 @@ def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return host
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def upload_parts(parts: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """Arrays of one dtype to the device in one copy, each part's view starting 16 bytes aligned:
+    Triton compiles a kernel apart for a pointer that is not, which a warm-up would not have met."""
+    per = 16 // parts[0].itemsize  # values in 16 bytes
+    sizes = [len(part) for part in parts]
+    starts = np.cumsum([0, *(n + -n % per for n in sizes)])
+    host = np.zeros(int(starts[-1]), dtype=parts[0].dtype)
+    for part, start in zip(parts, starts, strict=False):
+        host[start : start + len(part)] = part
+    packed = upload(torch.from_numpy(host), device)
+    return [packed[start : start + n] for start, n in zip(starts, sizes, strict=False)]
 
 
 def blocks_for(tokens: int, block_size: int) -> int:

@@ -27,7 +27,7 @@ import torch
 from fp8route.engine.attention import DecodeAttention, StepAttention, triton_decode_available
 from fp8route.engine.decode_graphs import DecodeGraphs, buckets
 from fp8route.engine.flashinfer_attention import FlashInferAttention
-from fp8route.engine.kv_pool import KVPool, upload
+from fp8route.engine.kv_pool import KVPool, upload, upload_parts
 from fp8route.engine.kv_quant import KVScales
 from fp8route.engine.prefill_graphs import MAX_TOKENS, PrefillGraphs, why_not_graphed
 from fp8route.engine.request import Request, RequestMetrics, TokenLogprobs
@@ -343,7 +343,7 @@ class ModelRunner:
             where = positions[first : first + s.num_tokens]
             slots[first : first + s.num_tokens] = blocks[where // page] * page + where % page
         sample_at = (offsets[1:] - 1)[[i for i, s in enumerate(seqs) if s.samples]]
-        parts = _upload_parts(
+        parts = upload_parts(
             [ids, pending, positions, slots, token_rows, offsets, starts + counts, token_rows[offsets[:-1]], sample_at],
             self.device,
         )
@@ -448,15 +448,3 @@ def _scores_prompt(piece: ScheduledSeq) -> bool:
 def _token(request: Request, position: int) -> int:
     ids = request.token_ids
     return ids[position] if position < len(ids) else 0
-
-
-def _upload_parts(parts: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
-    """int64 arrays to the device in one copy, each part's view starting 16 bytes aligned: Triton
-    compiles a kernel apart for a pointer that is not, which a warm-up would not have met."""
-    sizes = [len(part) for part in parts]
-    starts = np.cumsum([0, *(n + n % 2 for n in sizes)])
-    host = np.zeros(int(starts[-1]), dtype=np.int64)
-    for part, start in zip(parts, starts, strict=False):
-        host[start : start + len(part)] = part
-    packed = upload(torch.from_numpy(host), device)
-    return [packed[start : start + n] for start, n in zip(starts, sizes, strict=False)]

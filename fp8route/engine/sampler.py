@@ -25,9 +25,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from fp8route.engine.kv_pool import upload
+from fp8route.engine.kv_pool import upload, upload_parts
 from fp8route.engine.request import Request, TokenLogprobs
 from fp8route.engine.sampling import SamplingParams
 from fp8route.kernels import sampling as kernels
@@ -176,7 +177,8 @@ class Sampler:
         if kernels.available(x):
             top = kernels.process(source, x, rows, self.counts, self.seen, factors)
         else:
-            x.copy_(source)
+            if source is not x:
+                x.copy_(source)
             if factors is not None:
                 self._penalize(x, rows, factors)
         if masks is not None:
@@ -248,23 +250,13 @@ class _Draws:
         device: torch.device,
     ) -> _Draws:  # fmt: skip
         chosen = [params[i] for i in rows]
-        ints = torch.tensor([rows, [_signed(seeds[i]) for i in rows], [steps[i] for i in rows],
-                             [min(p.top_k, vocab) for p in chosen]])  # fmt: skip
-        floats = [[p.temperature for p in chosen],
-                  [math.log(p.min_p) if p.min_p > 0 else -math.inf for p in chosen],
-                  [p.top_p for p in chosen]]  # fmt: skip
-        floats_t = torch.tensor(floats, dtype=torch.float32)
-        return _Draws(chosen, *_aligned_rows(ints, device), *_aligned_rows(floats_t, device))
-
-
-def _aligned_rows(host: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
-    """host [k, n]'s rows on the device, each starting 16 bytes aligned (its row padded to 4 values):
-    Triton compiles a kernel apart for a pointer that is not, which a row count of another parity
-    would meet in the middle of a load."""
-    n = host.shape[1]
-    padded = torch.zeros((host.shape[0], n + -n % 4), dtype=host.dtype)
-    padded[:, :n] = host
-    return list(upload(padded, device)[:, :n])
+        ints = np.array([rows, [_signed(seeds[i]) for i in rows], [steps[i] for i in rows],
+                         [min(p.top_k, vocab) for p in chosen]], dtype=np.int64)  # fmt: skip
+        floats = np.array([[p.temperature for p in chosen],
+                           [math.log(p.min_p) if p.min_p > 0 else -math.inf for p in chosen],
+                           [p.top_p for p in chosen]], dtype=np.float32)  # fmt: skip
+        # Aligned rows: a row count of another parity would otherwise compile kernels in the middle of a load.
+        return _Draws(chosen, *upload_parts(list(ints), device), *upload_parts(list(floats), device))
 
 
 def _draw(

@@ -11,9 +11,9 @@ from checkpoint_helpers import TINY, llama_tensors
 
 from fp8route import Fp8Linear, SamplingParams
 from fp8route.engine import CausalLM, EngineConfig
+from fp8route.engine.kv_pool import upload_parts
 from fp8route.engine.prefill_graphs import PrefillGraphs, token_buckets, why_not_graphed
 from fp8route.engine.request import Request, RequestMetrics
-from fp8route.engine.runner import _upload_parts
 from fp8route.engine.scheduler import ScheduledSeq, SchedulerOutput
 from fp8route.models import LlamaConfig
 
@@ -124,10 +124,11 @@ def test_the_buffers_hold_the_forwards_dtype_not_the_weights():
 
 
 def test_the_packed_inputs_reach_the_device_as_aligned_views():
-    parts = [np.arange(n, dtype=np.int64) + 100 * n for n in (3, 5, 2, 1, 7)]
-    views = _upload_parts(parts, torch.device("cpu"))
-    for part, view in zip(parts, views, strict=True):
-        assert view.tolist() == part.tolist() and view.data_ptr() % 16 == 0
+    for dtype in (np.int64, np.float32):  # the runner's inputs, the sampler's per-row values
+        parts = [np.arange(n, dtype=dtype) + 100 * n for n in (3, 5, 2, 1, 7)]
+        views = upload_parts(parts, torch.device("cpu"))
+        for part, view in zip(parts, views, strict=True):
+            assert view.tolist() == part.tolist() and view.data_ptr() % 16 == 0
 
 
 def test_graphs_first_made_under_inference_mode_serve_a_forward_outside_it():
