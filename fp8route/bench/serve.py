@@ -6,6 +6,7 @@ prefill's speed, the static generate's output speed at a fixed batch, the floor 
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import statistics
@@ -179,7 +180,41 @@ def _step_floors(llm: LLM, stats: list[StepStats], copy_gbs: float) -> dict[str,
         "decode_batch_mean": statistics.fmean(s.decodes for s in decode),
         "host_ms_mean": 1e3 * statistics.fmean(s.host_s for s in stats),
         "decode_host_ms_mean": 1e3 * statistics.fmean(s.host_s for s in decode),
+        **_percentiles("decode_host_ms", [s.host_s for s in decode]),
+        **_percentiles("decode_step_ms", walls),
     }
+
+
+def _percentiles(name: str, seconds: list[float]) -> dict[str, float]:
+    """p50, p90 and the maximum of some steps' times, in ms: a mean hides the few steps that take far longer."""
+    cuts = statistics.quantiles(seconds, n=10, method="inclusive") if len(seconds) > 1 else seconds * 9
+    return {f"{name}_p50": 1e3 * cuts[4], f"{name}_p90": 1e3 * cuts[8], f"{name}_max": 1e3 * max(seconds)}
+
+
+class _Collections:
+    """The time Python's garbage collector spends while it is entered, in full (generation 2) collections and in all."""
+
+    def __init__(self) -> None:
+        self.full_s = self.all_s = 0.0
+        self.full = 0
+        self._start = 0.0
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        spent = time.perf_counter() - self._start
+        self.all_s += spent
+        if info["generation"] == 2:
+            self.full_s += spent
+            self.full += 1
+
+    def __enter__(self) -> _Collections:
+        gc.callbacks.append(self._note)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._note)
 
 
 def _prefill_steps(stats: list[StepStats]) -> dict[str, float]:
@@ -247,7 +282,8 @@ def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tup
     engine.blocks.reset_prefix_cache()  # the load starts with an empty prefix cache
     engine.scheduler.preemptions = 0
     launched, retries = first_launches(), _alloc_retries(cuda)
-    results, duration, digests = drive(llm, load, arm.sampling)
+    with _Collections() as collected:
+        results, duration, digests = drive(llm, load, arm.sampling)
     stats = engine.stats
     extra.update(
         {
@@ -258,6 +294,9 @@ def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tup
             "preemptions": engine.scheduler.preemptions,
             "kernel_first_launches": first_launches() - launched,  # kernel variants met only under the load
             "alloc_retries": _alloc_retries(cuda) - retries,  # torch's allocator freed its cache to retry
+            "gc_s": collected.all_s,
+            "gc_full_s": collected.full_s,
+            "gc_full": collected.full,
         }
     )
     if cuda:

@@ -143,6 +143,17 @@ def _checks(reports: list[ServeReport], digests: dict[str, list[str]], arms: lis
                 f"their floor (weights + KV over {e['copy_gbs']:.0f} GB/s); "
                 f"host {e['decode_host_ms_mean']:.2f} ms a step"
             )
+            lines.append(
+                f"{r.arm}: decode step p50 {e['decode_step_ms_p50']:.2f} / p90 {e['decode_step_ms_p90']:.2f} / max "
+                f"{e['decode_step_ms_max']:.1f} ms; host p50 {e['decode_host_ms_p50']:.2f} / p90 "
+                f"{e['decode_host_ms_p90']:.2f} / max {e['decode_host_ms_max']:.1f} ms"
+            )
+        if "gc_s" in r.extra:
+            e = r.extra
+            lines.append(
+                f"{r.arm}: Python's garbage collector ran {e['gc_s']:.2f} s under the load, {e['gc_full_s']:.2f} s "
+                f"of it in {e['gc_full']} full collections"
+            )
         lines += _ratios(r)
         if "prefill_step_ms" in r.extra:
             e = r.extra

@@ -2,12 +2,14 @@
 plus every position its rows attend to), over the copy bandwidth; prefill and mixed steps apart, the
 steps with prefill chunks as prompt tokens over their own time."""
 
+import gc
+
 import pytest
 from checkpoint_helpers import text_model_folder
 
 from fp8route import LLM
 from fp8route.bench.e2e import weight_bytes
-from fp8route.bench.serve import _prefill_steps, _step_floors
+from fp8route.bench.serve import _Collections, _percentiles, _prefill_steps, _step_floors
 from fp8route.engine.llm_engine import StepStats
 
 
@@ -26,6 +28,7 @@ def test_decode_steps_are_set_against_weights_plus_the_kv_they_read(tmp_path):
     assert floors["decode_over_floor"] == pytest.approx(1.5)
     assert floors["decode_gbs"] == pytest.approx(0.75)  # (0.5 + 1.0) / 2 of the copy rate
     assert floors["decode_batch_mean"] == 3 and floors["decode_host_ms_mean"] == pytest.approx(2.0)
+    assert floors["decode_host_ms_p50"] == pytest.approx(2.0) and floors["decode_host_ms_max"] == pytest.approx(3.0)
     assert _step_floors(llm, stats[:1], copy_gbs) == {}
 
 
@@ -40,3 +43,18 @@ def test_steps_with_prefill_chunks_count_their_prompt_tokens_over_their_own_time
     assert steps["prefill_tok_s_in_steps"] == pytest.approx(400 / 0.040)
     assert steps["prefill_host_ms_mean"] == pytest.approx(15.0)
     assert _prefill_steps(stats[1:2]) == {}
+
+
+def test_percentiles_show_the_few_slow_steps_a_mean_hides():
+    cuts = _percentiles("step_ms", [0.001] * 95 + [0.050] * 5)
+    assert cuts["step_ms_p50"] == pytest.approx(1.0) and cuts["step_ms_p90"] == pytest.approx(1.0)
+    assert cuts["step_ms_max"] == pytest.approx(50.0)
+    assert _percentiles("one", [0.002]) == {"one_p50": 2.0, "one_p90": 2.0, "one_max": 2.0}
+
+
+def test_collections_count_the_full_ones_apart():
+    with _Collections() as collected:
+        gc.collect(0)
+        gc.collect()
+    assert collected.full == 1 and 0 < collected.full_s <= collected.all_s
+    assert collected._note not in gc.callbacks

@@ -78,6 +78,9 @@ def test_a_gpu_arm_reports_its_decode_steps_against_their_floor():
     floors = {
         "decode_steps": 40, "decode_step_ms": 12.5, "decode_batch_mean": 177.6, "decode_gbs": 3100.0,
         "decode_over_floor": 1.62, "copy_gbs": 4230.0, "decode_host_ms_mean": 1.6,
+        "decode_step_ms_p50": 12.0, "decode_step_ms_p90": 14.0, "decode_step_ms_max": 30.0,
+        "decode_host_ms_p50": 1.5, "decode_host_ms_p90": 2.0, "decode_host_ms_max": 9.0,
+        "gc_s": 0.5, "gc_full_s": 0.25, "gc_full": 2,
     }  # fmt: skip
     reports = [ServeReport(arms[0].name, 2, 0, 1.0, 1.0, 1.0, 1.0, {}, {}, {}, {}, 0, floors)]
     lines = _checks(reports, {arms[0].name: ["x", "y"]}, arms)
@@ -85,6 +88,8 @@ def test_a_gpu_arm_reports_its_decode_steps_against_their_floor():
         "routed: 40 decode steps, 12.50 ms each at 178 rows: 3100 GB/s, 1.62x their floor (weights + KV over "
         "4230 GB/s); host 1.60 ms a step" in lines
     )
+    assert "routed: decode step p50 12.00 / p90 14.00 / max 30.0 ms; host p50 1.50 / p90 2.00 / max 9.0 ms" in lines
+    assert "routed: Python's garbage collector ran 0.50 s under the load, 0.25 s of it in 2 full collections" in lines
     cpu = [ServeReport(arms[0].name, 2, 0, 1.0, 1.0, 1.0, 1.0, {}, {}, {}, {}, 0)]
     assert not any("decode steps" in line for line in _checks(cpu, {arms[0].name: ["x", "y"]}, arms))
 
