@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 from fp8route.engine.blocks import ROOT
 from fp8route.engine.sampling import SamplingParams
@@ -13,15 +14,56 @@ from fp8route.engine.sampling import SamplingParams
 
 class TokenLogprobs(NamedTuple):
     """One position's log-probabilities, from the model's logits before any processing: the token's
-    own, its rank (1 is the most likely), and the most likely tokens' (ids and values, best first).
-    Tuples of numbers throughout: Python's collector stops tracking them after one look, so the many
-    a long generation keeps cost its full collections nothing."""
+    own, its rank (1 is the most likely), and the most likely tokens' (ids and values, best first)."""
 
     token: int
     logprob: float
     rank: int
     top_ids: tuple[int, ...]
     top_logprobs: tuple[float, ...]
+
+
+class OutputLogprobs(Sequence[TokenLogprobs]):
+    """A request's TokenLogprobs, one per output token, held as columns of numbers. Python's collector
+    tracks every TokenLogprobs (a tuple subclass) for as long as it lives: a load that keeps one per
+    generated token makes each full collection longer, and collections stall steps. Six arrays are six
+    objects to it, however long the generation."""
+
+    __slots__ = ("_token", "_logprob", "_rank", "_top_ids", "_top_logprobs", "_ends")
+
+    def __init__(self) -> None:
+        self._token, self._rank, self._top_ids = array("q"), array("q"), array("q")
+        self._logprob, self._top_logprobs = array("d"), array("d")
+        self._ends = array("q")  # where each entry's top ids end in _top_ids
+
+    def append(self, entry: TokenLogprobs) -> None:
+        self._token.append(entry.token)
+        self._logprob.append(entry.logprob)
+        self._rank.append(entry.rank)
+        self._top_ids.extend(entry.top_ids)
+        self._top_logprobs.extend(entry.top_logprobs)
+        self._ends.append(len(self._top_ids))
+
+    def __len__(self) -> int:
+        return len(self._token)
+
+    @overload
+    def __getitem__(self, index: int) -> TokenLogprobs: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[TokenLogprobs]: ...
+    def __getitem__(self, index: int | slice) -> TokenLogprobs | list[TokenLogprobs]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        i = range(len(self))[index]  # an IndexError past the end, as a list's
+        start, end = self._ends[i - 1] if i else 0, self._ends[i]
+        top = tuple(self._top_ids[start:end]), tuple(self._top_logprobs[start:end])
+        return TokenLogprobs(self._token[i], self._logprob[i], self._rank[i], *top)
+
+    def __iter__(self) -> Iterator[TokenLogprobs]:
+        return (self[i] for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
 
 
 class Status(enum.Enum):
@@ -64,7 +106,7 @@ class Request:
     group_id: str = ""  # the request the caller added: itself, or the parent of n samples
     index: int = 0  # which of its group's samples it is
     matcher: Any = None  # fp8route.engine.structured.Matcher when a grammar constrains the output
-    logprobs: list[TokenLogprobs] | None = None  # one per output token read back, when asked for
+    logprobs: OutputLogprobs | None = None  # one per output token read back, when asked for
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # one per prompt token (the first has none)
 
     def __post_init__(self) -> None:
@@ -72,7 +114,7 @@ class Request:
             self.token_ids = list(self.prompt_token_ids)
         self.group_id = self.group_id or self.request_id
         if self.params.logprobs is not None:
-            self.logprobs = []
+            self.logprobs = OutputLogprobs()
         if self.params.prompt_logprobs is not None:
             self.prompt_logprobs = [None] * len(self.prompt_token_ids)
 
