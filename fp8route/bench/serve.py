@@ -25,7 +25,7 @@ from fp8route.engine.llm_engine import StepStats
 from fp8route.engine.request import Request
 from fp8route.engine.sampling import SamplingParams
 from fp8route.engine.structured import StructuredOutputs
-from fp8route.kernels.launcher import first_launches
+from fp8route.kernels.launcher import first_launched, first_launches
 from fp8route.linear.policy import Policy
 
 
@@ -293,6 +293,7 @@ def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tup
             "leaked": engine.leaked() or "",
             "preemptions": engine.scheduler.preemptions,
             "kernel_first_launches": first_launches() - launched,  # kernel variants met only under the load
+            "kernels_first_launched": first_launched(launched),
             "alloc_retries": _alloc_retries(cuda) - retries,  # torch's allocator freed its cache to retry
             "gc_s": collected.all_s,
             "gc_full_s": collected.full_s,

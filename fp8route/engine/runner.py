@@ -432,11 +432,12 @@ class ModelRunner:
 
     def warm_up(self) -> None:
         """Compile the kernel variants a mixed step can take (Triton tells apart a count of 1, one
-        divisible by 16, and any other) before a request waits for one."""
+        divisible by 16, and any other), and the sampler's, before a request waits for one."""
         for singles in (0, 1, 3, 16):
             for chunks in (1, 3, 16):
                 for extra in (0, 1):
                     self.dummy_forward(singles + 2 * chunks + extra, singles, chunks)
+        self.sampler.warm_up(self.dtype, self.eos_token_ids)
 
 
 def _scores_prompt(piece: ScheduledSeq) -> bool:

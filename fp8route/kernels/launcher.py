@@ -37,14 +37,19 @@ DIRECT = DIRECT_VERSIONS[0] <= _TRITON_VERSION <= DIRECT_VERSIONS[1] and not tri
 _DIRECT_RANGE = "{}.{}-{}.{}".format(*DIRECT_VERSIONS[0], *DIRECT_VERSIONS[1])
 
 
-_first_launches = 0  # (kernel, key) pairs launched through Triton's own path, in this process
+_first_launches: list[str] = []  # "kernel key" of each launched through Triton's own path, in this process
 
 
 def first_launches() -> int:
     """How many (kernel, key) pairs have launched for the first time in this process, each through
     Triton's own path: a compile, or a read of Triton's cache. One during a measured run is a step
     that waited for it."""
-    return _first_launches
+    return len(_first_launches)
+
+
+def first_launched(since: int = 0) -> list[str]:
+    """The kernel and full key of each first launch after the first `since`: what a step waited for."""
+    return _first_launches[since:]
 
 
 def int_key(*values: int) -> tuple[tuple[bool, bool, bool], ...]:
@@ -92,10 +97,9 @@ class DirectLauncher:
             return
         if self.pdl:
             meta = {**meta, **launch_options()}
-        global _first_launches
         if full_key not in self._seen:
             self._seen.add(full_key)
-            _first_launches += 1
+            _first_launches.append(f"{self.fn.__name__} {full_key}")
         kernel = self.fn[grid](*args, **meta)
         if not DIRECT:
             if not self._warned and not triton.knobs.runtime.interpret:

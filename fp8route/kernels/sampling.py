@@ -85,19 +85,27 @@ def apply_bitmask_(x: torch.Tensor, where: torch.Tensor, bitmask: torch.Tensor) 
         _MASK((n, triton.cdiv(vocab, _CHUNK)), key, args, {"CHUNK": _CHUNK, "num_warps": 4})
 
 
+def candidates(k: int) -> int:
+    """The size class of a k: k rounded up to a power of two, 16 at least. top_candidates' and
+    draw_top_k's kernels are compiled per class (k itself is not specialized on), so that a step
+    compiles none for a k that another of its class met before."""
+    return max(16, 1 << (k - 1).bit_length())
+
+
 def top_candidates(x: torch.Tensor, where: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Row where[i] of x [R, V]'s k largest values (float32, highest first) and their ids (int64),
     each [n, k]; the lower id first among equal values. k at most MAX_CANDIDATES."""
     n, vocab = where.numel(), x.shape[1]
-    chunk = _chunk_for(vocab, k)
+    size = candidates(k)
+    chunk = _chunk_for(vocab, size)  # by the class: any k of it finds its k chunks among as many
     if chunk == 0:  # too few chunks to bound the k-th: a stable sort of the rows (the keys' order)
         ordered = x.index_select(0, where).float().sort(dim=-1, descending=True, stable=True)
         return ordered.values[:, :k], ordered.indices[:, :k]
-    chunks, width = triton.cdiv(vocab, chunk), min(max(16, triton.next_power_of_2(k)), chunk)
+    chunks, width = triton.cdiv(vocab, chunk), min(size, chunk)
     maxima = torch.empty((n, chunks), dtype=torch.int64, device=x.device)
     keys = torch.full((n, k, width), _NO_KEY, dtype=torch.int64, device=x.device)
     if n:
-        key = (x.dtype, int_key(x.stride(0), chunks, k), vocab)
+        key = (x.dtype, int_key(x.stride(0), chunks), vocab)
         grid = (n, triton.cdiv(chunks, _GROUP))
         meta = {"CHUNK": chunk, "GROUP": _GROUP, "num_warps": 4}
         _MAX_KEY(grid, key, (x, where, maxima, x.stride(0), vocab, chunks), meta)
@@ -117,8 +125,8 @@ def _kth(keys: torch.Tensor, k: int) -> torch.Tensor:
     if m > _TOP_CHUNK:
         return keys.topk(k, dim=-1, sorted=False).values.amin(dim=-1)
     kth = torch.empty(n, dtype=torch.int64, device=keys.device)
-    meta = {"BLOCK": max(16, triton.next_power_of_2(m)), "K": max(16, triton.next_power_of_2(k)), "num_warps": 4}
-    _KTH((n,), (int_key(keys.stride(0), m, k),), (keys, kth, keys.stride(0), m, k), meta)
+    meta = {"BLOCK": max(16, triton.next_power_of_2(m)), "K": candidates(k), "num_warps": 4}
+    _KTH((n,), (int_key(keys.stride(0), m),), (keys, kth, keys.stride(0), m, k), meta)
     return kth
 
 
@@ -184,8 +192,7 @@ def draw_top_k(
     if n:
         args = (values, ids, k, top, floor, temperature, top_p, top_k, seeds, steps, tokens, values.stride(0),
                 ids.stride(0), m)  # fmt: skip
-        meta = {"BLOCK": max(16, triton.next_power_of_2(m)), "num_warps": 4}
-        _DRAW_TOP_K((n,), (int_key(values.stride(0), ids.stride(0), m),), args, meta)
+        _DRAW_TOP_K((n,), (), args, {"BLOCK": candidates(m), "num_warps": 4})
     return tokens
 
 
@@ -288,7 +295,7 @@ if TRITON_IMPORT_ERROR is None:
         key = _keys(x_ptr + tl.load(where_ptr + i) * x_stride, offs, vocab)
         tl.store(maxima_ptr + i * chunks + chunk, tl.max(key, axis=1), mask=chunk < chunks)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["k"])
     def _kth_kernel(keys_ptr, kth_ptr, stride, m, k, BLOCK: tl.constexpr, K: tl.constexpr):
         i = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
@@ -296,7 +303,7 @@ if TRITON_IMPORT_ERROR is None:
         top = tl.topk(key, K)
         tl.store(kth_ptr + i, tl.sum(tl.where(tl.arange(0, K) == k - 1, top, 0), axis=0))
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["k"])
     def _gather_kernel(
         x_ptr, where_ptr, maxima_ptr, bound_ptr, slots_ptr, keys_ptr, x_stride, vocab, chunks, k,
         CHUNK: tl.constexpr, WIDTH: tl.constexpr, GROUP: tl.constexpr,
@@ -398,7 +405,7 @@ if TRITON_IMPORT_ERROR is None:
             tl.store(key_ptr + i * chunks + chunk, best)
             tl.store(id_ptr + i * chunks + chunk, (chunk * CHUNK + at).to(tl.int64))
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["values_stride", "ids_stride", "m"])
     def _draw_top_k_kernel(
         values_ptr, ids_ptr, k_ptr, top_ptr, floor_ptr, temp_ptr, top_p_ptr, top_k_ptr, seed_ptr, step_ptr,
         token_ptr, values_stride, ids_stride, m, BLOCK: tl.constexpr,

@@ -188,32 +188,47 @@ def test_a_rows_tokens_do_not_depend_on_its_batch():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_no_kernel_variant_depends_on_how_many_rows_sample():
-    """A step's row count changes under a load; the warm-up meets a few counts only. A kernel keyed (or
-    specialized by Triton) on a count class would compile in the middle of the load."""
+@pytest.mark.interpreter
+def test_after_its_warm_up_no_step_compiles_a_kernel(monkeypatch):
+    """A load's steps change their row count and their mix of controls; a first launch in one of them
+    (a compile) stalls every request for a second. After Sampler.warm_up none may: not a count of rows,
+    not a step without penalties, not a top_k of any size up to WARM_TOP_K. On a CPU the kernels run
+    under Triton's interpreter, on a smaller vocabulary."""
     from fp8route.bench.serve import MIXED
-    from fp8route.kernels.launcher import first_launches
+    from fp8route.engine.sampler import WARM_TOP_K
+    from fp8route.kernels import sampling as kernels
+    from fp8route.kernels.launcher import first_launched, first_launches
 
-    vocab, device = 128256, torch.device("cuda")
-    sampler = Sampler(vocab, 200, device)
-    history = {"prompt_token_ids": list(range(100)), "output_token_ids": [5, 6]}
-    mixed = [
-        SimpleNamespace(params=SamplingParams(temperature=0.8, logprobs=5, **MIXED[i % 3]), seed=i,
-                        num_output_scheduled=3, **history)
-        for i in range(199)
-    ]  # fmt: skip
-    for row, r in enumerate(mixed):
-        if r.params.penalized:
-            sampler.admit(row, r)
-    logits = torch.randn(199, vocab, device=device, dtype=torch.bfloat16)
-
-    def step(n: int) -> None:
-        sampler(logits[:n], None, mixed[:n], torch.arange(n, device=device), [128001])
-
-    step(8)  # the warm-up's count
+    cuda = torch.cuda.is_available()
+    # The interpreter's bfloat16 is slow (numpy has none): float32 logits there.
+    vocab, device, dtype, counts = (
+        (128256, torch.device("cuda"), torch.bfloat16, (7, 1, 152, 151, 16, 199, 3)) if cuda
+        else (4096, torch.device("cpu"), torch.float32, (1, 16, 17))
+    )  # fmt: skip
+    monkeypatch.setattr(kernels, "available", lambda x: True)  # on CPU tensors too, under the interpreter
+    sampler = Sampler(vocab, max(counts) + 1, device)
+    sampler.warm_up(dtype, [1])
     before = first_launches()
-    for n in (7, 1, 152, 151, 16, 199, 3):
-        step(n)
-    torch.cuda.synchronize()
-    assert first_launches() == before
+    history = {"prompt_token_ids": list(range(100)), "output_token_ids": [5, 6]}
+
+    def step(controls: list[dict[str, object]], n: int) -> None:
+        rows = [
+            SimpleNamespace(params=SamplingParams(**{"temperature": 0.8, **controls[i % len(controls)]}), seed=i,
+                            num_output_scheduled=3, **history)
+            for i in range(n)
+        ]  # fmt: skip
+        for row, r in enumerate(rows):
+            if r.params.penalized:
+                sampler.admit(row, r)
+        logits = torch.randn(n, vocab, device=device, dtype=dtype)
+        sampler(logits, None, rows, torch.arange(n, device=device), [1])
+
+    mixed = [{**c, "logprobs": 5} for c in MIXED]
+    for n in counts:
+        step(mixed, n)
+    for k in (20, 40, 50, 64, 100, WARM_TOP_K):
+        step([{"top_k": k}, {"top_k": 1, "logprobs": 20}, {"temperature": 0, "logprobs": 1}], 5)
+    step([{"min_p": 0.1, "min_tokens": 5, "max_tokens": 8}, {"presence_penalty": 0.5, "logit_bias": {3: 2.0}}], 4)
+    if cuda:
+        torch.cuda.synchronize()
+    assert first_launched(before) == []
