@@ -134,7 +134,9 @@ def _checks(reports: list[ServeReport], digests: dict[str, list[str]], arms: lis
         lines.append(f"{r.arm}: {r.completed} finished with their full output, {r.failed} failed; {state}")
         waits = [f"{r.extra[k]} {what}" for k, what in _WAITS.items() if r.extra.get(k)]
         if waits:
-            lines.append(f"{r.arm}: steps under the load waited for {' and '.join(waits)}")
+            kernels = sorted({str(name).split()[0] for name in r.extra.get("kernels_first_launched") or ()})
+            named = f" ({', '.join(kernels)})" if kernels else ""
+            lines.append(f"{r.arm}: steps under the load waited for {' and '.join(waits)}{named}")
         if "decode_step_ms" in r.extra:  # on a GPU: the pure decode steps against their floor
             e = r.extra
             lines.append(

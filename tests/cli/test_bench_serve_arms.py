@@ -69,6 +69,12 @@ def test_steps_that_waited_for_a_compile_or_the_allocator_are_named():
     reports = [ServeReport(arms[0].name, 2, 0, 1.0, 1.0, 1.0, 1.0, {}, {}, {}, {}, 0, waits)]
     lines = _checks(reports, {arms[0].name: ["x"]}, arms)
     assert "routed: steps under the load waited for 3 kernels' first launches (compiles)" in lines
+    reports[0].extra["kernels_first_launched"] = ["_kth_kernel ((1,), 0)", "_gather_kernel (2,)", "_kth_kernel (3,)"]
+    lines = _checks(reports, {arms[0].name: ["x"]}, arms)
+    assert (
+        "routed: steps under the load waited for 3 kernels' first launches (compiles) (_gather_kernel, _kth_kernel)"
+        in lines
+    )
     reports[0].extra["kernel_first_launches"] = 0
     assert not any("waited" in line for line in _checks(reports, {arms[0].name: ["x"]}, arms))
 
