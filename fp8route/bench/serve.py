@@ -192,7 +192,8 @@ def _percentiles(name: str, seconds: list[float]) -> dict[str, float]:
 
 
 class _Collections:
-    """The time Python's garbage collector spends while it is entered, in full (generation 2) collections and in all."""
+    """The time Python's garbage collector runs inside a `with` block: in all, and in full (generation 2)
+    collections."""
 
     def __init__(self) -> None:
         self.full_s = self.all_s = 0.0

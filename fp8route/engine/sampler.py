@@ -34,7 +34,7 @@ from fp8route.engine.sampling import MAX_LOGPROBS, SamplingParams
 from fp8route.kernels import sampling as kernels
 from fp8route.kernels.argmax import greedy_tokens
 
-WARM_TOP_K = 256  # warm_up compiles the top_k kernels up to this k; a larger k compiles its own on first use
+WARM_TOP_K = 256  # warm_up compiles the top_k kernels up to this k; a larger one compiles its class on first use
 _MASK64 = (1 << 64) - 1
 _MASK32 = (1 << 32) - 1
 
@@ -127,7 +127,7 @@ class Sampler:
         """Sample every kind of row once on dummy logits of this dtype, so that Triton compiles each of
         the kernels' variants now and not in a step that a load waits on: greedy and drawn rows,
         penalties or none, a bias and min_tokens, a grammar's mask, either count of logprobs, min_p,
-        top_p, and top_k of each candidate count up to WARM_TOP_K."""
+        top_p, and top_k of each size class up to WARM_TOP_K."""
         sampled = {"temperature": 0.8, "max_tokens": 2}
         plain = [SamplingParams(temperature=0, max_tokens=2), SamplingParams(**sampled, min_p=0.1),
                  SamplingParams(**sampled, top_p=0.9, logprobs=1)]  # fmt: skip
@@ -137,12 +137,12 @@ class Sampler:
         k = 1
         while k <= WARM_TOP_K:
             kinds.append([SamplingParams(**sampled, top_k=k, top_p=0.9)])
-            k = 2 * kernels.candidates(k)
+            k = 2 * kernels.size_class(k)
         had_counts = self.counts is not None
         logits = torch.randn(max(map(len, kinds)), self.vocab_size, dtype=dtype, device=self.device)
         bitmask = torch.full((1, -(-self.vocab_size // 32)), -1, dtype=torch.int32, device=self.device)
         for masks in (None, ([0], bitmask)):
-            for params in kinds if masks is None else kinds[1:2]:
+            for params in kinds if masks is None else [plain]:
                 # Each choosing its first output token, as a prefill's last chunk does.
                 requests = [Request("warm-up", [0], p, 0, RequestMetrics(0.0), num_pending=1) for p in params]
                 for row, request in enumerate(requests):

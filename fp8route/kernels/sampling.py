@@ -10,8 +10,9 @@ forward's own share. Here:
 - top_candidates: each row's k largest logits and their ids, as int64 keys (the value's bits, then
   the id) that are all distinct: the k-th largest chunk maximum bounds the k-th key from below, so
   exactly k chunks hold keys at or above it; those k chunks' top keys (Triton's bitonic topk over 512
-  logits each), then torch's topk over those few.
-- nucleus_floor: each row's top_p cut as a logit threshold, searched with 7 pivots a round over 9
+  logits each), then torch's topk over those few. Compiled per size class of k (size_class), not per
+  k, so that the engine's warm-up can compile every class a step may meet.
+- nucleus_floor: each row's top_p cut as a logit threshold, searched 8-fold narrower a round over 9
   rounds (FlashInfer's sampling kernels search a pivot alike), each round a launch of a program per
   8192 logits of every row.
 - draw: the exponential race as a Gumbel-max, argmax over the kept tokens of
@@ -85,10 +86,10 @@ def apply_bitmask_(x: torch.Tensor, where: torch.Tensor, bitmask: torch.Tensor) 
         _MASK((n, triton.cdiv(vocab, _CHUNK)), key, args, {"CHUNK": _CHUNK, "num_warps": 4})
 
 
-def candidates(k: int) -> int:
-    """The size class of a k: k rounded up to a power of two, 16 at least. top_candidates' and
-    draw_top_k's kernels are compiled per class (k itself is not specialized on), so that a step
-    compiles none for a k that another of its class met before."""
+def size_class(k: int) -> int:
+    """k rounded up to a power of two, 16 at least. top_candidates' and draw_top_k's kernels are
+    compiled per class (k itself is not specialized on), so that a step compiles none for a k whose
+    class another k met before."""
     return max(16, 1 << (k - 1).bit_length())
 
 
@@ -96,7 +97,7 @@ def top_candidates(x: torch.Tensor, where: torch.Tensor, k: int) -> tuple[torch.
     """Row where[i] of x [R, V]'s k largest values (float32, highest first) and their ids (int64),
     each [n, k]; the lower id first among equal values. k at most MAX_CANDIDATES."""
     n, vocab = where.numel(), x.shape[1]
-    size = candidates(k)
+    size = size_class(k)
     chunk = _chunk_for(vocab, size)  # by the class: any k of it finds its k chunks among as many
     if chunk == 0:  # too few chunks to bound the k-th: a stable sort of the rows (the keys' order)
         ordered = x.index_select(0, where).float().sort(dim=-1, descending=True, stable=True)
@@ -125,7 +126,7 @@ def _kth(keys: torch.Tensor, k: int) -> torch.Tensor:
     if m > _TOP_CHUNK:
         return keys.topk(k, dim=-1, sorted=False).values.amin(dim=-1)
     kth = torch.empty(n, dtype=torch.int64, device=keys.device)
-    meta = {"BLOCK": max(16, triton.next_power_of_2(m)), "K": candidates(k), "num_warps": 4}
+    meta = {"BLOCK": max(16, triton.next_power_of_2(m)), "K": size_class(k), "num_warps": 4}
     _KTH((n,), (int_key(keys.stride(0), m),), (keys, kth, keys.stride(0), m, k), meta)
     return kth
 
@@ -192,7 +193,7 @@ def draw_top_k(
     if n:
         args = (values, ids, k, top, floor, temperature, top_p, top_k, seeds, steps, tokens, values.stride(0),
                 ids.stride(0), m)  # fmt: skip
-        _DRAW_TOP_K((n,), (), args, {"BLOCK": candidates(m), "num_warps": 4})
+        _DRAW_TOP_K((n,), (), args, {"BLOCK": size_class(m), "num_warps": 4})
     return tokens
 
 
