@@ -7,6 +7,7 @@ import torch
 from fp8route.backends import custom_ops
 from fp8route.backends.base import DEQUANTIZED, TENSOR, Backend, LinearOperands
 from fp8route.backends.problem import GemmProblem
+from fp8route.schemes import SCHEMES
 
 
 class CpuDequantBackend(Backend):
@@ -17,6 +18,7 @@ class CpuDequantBackend(Backend):
     name = "cpu_dequant"
     summary = "weight dequantized to fp32 once at plan time, x quantized per call, fp32 matmul (CPU)"
     layouts = frozenset({TENSOR, DEQUANTIZED})
+    schemes = frozenset(SCHEMES)
 
     def why_not(self, problem: GemmProblem) -> str | None:
         if problem.device.type != "cpu":
@@ -26,6 +28,7 @@ class CpuDequantBackend(Backend):
     def run_quantized(
         self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype
     ) -> torch.Tensor:
-        weight = operands.weight_dequantized
-        assert weight is not None, "the plan prepares the dequantized layout for cpu_dequant"
-        return custom_ops.reference_mm(x_q, weight, x_scale, operands.weight_scale, operands.bias, out_dtype)
+        o = operands
+        assert o.weight_dequantized is not None, "the plan prepares the dequantized layout for cpu_dequant"
+        w_scale = None if o.scheme == "block" else o.weight_scale  # the block copy holds its scales
+        return custom_ops.reference_mm(x_q, o.weight_dequantized, x_scale, w_scale, o.bias, out_dtype, o.scheme)

@@ -5,7 +5,15 @@ from __future__ import annotations
 import torch
 
 from fp8route.backends import custom_ops
-from fp8route.backends.base import Backend, LinearOperands, bias_as, first_reason, needs_aligned, needs_fp8_gpu
+from fp8route.backends.base import (
+    Backend,
+    LinearOperands,
+    bias_as,
+    first_reason,
+    needs_aligned,
+    needs_fp8_gpu,
+    needs_scheme,
+)
 from fp8route.backends.problem import GemmProblem
 
 
@@ -19,7 +27,7 @@ class CublasBackend(Backend):
         self.summary = "torch._scaled_mm, per-tensor scales (cuBLASLt)" + (", fast accumulation" if fast_accum else "")
 
     def why_not(self, problem: GemmProblem) -> str | None:
-        return first_reason(needs_fp8_gpu(problem), needs_aligned(problem))
+        return first_reason(needs_scheme(problem, self.schemes), needs_fp8_gpu(problem), needs_aligned(problem))
 
     def run_quantized(
         self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from fp8route.schemes import dequantize_weight, scaled_matmul
+
 
 def eager_or_op(op: Callable[..., Any], impl: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any) -> Any:
@@ -69,12 +71,14 @@ def _reference_mm(
     x_q: torch.Tensor,
     weight: torch.Tensor,
     x_scale: torch.Tensor,
-    w_scale: torch.Tensor,
+    w_scale: torch.Tensor | None,
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
+    scheme: str = "tensor",
 ) -> torch.Tensor:
-    """The numeric oracle: both operands dequantized, one fp32 matmul, one rounding at the end."""
-    out = (x_q.float() @ weight.float().t()) * (x_scale.float() * w_scale.float())
+    """The numeric oracle: the scheme's fp32 product (fp8route.schemes.scaled_matmul), one rounding at
+    the end. w_scale None: a block weight already multiplied by its scales."""
+    out = scaled_matmul(x_q, x_scale, weight, w_scale, scheme)  # type: ignore[arg-type]
     if bias is not None:
         out = out + bias.float()
     return out.to(out_dtype)
@@ -85,22 +89,28 @@ reference_mm = eager_or_op(reference_mm_op, _reference_mm)
 
 
 @reference_mm_op.register_fake
-def _(x_q, weight, x_scale, w_scale, bias, out_dtype):  # type: ignore[no-untyped-def]
+def _(x_q, weight, x_scale, w_scale, bias, out_dtype, scheme="tensor"):  # type: ignore[no-untyped-def]
     return _empty_out(x_q, weight, out_dtype)
 
 
 def _weight_only_mm(
-    x: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None, scheme: str = "tensor"
 ) -> torch.Tensor:
     """For GPUs without FP8 tensor cores: the weight dequantized per call, x as it is.
 
     Dequantizing per call keeps one byte per weight in memory instead of two; x is not
     quantized, so results are closer to full precision than the FP8 path, not equal to it.
     """
+    b = None if bias is None else bias.to(x.dtype)
+    if scheme == "block":  # the scales do not factor out of the K sum
+        return torch.nn.functional.linear(x, dequantize_weight(weight, w_scale, "block").to(x.dtype), b)
+    if scheme == "channel":
+        out = torch.nn.functional.linear(x, weight.to(x.dtype)).float() * w_scale
+        return (out if b is None else out + b.float()).to(x.dtype)
     # Scaling x rather than the weight keeps the scale in fp32 (a bf16 scale would bias every
     # output by up to 0.4%) and keeps fp16 sums in range. e4m3 values are exact in bf16/fp16.
     x_scaled = (x.float() * w_scale).to(x.dtype)
-    return torch.nn.functional.linear(x_scaled, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+    return torch.nn.functional.linear(x_scaled, weight.to(x.dtype), b)
 
 
 weight_only_mm_op = torch.library.custom_op("fp8route::weight_only_mm", _weight_only_mm, mutates_args=())
@@ -108,7 +118,7 @@ weight_only_mm = eager_or_op(weight_only_mm_op, _weight_only_mm)
 
 
 @weight_only_mm_op.register_fake
-def _(x, weight, w_scale, bias):  # type: ignore[no-untyped-def]
+def _(x, weight, w_scale, bias, scheme="tensor"):  # type: ignore[no-untyped-def]
     return _empty_out(x, weight, x.dtype)
 
 

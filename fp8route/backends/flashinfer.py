@@ -7,7 +7,15 @@ import importlib.util
 import torch
 
 from fp8route.backends import custom_ops
-from fp8route.backends.base import Backend, LinearOperands, bias_as, first_reason, needs_aligned, needs_fp8_gpu
+from fp8route.backends.base import (
+    Backend,
+    LinearOperands,
+    bias_as,
+    first_reason,
+    needs_aligned,
+    needs_fp8_gpu,
+    needs_scheme,
+)
 from fp8route.backends.problem import GemmProblem
 
 
@@ -22,7 +30,7 @@ class FlashinferBackend(Backend):
     def why_not(self, problem: GemmProblem) -> str | None:
         if not flashinfer_installed():
             return "flashinfer is not installed (pip install 'fp8route[flashinfer]')"
-        reason = first_reason(needs_fp8_gpu(problem), needs_aligned(problem))
+        reason = first_reason(needs_scheme(problem, self.schemes), needs_fp8_gpu(problem), needs_aligned(problem))
         if reason is None and problem.out_dtype not in (torch.bfloat16, torch.float16):
             return "writes bfloat16 or float16 output only"
         return reason

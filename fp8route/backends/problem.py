@@ -8,6 +8,7 @@ import torch
 
 from fp8route.device import CPU, DeviceInfo
 from fp8route.errors import Fp8InputError
+from fp8route.schemes import Scheme
 
 
 def default_device(device: torch.device | str | None = None) -> torch.device:
@@ -33,6 +34,7 @@ class GemmProblem:
     out_dtype: torch.dtype = torch.bfloat16
     has_bias: bool = False
     static_input_scale: bool = True
+    scheme: Scheme = "tensor"  # how the weight and x are scaled (fp8route.schemes)
     m_max: int | None = None  # the largest M of the bucket being planned; None means unbounded
     # x arrives already quantized (Fp8Linear.forward_quantized): the GEMM alone, no quantization
     # pass to pay or to fuse, so the fastest backend can differ.

@@ -8,11 +8,13 @@ import torch
 from fp8route.backends import custom_ops
 from fp8route.backends.base import Backend, LinearOperands
 from fp8route.backends.problem import GemmProblem
+from fp8route.schemes import SCHEMES
 
 
 class ReferenceBackend(Backend):
     name = "reference"
     summary = "dequantize + fp32 matmul (any device; the numeric oracle)"
+    schemes = frozenset(SCHEMES)
 
     def why_not(self, problem: GemmProblem) -> str | None:
         return None
@@ -20,4 +22,5 @@ class ReferenceBackend(Backend):
     def run_quantized(
         self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype
     ) -> torch.Tensor:
-        return custom_ops.reference_mm(x_q, operands.weight, x_scale, operands.weight_scale, operands.bias, out_dtype)
+        o = operands
+        return custom_ops.reference_mm(x_q, o.weight, x_scale, o.weight_scale, o.bias, out_dtype, o.scheme)

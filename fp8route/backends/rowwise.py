@@ -1,12 +1,22 @@
-"""torch._scaled_mm with (M,1)/(1,N) fp32 scales: the rowwise CUTLASS kernel, which needs the per-tensor
-weight scale broadcast to a per-channel vector."""
+"""torch._scaled_mm with (M,1)/(1,N) fp32 scales: the rowwise CUTLASS kernel. It computes the channel
+scheme as it is (per-token x, per-channel weight scales) and the tensor scheme with the weight scale
+broadcast to a per-channel vector."""
 
 from __future__ import annotations
 
 import torch
 
 from fp8route.backends import custom_ops
-from fp8route.backends.base import CHANNEL, Backend, LinearOperands, bias_as, first_reason, needs_aligned, needs_fp8_gpu
+from fp8route.backends.base import (
+    CHANNEL,
+    Backend,
+    LinearOperands,
+    bias_as,
+    first_reason,
+    needs_aligned,
+    needs_fp8_gpu,
+    needs_scheme,
+)
 from fp8route.backends.problem import GemmProblem
 
 # torch builds its rowwise FP8 CUTLASS kernel for SM89, SM90 and SM100 only.
@@ -17,9 +27,10 @@ class RowwiseBackend(Backend):
     name = "rowwise"
     summary = "torch._scaled_mm, per-token x (M,1) and per-channel w (1,N) scales (CUTLASS)"
     layouts = frozenset({CHANNEL})
+    schemes = frozenset({"tensor", "channel"})
 
     def why_not(self, problem: GemmProblem) -> str | None:
-        reason = first_reason(needs_fp8_gpu(problem), needs_aligned(problem))
+        reason = first_reason(needs_scheme(problem, self.schemes), needs_fp8_gpu(problem), needs_aligned(problem))
         if reason is not None:
             return reason
         assert problem.device.capability is not None
@@ -33,8 +44,8 @@ class RowwiseBackend(Backend):
     def run_quantized(
         self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype
     ) -> torch.Tensor:
-        # A fresh (M, 1) tensor: the kernel wants stride 1, even at M=1.
-        x_scales = x_scale.reshape(1, 1).repeat(x_q.shape[0], 1)
+        # A fresh (M, 1) tensor for a scalar: the kernel wants stride 1, even at M=1.
+        x_scales = x_scale.reshape(-1, 1) if x_scale.dim() == 1 else x_scale.reshape(1, 1).repeat(x_q.shape[0], 1)
         assert operands.weight_scale_channel is not None, "plan prepares the channel layout"
         return custom_ops.scaled_mm(
             x_q,

@@ -7,11 +7,13 @@ import torch
 from fp8route.backends import custom_ops
 from fp8route.backends.base import Backend, LinearOperands
 from fp8route.backends.problem import GemmProblem
+from fp8route.schemes import SCHEMES, dequantize_activation
 
 
 class WeightOnlyBackend(Backend):
     name = "weight_only"
     summary = "dequantized weight, matmul in the activation dtype (x not quantized)"
+    schemes = frozenset(SCHEMES)
 
     def why_not(self, problem: GemmProblem) -> str | None:
         device = problem.device
@@ -25,10 +27,10 @@ class WeightOnlyBackend(Backend):
         return None
 
     def run(self, x: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
-        return custom_ops.weight_only_mm(x, operands.weight, operands.weight_scale, operands.bias)
+        return custom_ops.weight_only_mm(x, operands.weight, operands.weight_scale, operands.bias, operands.scheme)
 
     def run_quantized(
         self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype
     ) -> torch.Tensor:
-        x = (x_q.float() * x_scale).to(out_dtype)  # e4m3 times a scalar: what the FP8 path multiplies too
-        return custom_ops.weight_only_mm(x, operands.weight, operands.weight_scale, operands.bias)
+        x = dequantize_activation(x_q, x_scale, operands.scheme).to(out_dtype)  # what the FP8 path multiplies too
+        return custom_ops.weight_only_mm(x, operands.weight, operands.weight_scale, operands.bias, operands.scheme)

@@ -1,4 +1,5 @@
-"""Fp8Linear: a static per-tensor FP8 linear layer that runs whatever its plan says."""
+"""Fp8Linear: an FP8 linear layer of any scheme (per-tensor, per-channel, 128x128 blocks) that runs
+whatever its plan says."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from fp8route.quant import (
     quantize_per_tensor,
     requantize_shards,
 )
+from fp8route.schemes import BLOCK, DESCRIPTION, Scheme, check_scheme, check_weight_scale, quantize_weight
 
 ScaleLike = torch.Tensor | float
 
@@ -40,14 +42,17 @@ def plans_epoch() -> int:
 
 
 class Fp8Linear(nn.Module):
-    """y = (quant(x / input_scale) @ weight.T) * input_scale * weight_scale + bias, in x's dtype.
+    """y = (quant(x / input_scale) @ weight.T) * input_scale * weight_scale + bias, in x's dtype, with
+    the scales of the layer's scheme (fp8route.schemes).
 
-    weight is float8_e4m3fn [N, K]; weight_scale and input_scale are fp32 scalars (input_scale
-    None means a dynamic per-tensor scale computed from each x). The plan is made when the
-    layer is built and again when it moves to another device, never in forward. The constructor
-    checks the scales' values but not the weight's or the bias's (a placeholder may be filled
-    later); from_quantized and from_float, the entry points for tensors from elsewhere, refuse
-    NaN and Inf in those too.
+    weight is float8_e4m3fn [N, K]. scheme "tensor": weight_scale and input_scale are fp32 scalars
+    (input_scale None means a dynamic per-tensor scale computed from each x). "channel": weight_scale
+    is [N] (or [N, 1]), x is quantized per token. "block": weight_scale is [ceil(N/128),
+    ceil(K/128)], x is quantized per 1x128 group. The dynamic schemes take no input_scale. The plan
+    is made when the layer is built and again when it moves to another device, never in forward.
+    The constructor checks the scales' values but not the weight's or the bias's (a placeholder may
+    be filled later); from_quantized and from_float, the entry points for tensors from elsewhere,
+    refuse NaN and Inf in those too.
     """
 
     weight: torch.Tensor
@@ -62,12 +67,14 @@ class Fp8Linear(nn.Module):
         input_scale: ScaleLike | None = None,
         bias: torch.Tensor | None = None,
         *,
+        scheme: Scheme = "tensor",
         name: str = "fp8_linear",
         logical_widths: Sequence[int] | None = None,
         policy: Policy | None = None,
         preference: Preference | None = None,
     ) -> None:
         super().__init__()
+        check_scheme(scheme)
         check_fp8_weight(f"{name}.weight", weight)
         n, k = weight.shape
         if bias is not None:
@@ -81,13 +88,18 @@ class Fp8Linear(nn.Module):
         if sum(widths) != n or any(w <= 0 for w in widths):
             raise Fp8InputError(f"{name}: logical widths {list(widths)} must be positive and sum to N={n}")
         self.name = name
+        self.scheme = scheme
         self.in_features, self.out_features = k, n
         self.logical_widths = widths
         self.policy = policy or Policy.from_env()
         self.preference = preference
         self.requant_error: float = 0.0
         self.register_buffer("weight", weight.detach())
-        self.register_buffer("weight_scale", as_scale(f"{name}.weight_scale", weight_scale, weight.device))
+        self.register_buffer("weight_scale", _weight_scale(name, weight_scale, scheme, n, k, weight.device))
+        if input_scale is not None and scheme != "tensor":
+            raise Fp8InputError(
+                f"{name}: the {scheme} scheme quantizes x dynamically ({DESCRIPTION[scheme]}); it takes no input_scale"
+            )
         scale = None if input_scale is None else as_scale(f"{name}.input_scale", input_scale, weight.device)
         self.register_buffer("input_scale", scale)
         self.register_buffer("bias", bias)
@@ -103,9 +115,11 @@ class Fp8Linear(nn.Module):
         logical_widths: Sequence[int] | None = None,
         **kwargs: object,
     ) -> Fp8Linear:
-        """A layer from checkpoint tensors. Per-shard scales (one per logical width) are
-        requantized to their max, and the max of per-shard input scales is taken."""
+        """A layer from checkpoint tensors. Per-shard scales (one per logical width): per-tensor ones
+        are requantized to their max, and the max of per-shard input scales is taken; per-channel and
+        block ones are concatenated (each shard but the last a whole number of 128-row blocks)."""
         name = str(kwargs.get("name", "fp8_linear"))
+        scheme = check_scheme(str(kwargs.get("scheme", "tensor")))
         check_fp8_weight(f"{name}.weight", qweight)
         check_fp8_finite(f"{name}.weight", qweight)
         if bias is not None:
@@ -117,8 +131,11 @@ class Fp8Linear(nn.Module):
                 raise Fp8InputError(
                     f"{name}: {len(weight_scale)} shard weight scales need logical_widths (the rows of each shard)"
                 )
-            fused = requantize_shards(qweight, weight_scale, logical_widths)
-            qweight, weight_scale, requant_error = fused.weight, fused.scale, fused.rel_error
+            if scheme == "tensor":
+                fused = requantize_shards(qweight, weight_scale, logical_widths)
+                qweight, weight_scale, requant_error = fused.weight, fused.scale, fused.rel_error
+            else:
+                weight_scale = _concat_scales(name, weight_scale, logical_widths, scheme, qweight)
         if isinstance(input_scale, (list, tuple)):
             scales = [as_scale(f"{name}.input_scale[{i}]", s) for i, s in enumerate(input_scale)]
             input_scale = torch.stack(scales).max()
@@ -130,7 +147,8 @@ class Fp8Linear(nn.Module):
     def from_float(
         cls, linear_or_weight: nn.Linear | torch.Tensor, input_scale: ScaleLike | None = None, **kwargs: object
     ) -> Fp8Linear:
-        """Quantize a float nn.Linear (or weight [N, K]) per tensor: scale = amax / 448."""
+        """Quantize a float nn.Linear (or weight [N, K]) in kwargs' scheme (default per tensor): scale =
+        amax / 448 of the tensor, of each row or of each 128x128 block."""
         if isinstance(linear_or_weight, nn.Linear):
             weight, bias = linear_or_weight.weight, linear_or_weight.bias
         elif isinstance(linear_or_weight, torch.Tensor):
@@ -143,7 +161,12 @@ class Fp8Linear(nn.Module):
         if weight.dim() != 2:
             raise Fp8InputError(f"from_float: expected a 2-D [N, K] weight, got shape {tuple(weight.shape)}")
         name = str(kwargs.get("name", "fp8_linear"))
-        qweight, scale = quantize_per_tensor(weight.detach(), name=f"{name}.weight")
+        scheme = check_scheme(str(kwargs.get("scheme", "tensor")))
+        if scheme == "tensor":
+            qweight, scale = quantize_per_tensor(weight.detach(), name=f"{name}.weight")
+        else:
+            check_finite(f"{name}.weight", weight.detach())
+            qweight, scale = quantize_weight(weight.detach(), scheme)
         if bias is not None:
             check_finite(f"{name}.bias", bias.detach())
         return cls(qweight, scale, input_scale, None if bias is None else bias.detach(), **kwargs)  # type: ignore[arg-type]
@@ -165,6 +188,7 @@ class Fp8Linear(nn.Module):
             device=device or DeviceInfo.of(self.weight.device),
             has_bias=self.bias is not None,
             static_input_scale=self.input_scale is not None,
+            scheme=self.scheme,
         )
         self._plan = make_plan(self.name, problem, self.policy, self.preference)
         for backend in self._plan.backends:
@@ -176,7 +200,7 @@ class Fp8Linear(nn.Module):
     def operands(self, layouts: frozenset[str] = LAYOUTS) -> LinearOperands:
         """What a backend reads, in the layouts named (every layout by default: what a benchmark
         that runs every backend on this layer needs)."""
-        return LinearOperands.prepare(self.weight, self.weight_scale, self.input_scale, self.bias, layouts)
+        return LinearOperands.prepare(self.weight, self.weight_scale, self.input_scale, self.bias, layouts, self.scheme)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 0 or x.shape[-1] != self.in_features:
@@ -216,8 +240,9 @@ class Fp8Linear(nn.Module):
         plan's routes for pre-quantized input (`fp8route tune --x-quantized`; without them, those
         of an out_dtype x); the result is in out_dtype."""
         if self.input_scale is None:
+            per = {"tensor": "", "channel": " per token", "block": " per 1x128 group"}[self.scheme]
             raise Fp8InputError(
-                f"{self.name}: forward_quantized needs a static input_scale (this layer computes one "
+                f"{self.name}: forward_quantized needs a static input_scale (this layer computes its scales{per} "
                 "from each x, so a pre-quantized x has no scale it could trust); call the layer on x"
             )
         if x_q.dtype != FP8_DTYPE:
@@ -256,4 +281,32 @@ class Fp8Linear(nn.Module):
     def extra_repr(self) -> str:
         scale = "static" if self.input_scale is not None else "dynamic"
         has_bias = self.bias is not None
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={has_bias}, input_scale={scale}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={has_bias}, "
+            f"scheme={self.scheme}, input_scale={scale}"
+        )
+
+
+def _weight_scale(name: str, scale: ScaleLike, scheme: Scheme, n: int, k: int, device: torch.device) -> torch.Tensor:
+    if scheme == "tensor":
+        return as_scale(f"{name}.weight_scale", scale, device)
+    if not isinstance(scale, torch.Tensor):
+        raise Fp8TypeError(f"{name}.weight_scale: the {scheme} scheme needs a tensor of scales, got {scale!r}")
+    return check_weight_scale(f"{name}.weight_scale", scale, scheme, n, k).to(device)
+
+
+def _concat_scales(
+    name: str, scales: Sequence[ScaleLike], widths: Sequence[int], scheme: Scheme, weight: torch.Tensor
+) -> torch.Tensor:
+    """The fused layer's scales from its shards' (channel: rows; block: 128-row blocks, so every
+    shard but the last must be a whole number of blocks: a block may not straddle two shards)."""
+    if len(scales) != len(widths):
+        raise Fp8InputError(f"{name}: {len(scales)} shard weight scales for {len(widths)} logical widths")
+    if scheme == "block" and any(w % BLOCK for w in widths[:-1]):
+        raise Fp8InputError(
+            f"{name}: shards of {list(widths)} rows cannot share 128x128 weight blocks ({BLOCK} does not divide "
+            "every shard but the last); keep them as separate layers"
+        )
+    k, device = weight.shape[1], weight.device
+    parts = [_weight_scale(f"{name}[{i}]", s, scheme, w, k, device) for i, (s, w) in enumerate(zip(scales, widths))]
+    return torch.cat(parts)

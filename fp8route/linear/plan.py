@@ -19,6 +19,7 @@ from fp8route.backends.problem import GemmProblem
 from fp8route.errors import BackendUnavailableError, StrictModeError
 from fp8route.linear.policy import Policy
 from fp8route.quant import FLOAT_DTYPES, dtype_name
+from fp8route.schemes import DESCRIPTION
 
 log = logging.getLogger("fp8route")
 
@@ -94,7 +95,8 @@ class Plan:
     def prepared_bytes(self) -> dict[str, int]:
         """The memory each layout the layer prepares for this plan adds beyond the checkpoint's
         tensors, where it adds any."""
-        sizes = {layout: layout_bytes(layout, self.problem.n, self.problem.k) for layout in sorted(self.layouts)}
+        p = self.problem
+        sizes = {layout: layout_bytes(layout, p.n, p.k, p.scheme) for layout in sorted(self.layouts)}
         return {layout: size for layout, size in sizes.items() if size}
 
     def prepared_text(self) -> str:
@@ -117,9 +119,10 @@ class Plan:
         headed by `layer` (default: this plan's layer)."""
         p = self.problem
         device = p.device.label + (f" ({p.device.name})" if p.device.name and p.device.type == "cuda" else "")
+        scales = f"{'static' if p.static_input_scale else 'dynamic'} input scale" if p.scheme == "tensor" else ""
         lines = [
-            f"{layer or self.layer}  N={p.n} K={p.k}  {device}, "
-            f"{'static' if p.static_input_scale else 'dynamic'} input scale, {'bias' if p.has_bias else 'no bias'}",
+            f"{layer or self.layer}  N={p.n} K={p.k}  {device}, {DESCRIPTION[p.scheme]}"
+            f"{', ' + scales if scales else ''}, {'bias' if p.has_bias else 'no bias'}",
             f"  routes ({self.source}):",
         ]
         by_text: dict[str, list[str]] = {}
@@ -170,7 +173,8 @@ def make_plan(
     }
     routes: dict[bool, dict[torch.dtype, tuple[Backend, ...]]] = {False: {}, True: {}}
     fallbacks: list[Fallback] = []
-    for x_quantized in (False, True):
+    # x handed over quantized needs a static input scale: the dynamic schemes have no such route.
+    for x_quantized in (False, True) if problem.static_input_scale else (False,):
         for dtype in FLOAT_DTYPES:
             route: list[Backend] = []
             for lo, hi in _bucket_ranges(M_BOUNDS):
@@ -193,7 +197,7 @@ def make_plan(
     excluded = tuple(Exclusion(name, reason, tuple(dtypes)) for (name, reason), dtypes in ranked)
     merged = tuple(_merge(fallbacks))
     source = source if source is not None else _source(problem, policy, preference)
-    plan = Plan(layer, problem, M_BOUNDS, routes[False], excluded, merged, source, routes[True])
+    plan = Plan(layer, problem, M_BOUNDS, routes[False], excluded, merged, source, routes[True] or routes[False])
     _check_forced(plan, policy)
     _report(plan, policy)
     return plan
