@@ -1,5 +1,6 @@
 """The backend named fp8_gemv: fp8route's decode GEMM (fp8route/kernels/decode_gemm), activation
-quantization fused into a deterministic split-K GEMM for small M."""
+quantization (static per tensor, dynamic per token or per 1x128 group) fused into a deterministic
+split-K GEMM for small M."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from fp8route.backends import custom_ops
 from fp8route.backends.base import Backend, LinearOperands, bias_as, needs_fp8_gpu
 from fp8route.backends.problem import GemmProblem
 from fp8route.kernels.decode_gemm import configs
+from fp8route.schemes import SCHEMES
 
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -16,14 +18,15 @@ OUT_DTYPES = (torch.bfloat16, torch.float16)
 class Fp8GemvBackend(Backend):
     name = "fp8_gemv"
     summary = "fp8route's Triton kernel: x quantized inside, split-K, for decode-sized M"
+    schemes = frozenset(SCHEMES)
     fuses_silu_mul = True
 
     def why_not(self, problem: GemmProblem) -> str | None:
         reason = needs_fp8_gpu(problem)
         if reason is not None:
             return reason
-        if not problem.static_input_scale:
-            return "needs a static input_scale (it quantizes x inside the kernel)"
+        if problem.scheme == "tensor" and not problem.static_input_scale:
+            return "needs a static input_scale in the tensor scheme (it quantizes x inside the kernel)"
         if problem.out_dtype not in OUT_DTYPES:
             return "writes bfloat16 or float16 output only"
         if problem.m_max is None or problem.m_max > configs.M_MAX:
@@ -37,20 +40,23 @@ class Fp8GemvBackend(Backend):
             reserve_counters(device)
 
     def run(self, x: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
-        assert operands.input_scale is not None, "the plan only picks fp8_gemv for a static input scale"
-        return self.run_quantized(x, operands.input_scale, operands, x.dtype)
+        w = operands
+        assert w.scheme != "tensor" or w.input_scale is not None, "the plan picks fp8_gemv for a static input scale"
+        return custom_ops.decode_gemm(
+            x, w.weight, w.weight_scale, w.input_scale, bias_as(w, x.dtype), x.dtype, False, w.scheme
+        )
 
     def run_silu_mul(self, gate_up: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
-        assert operands.input_scale is not None, "the plan only picks fp8_gemv for a static input scale"
         w = operands
+        assert w.scheme != "tensor" or w.input_scale is not None, "the plan picks fp8_gemv for a static input scale"
         out_dtype = gate_up.dtype
         return custom_ops.decode_gemm(
-            gate_up, w.weight, w.weight_scale, w.input_scale, bias_as(w, out_dtype), out_dtype, True
+            gate_up, w.weight, w.weight_scale, w.input_scale, bias_as(w, out_dtype), out_dtype, True, w.scheme
         )
 
     def run_quantized(
         self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype
     ) -> torch.Tensor:
-        # x_q may still be bf16/fp16 (from run): the kernel quantizes it with x_scale inside.
         w = operands
+        assert w.scheme == "tensor", "x arrives quantized in the tensor scheme only (forward_quantized)"
         return custom_ops.decode_gemm(x_q, w.weight, w.weight_scale, x_scale, bias_as(w, out_dtype), out_dtype)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 import torch
 
@@ -38,22 +37,8 @@ SCALES = (0.0371, 1 / 448, 4 / 448, 0.0123, 3.3e-3, 0.7, 1e-5)  # none a power o
 
 
 @pytest.fixture(autouse=True)
-def satfinite_e4m3(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under the interpreter, e4m3 conversion as the GPU does it (cvt.rn.satfinite), through torch."""
-    if CUDA:
-        return
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
-
-    convert = InterpreterBuilder.create_fp_to_fp
-
-    def create_fp_to_fp(self, src, dst_type, rounding_mode):
-        if dst_type.scalar != tl.float8e4nv:
-            return convert(self, src, dst_type, rounding_mode)
-        wide = torch.from_numpy(np.asarray(src.data, dtype=np.float32))
-        return TensorHandle(wide.clamp(-448, 448).to(FP8).view(torch.uint8).numpy(), tl.float8e4nv)
-
-    monkeypatch.setattr(InterpreterBuilder, "create_fp_to_fp", create_fp_to_fp)
+def satfinite_e4m3(gpu_conversions: None) -> None:
+    """Every test here converts to e4m3 as the GPU does (tests/kernels/conftest.py)."""
 
 
 def reference(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ if triton is None:  # CPU-only installs: the module imports, launch.py is never 
     decode_mma_kernel = decode_cuda_core_kernel = None
 else:
     from fp8route.kernels.pdl import wait_for_inputs
-    from fp8route.kernels.quantize import quantize_e4m3
+    from fp8route.kernels.quantize import dynamic_scale, quantize_e4m3
 
     @triton.jit
     def silu_times(gate, up):
@@ -58,17 +58,62 @@ else:
         else:
             _store_out(acc, out_ptr, bias_ptr, scale, offs_n, offs_m, n_mask, m_mask, stride_om, HAS_BIAS)
 
+    @triton.jit
+    def out_scale(w_scale_ptr, x_scale, offs_n, n_mask, SCHEME: tl.constexpr):
+        """What the fp32 sum is multiplied by on its way out: both scalars (per tensor), each row's
+        weight scale times each token's (channel); nothing more for block, scaled step by step."""
+        if SCHEME == 0:
+            return x_scale * tl.load(w_scale_ptr)
+        elif SCHEME == 1:
+            return tl.load(w_scale_ptr + offs_n, mask=n_mask, other=0.0)[:, None] * x_scale
+        else:
+            return 1.0
+
+    @triton.jit
+    def load_x(x_ptrs, K, mask, GATED: tl.constexpr):
+        """x's elements at x_ptrs, or for GATED SiLU(gate) * up (up K elements further on)."""
+        xt = tl.load(x_ptrs, mask=mask, other=0.0)
+        if GATED:
+            xt = silu_times(xt, tl.load(x_ptrs + K, mask=mask, other=0.0))
+        return xt
+
+    @triton.jit
+    def token_scales(x_ptr, offs_m, m_mask, K, stride_xm, BLOCK_K: tl.constexpr, GATED: tl.constexpr):
+        """Each token's dynamic scale (its row's amax over all K / 448), for the channel scheme: every
+        split reads the whole row (small at decode sizes) so that no other kernel runs first."""
+        offs_k = tl.arange(0, BLOCK_K)
+        amax = tl.zeros((offs_m.shape[0],), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            mask = m_mask[None, :] & ((k + offs_k) < K)[:, None]
+            xt = load_x(x_ptr + offs_m[None, :] * stride_xm + (k + offs_k)[:, None], K, mask, GATED)
+            amax = tl.maximum(amax, tl.max(tl.abs(xt.to(tl.float32)), axis=0))
+        return dynamic_scale(amax)
+
+    @triton.jit
+    def block_dequantized(xt, w_scale_ptr, pid_n, group0, stride_ws, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """One token's x chunk [BLOCK_K] quantized per 1x128 group and multiplied back by its group's
+        scale times the tile's weight-block scale: what each fp8 weight is multiplied by (block scheme)."""
+        groups = tl.reshape(xt.to(tl.float32), (BLOCK_K // 128, 128))
+        s = dynamic_scale(tl.max(tl.abs(groups), axis=1))[:, None]
+        q = quantize_e4m3(groups, s, tl.math.div_rn(1.0, s)).to(tl.float32)
+        g = group0 + tl.arange(0, BLOCK_K // 128)
+        w_scale = tl.load(w_scale_ptr + (pid_n * BLOCK_N // 128) * stride_ws + g, mask=g < stride_ws, other=0.0)
+        return tl.reshape(q * (s * w_scale[:, None]), (BLOCK_K,))
+
     # M and split_k vary per call; specializing on them (==1, %16) would only multiply compiles.
     @triton.jit(do_not_specialize=["M", "split_k"])
     def decode_mma_kernel(
         x_ptr, w_ptr, out_ptr, bias_ptr, ws_ptr, cnt_ptr, w_scale_ptr, in_scale_ptr,
-        M, N, K, stride_xm, stride_wn, stride_om, split_k, k_per_split,
+        M, N, K, stride_xm, stride_wn, stride_om, split_k, k_per_split, stride_ws,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
-        REDUCE_UNROLL: tl.constexpr, GATED: tl.constexpr, USE_PDL: tl.constexpr,
+        REDUCE_UNROLL: tl.constexpr, GATED: tl.constexpr, SCHEME: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
-        """GATED: x_ptr holds [M, 2K], gate then up, and the product is with SiLU(gate) * up."""
+        """GATED: x_ptr holds [M, 2K], gate then up, and the product is with SiLU(gate) * up.
+        SCHEME 0: per tensor, x quantized with the static in_scale. 1: per-channel weight scales
+        [N], x per token. 2: 128x128 block weight scales (stride_ws per block row), x per 1x128
+        group; BLOCK_K is 128, one group a step, each step's product scaled before it is added."""
         wait_for_inputs(USE_PDL)
         pid = tl.program_id(0)
         # The splits of one tile are adjacent pids: launched together, so the last one (which
@@ -91,8 +136,13 @@ else:
         w_ptrs = w_ptr + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]
         # x^T tile [BLOCK_K, BLOCK_M]: K-contiguous, which is what fp8 wgmma wants for its B operand.
         x_ptrs = x_ptr + offs_m[None, :] * stride_xm + (k_lo + offs_k)[:, None]
-        in_scale = tl.load(in_scale_ptr)
-        in_scale_rcp = tl.math.div_rn(1.0, in_scale)
+        if SCHEME == 0:
+            x_scale = tl.load(in_scale_ptr)
+        elif SCHEME == 1:
+            x_scale = token_scales(x_ptr, offs_m, m_mask, K, stride_xm, BLOCK_K, GATED)[None, :]
+        else:
+            x_scale = 1.0
+        x_rcp = tl.math.div_rn(1.0, x_scale)
 
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         # EVEN_K: every split covers exactly k_per_split (a multiple of BLOCK_K) inside K.
@@ -102,41 +152,48 @@ else:
                     w = tl.load(w_ptrs)
                 else:
                     w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
-                xt = tl.load(x_ptrs, mask=m_mask[None, :], other=0.0)
-                if GATED:
-                    xt = silu_times(xt, tl.load(x_ptrs + K, mask=m_mask[None, :], other=0.0))
+                xt = load_x(x_ptrs, K, m_mask[None, :], GATED)
             else:
                 k_mask = (k_lo + k + offs_k) < K
                 w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-                xt = tl.load(x_ptrs, mask=m_mask[None, :] & k_mask[:, None], other=0.0)
-                if GATED:
-                    xt = silu_times(xt, tl.load(x_ptrs + K, mask=m_mask[None, :] & k_mask[:, None], other=0.0))
+                xt = load_x(x_ptrs, K, m_mask[None, :] & k_mask[:, None], GATED)
+            if SCHEME == 2:
+                x_scale = dynamic_scale(tl.max(tl.abs(xt.to(tl.float32)), axis=0))[None, :]
+                x_rcp = tl.math.div_rn(1.0, x_scale)
             if QUANT_X:  # noqa: SIM108 (constexpr branches, as the loads above)
-                xq = quantize_e4m3(xt, in_scale, in_scale_rcp)
+                xq = quantize_e4m3(xt, x_scale, x_rcp)
             else:
                 xq = xt
-            # Promote the tensor cores' reduced-precision fp8 accumulation to fp32 every
-            # IMPRECISE_ACC elements of K (cuBLASLt's default, non fast-accum, does likewise).
-            acc = tl.dot(w, xq, acc, max_num_imprecise_acc=IMPRECISE_ACC)
+            if SCHEME == 2:
+                group = (k_lo + k) // 128
+                w_scale = tl.load(w_scale_ptr + (offs_n // 128) * stride_ws + group, mask=n_mask, other=0.0)
+                acc += tl.dot(w, xq) * (w_scale[:, None] * x_scale)
+            else:
+                # Promote the tensor cores' reduced-precision fp8 accumulation to fp32 every
+                # IMPRECISE_ACC elements of K (cuBLASLt's default, non fast-accum, does likewise).
+                acc = tl.dot(w, xq, acc, max_num_imprecise_acc=IMPRECISE_ACC)
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
 
-        _finish(acc, out_ptr, bias_ptr, ws_ptr, cnt_ptr, in_scale * tl.load(w_scale_ptr), pid_k, tile, split_k,
-                M, N, stride_om, offs_n, offs_m, n_mask, m_mask, HAS_BIAS, USE_WS, REDUCE_UNROLL)  # fmt: skip
+        _finish(acc, out_ptr, bias_ptr, ws_ptr, cnt_ptr, out_scale(w_scale_ptr, x_scale, offs_n, n_mask, SCHEME),
+                pid_k, tile, split_k, M, N, stride_om, offs_n, offs_m, n_mask, m_mask,
+                HAS_BIAS, USE_WS, REDUCE_UNROLL)  # fmt: skip
 
     @triton.jit(do_not_specialize=["M", "split_k"])
     def decode_cuda_core_kernel(
         x_ptr, w_ptr, out_ptr, bias_ptr, ws_ptr, cnt_ptr, w_scale_ptr, in_scale_ptr,
-        M, N, K, stride_xm, stride_wn, stride_om, split_k, k_per_split,
+        M, N, K, stride_xm, stride_wn, stride_om, split_k, k_per_split, stride_ws,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, REDUCE_UNROLL: tl.constexpr, NUM_STAGES: tl.constexpr,
-        GATED: tl.constexpr, USE_PDL: tl.constexpr,
+        GATED: tl.constexpr, SCHEME: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         """The same product for a few tokens (BLOCK_M <= 8) on the CUDA cores: no shared-memory staging
         of the weight and no MMA padding of the token side to 16. Each weight element is converted once
         (e4m3 -> fp32, exact) and multiplied by every token's x in fp32; the products are exact, so only
-        the fp32 sums round."""
+        the fp32 sums round. SCHEME as decode_mma_kernel's; for block (BLOCK_K a multiple of 128,
+        BLOCK_N dividing 128) each group's x is multiplied by its scale and its block's weight scale
+        before the product, so every tile row shares one weight scale per group."""
         wait_for_inputs(USE_PDL)
         pid = tl.program_id(0)
         pid_k = pid % split_k
@@ -150,8 +207,13 @@ else:
 
         w_ptrs = w_ptr + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :]
         x_ptrs = x_ptr + k_lo + offs_k
-        in_scale = tl.load(in_scale_ptr)
-        in_scale_rcp = tl.math.div_rn(1.0, in_scale)
+        if SCHEME == 0:
+            x_scale = tl.load(in_scale_ptr)
+        elif SCHEME == 1:
+            x_scale = token_scales(x_ptr, offs_m, m_mask, K, stride_xm, 128, GATED)[None, :]
+        else:
+            x_scale = 1.0
+        x_rcp = tl.math.div_rn(1.0, x_scale)
 
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k in tl.range(0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
@@ -169,15 +231,19 @@ else:
             # one element each and move every operand through shared memory.
             for i in tl.static_range(BLOCK_M):
                 x_mask = tl.where(i < M, k_mask, False)  # not k_mask & (i < M): see _finish
-                xt = tl.load(x_ptrs + i * stride_xm, mask=x_mask, other=0.0)
-                if GATED:
-                    xt = silu_times(xt, tl.load(x_ptrs + i * stride_xm + K, mask=x_mask, other=0.0))
-                if QUANT_X:
-                    xt = quantize_e4m3(xt, in_scale, in_scale_rcp)
+                xt = load_x(x_ptrs + i * stride_xm, K, x_mask, GATED)
+                if SCHEME == 2:
+                    xt = block_dequantized(xt, w_scale_ptr, pid_n, (k_lo + k) // 128, stride_ws, BLOCK_N, BLOCK_K)
+                elif SCHEME == 1:
+                    s = tl.sum(tl.where(offs_m[None, :] == i, x_scale, 0.0))  # the token's own scale
+                    xt = quantize_e4m3(xt, s, tl.math.div_rn(1.0, s))
+                elif QUANT_X:
+                    xt = quantize_e4m3(xt, x_scale, x_rcp)
                 part = tl.sum(w * xt.to(tl.float32)[None, :], axis=1)
                 acc += tl.where(offs_m[None, :] == i, part[:, None], 0.0)
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
 
-        _finish(acc, out_ptr, bias_ptr, ws_ptr, cnt_ptr, in_scale * tl.load(w_scale_ptr), pid_k, pid_n, split_k,
-                M, N, stride_om, offs_n, offs_m, n_mask, m_mask, HAS_BIAS, USE_WS, REDUCE_UNROLL)  # fmt: skip
+        _finish(acc, out_ptr, bias_ptr, ws_ptr, cnt_ptr, out_scale(w_scale_ptr, x_scale, offs_n, n_mask, SCHEME),
+                pid_k, pid_n, split_k, M, N, stride_om, offs_n, offs_m, n_mask, m_mask,
+                HAS_BIAS, USE_WS, REDUCE_UNROLL)  # fmt: skip

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from fp8route.kernels.decode_gemm.configs import DecodeConfig, cdiv, choose_conf
 from fp8route.kernels.decode_gemm.kernels import decode_cuda_core_kernel, decode_mma_kernel
 from fp8route.kernels.launcher import DirectLauncher
 from fp8route.quant import FP8_DTYPE
+from fp8route.schemes import BLOCK, check_scheme, weight_scale_shape
 
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 _REDUCE_UNROLL = 8  # partials summed per round by the last CTA (loads in flight)
@@ -54,8 +56,8 @@ def _device(device: torch.device) -> DeviceInfo:
     return DeviceInfo.of(device)
 
 
-def _check(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor,
-           bias: torch.Tensor | None, out_dtype: torch.dtype) -> None:  # fmt: skip
+def _check(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor | None,
+           bias: torch.Tensor | None, out_dtype: torch.dtype, scheme: str = "tensor") -> None:  # fmt: skip
     if x.dim() != 2 or weight.dim() != 2:
         raise Fp8InputError(
             f"decode_gemm: x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}"
@@ -64,20 +66,31 @@ def _check(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, in
         raise Fp8InputError(f"decode_gemm: x has K={x.shape[1]} but weight has K={weight.shape[1]}")
     if weight.dtype != FP8_DTYPE:
         raise Fp8TypeError(f"decode_gemm: weight must be float8_e4m3fn, got {weight.dtype}")
-    if x.dtype not in (torch.bfloat16, torch.float16, FP8_DTYPE):
-        raise Fp8TypeError(f"decode_gemm: x must be bfloat16, float16 or float8_e4m3fn, got {x.dtype}")
+    x_dtypes = (torch.bfloat16, torch.float16) + ((FP8_DTYPE,) if scheme == "tensor" else ())
+    if x.dtype not in x_dtypes:
+        raise Fp8TypeError(f"decode_gemm: x must be {' or '.join(map(str, x_dtypes))} ({scheme} scheme), got {x.dtype}")
     if out_dtype not in OUT_DTYPES:
         raise Fp8TypeError(f"decode_gemm: out_dtype must be bfloat16 or float16, got {out_dtype}")
-    for name, s in (("weight_scale", weight_scale), ("input_scale", input_scale)):
-        if s.numel() != 1 or s.dtype != torch.float32 or s.device != weight.device:
+    n, k = weight.shape
+    scales = {"weight_scale": (weight_scale, weight_scale_shape(check_scheme(scheme), n, k))}
+    if scheme == "tensor":
+        if input_scale is None:
+            raise Fp8InputError("decode_gemm: the tensor scheme needs a static input_scale")
+        scales["input_scale"] = (input_scale, ())
+    elif input_scale is not None:
+        raise Fp8InputError(f"decode_gemm: the {scheme} scheme quantizes x itself; pass input_scale=None")
+    for name, (s, shape) in scales.items():
+        if s.numel() != max(1, math.prod(shape)) or s.dtype != torch.float32 or s.device != weight.device:
             got = f"{s.dtype} {tuple(s.shape)} on {s.device}"
-            raise Fp8InputError(f"decode_gemm: {name} must be one fp32 value on {weight.device}, got {got}")
-    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != out_dtype or not bias.is_contiguous()):
+            raise Fp8InputError(f"decode_gemm: {name} must be fp32 of shape {shape} on {weight.device}, got {got}")
+        if not s.is_contiguous():
+            raise Fp8InputError(f"decode_gemm: {name} must be contiguous")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != out_dtype or not bias.is_contiguous()):
         got = f"{bias.dtype} {tuple(bias.shape)}"
-        raise Fp8InputError(f"decode_gemm: bias must be a contiguous [{weight.shape[0]}] {out_dtype} tensor, got {got}")
+        raise Fp8InputError(f"decode_gemm: bias must be a contiguous [{n}] {out_dtype} tensor, got {got}")
     if x.stride(1) != 1 or weight.stride(1) != 1:
         raise Fp8InputError("decode_gemm: x and weight need a contiguous last (K) dimension")
-    reason = why_not(x.shape[0], weight.shape[0], weight.shape[1])
+    reason = why_not(x.shape[0], n, k)
     if reason is not None:
         raise Fp8InputError(f"decode_gemm: {reason}")
 
@@ -86,30 +99,35 @@ def decode_gemm(
     x: torch.Tensor,
     weight: torch.Tensor,
     weight_scale: torch.Tensor,
-    input_scale: torch.Tensor,
+    input_scale: torch.Tensor | None,
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
     *,
     out: torch.Tensor | None = None,
     config: DecodeConfig | None = None,
+    scheme: str = "tensor",
 ) -> torch.Tensor:
-    """(q(x) @ weight.T) * input_scale * weight_scale + bias for x [M, K] (bf16/fp16, or e4m3 already
-    quantized with input_scale) and an e4m3 weight [N, K]; fp32 accumulation, out [M, N] in out_dtype.
+    """The scheme's product (fp8route.schemes) for x [M, K] and an e4m3 weight [N, K], plus bias; fp32
+    accumulation, out [M, N] in out_dtype. tensor: (q(x) @ weight.T) * input_scale * weight_scale, x
+    bf16/fp16 or e4m3 already quantized with input_scale. channel, block: x bf16/fp16, quantized per
+    token or 1x128 group inside the kernel; weight_scale [N] or [ceil(N/128), ceil(K/128)].
 
     No host sync and no data-dependent allocation: safe inside CUDA-graph capture once the shape
     has run eagerly (the first call allocates the split-K counters). Deterministic.
     """
-    _check(x, weight, weight_scale, input_scale, bias, out_dtype)
-    return launch(x, weight, weight_scale, input_scale, bias, out_dtype, out=out, config=config)
+    _check(x, weight, weight_scale, input_scale, bias, out_dtype, scheme)
+    return launch(x, weight, weight_scale, input_scale, bias, out_dtype, out=out, config=config, scheme=scheme)
 
 
 def decode_gemm_silu_mul(
     gate_up: torch.Tensor,
     weight: torch.Tensor,
     weight_scale: torch.Tensor,
-    input_scale: torch.Tensor,
+    input_scale: torch.Tensor | None,
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
+    *,
+    scheme: str = "tensor",
 ) -> torch.Tensor:
     """decode_gemm of x = SiLU(gate) * up for gate_up [M, 2K] (bf16/fp16: gate, then up), the product
     computed in the kernel and rounded as fp8route.kernels.fused.silu_mul rounds it."""
@@ -120,10 +138,10 @@ def decode_gemm_silu_mul(
         )
     if gate_up.dtype not in OUT_DTYPES:
         raise Fp8TypeError(f"decode_gemm_silu_mul: gate_up must be bfloat16 or float16, got {gate_up.dtype}")
-    _check(gate_up[:, :k], weight, weight_scale, input_scale, bias, out_dtype)
+    _check(gate_up[:, :k], weight, weight_scale, input_scale, bias, out_dtype, scheme)
     if gate_up.stride(0) * gate_up.shape[0] >= 2**31:
         raise Fp8InputError("decode_gemm_silu_mul: gate_up needs 64-bit offsets, which this kernel does not use")
-    return launch(gate_up, weight, weight_scale, input_scale, bias, out_dtype, gated=True)
+    return launch(gate_up, weight, weight_scale, input_scale, bias, out_dtype, gated=True, scheme=scheme)
 
 
 @dataclass(frozen=True)
@@ -141,9 +159,14 @@ class _Launch:
 _LAUNCHES: dict[tuple[Any, ...], _Launch] = {}
 
 
+_SCHEMES = {"tensor": 0, "channel": 1, "block": 2}  # the kernels' SCHEME constexpr
+
+
 def _plan_launch(m: int, n: int, k: int, device: torch.device, x_fp8: bool, has_bias: bool,
-                 config: DecodeConfig | None, gated: bool) -> _Launch:  # fmt: skip
+                 config: DecodeConfig | None, gated: bool, scheme: str) -> _Launch:  # fmt: skip
     cfg = config or choose_config(m, n, k, _device(device))
+    if scheme == "block":
+        cfg = block_config(cfg)
     if cfg.cuda_core and m > cfg.block_m:
         raise Fp8InputError(f"decode_gemm: {cfg} takes at most {cfg.block_m} tokens, got M={m}")
     k_iters = cdiv(k, cfg.block_k)
@@ -155,7 +178,7 @@ def _plan_launch(m: int, n: int, k: int, device: torch.device, x_fp8: bool, has_
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m,
         QUANT_X=not x_fp8, HAS_BIAS=has_bias, USE_WS=split > 1,
         EVEN_K=k_per_split * split == k, EVEN_N=n % cfg.block_n == 0, REDUCE_UNROLL=_REDUCE_UNROLL, GATED=gated,
-        num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
+        SCHEME=_SCHEMES[scheme], num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )  # fmt: skip
     if cfg.cuda_core:
         kernel, meta["NUM_STAGES"] = _CUDA_CORE, cfg.num_stages
@@ -164,30 +187,42 @@ def _plan_launch(m: int, n: int, k: int, device: torch.device, x_fp8: bool, has_
     return _Launch(kernel, (tiles * split,), split, k_per_split, tiles, meta)
 
 
+def block_config(cfg: DecodeConfig) -> DecodeConfig:
+    """cfg for 128x128 block weights: the wgmma kernel scales each step's product by its group's
+    scales, so a step is one 128-wide group; the CUDA-core kernel's steps are whole groups and its
+    tiles inside one block row."""
+    if not cfg.cuda_core:
+        return replace(cfg, block_k=128)
+    assert BLOCK % cfg.block_n == 0, f"{cfg}: a CUDA-core tile must lie inside one {BLOCK}-row block"
+    return replace(cfg, block_k=max(BLOCK, cfg.block_k))
+
+
 def launch(
     x: torch.Tensor,
     weight: torch.Tensor,
     weight_scale: torch.Tensor,
-    input_scale: torch.Tensor,
+    input_scale: torch.Tensor | None,
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
     *,
     out: torch.Tensor | None = None,
     config: DecodeConfig | None = None,
     gated: bool = False,
+    scheme: str = "tensor",
 ) -> torch.Tensor:
     """decode_gemm without the argument checks, for callers whose plan already vetted the layer and
     whose forward checked x: the checks cost microseconds of host time on every decode step. gated:
-    x is [M, 2K], gate then up (decode_gemm_silu_mul)."""
+    x is [M, 2K], gate then up (decode_gemm_silu_mul). scheme (fp8route.schemes): tensor takes the
+    static input_scale; channel and block take none and quantize x per token or group themselves."""
     m = x.shape[0]
     n, k = weight.shape
     stride_xm, stride_wn = x.stride(0), weight.stride(0)
     # Every integer argument and dtype the kernel specializes on; the launcher adds alignment.
-    key = (m, n, k, stride_xm, stride_wn, x.dtype, out_dtype, bias is None, x.device, config, gated)
+    key = (m, n, k, stride_xm, stride_wn, x.dtype, out_dtype, bias is None, x.device, config, gated, scheme)
     plan = _LAUNCHES.get(key)
     if plan is None:
         x_fp8 = x.dtype == FP8_DTYPE
-        plan = _LAUNCHES[key] = _plan_launch(m, n, k, x.device, x_fp8, bias is not None, config, gated)
+        plan = _LAUNCHES[key] = _plan_launch(m, n, k, x.device, x_fp8, bias is not None, config, gated, scheme)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     elif out.shape != (m, n) or out.dtype != out_dtype or out.stride(0) != n or out.stride(1) != 1:
@@ -198,8 +233,9 @@ def launch(
     else:
         ws = cnt = out
     args = (
-        x, weight, out, bias if bias is not None else out, ws, cnt, weight_scale, input_scale,
-        m, n, k, stride_xm, stride_wn, n, plan.split, plan.k_per_split,
+        x, weight, out, bias if bias is not None else out, ws, cnt, weight_scale,
+        input_scale if input_scale is not None else weight_scale,
+        m, n, k, stride_xm, stride_wn, n, plan.split, plan.k_per_split, cdiv(k, BLOCK),
     )  # fmt: skip
     plan.kernel(plan.grid, key, args, plan.meta)
     return out
