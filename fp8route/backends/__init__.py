@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fp8route.backends.base import CHANNEL, DEQUANTIZED, LAYOUTS, TENSOR, Backend, LinearOperands
+from fp8route.backends.base import BLOCK_KMAJOR, CHANNEL, DEQUANTIZED, LAYOUTS, TENSOR, Backend, LinearOperands
+from fp8route.backends.block import CublasBlockBackend, FlashinferBlockBackend, TritonBlockBackend
 from fp8route.backends.cpu_dequant import CpuDequantBackend
 from fp8route.backends.cublas import CublasBackend
 from fp8route.backends.flashinfer import FlashinferBackend
@@ -20,6 +21,10 @@ BACKENDS: dict[str, Backend] = {
         RowwiseBackend(),
         FlashinferBackend(),
         Fp8GemvBackend(),
+        CublasBlockBackend(),
+        TritonBlockBackend(fused=False),
+        TritonBlockBackend(fused=True),
+        FlashinferBlockBackend(),
         WeightOnlyBackend(),
         CpuDequantBackend(),
         ReferenceBackend(),
@@ -56,12 +61,14 @@ def default_priority(device: DeviceInfo) -> tuple[str, ...]:
     if device.capability == (8, 9):
         # SGLang measured per-tensor cuBLASLt 5.4% slower end to end than rowwise CUTLASS on an L40.
         return ("rowwise", "cublas", "flashinfer", "weight_only", "reference")
-    # SM90+: per-tensor cuBLASLt beat rowwise CUTLASS at every M on 8B shapes (DESIGN.md).
-    return ("cublas", "flashinfer", "rowwise", "weight_only", "reference")
+    # SM90+: per-tensor cuBLASLt beat rowwise CUTLASS at every M on 8B shapes (DESIGN.md). Each
+    # scheme's backends come in the order vLLM picks them, until a routing table measured says otherwise.
+    return ("cublas", "flashinfer", "rowwise", "cublas_block", "triton_block", "weight_only", "reference")
 
 
 __all__ = [
     "BACKENDS",
+    "BLOCK_KMAJOR",
     "CHANNEL",
     "DEQUANTIZED",
     "LAYOUTS",

@@ -180,3 +180,45 @@ decode_gemm = eager_or_op(decode_gemm_op, _decode_gemm)
 @decode_gemm_op.register_fake
 def _(x, weight, w_scale, x_scale, bias, out_dtype, gated=False, scheme="tensor"):  # type: ignore[no-untyped-def]
     return _empty_out(x, weight, out_dtype)
+
+
+def _block_gemm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    w_scale: torch.Tensor,
+    x_scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """fp8route's block-scaled GEMM: x bf16/fp16 quantized per 1x128 group inside it (x_scale None),
+    or e4m3 with its [M, ceil(K/128)] scales."""
+    from fp8route.kernels.block_gemm import launch
+
+    return launch(x.contiguous(), weight, w_scale, bias, out_dtype, x_scale=x_scale)
+
+
+block_gemm_op = torch.library.custom_op("fp8route::block_gemm", _block_gemm, mutates_args=())
+block_gemm = eager_or_op(block_gemm_op, _block_gemm)
+
+
+@block_gemm_op.register_fake
+def _(x, weight, w_scale, x_scale, bias, out_dtype):  # type: ignore[no-untyped-def]
+    return _empty_out(x, weight, out_dtype)
+
+
+def _flashinfer_block(
+    x: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """FlashInfer's SM90 block-scaled GEMM, bf16 x quantized per 1x128 group inside it."""
+    from flashinfer.gemm import fp8_blockscale_gemm_sm90
+
+    return fp8_blockscale_gemm_sm90(x, weight, None, w_scale, out_dtype=out_dtype)
+
+
+flashinfer_block_op = torch.library.custom_op("fp8route::flashinfer_block", _flashinfer_block, mutates_args=())
+flashinfer_block = eager_or_op(flashinfer_block_op, _flashinfer_block)
+
+
+@flashinfer_block_op.register_fake
+def _(x, weight, w_scale, out_dtype):  # type: ignore[no-untyped-def]
+    return _empty_out(x, weight, out_dtype)
