@@ -1,4 +1,4 @@
-"""A routing table: for each tuned (N, K, dtype, input) and M bucket, the backend that measured fastest.
+"""A routing table: for each tuned (N, K, dtype, input, scheme) and M bucket, the backend that measured fastest.
 
 The input is x as the layer gets it: float (the layer quantizes it) or already quantized upstream
 (Fp8Linear.forward_quantized), tuned apart because the fastest GEMM can differ once there is no
@@ -27,12 +27,15 @@ from fp8route.errors import Fp8InputError
 from fp8route.quant import FLOAT_DTYPE_NAMES, dtype_name
 from fp8route.routing.choose import MIN_TIE, Timing, choose, priority_order
 from fp8route.routing.fingerprint import Fingerprint
+from fp8route.schemes import SCHEMES
 
 log = logging.getLogger("fp8route")
 
 FORMAT = "fp8route-routing-table"
-VERSION = 2  # 2: entries may be for pre-quantized input ("x": "fp8"); version 1 files read as float input
-READABLE_VERSIONS = (1, 2)
+# 2: entries may be for pre-quantized input ("x": "fp8"); version 1 files read as float input.
+# 3: entries name their FP8 scheme ("scheme"); earlier files read as per-tensor.
+VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 
 # A shape further than this from every tuned one (|log2 N ratio| + |log2 K ratio|) gets the
 # default priority: past a factor of 2 the winners we measured change (DESIGN.md).
@@ -43,7 +46,7 @@ class RoutingTableError(Fp8InputError):
     """A routing table file is malformed; the message names the file and the field."""
 
 
-ShapeKey = tuple[int, int, torch.dtype, bool]  # N, K, output dtype, x pre-quantized
+ShapeKey = tuple[int, int, torch.dtype, bool, str]  # N, K, output dtype, x pre-quantized, FP8 scheme
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,11 @@ class ShapeRoutes:
     timings: Mapping[str, tuple[Timing | None, ...]]  # backend -> one per measured M; None: not timed
     failures: Mapping[str, str] = field(default_factory=dict)
     x_quantized: bool = False  # tuned on x handed over quantized (the GEMM alone)
+    scheme: str = "tensor"  # the FP8 scheme of the layers timed (fp8route.schemes)
 
     @property
     def key(self) -> ShapeKey:
-        return (self.n, self.k, self.dtype, self.x_quantized)
+        return (self.n, self.k, self.dtype, self.x_quantized, self.scheme)
 
     def timings_at(self, index: int) -> dict[str, Timing]:
         """Every timed backend at measured M number `index` (the last one for the open bucket)."""
@@ -117,12 +121,14 @@ class RoutingTable:
         major, minor = device.capability
         return device.name == self.fingerprint.gpu and f"{major}.{minor}" == self.fingerprint.capability
 
-    def lookup(self, n: int, k: int, dtype: torch.dtype, x_quantized: bool = False) -> tuple[ShapeRoutes, bool] | None:
-        """The tuned shape itself (exact=True), else the nearest tuned one, else None. Pre-quantized
-        input with no routes of its own near this shape takes the float-input ones."""
-        found = self._lookup((n, k, dtype, x_quantized))
+    def lookup(
+        self, n: int, k: int, dtype: torch.dtype, x_quantized: bool = False, scheme: str = "tensor"
+    ) -> tuple[ShapeRoutes, bool] | None:
+        """The tuned shape itself (exact=True), else the nearest tuned one of the same scheme, else
+        None. Pre-quantized input with no routes of its own near this shape takes the float-input ones."""
+        found = self._lookup((n, k, dtype, x_quantized, scheme))
         if found is None and x_quantized:
-            return self._lookup((n, k, dtype, False))
+            return self._lookup((n, k, dtype, False, scheme))
         return found
 
     def _lookup(self, key: ShapeKey) -> tuple[ShapeRoutes, bool] | None:
@@ -134,10 +140,10 @@ class RoutingTable:
         near = self._nearest[key]
         return None if near is None else (near, False)
 
-    def _find_nearest(self, n: int, k: int, dtype: torch.dtype, x_quantized: bool) -> ShapeRoutes | None:
+    def _find_nearest(self, n: int, k: int, dtype: torch.dtype, x_quantized: bool, scheme: str) -> ShapeRoutes | None:
         best: tuple[tuple[float, bool, int, int], ShapeRoutes] | None = None
         for s in self.shapes.values():
-            if s.dtype != dtype or s.x_quantized != x_quantized:
+            if s.dtype != dtype or s.x_quantized != x_quantized or s.scheme != scheme:
                 continue
             distance = abs(math.log2(s.n / n)) + abs(math.log2(s.k / k))
             # At equal distance the same K wins: K sets the reduction (split-K, pipeline depth).
@@ -154,7 +160,7 @@ class RoutingTable:
         """The Preference: the measured backend for this problem's bucket, or None (no measurement)."""
         if not self.applies_to(problem.device) or problem.n <= 0 or problem.k <= 0:
             return None
-        found = self.lookup(problem.n, problem.k, problem.out_dtype, problem.x_quantized)
+        found = self.lookup(problem.n, problem.k, problem.out_dtype, problem.x_quantized, problem.scheme)
         if found is None:
             return None
         shape, exact = found
@@ -179,8 +185,9 @@ class RoutingTable:
         kinds: dict[str, list[str]] = {}
         own_fp8: dict[str, list[str]] = {}
         for name, dtype in FLOAT_DTYPE_NAMES.items():
-            kinds.setdefault(self._kind(self._lookup((problem.n, problem.k, dtype, False)), default), []).append(name)
-            found = self._lookup((problem.n, problem.k, dtype, True))
+            found = self._lookup((problem.n, problem.k, dtype, False, problem.scheme))
+            kinds.setdefault(self._kind(found, default), []).append(name)
+            found = self._lookup((problem.n, problem.k, dtype, True, problem.scheme))
             if found is not None:
                 own_fp8.setdefault(self._kind(found, default), []).append(name)
         if len(kinds) == 1:
@@ -233,7 +240,7 @@ class RoutingTable:
             "m_bounds": list(self.m_bounds),
             "shapes": [
                 _shape_to_json(s)
-                for s in sorted(self.shapes.values(), key=lambda s: (s.x_quantized, str(s.dtype), s.n, s.k))
+                for s in sorted(self.shapes.values(), key=lambda s: (s.scheme, s.x_quantized, str(s.dtype), s.n, s.k))
             ],
         }
 
@@ -281,6 +288,7 @@ def _shape_to_json(s: ShapeRoutes) -> dict[str, object]:
         "k": s.k,
         "dtype": dtype_name(s.dtype),
         "x": "fp8" if s.x_quantized else "float",
+        "scheme": s.scheme,
         "routes": list(s.routes),
         # Failed runs are null: JSON has no infinity.
         "median_us": {
@@ -305,6 +313,9 @@ def _shape_from_json(obj: object, n_bounds: int) -> ShapeRoutes:
     x_kind = obj.get("x", "float")
     if x_kind not in ("float", "fp8"):
         raise ValueError(f'shape {n}x{k}: x must be "float" or "fp8", got {x_kind!r}')
+    scheme = obj.get("scheme", "tensor")
+    if scheme not in SCHEMES:
+        raise ValueError(f"shape {n}x{k}: unknown scheme {scheme!r}; known: {', '.join(SCHEMES)}")
     routes = tuple(_route(r, n, k) for r in _list(obj["routes"], "routes"))
     medians, spreads = obj.get("median_us", {}), obj.get("spread", {})
     if not isinstance(medians, dict) or not isinstance(spreads, dict):
@@ -323,7 +334,8 @@ def _shape_from_json(obj: object, n_bounds: int) -> ShapeRoutes:
             None if v is None else Timing(float(v), float(sp or 0.0)) for v, sp in zip(values, spread)
         )
     failed = {str(a): str(b) for a, b in failures.items()}
-    return ShapeRoutes(n, k, FLOAT_DTYPE_NAMES[dtype_name], routes, timings, failed, x_quantized=x_kind == "fp8")
+    dtype = FLOAT_DTYPE_NAMES[dtype_name]
+    return ShapeRoutes(n, k, dtype, routes, timings, failed, x_quantized=x_kind == "fp8", scheme=scheme)
 
 
 def _route(value: object, n: int, k: int) -> str | None:

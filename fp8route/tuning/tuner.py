@@ -25,6 +25,7 @@ from fp8route.quant import dtype_name
 from fp8route.routing.choose import MIN_TIE, Timing, choose, priority_order
 from fp8route.routing.fingerprint import Fingerprint
 from fp8route.routing.table import RoutingTable, ShapeRoutes
+from fp8route.schemes import Scheme, check_scheme
 from fp8route.tuning.timing import steadiest
 
 log = logging.getLogger("fp8route")
@@ -51,6 +52,7 @@ class Tuner:
         progress: Progress | None = None,
         command: str = "",
         x_quantized: bool = False,
+        scheme: Scheme = "tensor",
     ) -> None:
         unknown = [name for name in backends or () if name not in BACKENDS]
         if unknown:
@@ -67,6 +69,9 @@ class Tuner:
         self.progress = progress
         self.command = command
         self.x_quantized = x_quantized  # time the GEMMs on x handed over quantized (forward_quantized)
+        if x_quantized and scheme != "tensor":
+            raise Fp8InputError(f"x handed over quantized needs a static input scale: the {scheme} scheme has none")
+        self.scheme = check_scheme(scheme)
 
     def candidates(self, problem: GemmProblem) -> list[str]:
         """Backends worth timing here: those that can run it, less the last resorts (which only
@@ -82,7 +87,10 @@ class Tuner:
         failures: dict[int, dict[str, list[str]]] = {}
         total, done = len(cells) * len(self.m_values), 0
         for ci, (n, k, dtype) in enumerate(cells):
-            base = GemmProblem(n, k, self.device, out_dtype=dtype, x_quantized=self.x_quantized)
+            base = GemmProblem(
+                n, k, self.device, out_dtype=dtype, static_input_scale=self.scheme == "tensor",
+                scheme=self.scheme, x_quantized=self.x_quantized,
+            )  # fmt: skip
             for mi, m in enumerate(self.m_values):
                 if self.progress:
                     self.progress(done, total, f"{n}x{k} {dtype_name(dtype)} M={m}")
@@ -159,6 +167,7 @@ class Tuner:
             {name: tuple(per_m) for name, per_m in timings.items()},
             {b: "; ".join(r) for b, r in failed.items()},
             x_quantized=self.x_quantized,
+            scheme=self.scheme,
         )
 
 

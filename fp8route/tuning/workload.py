@@ -1,6 +1,6 @@
 """One GEMM shape set up for timing the way a model sees it, shared by the tuner and bench.
 
-- Weights: one random weight quantized per tensor with its real amax/448 scale, cloned until the
+- Weights: one random weight quantized in the layer's scheme (fp8route.schemes), cloned until the
   copies together exceed 3x the L2 and number at least eight (timing.copies_for: where a copy
   lands in memory moves kernel times by a few percent); timed call i uses copy i, so every
   call's weight comes from HBM, as in a forward pass.
@@ -24,7 +24,8 @@ from fp8route.backends.problem import GemmProblem
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.plan import Preference
 from fp8route.linear.policy import Policy
-from fp8route.quant import FP8_MAX, quantize, quantize_per_tensor
+from fp8route.quant import FP8_MAX, quantize
+from fp8route.schemes import Scheme, quantize_weight
 from fp8route.tuning import timing
 from fp8route.tuning.kernel_names import kernels_by_arm
 
@@ -86,20 +87,23 @@ class Workload:
         preference: Preference | None = None,
         copies: int | None = None,
         seed: int = 0,
+        scheme: Scheme = "tensor",
     ) -> None:
-        self.n, self.k, self.dtype = n, k, dtype
+        self.n, self.k, self.dtype, self.scheme = n, k, dtype, scheme
         self.device = torch.device(device)
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
         weight = torch.randn(n, k, generator=self._gen, device=self.device) * 0.02
-        qweight, scale = quantize_per_tensor(weight)
+        qweight, scale = quantize_weight(weight, scheme)
         del weight
         count = copies or timing.copies_for(qweight.numel(), self.device)
-        input_scale = torch.tensor(INPUT_AMAX / FP8_MAX, device=self.device)
+        # The tensor scheme's static input scale; the others quantize each x by its own amax.
+        input_scale = torch.tensor(INPUT_AMAX / FP8_MAX, device=self.device) if scheme == "tensor" else None
         layers = [
             Fp8Linear(
                 qweight if i == 0 else qweight.clone(),
                 scale,
                 input_scale,
+                scheme=scheme,
                 name=f"{n}x{k}[{i}]",
                 policy=Policy(),
                 preference=preference,
@@ -204,16 +208,17 @@ class CudaMeasure:
         self.device = torch.device(device)
         self.repeats, self.reps = repeats, reps
         self.copies, self.timer = copies, timer  # tests run it on CPU with a fixed count and a fake timer
-        self._key: tuple[int, int, torch.dtype] | None = None
+        self._key: tuple[int, int, torch.dtype, str] | None = None
         self._workload: Workload | None = None
 
     def __call__(self, problem: GemmProblem, m: int, backends: Sequence[str]) -> dict[str, timing.ArmTiming | str]:
-        key = (problem.n, problem.k, problem.out_dtype)
+        key = (problem.n, problem.k, problem.out_dtype, problem.scheme)
         if key != self._key:
             self.release()
             self._workload = Workload(
-                problem.n, problem.k, dtype=problem.out_dtype, device=self.device, copies=self.copies
-            )
+                problem.n, problem.k, dtype=problem.out_dtype, device=self.device, copies=self.copies,
+                scheme=problem.scheme,
+            )  # fmt: skip
             self._key = key
         assert self._workload is not None
         if problem.x_quantized:

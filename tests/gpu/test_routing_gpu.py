@@ -32,7 +32,7 @@ def test_tune_save_load_and_route_a_layer(device, tmp_path):
     info, fp = DeviceInfo.of(device), Fingerprint.of(device)
     assert fp.gpu == info.name and fp.cublas != "unknown" and fp.sm_count > 0
     table = Tuner(CudaMeasure(device, repeats=5), info, fp, m_values=(1, 64, 1024)).tune([(4096, 4096)])
-    entry = table.shapes[(4096, 4096, torch.bfloat16, False)]
+    entry = table.shapes[(4096, 4096, torch.bfloat16, False, "tensor")]
     assert all(r is not None for r in entry.routes), entry.failures
     assert not {"cublas", "cublas_fast"} & set(entry.failures), entry.failures
     save_table(table, tmp_path / "t.json")

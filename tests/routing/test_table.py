@@ -114,7 +114,7 @@ def test_json_round_trip(tmp_path):
     back = read_table(tmp_path / "t.json")
     assert back.to_json() == t.to_json() == saved.to_json()
     assert back.fingerprint == FP
-    assert back.shapes[(4096, 4096, torch.bfloat16, False)].timings["cublas"][1] is None
+    assert back.shapes[(4096, 4096, torch.bfloat16, False, "tensor")].timings["cublas"][1] is None
     assert "routing table" in back.origin
 
 
@@ -209,11 +209,16 @@ def test_save_merges_with_a_table_of_the_same_fingerprint(tmp_path, caplog):
     path = tmp_path / "t.json"
     save_table(table(shape(4096, 4096, ROUTES), shape(6144, 4096, ["cublas"] * 4)), path)
     merged = save_table(table(shape(6144, 4096, ["rowwise"] * 4)), path)
-    assert set(merged.shapes) == {(4096, 4096, torch.bfloat16, False), (6144, 4096, torch.bfloat16, False)}
-    assert read_table(path).shapes[(6144, 4096, torch.bfloat16, False)].routes[0] == "rowwise"
+    assert set(merged.shapes) == {
+        (4096, 4096, torch.bfloat16, False, "tensor"),
+        (6144, 4096, torch.bfloat16, False, "tensor"),
+    }
+    assert read_table(path).shapes[(6144, 4096, torch.bfloat16, False, "tensor")].routes[0] == "rowwise"
     with caplog.at_level(logging.WARNING, logger="fp8route"):
         replaced = save_table(table(shape(8192, 4096, ["cublas"] * 4), fingerprint=other(torch="9.9")), path)
-    assert set(replaced.shapes) == {(8192, 4096, torch.bfloat16, False)} and "measured elsewhere" in caplog.text
+    assert (
+        set(replaced.shapes) == {(8192, 4096, torch.bfloat16, False, "tensor")} and "measured elsewhere" in caplog.text
+    )
 
 
 def _writer(path: str, n: int, rounds: int) -> None:
@@ -247,7 +252,13 @@ def test_concurrent_writers_never_leave_a_torn_file_and_keep_each_others_shapes(
     final = read_table(path)
     assert {key[0] for key in final.shapes} == {4096, 6144}
     last = 16 * 1000 + 24
-    assert (4096, last, torch.bfloat16, False) in final.shapes and (6144, last, torch.bfloat16, False) in final.shapes
+    assert (4096, last, torch.bfloat16, False, "tensor") in final.shapes and (
+        6144,
+        last,
+        torch.bfloat16,
+        False,
+        "tensor",
+    ) in final.shapes
     assert not list(tmp_path.glob("*.tmp"))
     assert reads > 0
 
@@ -325,15 +336,18 @@ def test_pre_quantized_entries_survive_json_and_version_1_files_still_read(tmp_p
     path = tmp_path / "t.json"
     save_table(t, path)
     doc = json.loads(path.read_text())
-    assert doc["version"] == 2 and sorted(s["x"] for s in doc["shapes"]) == ["float", "fp8"]
+    assert doc["version"] == 3 and sorted(s["x"] for s in doc["shapes"]) == ["float", "fp8"]
     back = read_table(path)
-    assert set(back.shapes) == {(4096, 4096, torch.bfloat16, False), (4096, 4096, torch.bfloat16, True)}
+    assert set(back.shapes) == {
+        (4096, 4096, torch.bfloat16, False, "tensor"),
+        (4096, 4096, torch.bfloat16, True, "tensor"),
+    }
     doc["version"] = 1
     for s in doc["shapes"]:
-        del s["x"]
+        del s["x"], s["scheme"]
     doc["shapes"] = doc["shapes"][:1]
     path.write_text(json.dumps(doc))
-    assert set(read_table(path).shapes) == {(4096, 4096, torch.bfloat16, False)}
+    assert set(read_table(path).shapes) == {(4096, 4096, torch.bfloat16, False, "tensor")}
     doc["shapes"][0]["x"] = "int8"
     doc["version"] = 2
     path.write_text(json.dumps(doc))
@@ -380,8 +394,26 @@ def test_the_shipped_h200_table_covers_llama_8b_and_names_only_known_backends():
     assert shipped.fingerprint.gpu == "NVIDIA H200"
     for tp in (1, 4):
         for s in model_shapes("llama-3.1-8b", tp=tp):
-            assert (s.n, s.k, torch.bfloat16, False) in shipped.shapes, (tp, s)
+            assert (s.n, s.k, torch.bfloat16, False, "tensor") in shipped.shapes, (tp, s)
     for s in model_shapes("llama-3.1-8b", tp=1):
-        assert (s.n, s.k, torch.bfloat16, True) in shipped.shapes, s
+        assert (s.n, s.k, torch.bfloat16, True, "tensor") in shipped.shapes, s
     named = {r for entry in shipped.shapes.values() for r in entry.routes}
     assert named <= set(fp8route.BACKENDS) and None not in named
+
+
+def test_entries_are_per_scheme_and_a_layer_takes_only_its_schemes_routes(tmp_path):
+    block = replace(shape(4096, 4096, ["triton_block"] * 4), scheme="block")
+    t = table(shape(4096, 4096, ROUTES), block)
+    path = tmp_path / "t.json"
+    save_table(t, path)
+    back = read_table(path)
+    assert {s.scheme for s in back.shapes.values()} == {"tensor", "block"}
+    problem = GemmProblem(4096, 4096, H200, static_input_scale=False, scheme="block", m_max=1)
+    assert back(problem) == "triton_block"
+    channel = GemmProblem(4096, 4096, H200, static_input_scale=False, scheme="channel", m_max=1)
+    assert back(channel) is None  # no channel entry: the default priority, not a tensor-scheme route
+    doc = json.loads(path.read_text())
+    doc["shapes"][0]["scheme"] = "mxfp8"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(RoutingTableError, match="unknown scheme 'mxfp8'"):
+        read_table(path)

@@ -61,7 +61,7 @@ def test_clear_winners_per_m_and_the_open_bucket_takes_the_largest_m():
 
     t, timer = tuner(fn)
     table = t.tune([(4096, 4096)])
-    entry = table.shapes[(4096, 4096, torch.bfloat16, False)]
+    entry = table.shapes[(4096, 4096, torch.bfloat16, False, "tensor")]
     assert entry.routes == ("cublas", "cublas_fast", "rowwise", "rowwise")
     # Only eligible, non-last-resort backends are timed (flashinfer missing, weight_only/reference last resorts).
     assert {c[3] for c in timer.calls} == {("cublas", "cublas_fast", "rowwise")}
@@ -73,26 +73,26 @@ def test_ties_inside_the_spread_go_to_the_earlier_default_priority_backend():
     t, _ = tuner(
         lambda n, k, m, name: {"cublas": (10.0, 0.05), "cublas_fast": (9.7, 0.01), "rowwise": (30.0, 0.0)}[name]
     )
-    assert set(t.tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False)].routes) == {"cublas"}
+    assert set(t.tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False, "tensor")].routes) == {"cublas"}
 
 
 def test_a_gap_beyond_the_spread_wins_even_over_priority():
     t, _ = tuner(
         lambda n, k, m, name: {"cublas": (10.0, 0.005), "cublas_fast": (9.0, 0.005), "rowwise": (30.0, 0.0)}[name]
     )
-    assert set(t.tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False)].routes) == {"cublas_fast"}
+    assert set(t.tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False, "tensor")].routes) == {"cublas_fast"}
 
 
 def test_gaps_under_min_tie_are_ties_even_with_zero_spread():
     t, _ = tuner(
         lambda n, k, m, name: {"cublas": (10.0, 0.0), "cublas_fast": (9.95, 0.0), "rowwise": (30.0, 0.0)}[name]
     )
-    assert set(t.tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False)].routes) == {"cublas"}
+    assert set(t.tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False, "tensor")].routes) == {"cublas"}
     t, _ = tuner(
         lambda n, k, m, name: {"cublas": (10.0, 0.0), "cublas_fast": (9.95, 0.0), "rowwise": (30.0, 0.0)}[name],
         min_tie=0.0,
     )
-    assert set(t.tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False)].routes) == {"cublas_fast"}
+    assert set(t.tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False, "tensor")].routes) == {"cublas_fast"}
 
 
 def test_noise_does_not_flip_routes_between_runs():
@@ -107,7 +107,7 @@ def test_noise_does_not_flip_routes_between_runs():
 
     for _ in range(5):
         t, _ = tuner(noisy, min_tie=0.03)
-        assert set(t.tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False)].routes) == {"cublas"}
+        assert set(t.tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False, "tensor")].routes) == {"cublas"}
 
 
 def test_failing_backends_are_infinitely_slow_and_their_reasons_kept():
@@ -119,7 +119,7 @@ def test_failing_backends_are_infinitely_slow_and_their_reasons_kept():
         return 50.0
 
     t, _ = tuner(fn)
-    entry = t.tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False)]
+    entry = t.tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False, "tensor")]
     assert entry.routes == ("cublas_fast", "rowwise", "cublas_fast", "cublas_fast")
     assert "CUBLAS_STATUS_NOT_SUPPORTED" in entry.failures["cublas"]
     assert entry.failures["cublas_fast"].startswith("M=16: output off")
@@ -131,7 +131,7 @@ def test_missing_and_unusable_timings_count_as_failures():
         return {"cublas": None, "cublas_fast": ArmTiming("x", (), math.nan, 0.0), "rowwise": 5.0}[name]
 
     t, _ = tuner(fn)
-    entry = t.tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False)]
+    entry = t.tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False, "tensor")]
     assert set(entry.routes) == {"rowwise"}
     assert "returned nothing" in entry.failures["cublas"] and "unusable" in entry.failures["cublas_fast"]
 
@@ -140,7 +140,7 @@ def test_a_bucket_where_everything_failed_keeps_the_default_priority(caplog):
     t, _ = tuner(lambda n, k, m, name: "boom" if m == 256 else 1.0)
     with caplog.at_level(logging.WARNING, logger="fp8route"):
         table = t.tune([(4096, 4096)])
-    assert table.shapes[(4096, 4096, torch.bfloat16, False)].routes[2:] == (None, None)
+    assert table.shapes[(4096, 4096, torch.bfloat16, False, "tensor")].routes[2:] == (None, None)
     assert "every backend failed on 4096x4096 M=256" in caplog.text
     plan = make_plan("l", GemmProblem(4096, 4096, H200), Policy(), table)
     assert plan.backend_for(1000, torch.bfloat16).name == "cublas"
@@ -212,7 +212,7 @@ def test_dummy_backends_are_timed_ranked_after_the_priority_and_routed_to(monkey
     table = t.tune([(4096, 4096)])
     assert {c[3] for c in timer.calls} == {("cublas", "cublas_fast", "rowwise", "dummy_fast")}
     # A tie at M=1 goes to the default priority; a clear win elsewhere goes to the newcomer.
-    routes = table.shapes[(4096, 4096, torch.bfloat16, False)].routes
+    routes = table.shapes[(4096, 4096, torch.bfloat16, False, "tensor")].routes
     assert routes == ("cublas", "dummy_fast", "dummy_fast", "dummy_fast")
     plan = make_plan("l", GemmProblem(4096, 4096, H200), Policy(), table)
     assert plan.route_text(torch.bfloat16) == "M 1 -> cublas; M 2+ -> dummy_fast"
@@ -231,7 +231,7 @@ def test_a_disturbed_measurement_is_taken_again_instead_of_tying_everything():
     t, timer = tuner(fn, m_values=(1,))
     table = t.tune([(4096, 4096)])
     assert [c[2] for c in timer.calls] == [1, 1]
-    assert table.shapes[(4096, 4096, torch.bfloat16, False)].routes[0] == "cublas_fast"
+    assert table.shapes[(4096, 4096, torch.bfloat16, False, "tensor")].routes[0] == "cublas_fast"
 
 
 def test_remeasuring_gives_up_after_two_retries_and_keeps_the_steadiest():
@@ -256,7 +256,7 @@ def test_a_tie_that_hands_the_bucket_to_a_slower_default_is_timed_again_head_to_
             times = {"cublas": (10.0, 0.004), "cublas_fast": (9.8, 0.004)}
         return {name: ArmTiming(name, (times[name][0],) * 2, *times[name]) for name in backends}
 
-    entry = Tuner(measure, H200, FP, m_values=(1,)).tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False)]
+    entry = Tuner(measure, H200, FP, m_values=(1,)).tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False, "tensor")]
     # The first measurement is retried (a 3% spread is not steady), then the two are timed alone.
     assert calls[-1] == ("cublas", "cublas_fast") and all(len(c) == 3 for c in calls[:-1])
     assert entry.routes[0] == "cublas_fast"  # 2% apart head to head, beyond 1% and the 0.4% spreads
@@ -270,11 +270,11 @@ def test_no_head_to_head_when_the_default_is_the_fastest_or_the_tie_stands():
     assert all(len(c[3]) == 3 for c in timer.calls)  # cublas is the fastest: nothing to settle
     # 0.5% apart: inside min_tie (1%), a tie however tight the spreads, so not timed again.
     t, timer = tuner(lambda n, k, m, name: {"cublas": 10.0, "cublas_fast": 9.95, "rowwise": 30.0}[name])
-    entry = t.tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False)]
+    entry = t.tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False, "tensor")]
     assert all(len(c[3]) == 3 for c in timer.calls)
     assert set(entry.routes) == {"cublas"}
     # 1.5% apart inside a 2% spread: timed again head to head, where it stays a tie.
     t, timer = tuner(lambda n, k, m, name: {"cublas": (10.0, 0.02), "cublas_fast": 9.85, "rowwise": 30.0}[name])
-    entry = t.tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False)]
+    entry = t.tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False, "tensor")]
     assert [len(c[3]) for c in timer.calls] == [3, 2] * 3
     assert set(entry.routes) == {"cublas"}

@@ -45,7 +45,7 @@ def _rank(rank: int, port: int, queue) -> None:  # type: ignore[no-untyped-def]
         table = Tuner(measure, H200, FP, m_values=(1, 64), backends=["cublas", "cublas_fast", "rowwise"]).tune(
             [(4096, 4096), (6144, 4096)]
         )
-        queue.put((rank, {f"{n}x{k}": s.routes for (n, k, _, _), s in table.shapes.items()}))
+        queue.put((rank, {f"{n}x{k}": s.routes for (n, k, *_), s in table.shapes.items()}))
         dist.destroy_process_group()
     except BaseException as exc:  # report instead of hanging the parent
         queue.put((rank, f"{type(exc).__name__}: {exc}"))
