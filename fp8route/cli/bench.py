@@ -23,6 +23,7 @@ from fp8route.errors import Fp8InputError, Fp8RouteError
 from fp8route.progress import TextProgress
 from fp8route.routing.fingerprint import Fingerprint
 from fp8route.routing.store import load_table
+from fp8route.schemes import DESCRIPTION
 from fp8route.tuning.ceilings import measure_ceilings
 from fp8route.tuning.gemm_bench import default_policies, make_report, sweep, write_results
 from fp8route.tuning.report import ROUTED
@@ -47,6 +48,7 @@ def run_gemm(args: argparse.Namespace) -> int:
     print(f"routing table: {table.origin if table else 'none (routed = default priority; run `fp8route tune` first)'}")
     if args.x_quantized:
         print("x arrives quantized (fused upstream): every arm times its GEMM alone")
+    print(f"layers: {DESCRIPTION[args.scheme]}")
     start = time.perf_counter()
     try:
         ceilings = measure_ceilings(device, clock=args.clock)
@@ -62,6 +64,7 @@ def run_gemm(args: argparse.Namespace) -> int:
             progress=TextProgress("bench"),
             x_quantized=args.x_quantized,
             timer=timer,
+            scheme=args.scheme,
         )
     except HostBehindError as exc:
         print(f"fp8route bench gemm: {exc}; nothing was written", file=sys.stderr)
@@ -77,10 +80,13 @@ def run_gemm(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "repeats": args.repeats,
         "x_quantized": args.x_quantized,
+        "scheme": args.scheme,
         "clock": args.clock,
         "seconds": round(time.perf_counter() - start, 1),
     }
-    stem = f"gemm-{label}" + ("-xq" if args.x_quantized else "")
+    stem = (
+        f"gemm-{label}" + ("-xq" if args.x_quantized else "") + ("" if args.scheme == "tensor" else f"-{args.scheme}")
+    )
     for path in write_results(report, out_dir, stem, fingerprint=fingerprint, table=table, meta=meta):
         print(f"wrote {path}")
     return 0

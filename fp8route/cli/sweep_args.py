@@ -14,6 +14,7 @@ import torch
 from fp8route.errors import Fp8InputError
 from fp8route.linear.plan import M_BOUNDS
 from fp8route.models.shapes import MODELS, LayerShape, model_shapes, parse_shapes, unique_shapes
+from fp8route.schemes import SCHEMES
 from fp8route.tuning.cupti import cupti_available
 from fp8route.tuning.timing import CLOCKS, time_arms
 from fp8route.tuning.workload import TimeArms
@@ -32,6 +33,13 @@ def add_sweep_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--m", help="M values, e.g. 1,16,128 (default: the plan's buckets 1, 2, 4 ... 16384)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="activation and output dtype")
+    parser.add_argument(
+        "--scheme",
+        choices=SCHEMES,
+        default="tensor",
+        help="the FP8 scheme of the layers: tensor (static per-tensor scales), channel (per-channel weights, "
+        "per-token x) or block (128x128 weight blocks, 1x128 x groups) (default tensor)",
+    )
     parser.add_argument("--device", default="cuda", help="CUDA device (default: the current one)")
     parser.add_argument("--repeats", type=int, default=30, help="timed calls per arm and rep (default 30)")
     parser.add_argument(

@@ -31,6 +31,7 @@ from fp8route.routing.choose import MIN_TIE
 from fp8route.routing.fingerprint import Fingerprint
 from fp8route.routing.store import default_path, display_path, save_table
 from fp8route.routing.table import RoutingTable
+from fp8route.schemes import DESCRIPTION
 from fp8route.tuning.timing import HostBehindError, batch_summary
 from fp8route.tuning.tuner import Tuner
 from fp8route.tuning.workload import CudaMeasure
@@ -58,6 +59,7 @@ def run_tune(args: argparse.Namespace) -> int:
             progress=TextProgress("tune") if rank == 0 else None,
             command=command_line(),
             x_quantized=args.x_quantized,
+            scheme=args.scheme,
         )
     except Fp8RouteError as exc:
         print(f"fp8route tune: {exc}", file=sys.stderr)
@@ -65,8 +67,8 @@ def run_tune(args: argparse.Namespace) -> int:
     if rank == 0:
         what = "x handed over quantized (GEMMs alone)" if args.x_quantized else "x quantized by each layer"
         print(
-            f"tuning {len(shapes)} shapes x {len(m_values)} M values, {what}, clock: {args.clock}, "
-            f"on {fingerprint.summary()}"
+            f"tuning {len(shapes)} shapes x {len(m_values)} M values, {DESCRIPTION[args.scheme]}, {what}, "
+            f"clock: {args.clock}, on {fingerprint.summary()}"
         )
     try:
         table, warm, elapsed = _tune(tuner, measure, shapes)
@@ -76,7 +78,7 @@ def run_tune(args: argparse.Namespace) -> int:
     if rank != 0:
         return 0
     print(f"tuned in {elapsed:.1f} s (+ {warm:.1f} s warm-up: JIT builds, first-call setup); {batch_summary()}\n")
-    print(summary(table, info, dtype, args.x_quantized))
+    print(summary(table, info, dtype, args.x_quantized, args.scheme))
     _save(args, table, fingerprint)
     return 0
 
@@ -86,8 +88,10 @@ def _tune(tuner: Tuner, measure: CudaMeasure, shapes: list[LayerShape]) -> tuple
     First calls build JIT kernels and library handles: done before the clock, reported apart."""
     dtype, m = tuner.dtypes[0], tuner.m_values[0]
     start = time.perf_counter()
-    first = GemmProblem(shapes[0].n, shapes[0].k, tuner.device, out_dtype=dtype, x_quantized=tuner.x_quantized)
-    first = first.with_bucket(dtype, m)
+    first = GemmProblem(
+        shapes[0].n, shapes[0].k, tuner.device, out_dtype=dtype, static_input_scale=tuner.scheme == "tensor",
+        scheme=tuner.scheme, x_quantized=tuner.x_quantized,
+    ).with_bucket(dtype, m)  # fmt: skip
     try:
         measure(first, m, tuner.candidates(first))
         warm = time.perf_counter() - start
@@ -109,15 +113,23 @@ def _save(args: argparse.Namespace, table: RoutingTable, fingerprint: Fingerprin
         print(f"copy: {copy} (ship it as fp8route/routing/defaults/{fingerprint.slug}.json)")
 
 
-def summary(table: RoutingTable, device: DeviceInfo, dtype: torch.dtype, x_quantized: bool = False) -> str:
+def summary(
+    table: RoutingTable, device: DeviceInfo, dtype: torch.dtype, x_quantized: bool = False, scheme: str = "tensor"
+) -> str:
     """What each tuned shape will run, per M range, and every backend that failed somewhere."""
     lines = []
     for shape in sorted(table.shapes.values(), key=lambda s: (s.n, s.k)):
-        if shape.dtype != dtype or shape.x_quantized != x_quantized:
+        if shape.dtype != dtype or shape.x_quantized != x_quantized or shape.scheme != scheme:
             continue
-        plan = make_plan(
-            f"{shape.n}x{shape.k}", GemmProblem(shape.n, shape.k, device, out_dtype=dtype), Policy(), table
+        problem = GemmProblem(
+            shape.n,
+            shape.k,
+            device,
+            out_dtype=dtype,
+            static_input_scale=scheme == "tensor",
+            scheme=scheme,  # type: ignore[arg-type]
         )
+        plan = make_plan(f"{shape.n}x{shape.k}", problem, Policy(), table)
         lines.append(f"{shape.n:>6}x{shape.k:<6} {plan.route_text(dtype, x_quantized)}")
         lines += [f"{'':>14}{name} failed: {why}" for name, why in shape.failures.items()]
     return "\n".join(lines)

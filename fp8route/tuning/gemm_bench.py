@@ -18,6 +18,7 @@ from fp8route.models.shapes import LayerShape
 from fp8route.progress import Progress
 from fp8route.routing.fingerprint import Fingerprint
 from fp8route.routing.table import RoutingTable
+from fp8route.schemes import Scheme
 from fp8route.tuning.ceilings import Ceilings
 from fp8route.tuning.plot import plot_rowwise, plot_speedups
 from fp8route.tuning.report import ROUTED, Cell, GemmReport
@@ -44,6 +45,7 @@ def sweep(
     copies: int | None = None,
     timer: TimeArms | None = None,
     x_quantized: bool = False,
+    scheme: Scheme = "tensor",
 ) -> list[Cell]:
     """One Cell per (shape, M, policy). Routed runs the layer's forward, planned with table.
     x_quantized: every arm gets x already quantized (the quantization fused upstream), so each
@@ -51,7 +53,9 @@ def sweep(
     cells: list[Cell] = []
     total, done = len(shapes) * len(m_values), 0
     for shape in shapes:
-        workload = Workload(shape.n, shape.k, dtype=dtype, device=device, preference=table, copies=copies)
+        workload = Workload(
+            shape.n, shape.k, dtype=dtype, device=device, preference=table, copies=copies, scheme=scheme
+        )
         for m in m_values:
             if progress:
                 progress(done, total, f"{shape.label} M={m}")
