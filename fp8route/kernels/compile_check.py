@@ -200,6 +200,41 @@ def _decode_gemms(model: Model, dtype: torch.dtype) -> None:
                 launch(torch.empty((m, k), dtype=dtype), weight, one, one, torch.empty(n, dtype=dtype), dtype)
 
 
+def _schemes(model: Model, dtype: torch.dtype) -> None:
+    """The channel and block schemes' kernels: the dynamic quantizers, the decode GEMM quantizing x
+    per token or group inside, and the block-scaled GEMM (x quantized inside, or handed over). In
+    bf16 and at the decode batches that change the kernel's tiling: every variant compiles in about
+    a second, and CI's two cores compile them all."""
+    if dtype != torch.bfloat16:
+        return
+    from fp8route.kernels import block_gemm, quantize
+    from fp8route.kernels.decode_gemm.configs import why_not
+    from fp8route.kernels.decode_gemm.launch import launch
+    from fp8route.quant import FP8_DTYPE
+    from fp8route.schemes import BLOCK, cdiv
+
+    for name, (n, k) in model.gemms.items():
+        weight = torch.empty((n, k), dtype=FP8_DTYPE)
+        scales = {"channel": torch.ones(n), "block": torch.ones(cdiv(n, BLOCK), cdiv(k, BLOCK))}
+        for scheme, w_scale in scales.items():
+            for m in (1, 4, 16, 32, 64, 128):
+                if why_not(m, n, k) is None:
+                    launch(torch.empty((m, k), dtype=dtype), weight, w_scale, None, None, dtype, scheme=scheme)
+                    if name == "down":
+                        gate_up = torch.empty((m, 2 * k), dtype=dtype)
+                        launch(gate_up, weight, w_scale, None, None, dtype, gated=True, scheme=scheme)
+        for m in (1, 64, 300, 8192):
+            x = torch.empty((m, k), dtype=dtype)
+            block_gemm.launch(x, weight, scales["block"], None, dtype)
+            x_q, x_scale = torch.empty((m, k), dtype=FP8_DTYPE), torch.ones(m, cdiv(k, BLOCK))
+            block_gemm.launch(x_q, weight, scales["block"], None, dtype, x_scale=x_scale)
+    for rows in (1, 64, 8192):
+        x = torch.empty((rows, model.hidden), dtype=dtype)
+        quantize.quantize_per_token(x)
+        quantize.quantize_per_group(x)
+        quantize.quantize_per_group(x, m_major=True)
+
+
 def _fused(model: Model, dtype: torch.dtype) -> None:
     from fp8route.kernels import fused
     from fp8route.kernels.quantize import quantize_fp8
@@ -312,6 +347,7 @@ def _peer_reduce(model: Model, dtype: torch.dtype) -> None:
 
 SWEEPS: dict[str, Callable[[Model, torch.dtype], None]] = {
     "decode_gemm": _decode_gemms,
+    "schemes": _schemes,  # per-channel and block-scaled FP8: quantizers, decode GEMM, block GEMM
     "fused": _fused,
     "attention": _attention,
     "paged_attention": _paged_attention,

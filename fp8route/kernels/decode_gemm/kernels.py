@@ -157,17 +157,17 @@ else:
                 k_mask = (k_lo + k + offs_k) < K
                 w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
                 xt = load_x(x_ptrs, K, m_mask[None, :] & k_mask[:, None], GATED)
-            if SCHEME == 2:
-                x_scale = dynamic_scale(tl.max(tl.abs(xt.to(tl.float32)), axis=0))[None, :]
-                x_rcp = tl.math.div_rn(1.0, x_scale)
-            if QUANT_X:  # noqa: SIM108 (constexpr branches, as the loads above)
+            if SCHEME == 2:  # this step's group: its own scales
+                g_scale = dynamic_scale(tl.max(tl.abs(xt.to(tl.float32)), axis=0))[None, :]
+                xq = quantize_e4m3(xt, g_scale, tl.math.div_rn(1.0, g_scale))
+            elif QUANT_X:
                 xq = quantize_e4m3(xt, x_scale, x_rcp)
             else:
                 xq = xt
             if SCHEME == 2:
                 group = (k_lo + k) // 128
                 w_scale = tl.load(w_scale_ptr + (offs_n // 128) * stride_ws + group, mask=n_mask, other=0.0)
-                acc += tl.dot(w, xq) * (w_scale[:, None] * x_scale)
+                acc += tl.dot(w, xq) * (w_scale[:, None] * g_scale)
             else:
                 # Promote the tensor cores' reduced-precision fp8 accumulation to fp32 every
                 # IMPRECISE_ACC elements of K (cuBLASLt's default, non fast-accum, does likewise).

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The FP8 schemes (issue 45) on one H200, in one device call, output under $OUT. PHASES lists what to
+# run, in order:
+#   probe:  the versions, and whether a carried DeepGEMM wheel (.whl/, optional) imports and runs
+#   tests:  the GPU tests of the schemes' kernels and backends (TESTS overrides which)
+#   tune:   fp8route tune for Llama-3.1-8B TP1 in each of SCHEMES (default channel block), into a copy
+#           of the shipped table ($OUT/routing-h200.json)
+#   bench:  fp8route bench gemm per scheme at the issue's M values, routed by that table
+set -u -o pipefail
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+log="$OUT/gpu.txt"
+schemes=${SCHEMES:-"channel block"}
+ms=${MS:-1,2,4,8,16,32,64,128,512,2048,8192}
+table="$OUT/routing-h200.json"
+echo "# PHASES='$PHASES' SCHEMES='$schemes' COMMIT=${COMMIT:-unknown} bash benchmarks/scripts/gpu_schemes.sh ($(date -u +%FT%TZ))" | tee "$log"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$log"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$log"
+[ -f "$table" ] || cp fp8route/routing/defaults/h200.json "$table"
+for phase in $PHASES; do
+    case $phase in
+    probe)
+        if ls .whl/*deep_gemm*.whl >/dev/null 2>&1; then
+            python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/dg .whl/*deep_gemm*.whl 2>&1 | tail -2
+            PYTHONPATH=/tmp/dg:$PYTHONPATH timeout 120 python3 -c "
+import torch, deep_gemm
+print('deep_gemm imports:', getattr(deep_gemm, '__version__', '?'), [n for n in dir(deep_gemm) if 'fp8' in n][:8])
+" 2>&1 | tail -3 | tee -a "$log"
+        fi ;;
+    tests)
+        tests=${TESTS:-"tests/gpu/test_schemes_gpu.py tests/kernels/test_quantize_dynamic.py tests/kernels/test_decode_gemm_schemes.py \
+tests/kernels/test_block_gemm.py tests/test_schemes.py"}
+        # shellcheck disable=SC2086
+        timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -q $tests -n "${WORKERS:-4}" -rfEs --tb=short -p no:cacheprovider \
+            > "$OUT/gpu_tests.log" 2>&1
+        tail -3 "$OUT/gpu_tests.log" | tee -a "$log"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -30 | tee -a "$log" ;;
+    tune)
+        for s in $schemes; do
+            timeout "${TUNE_TIMEOUT:-240}" python3 -m fp8route tune --model llama-3.1-8b --scheme "$s" --table "$table" \
+                > "$OUT/tune-$s.log" 2>&1
+            echo "== tune $s (rc $?)" | tee -a "$log"; grep -v "^\s*$" "$OUT/tune-$s.log" | grep -v "\r" | tail -14 | tee -a "$log"
+        done ;;
+    bench)
+        for s in $schemes; do
+            timeout "${BENCH_TIMEOUT:-240}" python3 -m fp8route bench gemm --model llama-3.1-8b --scheme "$s" --m "$ms" \
+                --table "$table" --out "$OUT" > "$OUT/bench-$s.log" 2>&1
+            echo "== bench gemm $s (rc $?)" | tee -a "$log"; grep -E "layer sum|PASS|FAIL|slower" "$OUT/bench-$s.log" | head -20 | tee -a "$log"
+        done ;;
+    esac
+done
