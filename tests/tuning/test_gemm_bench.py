@@ -315,7 +315,8 @@ def test_cli_tune_end_to_end_with_a_fake_clock(tmp_path, monkeypatch, capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert (
-        "tuning 2 shapes x 2 M values, per-tensor scales, x quantized by each layer, clock: events, on NVIDIA H200" in out
+        "tuning 2 shapes x 2 M values, per-tensor scales, x quantized by each layer, clock: events, on NVIDIA H200"
+        in out
         and "M 1+ -> cublas" in out
     )
     table = json.loads((tmp_path / "out" / "routing-h200.json").read_text())

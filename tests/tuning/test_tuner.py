@@ -256,7 +256,11 @@ def test_a_tie_that_hands_the_bucket_to_a_slower_default_is_timed_again_head_to_
             times = {"cublas": (10.0, 0.004), "cublas_fast": (9.8, 0.004)}
         return {name: ArmTiming(name, (times[name][0],) * 2, *times[name]) for name in backends}
 
-    entry = Tuner(measure, H200, FP, m_values=(1,)).tune([(4096, 4096)]).shapes[(4096, 4096, torch.bfloat16, False, "tensor")]
+    entry = (
+        Tuner(measure, H200, FP, m_values=(1,))
+        .tune([(4096, 4096)])
+        .shapes[(4096, 4096, torch.bfloat16, False, "tensor")]
+    )
     # The first measurement is retried (a 3% spread is not steady), then the two are timed alone.
     assert calls[-1] == ("cublas", "cublas_fast") and all(len(c) == 3 for c in calls[:-1])
     assert entry.routes[0] == "cublas_fast"  # 2% apart head to head, beyond 1% and the 0.4% spreads
