@@ -59,10 +59,12 @@ class E2ERow:
     kv_gb: float = 0.0  # KV bytes a decode step reads, mean over the steps (the context grows by one a step)
     pdl: bool = False  # fp8route.kernels.options: fp8route's kernels launched with PDL
     silu_in_down: bool = False  # and SiLU(gate) * up computed inside down's decode GEMM
+    scheme: str = "tensor"  # the FP8 scheme of the checkpoint's linears (fp8route.schemes); bf16: none
 
     @property
     def label(self) -> str:
-        label = self.arm if self.attention == "builtin" else f"{self.arm} {self.attention}"
+        label = self.arm if self.scheme in ("tensor", "bf16") else f"{self.arm} {self.scheme}"
+        label += "" if self.attention == "builtin" else f" {self.attention}"
         label += " pdl" if self.pdl else ""
         label += " silu-in-down" if self.silu_in_down else ""
         return label if self.tp == 1 else f"{label} tp{self.tp} {self.all_reduce}"
@@ -133,7 +135,8 @@ def _bench_arm(
     with _forced(arm):
         model = load_model(folder, policy=Policy.from_env(), config=config, quiet=True)
     run = _ArmRun(arm, tp, all_reduce, attention, options, copy_gbs, output, repeats,
-                  model_gb=torch.cuda.memory_allocated() / 1e9, weight_bytes=weight_bytes(model))  # fmt: skip
+                  model_gb=torch.cuda.memory_allocated() / 1e9, weight_bytes=weight_bytes(model),
+                  scheme=model_scheme(model))  # fmt: skip
     gen = torch.Generator(device="cuda").manual_seed(0)
     vocab = model.cfg.vocab_size
     rows = []
@@ -164,6 +167,12 @@ class _ArmRun:
     repeats: int
     model_gb: float
     weight_bytes: int
+    scheme: str
+
+
+def model_scheme(model: torch.nn.Module) -> str:
+    """The FP8 scheme of a model's linears ("bf16" when it has none)."""
+    return next((m.scheme for m in model.modules() if isinstance(m, Fp8Linear)), "bf16")
 
 
 @contextlib.contextmanager
@@ -232,6 +241,7 @@ def _measure(model: CausalLM, ids: torch.Tensor, run: _ArmRun) -> E2ERow:
         kv / 1e9,
         run.options.pdl,
         run.options.silu_in_down,
+        run.scheme,
     )  # fmt: skip
 
 
@@ -323,5 +333,21 @@ def options_summary(rows: Sequence[E2ERow]) -> str:
         lines.append(
             f"{r.label:<34}{r.batch:>6}{r.input_tokens:>7}{base.decode_step_ms / r.decode_step_ms:>10.3f}"
             f"{base.ttft_ms / r.ttft_ms:>8.3f}  {same}"
+        )
+    return "\n".join(lines)
+
+
+def scheme_summary(rows: Sequence[E2ERow]) -> str:
+    """Each row of a channel or block checkpoint against the per-tensor one of the same arm and shape,
+    in the same run: decode step time and TTFT as ratios (above 1: slower than per-tensor)."""
+    tensor = {(r.arm, r.attention, r.tp, r.batch, r.input_tokens): r for r in rows if r.scheme == "tensor"}
+    lines = [f"{'':<30}{'batch':>6}{'input':>7}{'step / tensor':>15}{'TTFT / tensor':>15}"]
+    for r in rows:
+        base = tensor.get((r.arm, r.attention, r.tp, r.batch, r.input_tokens))
+        if base is None or r.scheme in ("tensor", "bf16"):
+            continue
+        lines.append(
+            f"{r.label:<30}{r.batch:>6}{r.input_tokens:>7}{r.decode_step_ms / base.decode_step_ms:>15.3f}"
+            f"{r.ttft_ms / base.ttft_ms:>15.3f}"
         )
     return "\n".join(lines)

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from fp8route.backends import BACKENDS
-from fp8route.bench.e2e import E2ERow, as_json, bench_arm, options_summary, plot, table, tp_summary
+from fp8route.bench.e2e import E2ERow, as_json, bench_arm, options_summary, plot, scheme_summary, table, tp_summary
 from fp8route.checkpoint.random import write_random
 from fp8route.cli.sweep_args import command_line, cuda_device, int_list
 from fp8route.engine.flashinfer_attention import ATTENTION, check_attention
@@ -23,6 +23,7 @@ from fp8route.models.collectives import METHODS, check_method
 from fp8route.models.shapes import MODELS
 from fp8route.models.spawn import run_ranks
 from fp8route.routing.fingerprint import Fingerprint
+from fp8route.schemes import SCHEMES, check_scheme
 from fp8route.tuning.timing import copy_bandwidth_gbs
 
 ARMS = ("routed", "bf16", *BACKENDS)
@@ -39,6 +40,7 @@ class _Plan:
     methods: list[str]  # all-reduce methods, for tp > 1
     attentions: list[str]
     options: list[KernelOptions]
+    schemes: list[str]  # of the random checkpoints (one each); a given checkpoint's is its own
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,12 +51,14 @@ def run(args: argparse.Namespace) -> int:
     copy_gbs = copy_bandwidth_gbs()
     print(f"copy bandwidth (this run): {copy_gbs:.0f} GB/s")
     with tempfile.TemporaryDirectory(prefix="fp8route-e2e-", dir=args.tmp) as tmp:
-        rows = _bench(plan, _folders(args, plan.arms, Path(tmp)), args.output, copy_gbs)
+        rows = _bench(plan, _folders(args, plan, Path(tmp)), args.output, copy_gbs)
     print("\n" + table(rows))
     if len(plan.sizes) > 1:
         print("\n" + tp_summary(rows))
     if len(plan.options) > 1:
         print("\n" + options_summary(rows))
+    if len(plan.schemes) > 1:
+        print("\n" + scheme_summary(rows))
     _write(args, rows, fingerprint, copy_gbs)
     return 0
 
@@ -86,29 +90,35 @@ def _plan(args: argparse.Namespace, device: torch.device) -> _Plan:
     if True in pdls and (reason := why_not_pdl(device)) is not None:
         raise Fp8InputError(f"--pdl on: programmatic dependent launch: {reason}")
     options = [KernelOptions(p, s) for p in pdls for s in _switch_list(args.silu_in_down, "--silu-in-down")]
-    return _Plan(arms, batches, inputs, sizes, methods, attentions, options)
+    schemes = [check_scheme(s.strip()) for s in args.scheme.split(",") if s.strip()]
+    if args.model is not None and args.scheme != "tensor":
+        raise Fp8InputError("--scheme is for --random checkpoints; a checkpoint folder's scheme is its own")
+    return _Plan(arms, batches, inputs, sizes, methods, attentions, options, list(dict.fromkeys(schemes)))
 
 
-def _folders(args: argparse.Namespace, arms: list[str], tmp: Path) -> dict[str, Path]:
-    """The checkpoints the arms load: "fp8" always, "bf16" for the bf16 arm (random checkpoints only)."""
+def _folders(args: argparse.Namespace, plan: _Plan, tmp: Path) -> dict[str, Path]:
+    """The checkpoints the arms load: one FP8 folder per scheme, "bf16" for the bf16 arm (random
+    checkpoints only; the same weights in every one)."""
     if args.random is None:
         return {"fp8": Path(args.model)}
     config = MODELS[args.random]
-    folders = {"fp8": write_random(tmp / "fp8", config, fp8=True)}
-    if "bf16" in arms:
+    folders = {s: write_random(tmp / f"fp8-{s}", config, fp8=True, scheme=s) for s in plan.schemes}
+    if "bf16" in plan.arms:
         folders["bf16"] = write_random(tmp / "bf16", config, fp8=False)
-    print(f"random checkpoints of {args.random} written to {tmp}")
+    print(f"random checkpoints of {args.random} ({', '.join(folders)}) written to {tmp}")
     return folders
 
 
 def _bench(plan: _Plan, folders: dict[str, Path], output: int, copy_gbs: float) -> list[E2ERow]:
-    """Every arm at every tensor parallel size (and all-reduce method), printing each arm's rows as they come."""
+    """Every arm on every checkpoint at every tensor parallel size (and all-reduce method), printing each
+    arm's rows as they come."""
     rows: list[E2ERow] = []
+    fp8 = [name for name in folders if name != "bf16"]
     for tp in plan.sizes:
         for arm, attention, option in itertools.product(plan.arms, plan.attentions, plan.options):
-            folder = folders["bf16"] if arm == "bf16" else folders["fp8"]
-            for method in plan.methods if tp > 1 else ["nccl"]:
-                run_args = (arm, folder, plan.batches, plan.inputs, output, copy_gbs)
+            checkpoints = ["bf16"] if arm == "bf16" else fp8
+            for checkpoint, method in itertools.product(checkpoints, plan.methods if tp > 1 else ["nccl"]):
+                run_args = (arm, folders[checkpoint], plan.batches, plan.inputs, output, copy_gbs)
                 bench = functools.partial(bench_arm, tp=tp, all_reduce=method, attention=attention, options=option)
                 new = bench(*run_args) if tp == 1 else run_ranks(tp, bench, *run_args)
                 rows += new
@@ -151,6 +161,12 @@ def register(kinds: argparse._SubParsersAction) -> None:
         "--random",
         metavar="NAME",
         help=f"write and run a random checkpoint of {' | '.join(MODELS)} (default: none: give MODEL)",
+    )
+    e2e.add_argument(
+        "--scheme",
+        default="tensor",
+        help=f"FP8 schemes of the --random checkpoints, one checkpoint each, comma-separated: {', '.join(SCHEMES)} "
+        "(default tensor)",
     )
     e2e.add_argument("--batch", default="1,16", help="rows decoded together, comma-separated batch sizes")
     e2e.add_argument("--input", default="1024,4096", help="prompt tokens per row")
