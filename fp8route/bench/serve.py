@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from fp8route.bench.e2e import FORCE_ENV, timed_calls, weight_bytes
+from fp8route.bench.e2e import FORCE_ENV, model_scheme, timed_calls, weight_bytes
 from fp8route.bench.workload import LoadRequest, RequestResult, ServeReport, summarize
 from fp8route.engine.config import EngineConfig
 from fp8route.engine.llm import LLM
@@ -267,7 +267,7 @@ def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tup
         "policy": arm.policy, "prefix_caching": config.enable_prefix_caching, "kv_cache_dtype": config.kv_cache_dtype,
         "async_scheduling": engine.async_scheduling, "prefill_graphs": config.prefill_graphs,
         "max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": engine.runner.max_tokens,
-        "kv_cache_tokens": pool.capacity_tokens, "sampling": arm.sampling,
+        "kv_cache_tokens": pool.capacity_tokens, "sampling": arm.sampling, "scheme": model_scheme(llm.model),
     }  # fmt: skip
     drive(llm, warmup, arm.sampling)  # kernels' first calls (and grammars' compiles), at the load's sizes
     extra.update(_unloaded(llm, load))

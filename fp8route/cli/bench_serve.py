@@ -26,6 +26,7 @@ from fp8route.engine.load import eos_token_ids, resolve_model
 from fp8route.errors import Fp8InputError
 from fp8route.models.shapes import MODELS
 from fp8route.routing.fingerprint import Fingerprint
+from fp8route.schemes import SCHEMES, check_scheme
 
 POLICIES = ("routed", "bf16", *BACKENDS)
 
@@ -62,13 +63,17 @@ def _arms(args: argparse.Namespace, folders: dict[str, Path]) -> list[Arm]:
         args, kv_cache_dtype=kv_dtypes[0], **{axis: values[0] for axis, values in axes.items()}
     )
     arms = []
+    fp8 = [name for name in folders if name != "bf16"]
     for policy, sampling in itertools.product(policies, samplings):
-        for kv, *values in itertools.product(kv_dtypes, *axes.values()):
+        for checkpoint, kv, *values in itertools.product(
+            ["bf16"] if policy == "bf16" else fp8, kv_dtypes, *axes.values()
+        ):
             settings = dict(zip(axes, values, strict=True))
-            name = policy + (f" {sampling}" if len(samplings) > 1 else "") + (f" kv-{kv}" if len(kv_dtypes) > 1 else "")
+            name = policy + (f" {checkpoint}" if len(fp8) > 1 and policy != "bf16" else "")
+            name += (f" {sampling}" if len(samplings) > 1 else "") + (f" kv-{kv}" if len(kv_dtypes) > 1 else "")
             for axis, value in settings.items():
                 name += f" {AXES[axis][1]}-{'on' if value else 'off'}" if len(axes[axis]) > 1 else ""
-            folder = folders["bf16" if policy == "bf16" else "fp8"]
+            folder = folders[checkpoint]
             config = base.replace(kv_cache_dtype=kv, **settings)
             arms.append(Arm(name, policy, folder, config, args.lone_prefill, args.static_batch, sampling))
     return arms
@@ -88,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
     if args.random is not None and args.random not in MODELS:
         raise Fp8InputError(f"--random: unknown model {args.random!r}; known: {', '.join(MODELS)}")
     load_options(args)
+    schemes = list(dict.fromkeys(check_scheme(s.strip()) for s in args.scheme.split(",") if s.strip()))
+    if args.model is not None and args.scheme != "tensor":
+        raise Fp8InputError("--scheme is for --random checkpoints; a checkpoint folder's scheme is its own")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     fingerprint = Fingerprint.of(device)
     print(f"bench serve on {fingerprint.summary() if device == 'cuda' else 'cpu'}")
@@ -95,13 +103,16 @@ def run(args: argparse.Namespace) -> int:
         folders: dict[str, Path] = {}
         policies = args.policy.split(",")
         if args.random is not None:
-            folders["fp8"] = write_random(Path(tmp) / "fp8", MODELS[args.random], fp8=True)
+            for scheme in schemes:
+                folders[scheme] = write_random(
+                    Path(tmp) / f"fp8-{scheme}", MODELS[args.random], fp8=True, scheme=scheme
+                )
             if "bf16" in policies:
                 folders["bf16"] = write_random(Path(tmp) / "bf16", MODELS[args.random], fp8=False)
-            print(f"random checkpoints of {args.random} written to {tmp}")
+            print(f"random checkpoints of {args.random} ({', '.join(folders)}) written to {tmp}")
         else:
             folders["fp8"] = folders["bf16"] = resolve_model(args.model)
-        config = read_json(folders["fp8"] / CONFIG)
+        config = read_json(next(iter(folders.values())) / CONFIG)
         arms = _arms(args, folders)
         load, warmup = loads(args, int(config["vocab_size"]), eos_token_ids(config))
         reports: list[ServeReport] = []
@@ -224,6 +235,12 @@ def register(kinds: argparse._SubParsersAction) -> None:
         "--random",
         metavar="NAME",
         help=f"write and serve a random checkpoint of {' | '.join(MODELS)} (default: none: give MODEL or --url)",
+    )
+    serve.add_argument(
+        "--scheme",
+        default="tensor",
+        help=f"FP8 schemes of the --random checkpoints, one checkpoint and arm each, comma-separated: "
+        f"{', '.join(SCHEMES)} (default tensor)",
     )
     serve.add_argument("--policy", default="routed", help=f"arms: {', '.join(POLICIES)} (comma-separated)")
     serve.add_argument(
