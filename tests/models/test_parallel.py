@@ -4,7 +4,6 @@ the unsharded model's, each rank reading only its slices and planning only its l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,17 +14,13 @@ from safetensors import safe_open
 
 import fp8route.checkpoint.shards as shards_module
 import fp8route.linear.layer as layer_module
-from fp8route import CheckpointError, Fp8InputError, Fp8Linear, explain, load_checkpoint, sqnr_db
+from fp8route import Fp8InputError, Fp8Linear, explain, load_checkpoint, sqnr_db
 from fp8route.checkpoint.formats import compressed_tensors
-from fp8route.checkpoint.layout import layout
-from fp8route.checkpoint.sharding import ScaleSlices
-from fp8route.checkpoint.shards import ShardSet, TensorInfo
 from fp8route.engine.load import load_model
 from fp8route.models.llama import LlamaConfig
 from fp8route.models.parallel import RowParallel, Shard, Slicer, VocabParallelHead, check_divisible
 
 HF_QUANT = "hf_quant_config.json"
-FP8 = torch.float8_e4m3fn
 PROMPT = torch.tensor([[5, 17, 3, 99, 42, 7], [8, 1, 250, 30, 2, 0]])
 NEW = 5
 
@@ -298,42 +293,3 @@ def test_each_ranks_parts_of_a_layer_compose_the_whole_layer(tmp_path, scheme, c
     else:  # each rank's x part is quantized per token with its own amax; the weight scales are whole
         assert all(torch.equal(rank[down].weight_scale, whole[down].weight_scale) for rank in ranks)
         assert sqnr_db(whole[down](x), summed) >= 25
-
-
-def test_a_split_that_cuts_a_block_is_refused_before_any_tensor_is_read(tmp_path, monkeypatch):
-    config = {**TINY, "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512}
-    tensors = scheme_llama("block", config)
-    qc = compressed_tensors.quantization_config(["lm_head"], scheme="block")
-    folder = write_checkpoint(tmp_path / "block", tensors, {**config, "quantization_config": qc})
-    monkeypatch.setattr(ShardSet, "read", lambda *args, **kwargs: pytest.fail("a tensor was read"))
-    slicer = Slicer.of(LlamaConfig.from_hf(config), Shard(0, 2))  # KV heads of 64 dims, one a rank
-    with pytest.raises(CheckpointError) as info:
-        load_checkpoint(folder, device="cpu", slices=slicer)
-    assert str(info.value) == (
-        "tensor parallel: cannot split model.layers.0.self_attn.k_proj: each rank would hold 64 of its 128 output "
-        "rows (N) (this rank [0:64]), not a multiple of 128; quantization_config.config_groups.group_0.weights."
-        "strategy=block in config.json scales the weight in 128x128 blocks, one scale per block, so a rank's part "
-        "must be whole blocks (use a tensor parallel size that gives every rank a multiple of 128, or a per-tensor "
-        "or per-channel checkpoint)"
-    )
-
-
-def test_scale_slices_follow_the_weights_part():
-    config = BLOCK_TP
-    for scheme, tensors in (("channel", scheme_llama("channel", TINY)), ("block", scheme_llama("block", config))):
-        cfg = TINY if scheme == "channel" else config
-        shards = {n: TensorInfo(n, "model.safetensors", "F32", tuple(t.shape)) for n, t in tensors.items()}
-        for name, t in tensors.items():
-            if t.dtype == FP8:
-                shards[name] = TensorInfo(name, "model.safetensors", "F8_E4M3", tuple(t.shape))
-        qc = compressed_tensors.quantization_config(["lm_head"], scheme=scheme)
-        lay = layout(ShardSet(Path("x"), ("model.safetensors",), shards), compressed_tensors.parse(qc))
-        slices = ScaleSlices(Slicer.of(LlamaConfig.from_hf(cfg), Shard(1, 2)), lay)
-        q, o = "model.layers.0.self_attn.q_proj.weight_scale", "model.layers.0.self_attn.o_proj.weight_scale"
-        if scheme == "channel":
-            assert slices.get(q) == (slice(32, 64),) and slices.get(o) is None
-        else:
-            assert slices.get(q) == (slice(1, 2),) and slices.get(o) == (slice(None), slice(1, 2))
-        assert slices.get("model.layers.0.self_attn.q_proj.weight") == Slicer.of(
-            LlamaConfig.from_hf(cfg), Shard(1, 2)
-        ).get("model.layers.0.self_attn.q_proj.weight")
