@@ -189,6 +189,19 @@ def test_cli_quantize_block_then_inspect(sources, tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"wrote {dst} (fp8, block scheme): 14 FP8 linears, 1 excluded (lm_head)" in out
     assert "calibration: no input scales (the block scheme quantizes each input at run time)" in out
+    assert main(["inspect", str(dst), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "format: fp8 (from config.json); kv cache: none" in out
+    assert (
+        "scheme: block, 128x128 block weight scales, dynamic 1x128 input groups "
+        "(quantization_config.weight_block_size=[128, 128] in config.json)" in out
+    )
+    # q/k/v fuse (256 + 128 + 128 rows); gate/up (320 rows) stay apart.
+    assert "FP8 linears: 10 layers from 14 checkpoint linears (fused: 2 qkv_proj)" in out
+    assert "fused layers: their members' block scales concatenated, nothing requantized" in out
+    assert "over 60 scales" in out and "input_scale: none (each input is quantized at run time)" in out
+    assert "N=512 K=256  cpu, 128x128 block weight scales, dynamic 1x128 input groups" in out
+    assert "calibration: no input scales" in out
     assert main(["quantize", str(sources["block"]), str(tmp_path / "x"), "--scheme", "block", "--keep-float", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fp8route quantize: keep_float (--keep-float): the block scheme quantizes each input")
