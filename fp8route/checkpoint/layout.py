@@ -28,7 +28,7 @@ LINEAR_PARTS = ("weight", *SCALE_NAMES, "input_scale", "bias", "weight_zero_poin
 KV_PARTS = ("k_scale", "v_scale")
 # Modules that are not linears, whose 2-D weights stay in full precision by design.
 _UNQUANTIZED_2D = re.compile(r"(^|\.)(\w*embed\w*|wte|wpe)$")
-# Tensors of quantization schemes other than static per-tensor FP8.
+# Tensors of quantization schemes other than fp8route's three FP8 ones, on modules that are not FP8 linears.
 _FOREIGN = frozenset(
     {
         "weight_scale_2",
