@@ -84,7 +84,7 @@ def test_explicit_config_selects_fp8route_for_modelopt(tmp_path):
 
 
 def test_a_float_folder_is_one_clear_checkpoint_error(tmp_path):
-    with pytest.raises(CheckpointError, match="not a per-tensor FP8 checkpoint"):
+    with pytest.raises(CheckpointError, match="this is not an FP8 checkpoint"):
         fp8route.hf.from_pretrained(float_checkpoint(tmp_path))
 
 
