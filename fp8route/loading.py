@@ -2,9 +2,10 @@
 
 It stands above both things it joins: fp8route.models (the model definition and its sharding,
 which imports nothing of fp8route.checkpoint) and fp8route.checkpoint (reading and writing
-folders, over the model definition). Per-tensor FP8 checkpoints (ModelOpt, compressed-tensors)
-load through load_checkpoint, their linears routed for this GPU; plain bf16/fp16/fp32 Hugging
-Face checkpoints (read_plain) run unquantized, as the baseline the FP8 model is compared against.
+folders, over the model definition). FP8 checkpoints (ModelOpt, compressed-tensors, quant_method
+fp8; per tensor, per channel or in 128x128 blocks) load through load_checkpoint, their linears
+routed for this GPU; plain bf16/fp16/fp32 Hugging Face checkpoints (read_plain) run unquantized,
+as the baseline the FP8 model is compared against.
 Either way the float tensors end up in dtype. Under torch.distributed each rank gets its shard
 (fp8route.models.parallel). What runs them (KV pool, decode graphs, the serving engine) is
 fp8route.engine.

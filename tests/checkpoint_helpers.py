@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 from tokenizers.pre_tokenizers import ByteLevel
 
 from fp8route.quant import quantize_per_tensor
+from fp8route.schemes import quantize_weight
 
 TINY = {
     "architectures": ["LlamaForCausalLM"],
@@ -149,6 +150,39 @@ def fp8_llama(scale_shape=(), scale_dtype=torch.float32, bias=False, config=TINY
                 out[f"{module}.bias"] = 0.1 * torch.randn(t.shape[0]).to(torch.bfloat16)
         else:
             out[name] = t
+    return out
+
+
+# The tiny Llama's dimensions where q/k/v fuse in 128-row blocks (q 256, k and v 128 rows) but gate/up
+# do not (320 rows: 2.5 blocks), and down_proj's K (320) ends in a partial block.
+BLOCKY = {**TINY, "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 320}
+QWEN3_FP8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+
+
+def scheme_llama(
+    scheme: str,
+    config: dict[str, Any] = TINY,
+    scale_name: str = "weight_scale",
+    scale_dtype: torch.dtype = torch.float32,
+    scale_shape=None,
+) -> dict[str, torch.Tensor]:
+    """The tiny Llama with every projection quantized in scheme (amax/448 per tensor, row or 128x128
+    block), its scale named scale_name in scale_dtype and reshaped by scale_shape (default: as the
+    layer holds it, except channel scales [N, 1] as compressed-tensors writes them); no input scales;
+    lm_head left in bf16."""
+    out = {}
+    for name, t in llama_tensors(config).items():
+        module = name.removesuffix(".weight")
+        if module.rpartition(".")[2] not in LINEARS:
+            out[name] = t
+            continue
+        q, scale = quantize_weight(t.float(), scheme)
+        if scale_shape is not None:
+            scale = scale_shape(scale)
+        elif scheme == "channel":
+            scale = scale[:, None]
+        out[name] = q
+        out[f"{module}.{scale_name}"] = scale.to(scale_dtype)
     return out
 
 

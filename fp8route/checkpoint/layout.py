@@ -1,11 +1,16 @@
 """A checkpoint's tensors sorted into FP8 linears, KV-cache scales and plain tensors, checked
 from the shard headers alone (names, dtypes, shapes) before any data is read.
 
-Both formats name a per-tensor FP8 linear's tensors the same way: `<module>.weight` (e4m3
-[N, K]), `<module>.weight_scale`, `<module>.input_scale` (one value each, shape [] or [1]) and
-an optional `<module>.bias`. compressed-tensors may add all-zero `weight_zero_point` /
-`input_zero_point`; KV-cache scales are `<attn>.k_scale` / `<attn>.v_scale` (ModelOpt writes
-them on k_proj / v_proj).
+Every format names an FP8 linear's tensors after its module: `<module>.weight` (e4m3 [N, K]), its
+weight scale (`weight_scale`, or `weight_scale_inv` in quant_method fp8 block checkpoints), an
+`input_scale` when the scheme's input scale is static, and an optional `bias`; what each scale's shape
+is per scheme, fp8route.checkpoint.scales checks. compressed-tensors may add all-zero
+`weight_zero_point` / `input_zero_point`; KV-cache scales are `<attn>.k_scale` / `<attn>.v_scale`
+(ModelOpt writes them on k_proj / v_proj).
+
+q/k/v and gate/up fuse into one layer when all are FP8 and read the same input; in a block
+checkpoint only when every member but the last is a whole number of 128-row blocks (a block may not
+straddle two members), else they stay apart, as the model runs them too.
 """
 
 from __future__ import annotations
@@ -14,18 +19,19 @@ import re
 from dataclasses import dataclass, field
 
 from fp8route.checkpoint.formats import QuantScheme
+from fp8route.checkpoint.scales import FLOAT_SCALE_DTYPES, SCALE_NAMES, check_scalar, check_scales
 from fp8route.checkpoint.shards import ShardSet, TensorInfo
 from fp8route.errors import CheckpointError
+from fp8route.schemes import BLOCK
 
-LINEAR_PARTS = ("weight", "weight_scale", "input_scale", "bias", "weight_zero_point", "input_zero_point")
+LINEAR_PARTS = ("weight", *SCALE_NAMES, "input_scale", "bias", "weight_zero_point", "input_zero_point")
 KV_PARTS = ("k_scale", "v_scale")
 # Modules that are not linears, whose 2-D weights stay in full precision by design.
 _UNQUANTIZED_2D = re.compile(r"(^|\.)(\w*embed\w*|wte|wpe)$")
-# Tensors of quantization schemes other than static per-tensor FP8.
+# Tensors of quantization schemes other than fp8route's three FP8 ones, on modules that are not FP8 linears.
 _FOREIGN = frozenset(
     {
         "weight_scale_2",
-        "weight_scale_inv",
         "weight_global_scale",
         "input_global_scale",
         "weight_packed",
@@ -39,7 +45,6 @@ _FOREIGN = frozenset(
         "prob_scale",
     }
 )
-_FLOAT_SCALE_DTYPES = ("F32", "BF16", "F16")
 # (fused name, member names): one GEMM for the projections that read the same input.
 FUSIONS = (("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_proj", "up_proj")))
 
@@ -64,6 +69,7 @@ class LinearRecord:
 
 @dataclass(frozen=True)
 class Layout:
+    scheme: QuantScheme  # what the config says, which the tensors were checked against
     linears: dict[str, LinearRecord]  # module name -> its FP8 tensors
     fused: dict[str, tuple[str, ...]]  # fused name -> member module names (empty when fuse=False)
     kv_scales: dict[str, TensorInfo]  # canonical name `<attn>.k_scale` -> tensor
@@ -95,7 +101,8 @@ def layout(shards: ShardSet, scheme: QuantScheme, fuse: bool = True) -> Layout:
     for module in sorted(modules, key=natural_key):
         parts = modules[module]
         weight = parts.get("weight")
-        if "weight_scale" in parts or "input_scale" in parts or (weight is not None and weight.dtype.startswith("F8")):
+        scaled = any(leaf in parts for leaf in (*SCALE_NAMES, "input_scale"))
+        if scaled or (weight is not None and weight.dtype.startswith("F8")):
             linears[module] = _check_linear(module, parts, scheme)
             parts = {leaf: info for leaf, info in parts.items() if leaf not in LINEAR_PARTS}
         elif weight is not None and len(weight.shape) == 2 and not _UNQUANTIZED_2D.search(module):
@@ -108,12 +115,12 @@ def layout(shards: ShardSet, scheme: QuantScheme, fuse: bool = True) -> Layout:
             excluded.append(module)
         for leaf, info in parts.items():
             if leaf in KV_PARTS:
-                _check_scalar(info)
+                check_scalar(info)
                 kv_scales[_kv_name(module, leaf)] = info
             elif leaf in _FOREIGN:
                 raise CheckpointError(
                     f"unsupported: tensor {info.where} (shape {list(info.shape)}, {info.dtype_name}) belongs to a "
-                    "quantization scheme other than static per-tensor FP8"
+                    "quantization scheme other than FP8 (e4m3 weights scaled per tensor, channel or 128x128 block)"
                 )
             else:
                 plain[info.name] = info
@@ -121,7 +128,8 @@ def layout(shards: ShardSet, scheme: QuantScheme, fuse: bool = True) -> Layout:
         raise CheckpointError(
             f"{scheme.source} says FP8 ({scheme.format}) but no tensor in {shards.folder} is float8_e4m3fn"
         )
-    return Layout(linears, _fusions(linears) if fuse else {}, kv_scales, plain, tuple(excluded))
+    fused = _fusions(linears, scheme) if fuse else {}
+    return Layout(scheme, linears, fused, kv_scales, plain, tuple(excluded))
 
 
 def _check_linear(module: str, parts: dict[str, TensorInfo], scheme: QuantScheme) -> LinearRecord:
@@ -137,37 +145,14 @@ def _check_linear(module: str, parts: dict[str, TensorInfo], scheme: QuantScheme
         raise CheckpointError(
             f"{weight.where} is float8_e4m3fn but {scheme.source} excludes {module} from quantization"
         )
-    for leaf in ("weight_scale", "input_scale"):
-        if leaf not in parts:
-            raise CheckpointError(
-                f"missing {module}.{leaf}: {weight.where} is FP8 but has no {leaf} in any shard "
-                f"(a static per-tensor checkpoint has weight_scale and input_scale for every linear)"
-            )
-        _check_scalar(parts[leaf])
+    check_scales(module, parts, weight, scheme)
     bias = parts.get("bias")
-    if bias is not None and (bias.shape != weight.shape[:1] or bias.dtype not in _FLOAT_SCALE_DTYPES):
+    if bias is not None and (bias.shape != weight.shape[:1] or bias.dtype not in FLOAT_SCALE_DTYPES):
         raise CheckpointError(
             f"{bias.where}: expected a float bias of shape [{weight.shape[0]}] to match {weight.where} "
             f"{list(weight.shape)}, got {bias.dtype_name} {list(bias.shape)}"
         )
-    for leaf in ("weight_zero_point", "input_zero_point"):
-        if leaf in parts and parts[leaf].numel != 1:
-            raise CheckpointError(
-                f"unsupported: {parts[leaf].where} has shape {list(parts[leaf].shape)}; "
-                "per-tensor FP8 has one zero point"
-            )
     return LinearRecord(module, {leaf: info for leaf, info in parts.items() if leaf in LINEAR_PARTS})
-
-
-def _check_scalar(info: TensorInfo) -> None:
-    if info.numel != 1:
-        kind = "per-channel" if len(info.shape) == 2 and info.shape[1] == 1 else "block-wise or per-channel"
-        raise CheckpointError(
-            f"unsupported: {info.where} has shape {list(info.shape)} ({kind}); "
-            "expected one per-tensor scale of shape [] or [1]"
-        )
-    if info.dtype not in _FLOAT_SCALE_DTYPES:
-        raise CheckpointError(f"{info.where}: expected a float32/bfloat16/float16 scale, got {info.dtype_name}")
 
 
 def _kv_name(module: str, leaf: str) -> str:
@@ -177,7 +162,7 @@ def _kv_name(module: str, leaf: str) -> str:
     return f"{module}.{leaf}"
 
 
-def _fusions(linears: dict[str, LinearRecord]) -> dict[str, tuple[str, ...]]:
+def _fusions(linears: dict[str, LinearRecord], scheme: QuantScheme) -> dict[str, tuple[str, ...]]:
     fused: dict[str, tuple[str, ...]] = {}
     for name in linears:
         parent, _, leaf = name.rpartition(".")
@@ -185,8 +170,15 @@ def _fusions(linears: dict[str, LinearRecord]) -> dict[str, tuple[str, ...]]:
             if leaf != members[0]:
                 continue
             names = tuple(f"{parent}.{m}" if parent else m for m in members)
-            records = [linears.get(n) for n in names]
-            # Members must all be FP8 and read the same input; a bias on some only is padded with zeros.
-            if all(r is not None for r in records) and len({r.k for r in records if r is not None}) == 1:
+            if _fusible([linears.get(n) for n in names], scheme):
                 fused[f"{parent}.{fused_leaf}" if parent else fused_leaf] = names
     return fused
+
+
+def _fusible(records: list[LinearRecord | None], scheme: QuantScheme) -> bool:
+    """Members must all be FP8 and read the same input (a bias on some only is padded with zeros); in a
+    block checkpoint no 128-row block may straddle two members."""
+    present = [r for r in records if r is not None]
+    if len(present) != len(records) or len({r.k for r in present}) != 1:
+        return False
+    return scheme.fp8_scheme != "block" or all(r.n % BLOCK == 0 for r in present[:-1])

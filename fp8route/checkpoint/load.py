@@ -1,5 +1,5 @@
-"""Read a checkpoint folder: a per-tensor FP8 one (every tensor checked, every quantized linear an
-Fp8Linear) or a plain float one (read_plain)."""
+"""Read a checkpoint folder: an FP8 one of any scheme (every tensor checked, every quantized linear an
+Fp8Linear of the checkpoint's scheme) or a plain float one (read_plain)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,15 @@ from fp8route.checkpoint.config_check import ModelDims, check_config
 from fp8route.checkpoint.formats import CONFIG, QuantScheme, detect_scheme, modelopt, read_json
 from fp8route.checkpoint.hub import resolve_model_path
 from fp8route.checkpoint.layout import Layout, layout, natural_key
+from fp8route.checkpoint.scales import SCALE_NAMES
+from fp8route.checkpoint.sharding import ScaleSlices
 from fp8route.checkpoint.shards import ShardSet, Slices, TensorInfo
 from fp8route.errors import CheckpointError, Fp8InputError, Fp8TypeError
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.plan import Preference
 from fp8route.linear.policy import Policy
 from fp8route.quant import as_scale, check_finite, check_fp8_finite
+from fp8route.schemes import Scheme
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -41,6 +44,11 @@ class Checkpoint:
     def format(self) -> str:
         return self.scheme.format
 
+    @property
+    def fp8_scheme(self) -> Scheme:
+        """How every FP8 linear is scaled: "tensor", "channel" or "block" (fp8route.schemes)."""
+        return self.scheme.fp8_scheme
+
 
 def load_checkpoint(
     path: str | os.PathLike[str],
@@ -51,19 +59,22 @@ def load_checkpoint(
     preference: Preference | None = None,
     slices: Slices | None = None,
 ) -> Checkpoint:
-    """Read a ModelOpt or compressed-tensors FP8 checkpoint (config.json + *.safetensors): a folder,
-    or a Hugging Face repository id in the local hub cache (fp8route.checkpoint.hub.resolve_model_path).
-    config.json is checked against the tensors' header shapes before any tensor data is read.
+    """Read a ModelOpt, compressed-tensors or quant_method "fp8" checkpoint (config.json + *.safetensors),
+    scaled per tensor, per channel or in 128x128 blocks: a folder, or a Hugging Face repository id in the
+    local hub cache (fp8route.checkpoint.hub.resolve_model_path). config.json and its quantization
+    config are checked against the tensors' header shapes before any tensor data is read.
 
     device defaults to CUDA when available. Shards are read one at a time and each tensor goes
     to the device as it is read, so host memory peaks near one shard, not the model. With fuse,
-    q/k/v and gate/up projections become one Fp8Linear each (their shards requantized to the
-    largest weight scale; layer.requant_error says what that cost). On a GPU every layer is
+    q/k/v and gate/up projections become one Fp8Linear each (per-tensor shards requantized to the
+    largest weight scale, layer.requant_error says what that cost; channel and block scales
+    concatenated, block members only when no block straddles two). On a GPU every layer is
     planned by this device's routing table (fp8route.load_table) unless a preference is given.
 
     slices (a tensor-parallel rank's, fp8route.models.parallel.Slicer) names the part of each
-    tensor to read: the layers are built, fused and planned from those parts alone, with their
-    per-tensor scales read whole, so every rank fuses to the same scales.
+    weight to read: the layers are built, fused and planned from those parts alone. Per-tensor
+    scales are read whole, so every rank fuses to the same scales; channel and block scales are
+    read for the rank's part (fp8route.checkpoint.sharding, which refuses a split that cuts a block).
     """
     folder = resolve_model_path(path)
     config = read_json(folder / CONFIG)
@@ -71,6 +82,8 @@ def load_checkpoint(
     shards = ShardSet.open(folder)
     lay = layout(shards, scheme, fuse)
     dims = check_config(config, shards.tensors)
+    if slices is not None:
+        slices = ScaleSlices(slices, lay)
     target = default_device(device)
     policy = policy or Policy.from_env()
     if preference is None and target.type == "cuda":
@@ -141,7 +154,7 @@ class _Loader:
         if group is None:
             self.tensors[info.name] = tensor.to(self.device)
             return
-        self.values[info.name] = _checked(info, tensor.to(self.device))
+        self.values[info.name] = _checked(info, tensor.to(self.device), self.lay.scheme.fp8_scheme)
         waiting = self.waiting[group]
         waiting.discard(info.name)
         if not waiting:
@@ -151,17 +164,19 @@ class _Loader:
         members = self.lay.fused.get(group, (group,))
         records = [self.lay.linears[m] for m in members]
         values = [{leaf: self.values.pop(info.name) for leaf, info in rec.parts.items()} for rec in records]
+        scheme = self.lay.scheme
+        kwargs = {**self.kwargs, "scheme": scheme.fp8_scheme, "name": group}
+        scale = scheme.scale_name
         if len(records) == 1:
             v = values[0]
-            return Fp8Linear(v["weight"], v["weight_scale"], v["input_scale"], v.get("bias"), name=group, **self.kwargs)
+            return Fp8Linear(v["weight"], v[scale], v.get("input_scale"), v.get("bias"), **kwargs)
         return Fp8Linear.from_quantized(
             torch.cat([v["weight"] for v in values]),
-            [v["weight_scale"] for v in values],
-            [v["input_scale"] for v in values],
+            [v[scale] for v in values],
+            [v["input_scale"] for v in values] if scheme.static_input else None,
             _fused_bias(values),
             logical_widths=[v["weight"].shape[0] for v in values],
-            name=group,
-            **self.kwargs,
+            **kwargs,
         )
 
 
@@ -172,11 +187,25 @@ def _scale(info: TensorInfo, tensor: torch.Tensor, device: torch.device | None =
         raise CheckpointError(str(e)) from None
 
 
-def _checked(info: TensorInfo, tensor: torch.Tensor) -> torch.Tensor:
+def _scales(info: TensorInfo, tensor: torch.Tensor) -> torch.Tensor:
+    """A channel or block weight scale's values (the headers checked its shape), in fp32: [N] or [N, 1],
+    or [N/128, K/128] (ModelOpt's [N/128, 1, K/128, 1] made 2-D)."""
+    scales = tensor.float()
+    if scales.dim() == 4:
+        scales = scales[:, 0, :, 0]
+    bad = int((~torch.isfinite(scales) | (scales <= 0)).sum())
+    if bad:
+        raise CheckpointError(f"{info.where}: {bad} scale(s) not finite and > 0; every scale must be finite and > 0")
+    return scales.contiguous()
+
+
+def _checked(info: TensorInfo, tensor: torch.Tensor, scheme: Scheme) -> torch.Tensor:
     """Value checks a header cannot make; the tensor is already on its device."""
     leaf = info.name.rpartition(".")[2]
-    if leaf in ("weight_scale", "input_scale"):
+    if leaf == "input_scale" or (leaf in SCALE_NAMES and scheme == "tensor"):
         return _scale(info, tensor)
+    if leaf in SCALE_NAMES:
+        return _scales(info, tensor)
     if leaf.endswith("zero_point"):
         if tensor.float().abs().max().item() != 0:
             raise CheckpointError(

@@ -1,13 +1,21 @@
-"""Make a static per-tensor FP8 checkpoint (ModelOpt or compressed-tensors) from a bf16/fp16 one.
+"""Make an FP8 checkpoint from a bf16/fp16 one, in one of the three schemes (fp8route.schemes) and a
+format that writes it (formats.DEFAULT_FORMAT, formats.NOT_WRITTEN):
 
-Calibration runs the float model one decoder layer at a time: only that layer's weights and
-the calibration activations are in memory. Each linear's input is observed (observer.py) and its
-input scale chosen by an estimator (estimators.py: max, percentile or mse); its weight scale is
-amax(|weight|) / 448. Once every layer is calibrated, the layers are read again and written, so
-the linears whose FP8 error is largest can be kept in bf16 (keep_float, or as few as a KL budget
-needs: sensitivity.py) whatever their depth.
+- tensor (static per-tensor; ModelOpt or compressed-tensors): calibration runs the float model one
+  decoder layer at a time, only that layer's weights and the calibration activations in memory.
+  Each linear's input is observed (observer.py) and its input scale chosen by an estimator
+  (estimators.py: max, percentile or mse); its weight scale is amax(|weight|) / 448. Once every
+  layer is calibrated, the layers are read again and written, so the linears whose FP8 error is
+  largest can be kept in bf16 (keep_float, or as few as a KL budget needs: sensitivity.py)
+  whatever their depth.
+- channel (compressed-tensors FP8_DYNAMIC or ModelOpt FP8_PER_CHANNEL_PER_TOKEN) and block
+  (quant_method fp8, or compressed-tensors FP8_BLOCK): amax / 448 per row or per 128x128 block
+  (dynamic_weights.py); their inputs are quantized at run time, so there are no input scales to
+  calibrate and the options that calibrate them are refused. Calibration data is read only for
+  FP8 KV-cache scales (kv_cache="fp8"), which are the attention cache's and any scheme may have.
+
 The choices are recorded in config.json's quantization_config under "fp8route", a key the
-ModelOpt and compressed-tensors readers ignore.
+formats' own readers ignore.
 """
 
 from __future__ import annotations
@@ -28,7 +36,16 @@ from fp8route.checkpoint import estimators
 from fp8route.checkpoint.calibration import calibration_ids
 from fp8route.checkpoint.config_check import check_config
 from fp8route.checkpoint.destination import check_destination, write_folder
-from fp8route.checkpoint.formats import CONFIG, FORMATS, QuantScheme, compressed_tensors, modelopt, read_json
+from fp8route.checkpoint.dynamic_weights import dynamic_linear
+from fp8route.checkpoint.formats import (
+    CONFIG,
+    QuantScheme,
+    compressed_tensors,
+    fp8,
+    modelopt,
+    read_json,
+    written_format,
+)
 from fp8route.checkpoint.hub import resolve_model_path
 from fp8route.checkpoint.kv_calibration import KV_CACHE, KvObserver
 from fp8route.checkpoint.observer import SAMPLE_ROWS, InputObserver, ScaleChoice, observe
@@ -37,7 +54,8 @@ from fp8route.checkpoint.shards import INDEX, ShardSet, ShardWriter, check_shard
 from fp8route.errors import CheckpointError, Fp8InputError
 from fp8route.models.llama import DecoderLayer, FloatLinear, LlamaConfig, Parts, RMSNorm, rope_tables
 from fp8route.progress import Progress
-from fp8route.quant import quantize_per_tensor
+from fp8route.quant import check_finite, quantize_per_tensor
+from fp8route.schemes import Scheme, check_scheme
 from fp8route.version import __version__
 
 _EMBED = "model.embed_tokens.weight"
@@ -53,6 +71,7 @@ SENSITIVITY_MEASURE = (
 class QuantizeReport:
     dst: Path
     format: str
+    scheme: Scheme = "tensor"
     quantized: list[str] = field(default_factory=list)
     excluded: list[str] = field(default_factory=list)
     input_amax: dict[str, float] = field(default_factory=dict)
@@ -69,6 +88,7 @@ class QuantizeReport:
 @dataclass(frozen=True)
 class _Settings:
     format: str
+    scheme: Scheme
     exclude: tuple[str, ...]
     estimator: str
     percentile: float
@@ -81,7 +101,7 @@ class _Settings:
 def quantize_checkpoint(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
-    format: str = "modelopt",
+    format: str | None = None,
     calib: str | os.PathLike[str] | Sequence[torch.Tensor] | Sequence[str] | None = None,
     exclude: Sequence[str] = ("lm_head",),
     device: str | torch.device | None = None,
@@ -96,10 +116,13 @@ def quantize_checkpoint(
     keep_float: int = 0,
     kl_budget: float | None = None,
     kv_cache: str | None = None,
+    scheme: str = "tensor",
 ) -> QuantizeReport:
     """Quantize every linear of a Llama-family checkpoint except those matching `exclude`
-    (fnmatch wildcards or names; lm_head by default) and write a folder both fp8route and
-    the format's own readers accept.
+    (fnmatch wildcards or names; lm_head by default) in scheme ("tensor", "channel" or "block")
+    and write a folder both fp8route and the format's own readers accept. format: "modelopt",
+    "compressed-tensors" or "fp8"; None, the scheme's usual one (tensor: modelopt, channel:
+    compressed-tensors FP8_DYNAMIC, block: quant_method fp8 as DeepSeek-V3 and Qwen3 write it).
 
     Calibration data: `calib` is a token-id file (a path: .json, .txt, .safetensors), token-id
     tensors, or texts (a list of str, tokenized with src's tokenizer.json); `calib_text` a UTF-8
@@ -111,9 +134,16 @@ def quantize_checkpoint(
     for which the model's mean KL(bf16 || fp8) on the calibration batch is <= kl_budget nats.
     kv_cache="fp8": also write per-layer FP8 KV-cache scales, amax / 448 of the rotated key and of
     the value on the calibration tokens (fp8route.checkpoint.kv_calibration).
+    The channel and block schemes quantize every input at run time: input_scale, percentile,
+    keep_float and kl_budget are refused with them, and calibration data without kv_cache too.
     """
     start = time.perf_counter()
+    scheme = check_scheme(scheme)
+    format = written_format(format, scheme)
     _check_arguments(format, input_scale, percentile, keep_float, kl_budget, kv_cache, max_shard_bytes)
+    if scheme != "tensor":
+        calibrates = calib is not None or calib_text is not None
+        _check_dynamic(scheme, input_scale, percentile, keep_float, kl_budget, calibrates and kv_cache is None)
     src, dst = resolve_model_path(src), Path(dst)
     config, cfg, shards = _read_source(src)
     quantizable = _quantizable(shards, QuantScheme(format, "--exclude", tuple(exclude)))
@@ -121,9 +151,13 @@ def quantize_checkpoint(
         raise Fp8InputError(f"keep_float={keep_float} but only {len(quantizable)} linears would be quantized")
     check_destination(dst, src, _output_bytes(src, shards, quantizable))
     target = default_device(device)
-    sequences, source = calibration_ids(src, cfg.vocab_size, calib, calib_text, calib_seq_len, calib_tokens)
+    sequences, source = [], "none"
+    if scheme == "tensor" or kv_cache is not None:
+        sequences, source = calibration_ids(src, cfg.vocab_size, calib, calib_text, calib_seq_len, calib_tokens)
     budget = None if kl_budget is None else float(kl_budget)
-    settings = _Settings(format, tuple(exclude), input_scale, float(percentile), keep_float, source, budget, kv_cache)
+    settings = _Settings(
+        format, scheme, tuple(exclude), input_scale, float(percentile), keep_float, source, budget, kv_cache
+    )
     report = write_folder(
         dst,
         lambda folder: _quantize_into(
@@ -145,8 +179,6 @@ def _check_arguments(
     max_shard_bytes: int,
 ) -> None:
     """quantize_checkpoint's settings, each refused in one line before anything is read."""
-    if format not in FORMATS:
-        raise Fp8InputError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
     estimators.check_estimator(input_scale, percentile)
     if not isinstance(keep_float, int) or keep_float < 0:
         raise Fp8InputError(f"keep_float must be a non-negative number of linears, got {keep_float!r}")
@@ -156,6 +188,29 @@ def _check_arguments(
     check_shard_bytes(max_shard_bytes)
     if kl_budget is not None and keep_float:
         raise Fp8InputError("give keep_float (a count) or kl_budget (a KL), not both")
+
+
+def _check_dynamic(
+    scheme: Scheme, input_scale: str, percentile: float, keep_float: int, kl_budget: float | None, calib_data: bool
+) -> None:
+    """A dynamic scheme has no input scales: the options that calibrate them mean nothing for it."""
+    defaults = (
+        ("input_scale", input_scale, "max"),
+        ("percentile", percentile, estimators.DEFAULT_PERCENTILE),
+        ("keep_float", keep_float, 0),
+        ("kl_budget", kl_budget, None),
+    )
+    given = [f"{name} (--{name.replace('_', '-')})" for name, value, default in defaults if value != default]
+    if given:
+        raise Fp8InputError(
+            f"{', '.join(given)}: the {scheme} scheme quantizes each input at run time, so there are no input "
+            "scales to calibrate; drop the option, or quantize with scheme tensor (static input scales)"
+        )
+    if calib_data:
+        raise Fp8InputError(
+            f"calibration data (--calib / --calib-text) with the {scheme} scheme calibrates only FP8 KV-cache scales, "
+            "and kv_cache (--kv-cache fp8) was not asked for; drop the data, or add --kv-cache fp8"
+        )
 
 
 def _read_source(src: Path) -> tuple[dict[str, Any], LlamaConfig, ShardSet]:
@@ -199,12 +254,39 @@ def _quantize_into(
     max_shard_bytes: int,
     progress: Progress | None,
 ) -> QuantizeReport:
-    """Calibrate every layer, choose the linears kept in float, then write the folder: the layers
-    are read twice so that a linear can be kept in float whatever its depth."""
+    """Calibrate what the scheme calibrates, then write the folder: for the tensor scheme every
+    layer's input scales, then the linears kept in float (the layers are read twice so that a linear
+    can be kept in float whatever its depth); for the others the KV-cache scales alone, if asked for."""
     tokens = sum(int(s.numel()) for s in sequences)
-    report = QuantizeReport(folder, settings.format, calibration_tokens=tokens)
+    report = QuantizeReport(folder, settings.format, settings.scheme, calibration_tokens=tokens)
     writer = ShardWriter(folder, max_shard_bytes)
-    quantizer = _Quantizer(shards, QuantScheme(settings.format, "--exclude", settings.exclude), writer, report, target)
+    matcher = QuantScheme(settings.format, "--exclude", settings.exclude)
+    quantizer = _Quantizer(shards, matcher, writer, report, target)
+    if settings.scheme == "tensor":
+        _calibrate_inputs(quantizer, cfg, sequences, settings, progress)
+    else:
+        quantizer.linears.update(_quantizable(shards, QuantScheme(settings.format, "every linear", ())))
+        if settings.kv_cache is not None:
+            _calibrate_layers(quantizer, cfg, sequences, None, True, progress)
+    _write_tensors(quantizer, cfg)
+    report.shards = writer.close()
+    report.record = _record(report, settings, len(sequences))
+    _write_configs(src, folder, config, settings, report.excluded, report.record)
+    if progress:
+        progress(cfg.num_hidden_layers + 1, cfg.num_hidden_layers + 1, "written")
+    return report
+
+
+def _calibrate_inputs(
+    quantizer: _Quantizer,
+    cfg: LlamaConfig,
+    sequences: list[torch.Tensor],
+    settings: _Settings,
+    progress: Progress | None,
+) -> None:
+    """The tensor scheme's calibration: every linear's input scale (and, with kv_cache, the KV-cache
+    scales), then the linears kept in float."""
+    tokens = quantizer.report.calibration_tokens
 
     def make() -> InputObserver:
         return InputObserver(settings.estimator, settings.percentile, tokens)
@@ -212,27 +294,19 @@ def _quantize_into(
     hidden = _calibrate_layers(quantizer, cfg, sequences, make, settings.kv_cache is not None, progress)
     _calibrate_lm_head(quantizer, cfg, hidden, make)
     _choose_kept_float(quantizer, cfg, sequences, hidden, settings, progress)
-    del hidden
-    _write_tensors(quantizer, cfg)
-    report.shards = writer.close()
-    report.record = _record(report, settings, len(sequences))
-    _write_configs(src, folder, config, settings.format, report.excluded, report.record)
-    if progress:
-        progress(cfg.num_hidden_layers + 1, cfg.num_hidden_layers + 1, "written")
-    return report
 
 
 def _calibrate_layers(
     quantizer: _Quantizer,
     cfg: LlamaConfig,
     sequences: list[torch.Tensor],
-    make: Callable[[], InputObserver],
+    make: Callable[[], InputObserver] | None,
     kv_cache: bool,
     progress: Progress | None,
 ) -> list[torch.Tensor]:
     """Run the float model over the calibration sequences one decoder layer at a time (only that
-    layer's weights in memory), choosing each observed linear's input scale and, with kv_cache,
-    each layer's KV-cache scales; the hidden states after the last layer."""
+    layer's weights in memory), choosing each observed linear's input scale (none without make) and,
+    with kv_cache, each layer's KV-cache scales; the hidden states after the last layer."""
     report, shards, target = quantizer.report, quantizer.shards, quantizer.device
     embed = quantizer.load([_EMBED])[_EMBED]
     hidden = [embed[s.to(target)].float()[None] for s in sequences]
@@ -241,7 +315,7 @@ def _calibrate_layers(
         prefix = f"model.layers.{i}"
         tensors = quantizer.load(_layer_names(shards, prefix))
         layer = DecoderLayer(cfg, Parts({}, tensors), prefix)
-        observers = observe(layer, prefix, make, quantizer.wanted)
+        observers = {} if make is None else observe(layer, prefix, make, quantizer.wanted)
         quantizer.linears.update(f"{prefix}.{n}" for n, m in layer.named_modules() if isinstance(m, FloatLinear))
         kv = KvObserver() if kv_cache else None
         with torch.no_grad():
@@ -338,6 +412,20 @@ def _layer_names(shards: ShardSet, prefix: str) -> list[str]:
 
 def _record(report: QuantizeReport, settings: _Settings, sequences: int) -> dict[str, Any]:
     """The calibration record written into config.json: enough to redo or judge the checkpoint."""
+    record: dict[str, Any] = {"version": __version__, "scheme": settings.scheme}
+    if settings.scheme == "tensor":
+        record.update(_input_calibration(report, settings, sequences))
+    elif report.calibration_tokens:
+        record["calibration"] = {"tokens": report.calibration_tokens, "sequences": sequences, "source": settings.source}
+    if report.kl_search is not None:
+        record["kl_budget"] = report.kl_search.record(report.calibration_tokens)
+    if report.kv_scales:
+        record["kv_cache"] = {"dtype": settings.kv_cache, "scales": "amax / 448 of the rotated key and of the value"}
+    return record
+
+
+def _input_calibration(report: QuantizeReport, settings: _Settings, sequences: int) -> dict[str, Any]:
+    """How the tensor scheme's input scales were chosen, and what their linears' FP8 error is."""
     calibration: dict[str, Any] = {
         "estimator": settings.estimator,
         "percentile": settings.percentile if settings.estimator == "percentile" else None,
@@ -357,17 +445,7 @@ def _record(report: QuantizeReport, settings: _Settings, sequences: int) -> dict
         "median_quantized": errors[len(errors) // 2] if errors else None,
         "kept": {n: report.choices[n].rel_error for n in report.kept_float},
     }
-    record = {
-        "version": __version__,
-        "calibration": calibration,
-        "kept_float": list(report.kept_float),
-        "sensitivity": sensitivity,
-    }
-    if report.kl_search is not None:
-        record["kl_budget"] = report.kl_search.record(report.calibration_tokens)
-    if report.kv_scales:
-        record["kv_cache"] = {"dtype": settings.kv_cache, "scales": "amax / 448 of the rotated key and of the value"}
-    return record
+    return {"calibration": calibration, "kept_float": list(report.kept_float), "sensitivity": sensitivity}
 
 
 class _Quantizer:
@@ -397,12 +475,16 @@ class _Quantizer:
             self.written.add(name)
 
     def write_layer(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Quantize the calibrated linears not kept in float; write everything else as it is,
-        listing the linears left in float as excluded."""
+        """Quantize the linears the scheme quantizes (tensor: those calibrated and not kept in float;
+        the others: those the exclusions leave); write everything else as it is, listing the linears
+        left in float as excluded."""
         for name in sorted(tensors):
             module, _, leaf = name.rpartition(".")
             t = tensors[name]
             if leaf == "weight" and module in self.linears and t.dim() == 2:
+                if self.report.scheme != "tensor" and self.wanted(module):
+                    self._write_dynamic(module, t)
+                    continue
                 choice = self.report.choices.get(module)
                 if choice is None or module in self.report.kept_float:
                     self.report.excluded.append(module)
@@ -421,23 +503,32 @@ class _Quantizer:
         self.report.quantized.append(module)
         self.report.input_amax[module] = choice.amax
 
+    def _write_dynamic(self, module: str, weight: torch.Tensor) -> None:
+        check_finite(self.shards.tensors[f"{module}.weight"].where, weight)
+        for name, t in dynamic_linear(module, weight, self.report.scheme, self.report.format).items():
+            self.writer.add(name, t)
+        self.written.add(f"{module}.weight")
+        self.report.quantized.append(module)
+
     def write_scale(self, name: str, scale: torch.Tensor) -> None:
         """A scalar scale, in the format's shape: ModelOpt writes them as [], compressed-tensors as [1]."""
         self.writer.add(name, scale.reshape((1,) if self.report.format == compressed_tensors.FORMAT else ()))
 
 
 def _write_configs(
-    src: Path, dst: Path, config: dict[str, Any], format: str, excluded: list[str], record: dict[str, Any]
+    src: Path, dst: Path, config: dict[str, Any], settings: _Settings, excluded: list[str], record: dict[str, Any]
 ) -> None:
     kv_cache = "kv_cache" in record  # KV-cache scales were written
     names = sorted(set(excluded))
     producer = {"name": "fp8route", "version": __version__}
-    if format == modelopt.FORMAT:
-        qc, hf_quant = modelopt.config_files(names, producer, kv_cache)
+    if settings.format == modelopt.FORMAT:
+        qc, hf_quant = modelopt.config_files(names, producer, kv_cache, settings.scheme)
         (dst / modelopt.HF_QUANT_CONFIG).write_text(json.dumps(hf_quant, indent=2) + "\n")
+    elif settings.format == compressed_tensors.FORMAT:
+        qc = compressed_tensors.quantization_config(names, kv_cache, settings.scheme)
     else:
-        qc = compressed_tensors.quantization_config(names, kv_cache)
-    qc[RECORD] = record  # not a key either format defines: their readers (and ours) ignore it
+        qc = fp8.quantization_config(names)  # the k/v_scale tensors alone say the KV cache has scales
+    qc[RECORD] = record  # not a key any format defines: their readers (and ours) ignore it
     (dst / CONFIG).write_text(json.dumps({**config, "quantization_config": qc}, indent=2) + "\n")
     for path in src.iterdir():
         skip = path.name in (CONFIG, INDEX, modelopt.HF_QUANT_CONFIG) or path.name.endswith(_NOT_COPIED)

@@ -1,9 +1,11 @@
-"""`fp8route inspect MODEL`: what a per-tensor FP8 checkpoint holds and how each layer will run."""
+"""`fp8route inspect MODEL`: what an FP8 checkpoint holds (its format and scheme, its layers, scales and
+exclusions) and how each layer will run."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -41,6 +43,7 @@ def report(ckpt: Checkpoint) -> str:
     lines = [
         f"checkpoint: {ckpt.path}",
         f"format: {ckpt.format} (from {ckpt.scheme.source}); kv cache: {kv}",
+        f"scheme: {ckpt.fp8_scheme}, {ckpt.scheme.description} ({ckpt.scheme.origin})",
         _config(ckpt),
         f"FP8 linears: {len(linears)} layers from {len(linears) - len(ckpt.fused) + members} checkpoint linears"
         + (f" (fused: {', '.join(f'{n} {k}' for k, n in fused_kinds.items())})" if ckpt.fused else " (not fused)")
@@ -51,13 +54,14 @@ def report(ckpt: Checkpoint) -> str:
         f"other tensors: {len(ckpt.tensors)}",
         _calibration(ckpt),
         "",
-        _stats("weight_scale", {n: layer.weight_scale.item() for n, layer in linears.items()}),
-        _stats(
-            "input_scale",
-            {n: layer.input_scale.item() for n, layer in linears.items() if layer.input_scale is not None},
-        ),
+        _stats("weight_scale", {n: layer.weight_scale for n, layer in linears.items()}),
+        _stats("input_scale", {n: layer.input_scale for n, layer in linears.items() if layer.input_scale is not None})
+        if ckpt.scheme.static_input
+        else "input_scale: none (each input is quantized at run time)",
     ]
-    if ckpt.fused:
+    if ckpt.fused and ckpt.fp8_scheme != "tensor":
+        lines.append(f"fused layers: their members' {ckpt.fp8_scheme} scales concatenated, nothing requantized")
+    elif ckpt.fused:
         errors = {n: linears[n].requant_error for n in ckpt.fused}
         worst = max(errors, key=errors.__getitem__)
         lines.append(
@@ -101,11 +105,15 @@ def gate_failures(layers: Sequence[Fp8Linear]) -> list[str]:
         shapes.setdefault((layer.out_features, layer.in_features), []).append(layer.name)
     failures = []
     for (n, k), names in shapes.items():
-        has_bias = any(layer.bias is not None for layer in layers if layer.name in names)
+        named = [layer for layer in layers if layer.name in names]
+        has_bias = any(layer.bias is not None for layer in named)
+        static = named[0].input_scale is not None
+        shape = GemmProblem(n, k, device, has_bias=has_bias, static_input_scale=static, scheme=named[0].scheme)
+        aligned = replace(shape, n=_ALIGNED[0], k=_ALIGNED[1])
         reasons = []
         for backend in BACKENDS.values():
-            why = backend.why_not(GemmProblem(n, k, device, has_bias=has_bias))
-            if why is not None and why != backend.why_not(GemmProblem(*_ALIGNED, device, has_bias=has_bias)):
+            why = backend.why_not(shape)
+            if why is not None and why != backend.why_not(aligned):
                 reasons.append(f"{backend.name}: {why}")
         if reasons:
             failures.append(f"  N={n} K={k} ({_names(names)}): " + "; ".join(reasons))
@@ -113,13 +121,17 @@ def gate_failures(layers: Sequence[Fp8Linear]) -> list[str]:
     return [header, *failures] if failures else [f"{header} none"]
 
 
-def _stats(label: str, values: dict[str, float]) -> str:
+def _stats(label: str, values: dict[str, torch.Tensor]) -> str:
+    """min, median and max over every scale of every layer (one a layer per tensor, more per channel or
+    block), and the layer holding the largest."""
     if not values:
         return f"{label}: none"
-    ordered = sorted(values.values())
-    largest = max(values, key=values.__getitem__)
+    every = torch.cat([v.detach().float().flatten().cpu() for v in values.values()]).sort().values
+    largest = max(values, key=lambda name: float(values[name].max()))
+    count = f" over {every.numel()} scales" if every.numel() != len(values) else ""
     return (
-        f"{label:<12} min {ordered[0]:.3e}  median {ordered[len(ordered) // 2]:.3e}  max {ordered[-1]:.3e} ({largest})"
+        f"{label:<12} min {every[0]:.3e}  median {every[every.numel() // 2]:.3e}  max {every[-1]:.3e} "
+        f"({largest}){count}"
     )
 
 
@@ -141,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
 
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
-        "inspect", help="load and check a per-tensor FP8 checkpoint folder (and its config) and show each layer's plan"
+        "inspect", help="load and check an FP8 checkpoint folder and its config; show its scheme and each layer's plan"
     )
     add_engine_args(parser, ["model"])
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")

@@ -1,4 +1,5 @@
-"""`fp8route quantize SRC DST --format ...`: a static per-tensor FP8 checkpoint from a bf16/fp16 one."""
+"""`fp8route quantize SRC DST [--scheme tensor|channel|block] [--format ...]`: an FP8 checkpoint from a
+bf16/fp16 one."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import math
 from typing import Any
 
 from fp8route.checkpoint.estimators import DEFAULT_PERCENTILE, ESTIMATORS
-from fp8route.checkpoint.formats import FORMATS
+from fp8route.checkpoint.formats import DEFAULT_FORMAT, FORMATS
 from fp8route.checkpoint.kv_calibration import KV_CACHE
 from fp8route.checkpoint.quantize import quantize_checkpoint
 from fp8route.errors import Fp8InputError
 from fp8route.progress import TextProgress
+from fp8route.schemes import SCHEMES
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,9 +39,10 @@ def run(args: argparse.Namespace) -> int:
         keep_float=args.keep_float,
         kl_budget=args.kl_budget,
         kv_cache=args.kv_cache,
+        scheme=args.scheme,
     )
     print(
-        f"wrote {result.dst} ({result.format}): {len(result.quantized)} FP8 linears, "
+        f"wrote {result.dst} ({result.format}, {result.scheme} scheme): {len(result.quantized)} FP8 linears, "
         f"{len(result.excluded)} excluded ({_first_names(result.excluded)}), {len(result.shards)} shard(s), "
         f"{result.seconds:.1f}s"
     )
@@ -64,6 +67,13 @@ def _first_names(names: list[str]) -> str:
 
 def calibration_line(record: dict[str, Any]) -> str:
     """One line from a checkpoint's calibration record (quantization_config.fp8route)."""
+    scheme = record.get("scheme", "tensor")
+    if scheme != "tensor":
+        line = f"calibration: no input scales (the {scheme} scheme quantizes each input at run time)"
+        cal = record.get("calibration")
+        if isinstance(cal, dict):
+            line += f"; KV-cache scales on {cal.get('tokens')} tokens of {cal.get('source')}"
+        return line
     cal = record.get("calibration", {})
     estimator = cal.get("estimator", "?")
     if estimator == "percentile":
@@ -88,13 +98,28 @@ def calibration_line(record: dict[str, Any]) -> str:
 
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
-        "quantize", help="make a per-tensor FP8 checkpoint (ModelOpt or compressed-tensors) from a bf16/fp16 one"
+        "quantize",
+        help="make an FP8 checkpoint (per tensor, per channel or 128x128 blocks; ModelOpt, compressed-tensors or "
+        "quant_method fp8) from a bf16/fp16 one",
     )
     parser.add_argument(
         "src", help="bf16/fp16 Hugging Face checkpoint folder (Llama-family), or a repository id in the hub cache"
     )
     parser.add_argument("dst", help="new folder to write")
-    parser.add_argument("--format", choices=FORMATS, required=True, help="the checkpoint format to write")
+    parser.add_argument(
+        "--scheme",
+        choices=SCHEMES,
+        default="tensor",
+        help="tensor: static per-tensor scales (calibrated); channel: a weight scale per output row, inputs "
+        "quantized per token at run time (llm-compressor FP8_DYNAMIC); block: a weight scale per 128x128 block, "
+        "inputs per 1x128 group at run time (DeepSeek-V3/Qwen3 FP8)",
+    )
+    defaults = ", ".join(f"{scheme}: {format}" for scheme, format in DEFAULT_FORMAT.items())
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        help=f"the checkpoint format to write (default per scheme: {defaults}; fp8 is quant_method fp8)",
+    )
     _add_calibration_args(parser)
     _add_exclusion_args(parser)
     parser.add_argument("--device", help="where calibration runs: cuda or cpu (default: cuda when available)")

@@ -1,7 +1,7 @@
 """Load a checkpoint folder for evaluation: the built-in Llama runner and the folder's tokenizer.
 
-Either kind of folder works: a per-tensor FP8 one (ModelOpt or compressed-tensors, through
-load_checkpoint, so its linears are Fp8Linears) or a plain bf16/fp16 Hugging Face one, so the
+Either kind of folder works: an FP8 one of any scheme and format load_checkpoint reads (its
+linears Fp8Linears) or a plain bf16/fp16 Hugging Face one, so the
 two can be scored side by side on the same token ids.
 """
 

@@ -1,6 +1,7 @@
 """Hugging Face transformers integration (`pip install fp8route[transformers]`).
 
-`from_pretrained(path)` loads a ModelOpt or compressed-tensors FP8 folder as a transformers
+`from_pretrained(path)` loads an FP8 folder (ModelOpt, compressed-tensors or quant_method fp8; per
+tensor, per channel or in 128x128 blocks) as a transformers
 model whose linears are fp8route.Fp8Linear; importing this package also registers fp8route's
 quantizer with transformers, so `AutoModelForCausalLM.from_pretrained(path)` does the same for a
 ModelOpt config.json checkpoint and `quantization_config=Fp8RouteConfig()` selects it for any.

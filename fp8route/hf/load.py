@@ -16,15 +16,16 @@ from fp8route.hf.config import Fp8RouteConfig
 
 
 def from_pretrained(path: str | os.PathLike[str], **kwargs: Any) -> PreTrainedModel:
-    """AutoModelForCausalLM.from_pretrained for a local ModelOpt or compressed-tensors FP8 folder
+    """AutoModelForCausalLM.from_pretrained for a local ModelOpt, compressed-tensors or quant_method
+    "fp8" FP8 folder of any scheme (per tensor, channel or block)
     (or a repository id already in the Hugging Face hub cache: fp8route.checkpoint.hub.resolve_model_path;
     never downloaded), every FP8 linear an fp8route.Fp8Linear (q/k/v and gate/up stay separate
     modules, as transformers has them) and every other tensor loaded by transformers.
 
     kwargs go to transformers (dtype, device_map, attn_implementation, ...). The checkpoint's
     own quantization_config is set aside and Fp8RouteConfig given instead, so this works for
-    both formats whatever quantizer transformers has registered for them. A folder that is not
-    a per-tensor FP8 checkpoint, or whose config.json contradicts its tensors' shapes, raises
+    every format whatever quantizer transformers has registered for it. A folder that is not
+    an FP8 checkpoint fp8route loads, or whose config.json contradicts its tensors' shapes, raises
     CheckpointError before transformers runs.
     """
     folder = resolve_model_path(path)

@@ -32,7 +32,7 @@ from fp8route.hf.modules import PendingFp8Linear, device_near, get_module, set_m
 
 
 class Fp8RouteHfQuantizer(HfQuantizer):
-    """Loads static per-tensor FP8 checkpoints (ModelOpt, compressed-tensors) into Fp8Linear layers."""
+    """Loads FP8 checkpoints (ModelOpt, compressed-tensors, quant_method fp8; any scheme) into Fp8Linear layers."""
 
     requires_calibration = False
     quantization_config: Fp8RouteConfig

@@ -4,8 +4,9 @@ a replica of one when there are fewer KV heads than ranks, its slice of the inte
 and down row-parallel followed by an all-reduce; lm_head split over the vocabulary (its logits
 all-gathered) or replicated; embedding and norms replicated.
 
-A Slicer says which rows or columns each rank owns, and the checkpoint readers read only those
-parts from the safetensors files (per-tensor scales whole, shared by every slice), so every rank
+A Slicer says which rows or columns of each weight each rank owns, and the checkpoint readers read
+only those parts from the safetensors files (per-tensor scales whole, shared by every slice; channel
+and block scales the part that goes with the weight's, fp8route.checkpoint.sharding), so every rank
 builds and plans its layers for its own local shapes only (by the routing table, which
 `fp8route tune --tp N` fills). The collectives are torch.distributed ones, so a decode step
 captured in a CUDA graph captures them too (fp8route.models.collectives picks a one-shot
@@ -110,7 +111,8 @@ class Slicer:
     """The one place that says which part of each weight a rank owns, by module leaf name: the rows
     of the column-parallel layers (weight and bias), the columns of the row-parallel ones (weight;
     their bias is added by rank 0 alone). get(name) is the index the checkpoint readers read
-    (None: the whole tensor, as for norms, embeddings and every scale)."""
+    (None: the whole tensor, as for norms and embeddings; a weight's scales are read for the weight's
+    part, by the checkpoint readers, who know the scheme: fp8route.checkpoint.sharding)."""
 
     shard: Shard
     rows: dict[str, slice]  # q/k/v, gate/up; lm_head when the vocabulary is split
@@ -236,8 +238,8 @@ def _bias_once(module: nn.Module, shard: Shard) -> nn.Module:
     if shard.rank == 0 or getattr(module, "bias", None) is None:
         return module
     if isinstance(module, Fp8Linear):
-        return Fp8Linear(module.weight, module.weight_scale, module.input_scale, None, name=module.name,
-                         policy=module.policy, preference=module.preference)  # fmt: skip
+        return Fp8Linear(module.weight, module.weight_scale, module.input_scale, None, scheme=module.scheme,
+                         name=module.name, policy=module.policy, preference=module.preference)  # fmt: skip
     if isinstance(module, FloatLinear):
         return FloatLinear(module.weight)
     raise Fp8InputError(f"cannot shard a {type(module).__name__}: expected an Fp8Linear or a float linear")

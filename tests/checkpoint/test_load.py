@@ -226,8 +226,13 @@ def test_weight_not_fp8(tmp_path):
 @pytest.mark.parametrize(
     ("tensor", "value", "match"),
     [
-        ("mlp.up_proj.weight_scale", torch.ones(160, 1), r"has shape \[160, 1\] \(per-channel\)"),
-        ("mlp.up_proj.input_scale", torch.ones(4), r"has shape \[4\] \(block-wise or per-channel\)"),
+        (
+            "mlp.up_proj.weight_scale",
+            torch.ones(160, 1),
+            r"has shape \[160, 1\] but quantization\.quant_algo=FP8 in hf_quant_config\.json \(per-tensor scales, "
+            r"static input scale\) expects \[\] or \[1\]: one value",
+        ),
+        ("mlp.up_proj.input_scale", torch.ones(4), r"has shape \[4\]; expected one per-tensor scale of shape \[\] or"),
         (
             "mlp.up_proj.weight",
             torch.zeros(160 * 64).to(FP8_DTYPE),

@@ -6,12 +6,13 @@ import json
 
 import pytest
 import torch
-from checkpoint_helpers import hub_snapshot
+from checkpoint_helpers import BLOCKY, TINY, hub_snapshot
 from hf_helpers import FORMATS, float_checkpoint, modelopt_config_json
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 import fp8route
 import fp8route.hf
+from fp8route.checkpoint.random import write_random
 from fp8route.engine.load import load_model
 from fp8route.errors import CheckpointError
 
@@ -36,6 +37,18 @@ def test_from_pretrained_matches_fp8routes_own_runner(tmp_path, fmt):
     with torch.no_grad():
         ours = model(IDS).logits
     reference = load_model(folder, device="cpu", dtype=torch.float32)(IDS)
+    torch.testing.assert_close(ours, reference, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("scheme", "config"), [("channel", TINY), ("block", BLOCKY)])
+def test_from_pretrained_runs_channel_and_block_checkpoints(tmp_path, scheme, config):
+    folder = write_random(tmp_path / scheme, config, fp8=True, device="cpu", scheme=scheme)
+    model = fp8route.hf.from_pretrained(folder, dtype=torch.float32)
+    layers = [m for m in model.modules() if isinstance(m, fp8route.Fp8Linear)]
+    assert len(layers) == 14 and all(layer.scheme == scheme for layer in layers)
+    with torch.no_grad():
+        ours = model(IDS % config["vocab_size"]).logits
+    reference = load_model(folder, device="cpu", dtype=torch.float32)(IDS % config["vocab_size"])
     torch.testing.assert_close(ours, reference, atol=2e-4, rtol=1e-4)
 
 
@@ -71,7 +84,7 @@ def test_explicit_config_selects_fp8route_for_modelopt(tmp_path):
 
 
 def test_a_float_folder_is_one_clear_checkpoint_error(tmp_path):
-    with pytest.raises(CheckpointError, match="not a per-tensor FP8 checkpoint"):
+    with pytest.raises(CheckpointError, match="this is not an FP8 checkpoint"):
         fp8route.hf.from_pretrained(float_checkpoint(tmp_path))
 
 

@@ -9,12 +9,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from checkpoint_helpers import MODELOPT_HF_QUANT, TINY, fp8_llama, llama_tensors, write_checkpoint
+from checkpoint_helpers import MODELOPT_HF_QUANT, TINY, fp8_llama, llama_tensors, scheme_llama, write_checkpoint
 from safetensors import safe_open
 
 import fp8route.checkpoint.shards as shards_module
 import fp8route.linear.layer as layer_module
-from fp8route import Fp8InputError, Fp8Linear, explain
+from fp8route import Fp8InputError, Fp8Linear, explain, load_checkpoint, sqnr_db
+from fp8route.checkpoint.formats import compressed_tensors
 from fp8route.engine.load import load_model
 from fp8route.models.llama import LlamaConfig
 from fp8route.models.parallel import RowParallel, Shard, Slicer, VocabParallelHead, check_divisible
@@ -229,3 +230,66 @@ def test_ranks_sample_the_same_tokens_without_a_seed(tmp_path):
         sample_rank, args=(2, str(folder), f"file://{tmp_path}/init", str(tmp_path)), nprocs=2, start_method="spawn"
     )
     assert torch.equal(torch.load(tmp_path / "sampled0.pt"), torch.load(tmp_path / "sampled1.pt"))
+
+
+# Llama dimensions whose every split over 2 ranks is whole 128x128 blocks: q 256 rows (128 a rank), one
+# KV head of 128 (replicated), gate/up 512 rows and down 512 columns (256 a rank), o 256 columns.
+BLOCK_TP = {**TINY, "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 512}
+# What rank r of 2 reads of each scale: column-parallel ones their rows, row-parallel channel scales whole.
+SCALE_READS = {
+    "channel": {"q_proj": (32, 1), "k_proj": (16, 1), "o_proj": (64, 1), "up_proj": (80, 1), "down_proj": (64, 1)},
+    "block": {"q_proj": (1, 2), "k_proj": (1, 2), "o_proj": (2, 1), "up_proj": (2, 2), "down_proj": (2, 2)},
+}
+
+
+@pytest.mark.parametrize(("scheme", "config"), [("channel", TINY), ("block", BLOCK_TP)], ids=["channel", "block"])
+def test_two_ranks_read_their_part_of_channel_and_block_scales(tmp_path, scheme, config):
+    tensors = scheme_llama(scheme, config)
+    qc = compressed_tensors.quantization_config(["lm_head"], scheme=scheme)
+    folder = write_checkpoint(tmp_path / scheme, tensors, {**config, "quantization_config": qc})
+    full = load_model(folder, device="cpu", dtype=torch.float32, max_num_seqs=2, max_model_len=16)
+    expected_logits = full(PROMPT)
+    mp.start_processes(
+        run_rank,
+        args=(2, str(folder), "vocab", f"file://{tmp_path}/init", str(tmp_path)),
+        nprocs=2,
+        start_method="spawn",
+    )
+    for rank in range(2):
+        r = torch.load(tmp_path / f"rank{rank}.pt")
+        for leaf, shape in SCALE_READS[scheme].items():
+            group = "mlp" if leaf in ("up_proj", "down_proj") else "self_attn"
+            assert r["reads"][f"model.layers.1.{group}.{leaf}.weight_scale"] == shape, leaf
+        # Not equal to the bit: the ranks' row-parallel sums differ from the whole layer's in fp32 rounding,
+        # which can move an activation across an e4m3 rounding boundary in a later dynamic quantization
+        # (and channel o/down quantize each rank's part of x per token with its own amax, as vLLM's do).
+        # That each rank's layers compose the whole ones exactly is the next test's.
+        assert sqnr_db(expected_logits, r["logits"]) >= 30
+
+
+@pytest.mark.parametrize(("scheme", "config"), [("channel", TINY), ("block", BLOCK_TP)], ids=["channel", "block"])
+def test_each_ranks_parts_of_a_layer_compose_the_whole_layer(tmp_path, scheme, config):
+    qc = compressed_tensors.quantization_config(["lm_head"], scheme=scheme)
+    folder = write_checkpoint(tmp_path / scheme, scheme_llama(scheme, config), {**config, "quantization_config": qc})
+    cfg = LlamaConfig.from_hf(config)
+    whole = load_checkpoint(folder, device="cpu").linears
+    ranks = [load_checkpoint(folder, device="cpu", slices=Slicer.of(cfg, Shard(r, 2))).linears for r in range(2)]
+    x = torch.randn(5, config["hidden_size"])
+    for leaf in ("qkv_proj", "gate_up_proj"):
+        name = f"model.layers.1.{'self_attn' if leaf == 'qkv_proj' else 'mlp'}.{leaf}"
+        full = whole[name](x).split(list(whole[name].logical_widths), dim=-1)
+        parts = [rank[name](x).split(list(rank[name].logical_widths), dim=-1) for rank in ranks]
+        for member, rows in enumerate(full):
+            if parts[0][member].shape == rows.shape:  # a KV head both ranks hold
+                assert all(torch.equal(p[member], rows) for p in parts)
+            else:
+                assert torch.equal(torch.cat([p[member] for p in parts], dim=-1), rows)
+    down = "model.layers.1.mlp.down_proj"
+    x = torch.randn(5, config["intermediate_size"])
+    k = ranks[0][down].in_features
+    summed = ranks[0][down](x[:, :k]) + ranks[1][down](x[:, k:])
+    if scheme == "block":  # 1x128 input groups fall on the same columns whole or split
+        torch.testing.assert_close(summed, whole[down](x), rtol=1e-5, atol=1e-5)
+    else:  # each rank's x part is quantized per token with its own amax; the weight scales are whole
+        assert all(torch.equal(rank[down].weight_scale, whole[down].weight_scale) for rank in ranks)
+        assert sqnr_db(whole[down](x), summed) >= 25
