@@ -6,6 +6,10 @@
 #   tune:   fp8route tune for Llama-3.1-8B TP1 in each of SCHEMES (default channel block), into a copy
 #           of the shipped table ($OUT/routing-h200.json)
 #   bench:  fp8route bench gemm per scheme at the issue's M values, routed by that table
+#   e2e:    bench e2e on random Llama-3.1-8B checkpoints of tensor, channel and block (routed by that
+#           table): batch-1 decode and TTFT at 1x4096, each scheme against per-tensor in the same run
+#   serve:  bench serve's prefill-heavy (PREFILL_PROMPTS of 1024-4096, 32 out) and decode-heavy
+#           (DECODE_PROMPTS of 512-1536, 128-512 out) loads, one arm per scheme
 set -u -o pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 log="$OUT/gpu.txt"
@@ -44,6 +48,24 @@ tests/kernels/test_block_gemm.py tests/test_schemes.py"}
             timeout "${BENCH_TIMEOUT:-240}" python3 -m fp8route bench gemm --model llama-3.1-8b --scheme "$s" --m "$ms" \
                 --table "$table" --out "$OUT" > "$OUT/bench-$s.log" 2>&1
             echo "== bench gemm $s (rc $?)" | tee -a "$log"; grep -E "layer sum|PASS|FAIL|slower" "$OUT/bench-$s.log" | head -20 | tee -a "$log"
+        done ;;
+    e2e)
+        FP8ROUTE_TABLE="$table" timeout "${E2E_TIMEOUT:-300}" python3 -m fp8route bench e2e --random llama-3.1-8b \
+            --scheme tensor,channel,block --policy routed --batch 1 --input 4096 --output 64 --tmp /tmp --out "$OUT" \
+            > "$OUT/e2e.log" 2>&1
+        echo "== e2e (rc $?)" | tee -a "$log"; tail -12 "$OUT/e2e.log" | tee -a "$log" ;;
+    serve)
+        for load in prefill decode; do
+            if [ $load = prefill ]; then
+                args="--num-prompts ${PREFILL_PROMPTS:-128} --input-len 1024:4096 --output-len 32:32"
+            else
+                args="--num-prompts ${DECODE_PROMPTS:-256} --input-len 512:1536 --output-len 128:512"
+            fi
+            # shellcheck disable=SC2086
+            FP8ROUTE_TABLE="$table" timeout "${SERVE_TIMEOUT:-240}" python3 -m fp8route bench serve --random llama-3.1-8b \
+                --scheme tensor,channel,block --policy routed --max-model-len 8192 --tmp /tmp --out "$OUT" $args \
+                > "$OUT/serve-$load.log" 2>&1
+            echo "== serve $load (rc $?): $args" | tee -a "$log"; grep -A8 "^arm " "$OUT/serve-$load.log" | tail -9 | tee -a "$log"
         done ;;
     esac
 done

@@ -55,7 +55,7 @@ def test_from_pretrained_runs_channel_and_block_checkpoints(tmp_path, scheme, co
 def test_fp8_layers_are_readable_and_explained(tmp_path):
     model = fp8route.hf.from_pretrained(FORMATS["modelopt"](tmp_path), dtype=torch.float32)
     text = repr(model)
-    assert "(q_proj): Fp8Linear(in_features=64, out_features=64, bias=False, input_scale=static)" in text
+    assert "(q_proj): Fp8Linear(in_features=64, out_features=64, bias=False, scheme=tensor, input_scale=static)" in text
     assert "(lm_head): Linear(in_features=64, out_features=256" in text
     report = fp8route.explain(model)
     # Every layer appears in explain: listed by name, or counted under the first of its plan group.
