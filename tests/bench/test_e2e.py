@@ -40,3 +40,16 @@ def test_plot_writes_a_png_when_matplotlib_is_there(tmp_path):
         assert path is None
     else:
         assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_each_scheme_is_put_against_per_tensor_on_the_same_arm_and_shape():
+    from dataclasses import replace
+
+    from fp8route.bench.e2e import scheme_summary
+
+    tensor = ROWS[0]
+    block = replace(tensor, decode_step_ms=3.3858, ttft_ms=28.6, scheme="block")
+    other_shape = replace(block, batch=16, decode_step_ms=9.0)  # no per-tensor row to compare with
+    lines = scheme_summary([tensor, block, other_shape, ROWS[1]]).splitlines()
+    assert len(lines) == 2 and lines[1].split() == ["routed", "block", "1", "1024", "1.100", "1.100"]
+    assert block.label == "routed block" and tensor.label == "routed"
