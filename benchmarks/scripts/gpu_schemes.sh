@@ -15,7 +15,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 log="$OUT/gpu.txt"
 schemes=${SCHEMES:-"channel block"}
 ms=${MS:-1,2,4,8,16,32,64,128,512,2048,8192}
-table="$OUT/routing-h200.json"
+table=${TABLE:-"$OUT/routing-h200.json"}
 echo "# PHASES='$PHASES' SCHEMES='$schemes' COMMIT=${COMMIT:-unknown} bash benchmarks/scripts/gpu_schemes.sh ($(date -u +%FT%TZ))" | tee "$log"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$log"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$log"

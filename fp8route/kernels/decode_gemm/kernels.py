@@ -80,7 +80,8 @@ else:
     @triton.jit
     def token_scales(x_ptr, offs_m, m_mask, K, stride_xm, BLOCK_K: tl.constexpr, GATED: tl.constexpr):
         """Each token's dynamic scale (its row's amax over all K / 448), for the channel scheme: every
-        split reads the whole row (small at decode sizes) so that no other kernel runs first."""
+        split reads the whole row (small at decode sizes) so that no other kernel runs first, in
+        BLOCK_K-wide steps (launch.py makes them wide: each step waits a load's latency)."""
         offs_k = tl.arange(0, BLOCK_K)
         amax = tl.zeros((offs_m.shape[0],), dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
@@ -108,7 +109,8 @@ else:
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
-        REDUCE_UNROLL: tl.constexpr, GATED: tl.constexpr, SCHEME: tl.constexpr, USE_PDL: tl.constexpr,
+        REDUCE_UNROLL: tl.constexpr, GATED: tl.constexpr, SCHEME: tl.constexpr, AMAX_K: tl.constexpr,
+        USE_PDL: tl.constexpr,
     ):  # fmt: skip
         """GATED: x_ptr holds [M, 2K], gate then up, and the product is with SiLU(gate) * up.
         SCHEME 0: per tensor, x quantized with the static in_scale. 1: per-channel weight scales
@@ -139,7 +141,7 @@ else:
         if SCHEME == 0:
             x_scale = tl.load(in_scale_ptr)
         elif SCHEME == 1:
-            x_scale = token_scales(x_ptr, offs_m, m_mask, K, stride_xm, BLOCK_K, GATED)[None, :]
+            x_scale = token_scales(x_ptr, offs_m, m_mask, K, stride_xm, AMAX_K, GATED)[None, :]
         else:
             x_scale = 1.0
         x_rcp = tl.math.div_rn(1.0, x_scale)
@@ -186,7 +188,7 @@ else:
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, REDUCE_UNROLL: tl.constexpr, NUM_STAGES: tl.constexpr,
-        GATED: tl.constexpr, SCHEME: tl.constexpr, USE_PDL: tl.constexpr,
+        GATED: tl.constexpr, SCHEME: tl.constexpr, AMAX_K: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         """The same product for a few tokens (BLOCK_M <= 8) on the CUDA cores: no shared-memory staging
         of the weight and no MMA padding of the token side to 16. Each weight element is converted once
@@ -210,7 +212,7 @@ else:
         if SCHEME == 0:
             x_scale = tl.load(in_scale_ptr)
         elif SCHEME == 1:
-            x_scale = token_scales(x_ptr, offs_m, m_mask, K, stride_xm, 128, GATED)[None, :]
+            x_scale = token_scales(x_ptr, offs_m, m_mask, K, stride_xm, AMAX_K, GATED)[None, :]
         else:
             x_scale = 1.0
         x_rcp = tl.math.div_rn(1.0, x_scale)
