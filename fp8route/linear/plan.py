@@ -129,7 +129,9 @@ class Plan:
         for dtype in self.routes:
             by_text.setdefault(self.route_text(dtype), []).append(dtype_name(dtype))
         lines += [f"    {', '.join(dtypes)}: {text}" for text, dtypes in by_text.items()]
-        if self.quantized_routes == self.routes:
+        if not p.static_input_scale:
+            lines.append("    x pre-quantized (forward_quantized): none (the scales come from each x)")
+        elif self.quantized_routes == self.routes:
             lines.append("    x pre-quantized (forward_quantized): the same")
         else:
             by_text = {}
@@ -166,7 +168,12 @@ def make_plan(
     mode) when a forced or tuned choice cannot run, or when only a last resort can.
     """
     policy = policy or Policy()
-    priority = [name for name in default_priority(problem.device) if name not in policy.disable]
+    # The device's order among the backends that compute the layer's scheme: what a fallback names as wanted.
+    priority = [
+        name
+        for name in default_priority(problem.device)
+        if name not in policy.disable and problem.scheme in BACKENDS[name].schemes
+    ]
     resorts = last_resorts(problem.device)
     reasons: dict[tuple[str, str], dict[torch.dtype, None]] = {
         (name, "disabled by FP8ROUTE_DISABLE"): dict.fromkeys(FLOAT_DTYPES) for name in sorted(policy.disable)
