@@ -51,7 +51,7 @@ tests/kernels/test_block_gemm.py tests/test_schemes.py"}
         done ;;
     e2e)
         FP8ROUTE_TABLE="$table" timeout "${E2E_TIMEOUT:-300}" python3 -m fp8route bench e2e --random llama-3.1-8b \
-            --scheme tensor,channel,block --policy routed --batch 1 --input 4096 --output 64 --tmp /tmp --out "$OUT" \
+            --scheme ${E2E_SCHEMES:-tensor,channel,block} --policy routed --batch 1 --input 4096 --output 64 --tmp /tmp --out "$OUT" \
             > "$OUT/e2e.log" 2>&1
         echo "== e2e (rc $?)" | tee -a "$log"; tail -12 "$OUT/e2e.log" | tee -a "$log" ;;
     serve)
