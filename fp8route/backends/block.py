@@ -46,6 +46,9 @@ class CublasBlockBackend(Backend):
             return reason
         if problem.device.capability != (9, 0):
             return "cuBLASLt's 1x128 x 128x128 recipe runs on SM 9.0 only"
+        if problem.n % 128 or problem.k % 128:
+            # Partial edge blocks take K-major scales padded past them: not yet run on an H200.
+            return f"N={problem.n} and K={problem.k} must be multiples of 128 (whole blocks, as measured)"
         if not _torch_has_blockwise():
             return f"needs torch >= 2.9 built with CUDA >= 12.9, have {torch.__version__} (CUDA {torch.version.cuda})"
         if problem.out_dtype != torch.bfloat16:
@@ -53,8 +56,13 @@ class CublasBlockBackend(Backend):
         return None
 
     def run(self, x: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
+        m = x.shape[0]
+        if m % 4:
+            # cuBLASLt refused M=1 and M=2 ("Invalid scaling configuration" on the H200, M=4 and up
+            # ran): zero rows up to a multiple of 4, sliced off after.
+            x = torch.nn.functional.pad(x, (0, 0, 0, 4 - m % 4))
         x_q, x_scale = quantize_input(x, operands, m_major=True)
-        return self.run_quantized(x_q, x_scale, operands, x.dtype)
+        return self.run_quantized(x_q, x_scale, operands, x.dtype)[:m]
 
     def run_quantized(
         self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype
