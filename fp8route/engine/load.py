@@ -18,12 +18,14 @@ from fp8route.progress import TextProgress
 
 
 def resolve_model(model: str | os.PathLike[str]) -> Path:
-    """A checkpoint folder, a repository id in the local Hugging Face hub cache, or `smollm2` for
-    the packaged SmolLM2-135M-Instruct in FP8."""
-    if str(model) == "smollm2":
-        from fp8route.checkpoint.smollm2 import smollm2_folder
+    """A checkpoint folder, a repository id in the local Hugging Face hub cache, or a name of the
+    packaged SmolLM2-135M-Instruct: `smollm2` (FP8 per tensor), `smollm2-channel`, `smollm2-block`
+    or `smollm2-bf16` (fp8route.checkpoint.smollm2.NAMES)."""
+    if str(model).startswith("smollm2"):  # the module is imported only where a name may need it
+        from fp8route.checkpoint import smollm2
 
-        return smollm2_folder(progress=TextProgress("preparing smollm2"))
+        if str(model) in smollm2.NAMES:
+            return smollm2.named_folder(str(model), TextProgress(f"preparing {model}"))
     folder = resolve_model_path(model)
     read_json(folder / CONFIG)  # a folder that is not there, or holds no config.json, is named as such first
     return folder

@@ -112,7 +112,8 @@ def summarize_text(
     path: str | os.PathLike[str], seq_len: int, scores: TextScores, labels: Sequence[str]
 ) -> dict[str, Any]:
     """JSON-ready: each model's NLL per token and next-token accuracy; for the others, their paired
-    differences from the first, top-1 agreement and mean KL(first || other)."""
+    differences from the first, top-1 agreement and mean KL(first || other); every model's sums per
+    sequence (per_sequence, over sequence_tokens predicted positions)."""
     tokens = scores.tokens
     result: dict[str, Any] = {
         "task": f"text:{Path(path).name}",
@@ -143,6 +144,17 @@ def summarize_text(
             for k, label in enumerate(labels)
             if k > 0
         }
+    # Per sequence, so that any two models can be compared pairwise afterwards (ratio_interval of the
+    # difference of their rows over sequence_tokens), as per_example does for a task.
+    result["sequence_tokens"] = [int(t) for t in tokens]
+    result["per_sequence"] = {
+        label: {
+            "nll": scores.nll[k].tolist(),
+            "correct": [int(c) for c in scores.correct[k]],
+            **({"kl": scores.kl[k].tolist(), "top1": [int(t) for t in scores.top1[k]]} if k else {}),
+        }
+        for k, label in enumerate(labels)
+    }
     return result
 
 

@@ -159,9 +159,42 @@ def test_a_random_checkpoint_of_real_form_loads_and_generates(tmp_path):
 def test_every_command_taking_a_model_knows_the_smollm2_name(tiny_fp8, tmp_path, monkeypatch, capsys, argv):
     import fp8route.checkpoint.smollm2 as smollm2
 
-    monkeypatch.setattr(smollm2, "smollm2_folder", lambda fp8=True, progress=None: tiny_fp8)
+    monkeypatch.setattr(smollm2, "smollm2_folder", lambda fp8=True, progress=None, scheme="tensor": tiny_fp8)
     (tmp_path / "text.txt").write_text("the theme of the day is the theme of the night, said the other one\n" * 4)
     assert main([a.format(tmp=tmp_path) for a in argv]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name, made",
+    [
+        ("smollm2", (True, "tensor")),
+        ("smollm2-channel", (True, "channel")),
+        ("smollm2-block", (True, "block")),
+        ("smollm2-bf16", (False, "tensor")),
+    ],
+)
+def test_each_smollm2_name_is_its_schemes_folder(tiny_fp8, monkeypatch, name, made):
+    import fp8route.checkpoint.smollm2 as smollm2
+    from fp8route.engine.load import resolve_model
+
+    asked: list[tuple[bool, str]] = []
+
+    def folder(fp8=True, progress=None, scheme="tensor"):
+        asked.append((fp8, scheme))
+        return tiny_fp8
+
+    monkeypatch.setattr(smollm2, "smollm2_folder", folder)
+    assert resolve_model(name) == tiny_fp8 and asked == [made]
+
+
+def test_a_folder_whose_name_starts_like_smollm2_is_a_folder(tiny_fp8, tmp_path, monkeypatch):
+    import shutil
+
+    from fp8route.engine.load import resolve_model
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_fp8, tmp_path / "smollm2-mine")
+    assert resolve_model("smollm2-mine").resolve() == tmp_path / "smollm2-mine"
 
 
 def test_eval_on_a_cpu_computes_with_the_engines_thread_count(tiny_fp8, tmp_path, monkeypatch):

@@ -72,6 +72,25 @@ def test_a_model_agrees_with_itself():
     assert result["paired"]["b"]["nll_per_token"]["mean"] == 0.0 and result["predicted_tokens"] == 14
 
 
+def test_per_sequence_sums_pair_any_two_models():
+    g = torch.Generator().manual_seed(2)
+    models = [TableModel(torch.randn(4, 4, generator=g), c) for c in (0.3, -0.2, 0.1)]
+    scores = score_text(models, SEQUENCES, batch_size=3)
+    result = summarize_text("t.txt", 8, scores, ["a", "b", "c"])
+    assert result["sequence_tokens"] == [5, 2, 1, 6] and set(result["per_sequence"]["a"]) == {"nll", "correct"}
+    tokens = torch.tensor(result["sequence_tokens"], dtype=torch.float64)
+    for k, label in ((1, "b"), (2, "c")):
+        rows = result["per_sequence"][label]
+        assert rows["kl"] == scores.kl[k].tolist() and rows["top1"] == scores.top1[k].tolist()
+        kl = torch.tensor(rows["kl"], dtype=torch.float64)
+        assert ratio_interval(kl, tokens) == result["agreement"][label]["mean_kl"]
+    nll = {label: torch.tensor(result["per_sequence"][label]["nll"], dtype=torch.float64) for label in "bc"}
+    b_minus_c = nll["b"] - nll["c"]
+    assert ratio_interval(b_minus_c, tokens)["mean"] == pytest.approx(
+        float((scores.nll[1] - scores.nll[2]).sum()) / 14, rel=1e-12
+    )
+
+
 TEXT = "\n\n".join(
     f"Passage {k}: the river rose {k} feet overnight, and the town of Elm{k} moved its market uphill."
     for k in range(12)
