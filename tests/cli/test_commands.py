@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -175,3 +177,11 @@ def test_eval_on_a_cpu_computes_with_the_engines_thread_count(tiny_fp8, tmp_path
     argv = ["eval", str(tiny_fp8), "--text", str(tmp_path / "text.txt"), "--text-seq-len", "8", "--limit", "1"]
     assert main([*argv, "--device", "cpu", "--out", str(tmp_path), "--quiet"]) == 0
     assert asked == [2]  # three cores, one left to the host
+
+
+def test_no_log_message_begins_with_the_loggers_name():
+    """The command line's LOG_FORMAT prints the logger's name ("fp8route: ") before every message."""
+    package = Path(fp8route.__file__).parent
+    call = re.compile(r"log\.(?:debug|info|warning|error|exception)\(\s*f?[\"']fp8route")
+    found = [f"{p.relative_to(package)}" for p in package.rglob("*.py") if call.search(p.read_text())]
+    assert found == []
