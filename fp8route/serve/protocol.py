@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from fp8route.engine.sampling import MAX_LOGPROBS, SamplingParams
+from fp8route.engine.sampling import MAX_LOGPROBS, RANGES, SamplingParams
 from fp8route.engine.structured import StructuredOutputs
 from fp8route.errors import Fp8InputError
 
@@ -75,13 +75,13 @@ class _Generation(_Strict):
     model: str
     n: int = Field(1, ge=1, le=128)
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    temperature: float | None = None  # these floats' ranges: fp8route.engine.sampling.RANGES
+    top_p: float | None = None
     top_k: int | None = Field(None, ge=-1)  # vLLM's extension, as the rest of this block
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0, le=100)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     response_format: ResponseFormat | None = None
@@ -110,6 +110,14 @@ class _Generation(_Strict):
                     name, f"'{name}'={short(value)} is not supported ({why}); {fix}", "unsupported_parameter"
                 )
         return data
+
+    @field_validator(*RANGES)
+    @classmethod
+    def _in_range(cls, value: float | None, info: ValidationInfo) -> float | None:
+        why = None if value is None else RANGES[info.field_name].why_not(info.field_name, value)
+        if why is not None:
+            raise InvalidParam(info.field_name, why)
+        return value
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -82,7 +82,7 @@ def test_generate_tp2_starts_two_ranks_and_says_the_same(tiny_fp8):
         # Checked before the model loads: a folder that is not there is not what it says.
         (
             ["generate", "{tmp}/nowhere", "--prompt", "x", "--temperature", "-1"],
-            "generate: --temperature must be a number in [0, 100], got -1.0",
+            "generate: --temperature must be a number in [0, 2], got -1.0",
         ),
         (
             ["generate", "{fp8}", "--prompt", "x", "--device", "cuda"]
@@ -106,7 +106,14 @@ def test_generate_tp2_starts_two_ranks_and_says_the_same(tiny_fp8):
         (["bench", "serve", "{fp8}", "--kv-cache-dtype", "auto,e5m2"], "--kv-cache-dtype must be one of auto, fp8"),
         (["bench", "serve", "{fp8}", "--prefill-graphs", "yes"], "--prefill-graphs: on, off or on,off, got 'yes'"),
         (["serve", "{fp8}", "--max-num-seqs", "0"], "--max-num-seqs must be an integer >= 1, got 0"),
-        (["generate", "{fp8}", "--prompt", "x", "--temperature", "nan"], "temperature must be a number in [0, 100]"),
+        (
+            ["generate", "{fp8}", "--prompt", "x", "--temperature", "nan"],
+            "generate: --temperature must be a number in [0, 2], got NaN (not a number)",
+        ),
+        (
+            ["generate", "{fp8}", "--prompt", "x", "--temperature", "2.5"],
+            "--temperature must be a number in [0, 2], got 2.5",
+        ),
         (["bench", "serve", "{fp8}", "--async-scheduling", "1"], "--async-scheduling: on, off or on,off, got '1'"),
         (["demo", "--layers", "0"], "--layers must be at least 1"),
         (["inspect", "{fp8}/config.json"], "expected a checkpoint folder"),
