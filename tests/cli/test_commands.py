@@ -94,7 +94,6 @@ def test_generate_tp2_starts_two_ranks_and_says_the_same(tiny_fp8):
             ["generate", "{fp8}", "--prompt", "x", "--device", "cpu", "--attention", "flashinfer"],
             "attention='flashinfer'",
         ),  # fmt: skip
-        (["generate", "{fp8}", "--prompt", "x", "--device", "cpu", "--tp", "3"], "does not divide"),  # in the ranks
         (
             ["generate", "{tmp}/nowhere", "--prompt", "x", "--kv-cache-dtype", "int8"],
             "--kv-cache-dtype must be one of auto, fp8, got 'int8'",
@@ -129,6 +128,29 @@ def test_mistakes_are_one_line_and_exit_2(tiny_fp8, tmp_path, capsys, argv, mess
     argv = [a.format(tmp=tmp_path, fp8=tiny_fp8) for a in argv]
     assert main(argv) == 2
     assert message in one_line_error(capsys, argv[0])
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--tp", "3"], "tensor parallel size 3 does not divide 4 attention heads, intermediate size 160"),
+        (
+            ["--max-tokens", "9000"],
+            "a prompt of 1 tokens + --max-tokens 9000 = 9001 exceeds the model's context of 8192 tokens; "
+            "shorten the prompt or lower --max-tokens",
+        ),
+    ],
+)
+def test_generate_refuses_before_it_loads_or_starts_ranks(tiny_fp8, capsys, monkeypatch, extra, message):
+    from fp8route.cli import generate
+
+    def never(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("generate went on to load the model or start ranks")
+
+    monkeypatch.setattr(generate, "run_ranks", never)
+    monkeypatch.setattr(generate, "load_model", never)
+    assert main(["generate", str(tiny_fp8), "--prompt", "x", "--device", "cpu", *extra]) == 2
+    assert one_line_error(capsys, "generate").startswith(f"fp8route generate: {message}")
 
 
 def test_an_unknown_forced_backend_is_one_line(monkeypatch, capsys):
