@@ -59,6 +59,19 @@ def _number(name: str, value: Any, valid: Range) -> None:
         _fail(why)
 
 
+def stop_strings(value: Any) -> tuple[str, ...]:
+    """`stop` as vLLM and OpenAI take it (a string, or a list of them) as a tuple; Fp8InputError names
+    what is wrong with it."""
+    if value is None:
+        return ()
+    strings = (value,) if isinstance(value, str) else value
+    if not isinstance(strings, (list, tuple)) or not all(isinstance(s, str) for s in strings):
+        raise Fp8InputError(f"stop must be a string or a list of strings, got {value!r:.60}")
+    if "" in strings:
+        raise Fp8InputError("stop holds an empty string, which would match everywhere; remove it")
+    return tuple(strings)
+
+
 def _count(name: str, value: Any, low: int, high: int | None = None, *, optional: bool = False) -> None:
     if value is None and optional:
         return
@@ -86,6 +99,10 @@ class SamplingParams:
     presence_penalty: float = 0.0
     logit_bias: Mapping[int, float] | None = None
     seed: int | None = None
+    # Strings that end a sample where its text holds one (not returned): matched on the decoded text by
+    # the front ends that hold the tokenizer, LLM and the server (fp8route.engine.detokenize.TextStream);
+    # LLMEngine and AsyncLLM yield token ids and leave them to their caller.
+    stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     min_tokens: int = 0  # EOS and stop ids are masked until this many tokens came
@@ -108,6 +125,10 @@ class SamplingParams:
             _fail(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         _count("logprobs", self.logprobs, 0, MAX_LOGPROBS, optional=True)
         _count("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS, optional=True)
+        try:
+            object.__setattr__(self, "stop", stop_strings(self.stop))
+        except Fp8InputError as exc:
+            _fail(str(exc))
         ids = self.stop_token_ids
         if isinstance(ids, (str, bytes)) or not all(isinstance(i, int) and i >= 0 for i in ids):
             _fail(f"stop_token_ids must be a list of token ids >= 0, got {ids!r}")

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from fp8route.engine.sampling import MAX_LOGPROBS, RANGES, SamplingParams
+from fp8route.engine.sampling import MAX_LOGPROBS, RANGES, SamplingParams, stop_strings
 from fp8route.engine.structured import StructuredOutputs
 from fp8route.errors import Fp8InputError
 
@@ -114,23 +114,19 @@ class _Generation(_Strict):
     @field_validator(*RANGES)
     @classmethod
     def _in_range(cls, value: float | None, info: ValidationInfo) -> float | None:
-        why = None if value is None else RANGES[info.field_name].why_not(info.field_name, value)
+        name = str(info.field_name)
+        why = None if value is None else RANGES[name].why_not(name, value)
         if why is not None:
-            raise InvalidParam(info.field_name, why)
+            raise InvalidParam(name, why)
         return value
 
     @field_validator("stop", mode="before")
     @classmethod
     def _stop_list(cls, value: Any) -> Any:
-        if value is None:
-            return []
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-            raise InvalidParam("stop", f"'stop' must be a string or a list of strings, got {short(value)}")
-        if "" in value:
-            raise InvalidParam("stop", "'stop' holds an empty string, which would match everywhere; remove it")
-        return value
+        try:
+            return list(stop_strings(value))
+        except Fp8InputError as exc:
+            raise InvalidParam("stop", str(exc)) from None
 
     @field_validator("stop_token_ids")
     @classmethod
@@ -239,6 +235,7 @@ class _Generation(_Strict):
                 presence_penalty=self.presence_penalty or 0.0,
                 logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
                 seed=self.seed,
+                stop=tuple(self.stop),
                 stop_token_ids=tuple(self.stop_token_ids),
                 ignore_eos=self.ignore_eos,
                 min_tokens=self.min_tokens,
