@@ -146,7 +146,9 @@ SCHEMA = {
 }
 
 
-def test_a_hundred_json_schema_requests_all_parse_and_validate(server):
+def test_a_full_batch_of_json_schema_requests_all_parse_and_validate(server):
+    """32 at once: every row of the server's --max-num-seqs 32 runs a grammar of its own, seeded apart
+    (the grammar's own walks are tests/engine/test_structured.py's, on this tokenizer)."""
     import jsonschema
     from openai import AsyncOpenAI
 
@@ -159,17 +161,17 @@ def test_a_hundred_json_schema_requests_all_parse_and_validate(server):
             client.chat.completions.create(
                 model=MODEL, messages=messages, max_tokens=160, temperature=0.8, seed=i, response_format=fmt
             )
-            for i in range(100)
+            for i in range(32)
         ]
         done = await asyncio.gather(*calls)
         await client.close()
         return [d.choices[0].message.content for d in done]
 
     texts = asyncio.run(run())
-    assert len(texts) == 100
+    assert len(texts) == 32
     for text in texts:
         jsonschema.validate(json.loads(text), SCHEMA)
-    assert len(set(texts)) > 10  # seeded draws, not one answer repeated
+    assert len(set(texts)) > 10, texts  # seeded draws, not one answer repeated
 
 
 def test_lm_eval_scores_a_local_task_through_the_server_as_fp8route_eval_does(bf16_folder, bf16_server, tmp_path):
