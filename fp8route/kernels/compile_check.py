@@ -18,17 +18,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import multiprocessing
 import re
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from fp8route.device import usable_cores
 
 FAKE_DEVICE = -1  # the index Triton keys these compiles by: never a real GPU's
 H200_SHARED = 232448  # bytes of shared memory a block may use on sm_90 (227 KB)
@@ -321,14 +325,19 @@ SWEEPS: dict[str, Callable[[Model, torch.dtype], None]] = {
 }
 
 
-def compile_all(dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)) -> list[Compiled]:
+def compile_all(
+    dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16), workers: int | None = None
+) -> list[Compiled]:
     """Every sweep for every model at every activation dtype, with and without PDL (where this
-    Triton can): what each compiled."""
+    Triton can): what each compiled. Triton's on-disk cache is filled first by `workers` processes
+    (default: the cores this process may use), so the sweep here reads back what they compiled."""
     from fp8route.kernels.options import triton_compiles_pdl
 
+    pdls = (False, True) if triton_compiles_pdl() else (False,)
+    _fill_cache([(pdl, dtype) for pdl in pdls for dtype in dtypes], workers or usable_cores())
     with compile_only_sm90():
         LAUNCHED.clear()
-        for pdl in (False, True) if triton_compiles_pdl() else (False,):
+        for pdl in pdls:
             _with_pdl(pdl)
             for model in MODELS.values():
                 for dtype in dtypes:
@@ -336,6 +345,25 @@ def compile_all(dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16
                         sweep(model, dtype)
         LAUNCHED.clear()
         return [_describe(fn, kernel) for fn in _kernel_functions() for kernel in _compiled(fn)]
+
+
+def _fill_cache(passes: list[tuple[bool, torch.dtype]], workers: int) -> None:
+    """Each (PDL, dtype) pass of the sweep compiled in a process of its own, `workers` at a time, into
+    Triton's on-disk cache. Compiles are CPU-bound and independent, and the passes share no variant
+    but a few dtype-free sampler kernels: a cold cache took 350 s in one process on a 2-core machine."""
+    if workers < 2:
+        return
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA or driver state inherited
+    with ProcessPoolExecutor(min(workers, len(passes)), mp_context=context) as pool:
+        list(pool.map(_compile_pass, [pdl for pdl, _ in passes], [str(d).removeprefix("torch.") for _, d in passes]))
+
+
+def _compile_pass(pdl: bool, dtype: str) -> None:
+    with compile_only_sm90():
+        _with_pdl(pdl)
+        for model in MODELS.values():
+            for sweep in SWEEPS.values():
+                sweep(model, getattr(torch, dtype))
 
 
 def _module_values() -> Iterator[Any]:
