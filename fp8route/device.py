@@ -6,6 +6,7 @@ launch configurations all read it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -54,3 +55,11 @@ class DeviceInfo:
 
 
 CPU = DeviceInfo(type="cpu", name="cpu")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, which containers and taskset narrow),
+    not every core of the machine."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

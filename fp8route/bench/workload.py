@@ -152,15 +152,19 @@ def summarize(arm: str, results: Sequence[RequestResult], duration_s: float, **e
 
 
 def table(reports: Sequence[ServeReport]) -> str:
-    head = (
+    return "\n".join([table_header(), *(table_row(r) for r in reports)])
+
+
+def table_header() -> str:
+    return (
         f"{'arm':<24}{'done':>6}{'fail':>5}{'req/s':>8}{'in tok/s':>10}{'out tok/s':>10}"
         f"{'TTFT p50':>10}{'p99':>8}{'TPOT p50':>10}{'ITL p50':>9}{'p99':>8}"
     )
-    lines = [head]
-    for r in reports:
-        lines.append(
-            f"{r.arm:<24}{r.completed:>6}{r.failed:>5}{r.request_throughput:>8.2f}{r.input_throughput:>10.0f}"
-            f"{r.output_throughput:>10.0f}{r.ttft_ms['p50']:>10.1f}{r.ttft_ms['p99']:>8.1f}"
-            f"{r.tpot_ms['p50']:>10.2f}{r.itl_ms['p50']:>9.2f}{r.itl_ms['p99']:>8.2f}"
-        )
-    return "\n".join(lines)
+
+
+def table_row(r: ServeReport) -> str:
+    return (
+        f"{r.arm:<24}{r.completed:>6}{r.failed:>5}{r.request_throughput:>8.2f}{r.input_throughput:>10.0f}"
+        f"{r.output_throughput:>10.0f}{r.ttft_ms['p50']:>10.1f}{r.ttft_ms['p99']:>8.1f}"
+        f"{r.tpot_ms['p50']:>10.2f}{r.itl_ms['p50']:>9.2f}{r.itl_ms['p99']:>8.2f}"
+    )

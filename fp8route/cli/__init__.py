@@ -20,6 +20,8 @@ from fp8route.errors import Fp8RouteError
 from fp8route.version import __version__
 
 COMMANDS = (generate, demo, inspect, quantize, tune, bench, evaluate, serve)
+# Names the logger ("fp8route"), so a message must not begin with the name itself.
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 
 class Terminated(KeyboardInterrupt):
@@ -43,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
     args = build_parser().parse_args(argv)
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None

@@ -7,6 +7,7 @@ import argparse
 import itertools
 import multiprocessing
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import torch
 from fp8route.backends import BACKENDS
 from fp8route.bench.results import load_options, loads, write_results
 from fp8route.bench.serve import SAMPLINGS, Arm, run_arm
-from fp8route.bench.workload import LoadRequest, ServeReport, table
+from fp8route.bench.workload import LoadRequest, ServeReport, table_header, table_row
 from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.random import write_random
 from fp8route.cli import bench_serve_http
@@ -79,10 +80,30 @@ def _arms(args: argparse.Namespace, folders: dict[str, Path]) -> list[Arm]:
     return arms
 
 
+RunArm = Callable[[Arm, list[LoadRequest], list[LoadRequest]], tuple[ServeReport, list[str]]]
+
+
 def _run_in_child(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tuple[ServeReport, list[str]]:
     # A fresh process per arm: its GPU memory, routes and compiled kernels start clean, as bench e2e's do.
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(run_arm, arm, load, warmup).result()
+
+
+def _run_arms(
+    arms: list[Arm], load: list[LoadRequest], warmup: list[LoadRequest], run_arm: RunArm | None = None
+) -> tuple[list[ServeReport], dict[str, list[str]]]:
+    """Each arm's report and token digests; its row of the table printed as it finishes, under the
+    table's header printed once, before the first."""
+    reports: list[ServeReport] = []
+    digests: dict[str, list[str]] = {}
+    for arm in arms:
+        report, digest = (run_arm or _run_in_child)(arm, load, warmup)
+        if not reports:
+            print("\n" + table_header())
+        reports.append(report)
+        digests[arm.name] = digest
+        print(table_row(report), flush=True)
+    return reports, digests
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,14 +136,7 @@ def run(args: argparse.Namespace) -> int:
         config = read_json(next(iter(folders.values())) / CONFIG)
         arms = _arms(args, folders)
         load, warmup = loads(args, int(config["vocab_size"]), eos_token_ids(config))
-        reports: list[ServeReport] = []
-        digests: dict[str, list[str]] = {}
-        for arm in arms:
-            report, digest = _run_in_child(arm, load, warmup)
-            reports.append(report)
-            digests[arm.name] = digest
-            print(table([report]).split("\n", 1)[1], flush=True)
-    print("\n" + table(reports))
+        reports, digests = _run_arms(arms, load, warmup)
     print("\n" + "\n".join(_checks(reports, digests, arms)))
     out = Path(args.out).expanduser() if args.out else Path("bench-results") / fingerprint.slug
     where = {"command": command_line(), "fingerprint": fingerprint.to_json() if device == "cuda" else {"device": "cpu"}}

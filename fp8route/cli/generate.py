@@ -19,6 +19,7 @@ import torch
 
 from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.gguf_tokenizer import apply_chat_template
+from fp8route.engine.causal_lm import model_context
 from fp8route.engine.config import EngineConfig, add_engine_args
 from fp8route.engine.kv_pool import blocks_for
 from fp8route.engine.load import load_model, resolve_model
@@ -26,7 +27,8 @@ from fp8route.engine.sampling import SamplingParams
 from fp8route.errors import Fp8InputError
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.plan import size_text
-from fp8route.models.parallel import Shard
+from fp8route.models.llama import LlamaConfig
+from fp8route.models.parallel import Shard, Slicer
 from fp8route.models.spawn import run_ranks
 from fp8route.models.tokenizer import load_tokenizer
 
@@ -59,13 +61,14 @@ def eos_ids(folder: Path) -> list[int] | None:
 def run(args: argparse.Namespace) -> int:
     sampling = _sampling(args)  # every flag checked before anything loads or starts
     EngineConfig.from_args(args)
+    folder = resolve_model(args.model)
+    tokenizer = load_tokenizer(folder)
+    ids = _prompt_ids(args, folder, tokenizer)
+    _check_fits(folder, len(ids), args)  # before any rank is started
     if args.tp > 1 and "WORLD_SIZE" not in os.environ:  # start the ranks; each runs this command
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         run_ranks(args.tp, run, args, device=device)
         return 0
-    folder = resolve_model(args.model)
-    tokenizer = load_tokenizer(folder)
-    ids = _prompt_ids(args, folder, tokenizer)
     # One request: a pool of its own blocks, its context, and no memory profiling.
     total = len(ids) + args.max_tokens
     config = EngineConfig.from_args(args, max_num_seqs=1, max_model_len=total)
@@ -101,6 +104,19 @@ def _sampling(args: argparse.Namespace) -> SamplingParams:
         text = str(exc).removeprefix("SamplingParams: ")
         name = text.split(" ", 1)[0]
         raise Fp8InputError("--" + name.replace("_", "-") + text[len(name) :]) from None
+
+
+def _check_fits(folder: Path, prompt_tokens: int, args: argparse.Namespace) -> None:
+    """The prompt and --max-tokens within the model's context, and --tp a size the model splits into."""
+    cfg = LlamaConfig.from_hf(read_json(folder / CONFIG))
+    context, total = model_context(cfg), prompt_tokens + args.max_tokens
+    if total > context:
+        raise Fp8InputError(
+            f"a prompt of {prompt_tokens} tokens + --max-tokens {args.max_tokens} = {total} exceeds the model's "
+            f"context of {context} tokens; shorten the prompt or lower --max-tokens"
+        )
+    if args.tp > 1:
+        Slicer.of(cfg, Shard(0, args.tp), EngineConfig.from_args(args).tp_lm_head)
 
 
 def _prompt_ids(args: argparse.Namespace, folder: Path, tokenizer: Any) -> list[int]:

@@ -38,6 +38,11 @@ CPU_KV_TOKENS = 32768  # a CPU pool's size: no device memory to size it from
 _GRAPH_RESERVE = 1 << 30  # decode graphs' own memory (logits and activations per bucket), kept free
 
 
+def model_context(cfg: LlamaConfig) -> int:
+    """The longest prompt plus output the model takes: its max_position_embeddings."""
+    return cfg.max_position_embeddings or DEFAULT_CONTEXT
+
+
 class CausalLM(LlamaForCausalLM):
     def __init__(
         self,
@@ -56,7 +61,7 @@ class CausalLM(LlamaForCausalLM):
         self.config = config = config or EngineConfig()
         self.device = device or next(iter(tensors.values())).device
         check_attention(config.attention, self.device)
-        context = cfg.max_position_embeddings or DEFAULT_CONTEXT
+        context = model_context(cfg)
         if config.max_model_len is not None and config.max_model_len > context:
             raise Fp8InputError(f"max_model_len={config.max_model_len} exceeds the model's context of {context} tokens")
         self.max_model_len = config.max_model_len or context

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from fp8route.device import usable_cores
 from fp8route.errors import Fp8InputError
 from fp8route.models.collectives import METHODS
 from fp8route.models.parallel import LM_HEADS
@@ -160,14 +161,6 @@ class EngineConfig:
             if name is None:
                 raise
             raise Fp8InputError("--" + name.replace("_", "-") + text[len(name) :]) from None
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask, which containers and taskset narrow),
-    not every core of the machine."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def _fail(name: str, wanted: str, got: object) -> None:

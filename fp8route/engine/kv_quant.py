@@ -99,7 +99,7 @@ def kv_scales_for(
         else "it has no KV-cache scales (kv_cache_quant_algo / kv_cache_scheme)"
     )
     log.warning(
-        "fp8route: kv_cache_dtype='fp8' with every K/V scale 1.0: %s: %s (values past +-%g saturate; "
+        "kv_cache_dtype='fp8' with every K/V scale 1.0: %s: %s (values past +-%g saturate; "
         "`fp8route quantize --kv-cache fp8` calibrates them)",
         source,
         why,

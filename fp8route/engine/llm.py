@@ -15,7 +15,8 @@ from typing import Any
 
 from fp8route.checkpoint.gguf_tokenizer import apply_chat_template
 from fp8route.engine.config import EngineConfig
-from fp8route.engine.llm_engine import LLMEngine
+from fp8route.engine.detokenize import TextStream
+from fp8route.engine.llm_engine import LLMEngine, Update
 from fp8route.engine.load import load_model, resolve_model
 from fp8route.engine.request import CompletionOutput, Request, RequestOutput, logprob_dict
 from fp8route.engine.sampling import SamplingParams
@@ -98,6 +99,9 @@ class LLM:
         encoded = []
         for i, (prompt, p) in enumerate(zip(batch, params, strict=True)):
             try:
+                if p.stop and self.tokenizer is None:
+                    raise Fp8InputError("stop strings are matched on the text, which needs the tokenizer (this LLM "
+                                        "has skip_tokenizer_init=True): give stop_token_ids instead")  # fmt: skip
                 ids = self.encode(prompt)
                 self.engine.check_prompt(ids, p)
             except Fp8InputError as e:
@@ -128,13 +132,17 @@ class LLM:
             engine.add_request(ids, p, prompt=text) for ids, p, text in zip(encoded, params, texts, strict=True)
         ]
         groups = [engine.samples(r) for r in requests]
+        streams = {id(r): TextStream(self.tokenizer, r.prompt_token_ids, r.params.stop) for g in groups for r in g
+                   if r.params.stop}  # fmt: skip
         total = sum(len(g) for g in groups)
         progress = TextProgress("generate") if use_tqdm and total > 1 else None
         done = 0
         try:
             while engine.has_unfinished:
                 for update in engine.step():
-                    done += update.finished
+                    stream = streams.get(id(update.request))
+                    cut = stream is not None and self._cut_at_stop(stream, update)  # its last tokens too
+                    done += update.finished or cut
                 if progress is not None:
                     progress(done, total, f"{engine.num_running} running")
         except BaseException:
@@ -142,10 +150,23 @@ class LLM:
                 engine.abort(request.group_id)
             engine.drain()
             raise
-        return [self.output(group) for group in groups]
+        return [self.output(group, streams) for group in groups]
 
-    def output(self, samples: Request | Sequence[Request]) -> RequestOutput:
-        """A request's result in vLLM's shape: one CompletionOutput per sample."""
+    def _cut_at_stop(self, stream: TextStream, update: Update) -> bool:
+        """Push the update's tokens into its sample's text; True when they complete a stop string of a
+        sample still running, which is then aborted, freeing its blocks (as the server does)."""
+        if stream.stop_reason is not None:
+            return False
+        stream.push(update.new_token_ids, final=update.finished)
+        if stream.stop_reason is None or update.finished:
+            return False
+        return self.engine.abort(update.request.request_id)
+
+    def output(
+        self, samples: Request | Sequence[Request], streams: Mapping[int, TextStream] | None = None
+    ) -> RequestOutput:
+        """A request's result in vLLM's shape: one CompletionOutput per sample; a sample whose text
+        (streams, by id of its Request) met a stop string ends before it, finish_reason "stop"."""
         samples = [samples] if isinstance(samples, Request) else list(samples)
         first = samples[0]
         decode = self._decode_one if self.tokenizer is not None else None
@@ -153,10 +174,16 @@ class LLM:
         for request in samples:
             ids = request.output_token_ids
             text = "" if self.tokenizer is None else self.tokenizer.decode(ids, skip_special_tokens=True)
-            logprobs = None if request.logprobs is None else [logprob_dict(e, decode) for e in request.logprobs]
-            completions.append(
-                CompletionOutput(request.index, text, ids, request.finish_reason, request.stop_reason, logprobs)
-            )
+            finish: str | None = request.finish_reason
+            stop: int | str | None = request.stop_reason
+            cut = (streams or {}).get(id(request))
+            if cut is not None and cut.stop_reason is not None:
+                text, finish, stop = cut.text, "stop", cut.stop_reason
+            logprobs, cumulative = None, None
+            if request.logprobs is not None:
+                logprobs = [logprob_dict(e, decode) for e in request.logprobs]
+                cumulative = sum(e.logprob for e in request.logprobs)
+            completions.append(CompletionOutput(request.index, text, ids, finish, stop, logprobs, cumulative))
         prompt_logprobs = None
         if first.prompt_logprobs is not None:
             prompt_logprobs = [None if e is None else logprob_dict(e, decode) for e in first.prompt_logprobs]

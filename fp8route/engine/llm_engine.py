@@ -267,6 +267,7 @@ class LLMEngine:
             else:
                 self.scheduler.finish(request, "abort")
             request.metrics.finished_time = time.monotonic()
+            self._forget(request)  # a sample aborted alone, its group's last: the group goes too
             aborted = True
         return aborted
 

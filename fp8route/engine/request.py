@@ -176,8 +176,10 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     finish_reason: str | None  # "stop", "length", "abort"; None while running
-    stop_reason: int | None = None
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     logprobs: list[dict[int, Logprob]] | None = None
+    # The sampled tokens' log-probabilities summed (vLLM's); None when logprobs were not asked for.
+    cumulative_logprob: float | None = None
 
 
 @dataclass

@@ -164,7 +164,7 @@ class ModelRunner:
         self.set_pool(num_blocks)
         if device.type == "cuda" and not triton_decode_available():
             log.warning(
-                "fp8route: attention runs in torch, not fp8route's Triton kernels (%s): every step gathers "
+                "attention runs in torch, not fp8route's Triton kernels (%s): every step gathers "
                 "its rows' K/V and reads their lengths back to the host",
                 TRITON_IMPORT_ERROR,
             )

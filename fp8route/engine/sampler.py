@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -128,7 +129,7 @@ class Sampler:
         the kernels' variants now and not in a step that a load waits on: greedy and drawn rows,
         penalties or none, a bias and min_tokens, a grammar's mask, either count of logprobs, min_p,
         top_p, and top_k of each size class up to WARM_TOP_K."""
-        sampled = {"temperature": 0.8, "max_tokens": 2}
+        sampled: dict[str, Any] = {"temperature": 0.8, "max_tokens": 2}
         plain = [SamplingParams(temperature=0, max_tokens=2), SamplingParams(**sampled, min_p=0.1),
                  SamplingParams(**sampled, top_p=0.9, logprobs=1)]  # fmt: skip
         penalized = SamplingParams(**sampled, repetition_penalty=1.1, logprobs=MAX_LOGPROBS)

@@ -37,7 +37,10 @@ def _xgrammar() -> Any:
     try:
         import xgrammar
     except ImportError:
-        raise Fp8InputError("structured output needs xgrammar: pip install 'fp8route[structured]'") from None
+        raise Fp8InputError(
+            "structured output needs xgrammar, which the serve extra brings: pip install 'fp8route[serve]' "
+            "(or 'fp8route[structured]' for xgrammar alone)"
+        ) from None
     return xgrammar
 
 

@@ -97,6 +97,15 @@ def _pct(x: float, scale: float) -> str:
     return f"{x * scale:.4f}" if scale == 1 else f"{x * scale:5.1f}"
 
 
+def _paired_text(d: dict[str, float], scale: float) -> str:
+    """A paired difference and its interval; where every example's difference is the same (two models
+    right and wrong on the same items), that, since an interval of width 0 would claim certainty."""
+    dp = 4 if scale == 1 else 2
+    if d["n"] > 1 and d["sd"] == 0:
+        return f"{d['mean'] * scale:+.{dp}f} on every one of the {d['n']} items"
+    return f"{d['mean'] * scale:+.{dp}f} [{d['low'] * scale:+.{dp}f}, {d['high'] * scale:+.{dp}f}]"
+
+
 def format_summary(result: dict[str, Any]) -> str:
     """A few lines for the terminal: one per model, its metrics with their intervals, then (after
     the first) the paired differences from the first, top-1 agreement and KL."""
@@ -111,8 +120,7 @@ def format_summary(result: dict[str, Any]) -> str:
             s = result["models"][label][name]
             cell = f"{name} {_pct(s['mean'], scale)}{unit} [{_pct(s['low'], scale)}, {_pct(s['high'], scale)}]"
             if k:
-                d, dp = result["paired"][label][name], 4 if scale == 1 else 2
-                cell += f" diff {d['mean'] * scale:+.{dp}f} [{d['low'] * scale:+.{dp}f}, {d['high'] * scale:+.{dp}f}]"
+                cell += " diff " + _paired_text(result["paired"][label][name], scale)
             cells.append(cell)
         if k:
             agree = result["agreement"][label]

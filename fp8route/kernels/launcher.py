@@ -105,7 +105,7 @@ class DirectLauncher:
             if not self._warned and not triton.knobs.runtime.interpret:
                 self._warned = True
                 log.warning(
-                    "fp8route: triton %s launches %s through its own path (about 15 us more host time per "
+                    "triton %s launches %s through its own path (about 15 us more host time per "
                     "call than triton %s, whose compiled kernels fp8route launches directly)",
                     triton.__version__,
                     self.fn.__name__,

@@ -252,7 +252,7 @@ def _report(plan: Plan, policy: Policy) -> None:
     key = f"N={plan.problem.n} K={plan.problem.k}: {summary}"
     if key not in _logged:
         _logged.add(key)
-        log.warning("fp8route fallback on %s (first seen on layer %s; explain() lists every layer)", key, plan.layer)
+        log.warning("fallback on %s (first seen on layer %s; explain() lists every layer)", key, plan.layer)
 
 
 def bucket_index(bounds: Sequence[int], m: int) -> int:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from fp8route.engine.sampling import MAX_LOGPROBS, SamplingParams
+from fp8route.engine.sampling import MAX_LOGPROBS, RANGES, SamplingParams, stop_strings
 from fp8route.engine.structured import StructuredOutputs
 from fp8route.errors import Fp8InputError
 
@@ -75,13 +75,13 @@ class _Generation(_Strict):
     model: str
     n: int = Field(1, ge=1, le=128)
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    temperature: float | None = None  # these floats' ranges: fp8route.engine.sampling.RANGES
+    top_p: float | None = None
     top_k: int | None = Field(None, ge=-1)  # vLLM's extension, as the rest of this block
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0, le=100)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     response_format: ResponseFormat | None = None
@@ -111,18 +111,22 @@ class _Generation(_Strict):
                 )
         return data
 
+    @field_validator(*RANGES)
+    @classmethod
+    def _in_range(cls, value: float | None, info: ValidationInfo) -> float | None:
+        name = str(info.field_name)
+        why = None if value is None else RANGES[name].why_not(name, value)
+        if why is not None:
+            raise InvalidParam(name, why)
+        return value
+
     @field_validator("stop", mode="before")
     @classmethod
     def _stop_list(cls, value: Any) -> Any:
-        if value is None:
-            return []
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-            raise InvalidParam("stop", f"'stop' must be a string or a list of strings, got {short(value)}")
-        if "" in value:
-            raise InvalidParam("stop", "'stop' holds an empty string, which would match everywhere; remove it")
-        return value
+        try:
+            return list(stop_strings(value))
+        except Fp8InputError as exc:
+            raise InvalidParam("stop", str(exc)) from None
 
     @field_validator("stop_token_ids")
     @classmethod
@@ -231,6 +235,7 @@ class _Generation(_Strict):
                 presence_penalty=self.presence_penalty or 0.0,
                 logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
                 seed=self.seed,
+                stop=tuple(self.stop),
                 stop_token_ids=tuple(self.stop_token_ids),
                 ignore_eos=self.ignore_eos,
                 min_tokens=self.min_tokens,

@@ -48,7 +48,6 @@ class Job:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
-    stop: list[str]
     created: int = field(default_factory=lambda: int(time.time()))
     released: bool = False
 
@@ -131,7 +130,7 @@ class Serving:
         """A job for one prompt of the request (a batch is one job per prompt)."""
         self.check_model(request.model)
         ids = list(self.tokenizer.encode(prompt, add_special_tokens=False).ids) if isinstance(prompt, str) else prompt
-        return self._admit("cmpl", ids, self._params(request, ids), request.stop)
+        return self._admit("cmpl", ids, self._params(request, ids))
 
     def chat_job(self, request: ChatCompletionRequest) -> Job:
         self.check_model(request.model)
@@ -144,7 +143,7 @@ class Serving:
         except Fp8InputError as exc:
             raise APIError(400, str(exc), param="messages") from None
         ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
-        return self._admit("chatcmpl", ids, self._params(request, ids), request.stop)
+        return self._admit("chatcmpl", ids, self._params(request, ids))
 
     def _params(self, request: CompletionRequest | ChatCompletionRequest, ids: list[int]) -> SamplingParams:
         """The request's SamplingParams for this prompt; a combination of fields they refuse is the client's 400."""
@@ -153,7 +152,7 @@ class Serving:
         except InvalidParam as exc:
             raise APIError(400, str(exc), param=exc.param, code=exc.code) from None
 
-    def _admit(self, kind: str, ids: list[int], params: SamplingParams, stop: list[str]) -> Job:
+    def _admit(self, kind: str, ids: list[int], params: SamplingParams) -> Job:
         try:
             self.engine.check(ids, params)
         except Fp8InputError as exc:
@@ -171,7 +170,7 @@ class Serving:
                 f"retry in {RETRY_AFTER_S} s", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)},
             )  # fmt: skip
         self.in_flight += 1
-        return Job(f"{kind}-{uuid.uuid4().hex}", ids, params, stop)
+        return Job(f"{kind}-{uuid.uuid4().hex}", ids, params)
 
     def release(self, job: Job, outcome: str) -> None:
         """Give the job's place back and count how it ended; only its first call counts."""
@@ -190,7 +189,7 @@ class Serving:
         """Each step's text for each sample of this job until all end; leaving early aborts the job,
         which frees its blocks. A sample that meets a stop string is aborted on its own."""
         n = job.params.n
-        texts = [TextStream(self.tokenizer, job.prompt_ids, job.stop) for _ in range(n)]
+        texts = [TextStream(self.tokenizer, job.prompt_ids, job.params.stop) for _ in range(n)]
         outputs = [0] * n
         ended: set[int] = set()
         stream = self.engine.generate(job.prompt_ids, job.params, job.request_id)

@@ -18,6 +18,7 @@ from checkpoint_helpers import (
 
 from fp8route import CheckpointError, Fp8InputError
 from fp8route.checkpoint.quantize import quantize_checkpoint
+from fp8route.cli import LOG_FORMAT
 from fp8route.engine import load_model
 from fp8route.engine.kv_quant import FP8_KV, KVScales, quantize_kv
 from fp8route.models import LlamaConfig
@@ -70,9 +71,12 @@ def test_no_scales_means_one_and_one_warning(tmp_path, caplog):
     folder = write_checkpoint(tmp_path / "plain", fp8_llama(), TINY, **{"hf_quant_config.json": MODELOPT_HF_QUANT})
     with caplog.at_level(logging.WARNING, logger="fp8route"):
         model = load_model(folder, device="cpu", dtype=torch.float32, max_model_len=64, kv_cache_dtype="fp8")
-    warnings = [r.getMessage() for r in caplog.records if "kv_cache_dtype" in r.getMessage()]
+    records = [r for r in caplog.records if "kv_cache_dtype" in r.getMessage()]
+    warnings = [r.getMessage() for r in records]
     assert len(warnings) == 1 and "1.0" in warnings[0] and "no KV-cache scales" in warnings[0]
     assert "\n" not in warnings[0]
+    # As the command line prints it: the logger's name once, not "fp8route: fp8route:".
+    assert logging.Formatter(LOG_FORMAT).format(records[0]).startswith("WARNING fp8route: kv_cache_dtype='fp8' ")
     assert model.kv_scales == KVScales.ones(LAYERS)
     bf16 = write_checkpoint(tmp_path / "bf16", llama_tensors(), TINY)  # an unquantized checkpoint: the same
     caplog.clear()

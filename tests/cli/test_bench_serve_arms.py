@@ -4,8 +4,8 @@ options that vary, and the token comparisons between arms that differ in one opt
 import argparse
 from pathlib import Path
 
-from fp8route.bench.workload import ServeReport
-from fp8route.cli.bench_serve import _arms, _checks, _ratios
+from fp8route.bench.workload import ServeReport, table_header, table_row
+from fp8route.cli.bench_serve import _arms, _checks, _ratios, _run_arms
 
 
 def args(**over: str) -> argparse.Namespace:
@@ -138,3 +138,18 @@ def test_sampling_arms_run_their_controls_through_the_engine(tmp_path):
         results, _, _ = drive(llm, load, sampling)
         assert all(r.output_tokens == 12 and not r.error for r in results), sampling  # ignore_eos: full length
     assert llm.engine.leaked() is None
+
+
+def test_each_arms_row_prints_once_under_the_header_printed_once(capsys):
+    arms = _arms(args(policy="routed,cublas"), {"fp8": Path("f")})
+
+    def run(arm, load, warmup):  # type: ignore[no-untyped-def]
+        print(f"{arm.name} ran")  # what a child process may print while it runs
+        stats = {"p50": 1.0, "p99": 2.0}
+        return ServeReport(arm.name, 2, 0, 1.0, 1.0, 1.0, 1.0, stats, stats, stats, {}, 0), ["x"]
+
+    reports, digests = _run_arms(arms, [], [], run)
+    assert [r.arm for r in reports] == ["routed", "cublas"] and set(digests) == {"routed", "cublas"}
+    assert capsys.readouterr().out.splitlines() == [
+        "routed ran", "", table_header(), table_row(reports[0]), "cublas ran", table_row(reports[1])
+    ]  # fmt: skip

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -80,7 +82,7 @@ def test_generate_tp2_starts_two_ranks_and_says_the_same(tiny_fp8):
         # Checked before the model loads: a folder that is not there is not what it says.
         (
             ["generate", "{tmp}/nowhere", "--prompt", "x", "--temperature", "-1"],
-            "generate: --temperature must be a number in [0, 100], got -1.0",
+            "generate: --temperature must be a number in [0, 2], got -1.0",
         ),
         (
             ["generate", "{fp8}", "--prompt", "x", "--device", "cuda"]
@@ -92,7 +94,6 @@ def test_generate_tp2_starts_two_ranks_and_says_the_same(tiny_fp8):
             ["generate", "{fp8}", "--prompt", "x", "--device", "cpu", "--attention", "flashinfer"],
             "attention='flashinfer'",
         ),  # fmt: skip
-        (["generate", "{fp8}", "--prompt", "x", "--device", "cpu", "--tp", "3"], "does not divide"),  # in the ranks
         (
             ["generate", "{tmp}/nowhere", "--prompt", "x", "--kv-cache-dtype", "int8"],
             "--kv-cache-dtype must be one of auto, fp8, got 'int8'",
@@ -104,7 +105,14 @@ def test_generate_tp2_starts_two_ranks_and_says_the_same(tiny_fp8):
         (["bench", "serve", "{fp8}", "--kv-cache-dtype", "auto,e5m2"], "--kv-cache-dtype must be one of auto, fp8"),
         (["bench", "serve", "{fp8}", "--prefill-graphs", "yes"], "--prefill-graphs: on, off or on,off, got 'yes'"),
         (["serve", "{fp8}", "--max-num-seqs", "0"], "--max-num-seqs must be an integer >= 1, got 0"),
-        (["generate", "{fp8}", "--prompt", "x", "--temperature", "nan"], "temperature must be a number in [0, 100]"),
+        (
+            ["generate", "{fp8}", "--prompt", "x", "--temperature", "nan"],
+            "generate: --temperature must be a number in [0, 2], got NaN (not a number)",
+        ),
+        (
+            ["generate", "{fp8}", "--prompt", "x", "--temperature", "2.5"],
+            "--temperature must be a number in [0, 2], got 2.5",
+        ),
         (["bench", "serve", "{fp8}", "--async-scheduling", "1"], "--async-scheduling: on, off or on,off, got '1'"),
         (["demo", "--layers", "0"], "--layers must be at least 1"),
         (["inspect", "{fp8}/config.json"], "expected a checkpoint folder"),
@@ -120,6 +128,29 @@ def test_mistakes_are_one_line_and_exit_2(tiny_fp8, tmp_path, capsys, argv, mess
     argv = [a.format(tmp=tmp_path, fp8=tiny_fp8) for a in argv]
     assert main(argv) == 2
     assert message in one_line_error(capsys, argv[0])
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--tp", "3"], "tensor parallel size 3 does not divide 4 attention heads, intermediate size 160"),
+        (
+            ["--max-tokens", "9000"],
+            "a prompt of 1 tokens + --max-tokens 9000 = 9001 exceeds the model's context of 8192 tokens; "
+            "shorten the prompt or lower --max-tokens",
+        ),
+    ],
+)
+def test_generate_refuses_before_it_loads_or_starts_ranks(tiny_fp8, capsys, monkeypatch, extra, message):
+    from fp8route.cli import generate
+
+    def never(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("generate went on to load the model or start ranks")
+
+    monkeypatch.setattr(generate, "run_ranks", never)
+    monkeypatch.setattr(generate, "load_model", never)
+    assert main(["generate", str(tiny_fp8), "--prompt", "x", "--device", "cpu", *extra]) == 2
+    assert one_line_error(capsys, "generate").startswith(f"fp8route generate: {message}")
 
 
 def test_an_unknown_forced_backend_is_one_line(monkeypatch, capsys):
@@ -208,3 +239,11 @@ def test_eval_on_a_cpu_computes_with_the_engines_thread_count(tiny_fp8, tmp_path
     argv = ["eval", str(tiny_fp8), "--text", str(tmp_path / "text.txt"), "--text-seq-len", "8", "--limit", "1"]
     assert main([*argv, "--device", "cpu", "--out", str(tmp_path), "--quiet"]) == 0
     assert asked == [2]  # three cores, one left to the host
+
+
+def test_no_log_message_begins_with_the_loggers_name():
+    """The command line's LOG_FORMAT prints the logger's name ("fp8route: ") before every message."""
+    package = Path(fp8route.__file__).parent
+    call = re.compile(r"log\.(?:debug|info|warning|error|exception)\(\s*f?[\"']fp8route")
+    found = [f"{p.relative_to(package)}" for p in package.rglob("*.py") if call.search(p.read_text())]
+    assert found == []

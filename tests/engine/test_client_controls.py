@@ -5,6 +5,7 @@ with the prefix cache on; n samples share one prefill; structured output; prompt
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -166,3 +167,65 @@ def test_structured_output_under_async_scheduling_when_requests_end_mid_step(tmp
     text_tokens = len(llm.encode(long.outputs[0].text))
     assert set(ids[text_tokens:]) <= eos  # after the grammar's end: EOS only
     assert llm.engine.leaked() is None
+
+
+def spanning_stop(llm: LLM, token_ids: list[int], text: str) -> str:
+    """Three characters of text that start inside its third token and end past it: a stop string that
+    no one token holds, found only where the tokens' text is joined."""
+    end = len(llm.tokenizer.decode(token_ids[:3]))
+    assert end > 1 and end + 2 <= len(text), text
+    return text[end - 1 : end + 2]
+
+
+def test_a_stop_string_ends_the_text_before_it_wherever_tokens_split_it(llm):
+    free = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    (whole,) = llm.generate([PROMPT], free, use_tqdm=False)
+    text, ids = whole.outputs[0].text, whole.outputs[0].token_ids
+    stop = spanning_stop(llm, ids, text)
+    (cut,) = llm.generate([PROMPT], replace(free, stop=["\x00never", stop]), use_tqdm=False)
+    out = cut.outputs[0]
+    assert out.text == text[: text.index(stop)] and (out.finish_reason, out.stop_reason) == ("stop", stop)
+    # Its tokens end with the one that completed the stop string: the sample was stopped there.
+    assert out.token_ids == ids[: len(out.token_ids)] and len(out.token_ids) < len(ids)
+    assert stop in llm.tokenizer.decode(out.token_ids) and stop not in llm.tokenizer.decode(out.token_ids[:-1])
+    assert llm.engine.leaked() is None and not llm.engine.groups
+
+
+def test_each_sample_stops_at_its_own_stop_string_and_the_rest_run_on(llm):
+    free = SamplingParams(n=3, max_tokens=16, temperature=1.0, seed=9, ignore_eos=True)
+    (whole,) = llm.generate([PROMPT], free, use_tqdm=False)
+    first = whole.outputs[0]
+    stop = spanning_stop(llm, first.token_ids, first.text)
+    (cut,) = llm.generate([PROMPT], replace(free, stop=stop), use_tqdm=False)
+    assert cut.outputs[0].text == first.text[: first.text.index(stop)]
+    for out in cut.outputs:
+        decoded = llm.tokenizer.decode(out.token_ids)
+        if out.finish_reason == "stop":
+            assert out.stop_reason == stop and decoded.startswith(out.text + stop), (out.text, decoded)
+            assert stop not in llm.tokenizer.decode(out.token_ids[:-1])
+        else:  # its text never held the stop string: it ran to max_tokens
+            assert (out.finish_reason, len(out.token_ids)) == ("length", 16) and stop not in decoded
+    assert llm.engine.leaked() is None and not llm.engine.groups
+
+
+def test_stop_strings_need_the_tokenizer_and_are_strings(llm, monkeypatch):
+    with pytest.raises(Fp8InputError, match="stop holds an empty string, which would match everywhere"):
+        SamplingParams(stop=["x", ""])
+    with pytest.raises(Fp8InputError, match="stop must be a string or a list of strings, got 5"):
+        SamplingParams(stop=5)  # type: ignore[arg-type]
+    assert SamplingParams(stop="x").stop == ("x",)
+    ids = llm.encode(PROMPT)
+    monkeypatch.setattr(llm, "tokenizer", None)
+    with pytest.raises(Fp8InputError, match="prompt 0: stop strings are matched on the text, which needs the token"):
+        llm.generate([ids], SamplingParams(stop="x"), use_tqdm=False)
+
+
+def test_cumulative_logprob_sums_the_sampled_tokens_logprobs_when_asked_for(llm):
+    asked = SamplingParams(n=2, max_tokens=5, temperature=1.0, seed=4, logprobs=0, ignore_eos=True)
+    (out,) = llm.generate([PROMPT], asked, use_tqdm=False)
+    for c in out.outputs:
+        own = [entry[token].logprob for entry, token in zip(c.logprobs, c.token_ids, strict=True)]
+        assert len(own) == 5 and c.cumulative_logprob == pytest.approx(sum(own), abs=1e-9)
+        assert c.cumulative_logprob < 0
+    (plain,) = llm.generate([PROMPT], SamplingParams(max_tokens=5, temperature=0), use_tqdm=False)
+    assert plain.outputs[0].logprobs is None and plain.outputs[0].cumulative_logprob is None  # as vLLM

@@ -143,7 +143,7 @@ def test_llm_with_an_fp8_kv_cache_says_so_and_generates(tmp_path, capsys):
     llm = LLM(folder, max_num_seqs=4, max_num_batched_tokens=32, device="cpu", kv_cache_dtype="fp8", num_kv_blocks=33)
     line = [s for s in capsys.readouterr().err.splitlines() if "KV cache" in s][0]
     assert "512 tokens (32 blocks of 16, 0.00 GiB float8_e4m3fn)" in line
-    out = llm.generate(["the theme"], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)
+    out = llm.generate(["the theme"], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4
     with pytest.raises(Fp8InputError, match="kv_cache_dtype must be one of auto, fp8"):
         LLM(folder, device="cpu", kv_cache_dtype="float8")

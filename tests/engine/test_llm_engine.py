@@ -152,8 +152,9 @@ def test_a_request_that_can_never_fit_is_refused_before_any_work():
     ("kwargs", "message"),
     [
         ({"max_tokens": 0}, "max_tokens must be an integer >= 1"),
-        ({"temperature": -1}, r"temperature must be a number in \[0, 100\]"),
-        ({"temperature": float("nan")}, "temperature must be a number"),
+        ({"temperature": -1}, r"temperature must be a number in \[0, 2\], got -1$"),
+        ({"temperature": 2.5}, r"temperature must be a number in \[0, 2\], got 2.5$"),
+        ({"temperature": float("nan")}, r"temperature must be a number in \[0, 2\], got NaN \(not a number\)$"),
         ({"top_p": 0}, r"top_p must be a number in \(0, 1\]"),
         ({"top_p": 1.5}, r"top_p must be a number in \(0, 1\]"),
         ({"top_k": -2}, "top_k must be an integer >= 0"),

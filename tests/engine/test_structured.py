@@ -288,7 +288,8 @@ def test_a_spec_is_hashable_and_a_schema_dict_keeps_its_key_order():
 
 def test_without_xgrammar_the_error_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "xgrammar", None)
-    with pytest.raises(Fp8InputError, match=re.escape("pip install 'fp8route[structured]'")):
+    hint = "which the serve extra brings: pip install 'fp8route[serve]' (or 'fp8route[structured]' for xgrammar alone)"
+    with pytest.raises(Fp8InputError, match=re.escape(hint)):
         Grammars(None, 32, [0])  # type: ignore[arg-type]
 
 

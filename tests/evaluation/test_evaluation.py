@@ -12,7 +12,14 @@ import torch
 
 from fp8route.cli import main
 from fp8route.errors import Fp8InputError
-from fp8route.evaluation.compare import mean_interval, paired_difference, pairwise, score_interval, summarize
+from fp8route.evaluation.compare import (
+    format_summary,
+    mean_interval,
+    paired_difference,
+    pairwise,
+    score_interval,
+    summarize,
+)
 from fp8route.evaluation.scoring import encode_pair, encode_pairs, example_metrics, score_requests
 from fp8route.evaluation.tasks import TASKS, Example, Request, Task, hellaswag_preprocess, load_task
 
@@ -122,6 +129,19 @@ def test_paired_interval_by_hand():
     assert d["mean"] == 0 and d["low"] == pytest.approx(-half) and d["high"] == pytest.approx(half)
     m = mean_interval([1.0, 1.0, 1.0])
     assert (m["mean"], m["low"], m["high"]) == (1.0, 1.0, 1.0)
+
+
+def test_the_summary_says_when_two_models_score_alike_on_every_item_instead_of_a_zero_width_interval():
+    tok = CharTokenizer(ALPHABET)
+    requests = [Request("?", " ab")]
+    scores = score_requests([TableModel(_favours_a()), TableModel(_favours_a())], tok, requests * 3)
+    examples = tuple(Example(f"t/{i}", (requests[0],), 0, ()) for i in range(3))
+    result = summarize(Task("toy", "bits_per_byte", examples, "test", "test"), scores, ["ref", "same"])
+    line = format_summary(result).splitlines()[-1]
+    assert "diff +0.0000 on every one of the 3 items" in line and "[+0.0000, +0.0000]" not in line
+    result["paired"]["same"]["bits_per_byte"] = paired_difference([1.0, 2.0, 3.0], [1.5, 2.0, 3.1])
+    line = format_summary(result).splitlines()[-1]
+    assert "diff +0.2000 [-0.0994, +0.4994]" in line  # 0.2 +- 1.96 * sqrt(0.07) / sqrt(3)
 
 
 def test_right_wrong_scores_get_a_wilson_interval_inside_0_1():

@@ -159,3 +159,24 @@ def test_the_direct_launch_hands_the_launcher_what_tritons_own_launch_hands_it(c
                 assert b[6:9] == (None, None, None) and all(launcher._idle(hook) for hook in a[7:9]), name
                 mismatched = [i for i, (x, y) in enumerate(zip(a[9:], b[9:])) if not _same(x, y)]
                 assert not mismatched, f"{name}: arguments {mismatched} differ"
+
+
+@pytest.mark.parametrize("cold", [True, False])
+def test_a_cold_cache_is_filled_by_one_process_per_pass_a_warm_one_read_here(monkeypatch, cold):
+    from fp8route.kernels import compile_check, options
+
+    calls = []
+    entries = iter([10, 12 if cold else 10])  # Triton's cache before and after the first pass
+    monkeypatch.setattr(compile_check, "_cache_entries", lambda: next(entries))
+    monkeypatch.setattr(compile_check, "_sweep_pass", lambda pdl, dtype: calls.append(("here", pdl, dtype)))
+    monkeypatch.setattr(
+        compile_check, "_fill_cache", lambda passes, workers: calls.append(("workers", passes, workers))
+    )
+    monkeypatch.setattr(options, "triton_compiles_pdl", lambda: True)
+    compile_check.compile_all((torch.bfloat16, torch.float16), workers=3)
+    rest = [(False, torch.float16), (True, torch.bfloat16), (True, torch.float16)]
+    assert calls == [
+        ("here", False, torch.bfloat16),
+        *([("workers", rest, 3)] if cold else []),
+        *(("here", *p) for p in rest),
+    ]

@@ -24,6 +24,9 @@ def test_what_vllms_serving_benchmark_sends_is_accepted():
     params = request.sampling_params()
     assert (params.max_tokens, params.temperature, params.ignore_eos) == (8, 0.0, True)
     assert request.include_usage and not request.continuous_usage
+    assert params.stop == ()
+    stop = CompletionRequest.model_validate({**body, "stop": "\n\n"}).sampling_params().stop
+    assert stop == ("\n\n",)  # the server's stop strings are SamplingParams', as LLM.generate's
 
 
 def test_max_tokens_left_out_is_fitted_to_the_context_and_one_sent_is_kept():
@@ -120,7 +123,7 @@ def test_streamed_chunks_from_the_template_equal_the_models(chat: bool) -> None:
     from fp8route.serve.responses import Formats, sse
     from fp8route.serve.serving import Job, Piece
 
-    job = Job("cmpl-7", [1, 2], SamplingParams(), [])
+    job = Job("cmpl-7", [1, 2], SamplingParams())
     formats, reference = Formats(job, 'm "x"', chat, False, str), Formats(job, 'm "x"', chat, False, str)
     texts = ["hi", 'a "quote" and \\ slash', "new\nline\ttab", "ünïcødé 中文 🙂", "\x01\x1f ctrl", ""]
     texts.append("@@fp8route-text@@")
