@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import os
+
+import pytest
 import torch
 
+from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
 from fp8route.quant import FP8_DTYPE, FP8_MAX
+
+# A kernel test that runs on a GPU, and on a CPU under Triton's interpreter (TRITON_INTERPRET=1).
+GPU_OR_INTERPRETER = [
+    pytest.mark.gpu,
+    pytest.mark.interpreter,
+    pytest.mark.skipif(
+        TRITON_IMPORT_ERROR is not None or not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"),
+        reason="needs triton, and CUDA or TRITON_INTERPRET=1",
+    ),
+]
 
 
 def random_fp8_operands(m: int, n: int, k: int, device: str = "cpu", seed: int = 0) -> dict[str, torch.Tensor]:

@@ -8,25 +8,16 @@ Triton's interpreter with the GPU's float conversions (conftest's gpu_conversion
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from helpers import GPU_OR_INTERPRETER
 
 from fp8route.kernels.block_gemm import CONFIGS, BlockGemmConfig, block_gemm, config_for
-from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
 from fp8route.schemes import quantize_activation, quantize_weight, scaled_matmul
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.interpreter,
-    pytest.mark.skipif(
-        TRITON_IMPORT_ERROR is not None or not (CUDA or os.environ.get("TRITON_INTERPRET") == "1"),
-        reason="needs triton, and CUDA or TRITON_INTERPRET=1",
-    ),
-]
+pytestmark = GPU_OR_INTERPRETER
 SMALL = [BlockGemmConfig(16, 64, 1, 4, 2), BlockGemmConfig(32, 32, 2, 4, 2)]
 
 

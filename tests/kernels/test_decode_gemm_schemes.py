@@ -9,27 +9,18 @@ under Triton's interpreter with the GPU's e4m3 conversion (conftest's gpu_conver
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from helpers import GPU_OR_INTERPRETER
 
 from fp8route.kernels.decode_gemm import launch as decode
 from fp8route.kernels.decode_gemm.configs import DecodeConfig
 from fp8route.kernels.fused import silu_mul
-from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
 from fp8route.schemes import quantize_activation, quantize_weight, scaled_matmul
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.interpreter,
-    pytest.mark.skipif(
-        TRITON_IMPORT_ERROR is not None or not (CUDA or os.environ.get("TRITON_INTERPRET") == "1"),
-        reason="needs triton, and CUDA or TRITON_INTERPRET=1",
-    ),
-]
+pytestmark = GPU_OR_INTERPRETER
 CUDA_CORE = [DecodeConfig(16, 128, bm, split, num_stages=1, cuda_core=True) for bm, split in ((1, 1), (4, 3))]
 MMA = [DecodeConfig(64, 64, 16, split, num_stages=2) for split in (1, 3)]
 CONFIGS = CUDA_CORE + MMA + [None]  # None: the kernel's own choice for the shape

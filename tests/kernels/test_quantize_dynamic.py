@@ -8,24 +8,15 @@ interpreter (TRITON_INTERPRET=1) with the GPU's e4m3 conversion (conftest's gpu_
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from helpers import GPU_OR_INTERPRETER
 
-from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
 from fp8route.schemes import quantize_activation
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.interpreter,
-    pytest.mark.skipif(
-        TRITON_IMPORT_ERROR is not None or not (CUDA or os.environ.get("TRITON_INTERPRET") == "1"),
-        reason="needs triton, and CUDA or TRITON_INTERPRET=1",
-    ),
-]
+pytestmark = GPU_OR_INTERPRETER
 SHAPES = [(1, 576), (3, 1536), (5, 4096), (2, 200), (4, 3000)] + ([(33, 14336), (2049, 4096)] if CUDA else [])
 
 

@@ -14,25 +14,16 @@ and the correctly rounded quotient it computes without a division.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from helpers import GPU_OR_INTERPRETER
 
 from fp8route.kernels.quantize import quantize_fp8
-from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
 
 FP8 = torch.float8_e4m3fn
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.interpreter,
-    pytest.mark.skipif(
-        TRITON_IMPORT_ERROR is not None or not (CUDA or os.environ.get("TRITON_INTERPRET") == "1"),
-        reason="needs triton, and CUDA or TRITON_INTERPRET=1",
-    ),
-]
+pytestmark = GPU_OR_INTERPRETER
 SCALES = (0.0371, 1 / 448, 4 / 448, 0.0123, 3.3e-3, 0.7, 1e-5)  # none a power of two: the quotient's rounding matters
 
 
