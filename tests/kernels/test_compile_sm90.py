@@ -53,6 +53,7 @@ def test_every_kernel_compiles_for_sm90_in_every_variant_the_sweep_reaches(compi
         "_chunk_max_kernel", "_row_max_kernel", "_push_add_rms_norm_kernel",
         "_process_kernel", "_mask_kernel", "_max_key_kernel", "_kth_kernel", "_gather_kernel", "_search_kernel",
         "_draw_kernel", "_draw_top_k_kernel", "_stats_kernel", "_stats_sum_kernel",
+        "_quantize_rows_kernel", "_quantize_groups_kernel", "block_gemm_kernel",
     }  # fmt: skip
     for r in rows:
         assert r.shared <= compile_check.H200_SHARED, r
@@ -180,3 +181,13 @@ def test_a_cold_cache_is_filled_by_one_process_per_pass_a_warm_one_read_here(mon
         *([("workers", rest, 3)] if cold else []),
         *(("here", *p) for p in rest),
     ]
+
+
+def test_the_decode_gemm_compiles_each_scheme_on_both_kernels(compiled):
+    _, rows = compiled
+    gemm = [r for r in rows if r.kernel in ("decode_mma_kernel", "decode_cuda_core_kernel")]
+    for scheme in (1, 2):  # channel, block
+        kernels = {r.kernel for r in gemm if f"SCHEME={scheme}," in r.constexprs}
+        assert kernels == {"decode_mma_kernel", "decode_cuda_core_kernel"}, scheme
+    block = [r for r in gemm if "SCHEME=2," in r.constexprs and r.kernel == "decode_mma_kernel"]
+    assert all("BLOCK_K=128," in r.constexprs for r in block)  # one 128-wide group a step
