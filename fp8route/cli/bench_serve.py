@@ -11,8 +11,6 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import torch
-
 from fp8route.backends import BACKENDS
 from fp8route.bench.results import load_options, loads, write_results
 from fp8route.bench.serve import SAMPLINGS, Arm, run_arm
@@ -21,6 +19,7 @@ from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.random import write_random
 from fp8route.cli import bench_serve_http
 from fp8route.cli.sweep_args import command_line
+from fp8route.device import default_device
 from fp8route.engine.config import EngineConfig, add_engine_args
 from fp8route.engine.kv_quant import kv_cache_dtype_list
 from fp8route.engine.load import eos_token_ids, resolve_model
@@ -117,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     schemes = list(dict.fromkeys(check_scheme(s.strip()) for s in args.scheme.split(",") if s.strip()))
     if args.model is not None and args.scheme != "tensor":
         raise Fp8InputError("--scheme is for --random checkpoints; a checkpoint folder's scheme is its own")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = default_device().type
     fingerprint = Fingerprint.of(device)
     print(f"bench serve on {fingerprint.summary() if device == 'cuda' else 'cpu'}")
     with tempfile.TemporaryDirectory(prefix="fp8route-serve-", dir=args.tmp) as tmp:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fp8route.backends import BACKENDS
-from fp8route.backends.problem import default_device
+from fp8route.device import default_device
 from fp8route.errors import Fp8InputError
 from fp8route.linear.explain import explain
 from fp8route.linear.layer import Fp8Linear

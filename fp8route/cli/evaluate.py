@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fp8route.device import default_device
 from fp8route.engine.config import EngineConfig, add_engine_args
 from fp8route.errors import Fp8InputError
 from fp8route.evaluation.tasks import TASKS
@@ -128,7 +129,7 @@ def _setup(args: argparse.Namespace) -> Setup:
 
     from fp8route.engine.kv_quant import kv_cache_dtype_list
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = args.device or default_device().type
     if device not in ("cpu", "cuda"):
         raise Fp8InputError(f"--device {device}: expected cpu or cuda")
     if device == "cuda" and not torch.cuda.is_available():
