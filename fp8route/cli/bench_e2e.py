@@ -83,10 +83,10 @@ def _plan(args: argparse.Namespace, device: torch.device) -> _Plan:
     attentions = sweep_values(args, "attention")
     for attention in attentions:
         check_attention(attention, device)
-    pdls = _switch_list(args.pdl, "--pdl")
+    pdls = sweep_values(args, "pdl")
     if True in pdls and (reason := why_not_pdl(device)) is not None:
         raise Fp8InputError(f"--pdl on: programmatic dependent launch: {reason}")
-    options = [KernelOptions(p, s) for p in pdls for s in _switch_list(args.silu_in_down, "--silu-in-down")]
+    options = [KernelOptions(p, s) for p in pdls for s in sweep_values(args, "silu_in_down")]
     schemes = [check_scheme(s.strip()) for s in args.scheme.split(",") if s.strip()]
     if args.model is not None and args.scheme != "tensor":
         raise Fp8InputError("--scheme is for --random checkpoints; a checkpoint folder's scheme is its own")
@@ -143,14 +143,6 @@ def _write(args: argparse.Namespace, rows: list[E2ERow], fingerprint: Fingerprin
         print(f"wrote {png}")
 
 
-def _switch_list(text: str, flag: str) -> list[bool]:
-    values = {"off": False, "on": True}
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    if not names or any(n not in values for n in names):
-        raise Fp8InputError(f"{flag}: off, on, or off,on (both, as arms), got {text!r}")
-    return [values[n] for n in dict.fromkeys(names)]
-
-
 def register(kinds: argparse._SubParsersAction) -> None:
     e2e = kinds.add_parser("e2e", help="TTFT, prefill and decode of a whole model per policy arm (GPU)")
     add_engine_args(e2e, ["model"], model=Flag(help="an FP8 checkpoint folder (or give --random)", optional=True))
@@ -169,12 +161,10 @@ def register(kinds: argparse._SubParsersAction) -> None:
     e2e.add_argument("--input", default="1024,4096", help="prompt tokens per row")
     e2e.add_argument("--output", type=int, default=128, help="new tokens per row")
     e2e.add_argument("--policy", default="routed,cublas,rowwise,bf16", help=f"arms: {', '.join(ARMS)}")
-    add_engine_args(e2e, ["attention"], sweep=True)
-    e2e.add_argument(
-        "--pdl", default="off", help="launch fp8route's kernels with programmatic dependent launch: off, on, off,on"
-    )
-    e2e.add_argument("--silu-in-down", default="off", help="SiLU(gate) * up inside down's decode GEMM: off, on, off,on")
-    add_engine_args(e2e, ["tp", "all_reduce"], sweep=True)
+    add_engine_args(
+        e2e, ["attention", "pdl", "silu_in_down", "tp", "all_reduce"], sweep=True,
+        pdl=Flag(default=False), silu_in_down=Flag(default=False),  # an arm names a value: off, as a process starts
+    )  # fmt: skip
     e2e.add_argument("--tmp", help="where the random checkpoints are written (default: the system's temp)")
     e2e.add_argument("--out", help="directory for the JSON (default: ./bench-results/<device>/)")
     e2e.set_defaults(run=run)

@@ -22,6 +22,7 @@ import torch
 
 from fp8route.device import usable_cores
 from fp8route.errors import Fp8InputError
+from fp8route.kernels.options import set_kernel_options
 from fp8route.models.collectives import METHODS
 from fp8route.models.parallel import LM_HEADS
 
@@ -129,6 +130,15 @@ class EngineConfig:
     tp_lm_head: str = _setting(
         "vocab", "lm_head under tensor parallelism: split over the vocabulary, or whole", LM_HEADS
     )
+    # The kernel options stay process globals that the kernels read at launch (fp8route.kernels.options):
+    # load_model sets them from these, and None leaves them as fp8route.set_kernel_options set them.
+    pdl: bool | None = _setting(
+        None, "launch fp8route's own kernels with programmatic dependent launch, Hopper on "
+        "(default: as set_kernel_options left it, off)",
+    )  # fmt: skip
+    silu_in_down: bool | None = _setting(
+        None, "SiLU(gate) * up inside the down projection's decode GEMM (default: as set_kernel_options left it, off)"
+    )
     skip_tokenizer_init: bool = _setting(False, "token ids in and out: no tokenizer.json needed", cli=False)
     record_stats: bool = _setting(False, "keep each step's accounting (benchmarks)", cli=False)
 
@@ -179,6 +189,11 @@ class EngineConfig:
         threads = self.threads()
         if threads is not None:
             torch.set_num_threads(threads)
+
+    def apply_kernel_options(self) -> None:
+        """Set the process's kernel options to pdl and silu_in_down where given (None keeps one as it
+        is); Fp8InputError where PDL cannot run on the current CUDA device."""
+        set_kernel_options(pdl=self.pdl, silu_in_down=self.silu_in_down)
 
     def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from checkpoint_helpers import text_model_folder
 
+import fp8route
 from fp8route import LLM, Fp8InputError, SamplingParams
 from fp8route.engine import EngineConfig
 from fp8route.engine.config import Flag, add_engine_args, check_setting, sweep_values
@@ -184,3 +185,17 @@ def test_every_setting_is_checked_in_one_place_whoever_asks():
     with pytest.raises(Fp8InputError, match=r"^num_kv_blocks must be at least 2 \(one is scratch\), got 1$"):
         check_setting("num_kv_blocks", 1)
     check_setting("max_model_len", None)  # None: the model's own
+
+
+def test_kernel_options_are_settings_that_the_load_applies(tmp_path, monkeypatch):
+    from fp8route.kernels import options
+
+    monkeypatch.setattr(options, "_current", [options.KernelOptions()])  # the process's own, back after
+    monkeypatch.setattr(options, "_generation", [0])
+    folder = text_model_folder(tmp_path / "m")
+    fp8route.load_model(folder, device="cpu", max_num_seqs=1, silu_in_down=True, quiet=True)
+    assert options.kernel_options() == options.KernelOptions(pdl=False, silu_in_down=True)
+    fp8route.load_model(folder, device="cpu", max_num_seqs=1, quiet=True)  # None: as the process has them
+    assert options.kernel_options().silu_in_down
+    with pytest.raises(Fp8InputError, match="programmatic dependent launch: "):
+        EngineConfig(pdl=True).apply_kernel_options()  # no Hopper GPU here
