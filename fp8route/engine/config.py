@@ -267,7 +267,7 @@ def add_engine_args(
         shown = _as_text(default) if sweep else default
         help_text = _help(f, flag, shown, sweep)
         if name == "model" and flag.spelling is None:
-            optional = {"nargs": "?", "metavar": "MODEL"} if flag.optional else {}
+            optional: dict[str, Any] = {"nargs": "?", "metavar": "MODEL"} if flag.optional else {}
             parser.add_argument("model", help=help_text, **optional)
             continue
         option, kind = flag.spelling or _flag(name), _kind(f)
