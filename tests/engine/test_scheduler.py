@@ -11,9 +11,11 @@ from fp8route.engine.scheduler import Scheduler, SchedulerOutput
 BLOCK = 4
 
 
-def scheduler(blocks: int = 64, max_num_seqs: int = 8, budget: int = 32, max_model_len: int = 256) -> Scheduler:
+def scheduler(
+    blocks: int = 64, max_num_seqs: int = 8, budget: int = 32, max_model_len: int = 256, caching: bool = True
+) -> Scheduler:
     """blocks: the pool's, the scratch block among them."""
-    return Scheduler(BlockManager(blocks, BLOCK), max_num_seqs, budget, max_model_len)
+    return Scheduler(BlockManager(blocks, BLOCK, caching), max_num_seqs, budget, max_model_len)
 
 
 def request(name: str, prompt: list[int], max_tokens: int = 8, **params: object) -> Request:
@@ -116,6 +118,24 @@ def test_a_request_preempted_for_itself_ends_the_step_and_nothing_is_admitted_af
     assert out.preempted == [a] and out.empty and [r.request_id for r in s.waiting] == ["a", "late"]
 
 
+def test_a_step_that_preempts_admits_no_one_so_the_preempted_request_is_not_taken_back_at_once():
+    s = scheduler(budget=5, caching=False)
+    a, v = request("a", [1] * 4, max_tokens=100), request("v", [2] * 12, max_tokens=100)
+    s.add(a)
+    s.add(v)
+    while v.num_output_tokens == 0:  # v's prompt in chunks of what a's piece leaves, then its first token
+        read_back(s, s.schedule())
+    held = s.blocks.allocate(s.blocks.free_blocks)
+    assert held is not None
+    for _ in range(2 * BLOCK):  # within a block's worth of decodes one of them needs a new block
+        out = s.schedule()
+        if out.preempted:
+            break
+        read_back(s, out)
+    # Its blocks and the budget left would let v back in for a chunk, to be preempted again next step.
+    assert out.preempted == [v] and [p.request for p in out.seqs] == [a] and list(s.waiting) == [v]
+
+
 def test_a_prompt_that_starts_with_cached_blocks_computes_only_the_rest():
     s = scheduler(budget=64)
     prefix = list(range(100, 108))  # two full blocks
@@ -160,13 +180,18 @@ def test_aborting_a_waiting_or_a_running_request_frees_what_it_held():
 
 
 def test_a_step_launched_before_a_preemption_registers_nothing_for_the_request():
-    s = scheduler(budget=64)
-    r = request("r", list(range(100, 108)))
+    s = scheduler(budget=8)
+    r = request("r", list(range(100, 112)))
     s.add(r)
-    out = s.schedule()
-    s.preempt(r)  # before the step is read back
-    read_back(s, out)
+    stale = s.schedule()  # its first 8 positions, a chunk that does not sample
+    written = list(r.blocks)
+    s.preempt(r)  # before that step is read back
+    again = s.schedule()  # readmitted at once on other blocks, which the stale step never wrote
+    assert pieces(again) == [("r", 0, 8, False)] and not set(r.blocks) & set(written)
+    read_back(s, stale)
     assert r.num_cached_blocks == 0 and not s.blocks.cached
+    read_back(s, again)
+    assert r.num_cached_blocks == 2  # the step of this admission registers them
 
 
 def test_a_request_with_its_output_scheduled_is_not_scheduled_again():
