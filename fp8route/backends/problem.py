@@ -7,21 +7,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from fp8route.device import CPU, DeviceInfo
-from fp8route.errors import Fp8InputError
 from fp8route.schemes import Scheme
-
-
-def default_device(device: torch.device | str | None = None) -> torch.device:
-    """The device given, else CUDA when torch sees a GPU, else the CPU."""
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        chosen = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise Fp8InputError(f"device {device!r}: not a device torch knows; use cuda, cuda:N or cpu") from None
-    if chosen.type == "cuda" and not torch.cuda.is_available():
-        raise Fp8InputError(f"device {device!r}: torch sees no CUDA GPU on this machine; use cpu")
-    return chosen
 
 
 @dataclass(frozen=True)

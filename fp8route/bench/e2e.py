@@ -55,7 +55,7 @@ class E2ERow:
     all_reduce: str = ""  # how row-parallel outputs were summed (tp > 1)
     ttft_min_ms: float = 0.0  # the spread of the repeats ttft_ms is the median of
     ttft_max_ms: float = 0.0
-    attention: str = "builtin"  # fp8route.engine.flashinfer_attention.ATTENTION
+    attention: str = "builtin"  # fp8route.engine.config.ATTENTION
     kv_gb: float = 0.0  # KV bytes a decode step reads, mean over the steps (the context grows by one a step)
     pdl: bool = False  # fp8route.kernels.options: fp8route's kernels launched with PDL
     silu_in_down: bool = False  # and SiLU(gate) * up computed inside down's decode GEMM

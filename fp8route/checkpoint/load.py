@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from fp8route.backends.problem import default_device
 from fp8route.checkpoint.config_check import ModelDims, check_config
 from fp8route.checkpoint.formats import CONFIG, QuantScheme, detect_scheme, modelopt, read_json
 from fp8route.checkpoint.hub import resolve_model_path
@@ -18,6 +17,7 @@ from fp8route.checkpoint.layout import Layout, layout, natural_key
 from fp8route.checkpoint.scales import SCALE_NAMES
 from fp8route.checkpoint.sharding import ScaleSlices
 from fp8route.checkpoint.shards import ShardSet, Slices, TensorInfo
+from fp8route.device import default_device
 from fp8route.errors import CheckpointError, Fp8InputError, Fp8TypeError
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.plan import Preference

@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 
-from fp8route.backends.problem import default_device
 from fp8route.checkpoint import estimators
 from fp8route.checkpoint.calibration import calibration_ids
 from fp8route.checkpoint.config_check import check_config
@@ -51,6 +50,7 @@ from fp8route.checkpoint.kv_calibration import KV_CACHE, KvObserver
 from fp8route.checkpoint.observer import SAMPLE_ROWS, InputObserver, ScaleChoice, observe
 from fp8route.checkpoint.sensitivity import KlSearch, TrialModel, check_budget, search_budget
 from fp8route.checkpoint.shards import INDEX, ShardSet, ShardWriter, check_shard_bytes
+from fp8route.device import default_device
 from fp8route.errors import CheckpointError, Fp8InputError
 from fp8route.models.llama import DecoderLayer, FloatLinear, LlamaConfig, Parts, RMSNorm, rope_tables
 from fp8route.progress import Progress

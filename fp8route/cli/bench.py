@@ -10,10 +10,10 @@ from pathlib import Path
 from fp8route.backends import BACKENDS
 from fp8route.cli import bench_attention, bench_decode, bench_e2e, bench_figures, bench_idle, bench_serve
 from fp8route.cli.sweep_args import (
-    DTYPES,
     add_sweep_args,
     command_line,
     cuda_device,
+    dtype_from_args,
     m_values_from_args,
     shapes_from_args,
     timer_from_args,
@@ -38,11 +38,11 @@ def run_gemm(args: argparse.Namespace) -> int:
         info = DeviceInfo.of(device)
         policies = _policies(args.policy, info)
         timer = timer_from_args(args)
+        dtype = dtype_from_args(args)
     except Fp8RouteError as exc:
         print(f"fp8route bench gemm: {exc}", file=sys.stderr)
         return 2
     fingerprint = Fingerprint.of(device)
-    dtype = DTYPES[args.dtype]
     table = load_table(device, path=args.table)
     print(f"bench gemm on {fingerprint.summary()}; clock: {args.clock}")
     print(f"routing table: {table.origin if table else 'none (routed = default priority; run `fp8route tune` first)'}")

@@ -16,10 +16,10 @@ from fp8route.backends import BACKENDS
 from fp8route.bench.e2e import E2ERow, as_json, bench_arm, options_summary, plot, scheme_summary, table, tp_summary
 from fp8route.checkpoint.random import write_random
 from fp8route.cli.sweep_args import command_line, cuda_device, int_list
-from fp8route.engine.flashinfer_attention import ATTENTION, check_attention
+from fp8route.engine.config import Flag, add_engine_args, sweep_values
+from fp8route.engine.flashinfer_attention import check_attention
 from fp8route.errors import Fp8InputError
 from fp8route.kernels.options import KernelOptions, why_not_pdl
-from fp8route.models.collectives import METHODS, check_method
 from fp8route.models.shapes import MODELS
 from fp8route.models.spawn import run_ranks
 from fp8route.routing.fingerprint import Fingerprint
@@ -75,21 +75,18 @@ def _plan(args: argparse.Namespace, device: torch.device) -> _Plan:
     if args.model is not None and "bf16" in arms:
         raise Fp8InputError("the bf16 arm needs the same weights unquantized: use --random, or leave bf16 out")
     batches, inputs = int_list(args.batch, "--batch"), int_list(args.input, "--input")
-    sizes = int_list(args.tp, "--tp")
-    methods = [m.strip() for m in args.all_reduce.split(",") if m.strip()]
-    for method in methods:
-        check_method(method)
+    sizes, methods = sweep_values(args, "tp"), sweep_values(args, "all_reduce")
     if max(sizes) > torch.cuda.device_count():
         raise Fp8InputError(f"--tp {max(sizes)} needs that many GPUs; {torch.cuda.device_count()} are visible")
     if args.output < 2:
         raise Fp8InputError(f"--output must be at least 2 (a decode step is timed), got {args.output}")
-    attentions = [a.strip() for a in args.attention.split(",") if a.strip()]
+    attentions = sweep_values(args, "attention")
     for attention in attentions:
         check_attention(attention, device)
-    pdls = _switch_list(args.pdl, "--pdl")
+    pdls = sweep_values(args, "pdl")
     if True in pdls and (reason := why_not_pdl(device)) is not None:
         raise Fp8InputError(f"--pdl on: programmatic dependent launch: {reason}")
-    options = [KernelOptions(p, s) for p in pdls for s in _switch_list(args.silu_in_down, "--silu-in-down")]
+    options = [KernelOptions(p, s) for p in pdls for s in sweep_values(args, "silu_in_down")]
     schemes = [check_scheme(s.strip()) for s in args.scheme.split(",") if s.strip()]
     if args.model is not None and args.scheme != "tensor":
         raise Fp8InputError("--scheme is for --random checkpoints; a checkpoint folder's scheme is its own")
@@ -146,17 +143,9 @@ def _write(args: argparse.Namespace, rows: list[E2ERow], fingerprint: Fingerprin
         print(f"wrote {png}")
 
 
-def _switch_list(text: str, flag: str) -> list[bool]:
-    values = {"off": False, "on": True}
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    if not names or any(n not in values for n in names):
-        raise Fp8InputError(f"{flag}: off, on, or off,on (both, as arms), got {text!r}")
-    return [values[n] for n in dict.fromkeys(names)]
-
-
 def register(kinds: argparse._SubParsersAction) -> None:
     e2e = kinds.add_parser("e2e", help="TTFT, prefill and decode of a whole model per policy arm (GPU)")
-    e2e.add_argument("model", nargs="?", metavar="MODEL", help="an FP8 checkpoint folder (or give --random)")
+    add_engine_args(e2e, ["model"], model=Flag(help="an FP8 checkpoint folder (or give --random)", optional=True))
     e2e.add_argument(
         "--random",
         metavar="NAME",
@@ -172,17 +161,10 @@ def register(kinds: argparse._SubParsersAction) -> None:
     e2e.add_argument("--input", default="1024,4096", help="prompt tokens per row")
     e2e.add_argument("--output", type=int, default=128, help="new tokens per row")
     e2e.add_argument("--policy", default="routed,cublas,rowwise,bf16", help=f"arms: {', '.join(ARMS)}")
-    e2e.add_argument(
-        "--attention", default="builtin", help=f"attention paths to run each arm with: {', '.join(ATTENTION)}"
-    )
-    e2e.add_argument(
-        "--pdl", default="off", help="launch fp8route's kernels with programmatic dependent launch: off, on, off,on"
-    )
-    e2e.add_argument("--silu-in-down", default="off", help="SiLU(gate) * up inside down's decode GEMM: off, on, off,on")
-    e2e.add_argument("--tp", default="1", help="tensor parallel sizes to run side by side, e.g. 1,2 (one GPU a rank)")
-    e2e.add_argument(
-        "--all-reduce", default="nccl", help=f"with --tp > 1: {', '.join(METHODS)}, or both to compare (nccl,symm_mem)"
-    )
+    add_engine_args(
+        e2e, ["attention", "pdl", "silu_in_down", "tp", "all_reduce"], sweep=True,
+        pdl=Flag(default=False), silu_in_down=Flag(default=False),  # an arm names a value: off, as a process starts
+    )  # fmt: skip
     e2e.add_argument("--tmp", help="where the random checkpoints are written (default: the system's temp)")
     e2e.add_argument("--out", help="directory for the JSON (default: ./bench-results/<device>/)")
     e2e.set_defaults(run=run)

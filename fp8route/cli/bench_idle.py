@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from fp8route.cli.sweep_args import cuda_device, int_list
+from fp8route.engine.config import Flag, add_engine_args
 from fp8route.errors import Fp8InputError
 
 IDLE_SAMPLINGS = ("greedy", "mixed")  # bench serve's arms that need no tokenizer
@@ -39,7 +40,6 @@ def register(kinds: argparse._SubParsersAction) -> None:
     parser = kinds.add_parser(
         "idle",
         help="the GPU's idle share between engine steps and the host time per step, decode-only and mixed (GPU)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("path", help="checkpoint folder (e.g. a random one: fp8route.checkpoint.random.write_random)")
     parser.add_argument("--batches", default="64,256", help="decoding requests per measurement, comma-separated")
@@ -49,5 +49,5 @@ def register(kinds: argparse._SubParsersAction) -> None:
         default="greedy",
         help=f"what each request asks for, comma-separated: {', '.join(IDLE_SAMPLINGS)} (bench serve's arms)",
     )
-    parser.add_argument("--max-model-len", type=int, default=8192, help="the engine's context length")
+    add_engine_args(parser, ["max_model_len"], max_model_len=Flag(default=8192))
     parser.set_defaults(run=run)

@@ -11,8 +11,6 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import torch
-
 from fp8route.backends import BACKENDS
 from fp8route.bench.results import load_options, loads, write_results
 from fp8route.bench.serve import SAMPLINGS, Arm, run_arm
@@ -21,8 +19,8 @@ from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.random import write_random
 from fp8route.cli import bench_serve_http
 from fp8route.cli.sweep_args import command_line
-from fp8route.engine.config import EngineConfig, add_engine_args
-from fp8route.engine.kv_quant import kv_cache_dtype_list
+from fp8route.device import default_device
+from fp8route.engine.config import EngineConfig, Flag, add_engine_args, sweep_values
 from fp8route.engine.load import eos_token_ids, resolve_model
 from fp8route.errors import Fp8InputError
 from fp8route.models.shapes import MODELS
@@ -30,13 +28,6 @@ from fp8route.routing.fingerprint import Fingerprint
 from fp8route.schemes import SCHEMES, check_scheme
 
 POLICIES = ("routed", "bf16", *BACKENDS)
-
-
-def _on_off(value: str, flag: str) -> list[bool]:
-    modes = [m.strip() for m in value.split(",") if m.strip()]
-    if not modes or any(m not in ("on", "off") for m in modes):
-        raise Fp8InputError(f"{flag}: on, off or on,off, got {value!r}")
-    return [m == "on" for m in dict.fromkeys(modes)]
 
 
 # The settings bench serve can compare as arms (each flag takes a comma-separated list), and how an arm's
@@ -55,8 +46,8 @@ def _arms(args: argparse.Namespace, folders: dict[str, Path]) -> list[Arm]:
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise Fp8InputError(f"--policy: unknown {', '.join(unknown)}; known: {', '.join(POLICIES)}")
-    axes = {name: _on_off(getattr(args, name), flag) for name, (flag, _) in AXES.items()}
-    kv_dtypes = kv_cache_dtype_list(args.kv_cache_dtype)
+    axes = {name: sweep_values(args, name, flag) for name, (flag, _) in AXES.items()}
+    kv_dtypes = sweep_values(args, "kv_cache_dtype")
     samplings = [m.strip() for m in args.sampling.split(",") if m.strip()]
     if not samplings or any(m not in SAMPLINGS for m in samplings):
         raise Fp8InputError(f"--sampling: one or more of {', '.join(SAMPLINGS)}, got {args.sampling!r}")
@@ -117,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     schemes = list(dict.fromkeys(check_scheme(s.strip()) for s in args.scheme.split(",") if s.strip()))
     if args.model is not None and args.scheme != "tensor":
         raise Fp8InputError("--scheme is for --random checkpoints; a checkpoint folder's scheme is its own")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = default_device().type
     fingerprint = Fingerprint.of(device)
     print(f"bench serve on {fingerprint.summary() if device == 'cuda' else 'cpu'}")
     with tempfile.TemporaryDirectory(prefix="fp8route-serve-", dir=args.tmp) as tmp:
@@ -242,9 +233,8 @@ def _ratios(r: ServeReport) -> list[str]:
 
 def register(kinds: argparse._SubParsersAction) -> None:
     serve = kinds.add_parser("serve", help="a serving load on the engine per arm: throughput, TTFT, TPOT, ITL")
-    serve.add_argument(
-        "model", nargs="?", metavar="MODEL", help="a checkpoint folder (or smollm2); with --url, the served one's"
-    )
+    model = Flag(help="a checkpoint folder (or smollm2); with --url, the served one's", optional=True)
+    add_engine_args(serve, ["model"], model=model)
     serve.add_argument(
         "--random",
         metavar="NAME",
@@ -257,20 +247,11 @@ def register(kinds: argparse._SubParsersAction) -> None:
         f"{', '.join(SCHEMES)} (default tensor)",
     )
     serve.add_argument("--policy", default="routed", help=f"arms: {', '.join(POLICIES)} (comma-separated)")
-    serve.add_argument(
-        "--prefix-caching", dest="enable_prefix_caching", default="on", help="on, off, or on,off (both, as arms)"
-    )
-    serve.add_argument(
-        "--async-scheduling", default="on",
-        help="the next step prepared while the GPU runs this one: off, on, or off,on (both, as arms)",
+    add_engine_args(
+        serve, [*AXES, "kv_cache_dtype"], sweep=True,
+        enable_prefix_caching=Flag(spelling=AXES["enable_prefix_caching"][0]),  # its name since bench serve began
+        async_scheduling=Flag(default=True),  # an arm names a value: on, the engine's own on a GPU
     )  # fmt: skip
-    serve.add_argument(
-        "--prefill-graphs", default="on",
-        help="a mixed step's work between attentions from CUDA graphs: on, off, or off,on (both, as arms)",
-    )  # fmt: skip
-    serve.add_argument(
-        "--kv-cache-dtype", default="auto", help="auto (the model's dtype), fp8, or auto,fp8 (both, as arms)"
-    )
     serve.add_argument(
         "--sampling", default="greedy",
         help="what requests ask for: greedy, mixed (top_k, top_p, min_p, penalties, logprobs=5), json (a JSON "

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from fp8route.backends import BACKENDS
-from fp8route.backends.problem import default_device
+from fp8route.device import default_device
+from fp8route.engine.config import Flag, add_engine_args, check_setting
 from fp8route.errors import Fp8InputError
 from fp8route.linear.explain import explain
 from fp8route.linear.layer import Fp8Linear
@@ -71,6 +72,7 @@ def quantize_model(model: nn.Module, calibration: torch.Tensor, policy: Policy) 
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    check_setting("dtype", args.dtype, "--dtype")
     for flag in ("layers", "tokens", "hidden", "intermediate"):
         value = getattr(args, flag)
         if value is not None and value < 1:
@@ -132,10 +134,7 @@ def run_checked(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, str, f
 
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("demo", help="build, plan, explain, run and check a random FP8 model of Llama blocks")
-    parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
-    parser.add_argument(
-        "--dtype", choices=sorted(FLOAT_DTYPE_NAMES), default="bfloat16", help="activations and outputs"
-    )
+    add_engine_args(parser, ["device", "dtype"], dtype=Flag(help="activations and outputs"))
     parser.add_argument("--hidden", type=int, help="default: 4096 on a GPU (Llama-3.1-8B), 1024 on a CPU")
     parser.add_argument("--intermediate", type=int, help="default: 14336 on a GPU, 3584 on a CPU")
     parser.add_argument("--layers", type=int, default=2, help="Llama blocks in the model")

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fp8route.engine.config import EngineConfig, add_engine_args
+from fp8route.device import default_device
+from fp8route.engine.config import EngineConfig, Flag, add_engine_args, sweep_values
 from fp8route.errors import Fp8InputError
 from fp8route.evaluation.tasks import TASKS
 from fp8route.progress import TextProgress
@@ -126,9 +127,7 @@ def _setup(args: argparse.Namespace) -> Setup:
     """Every flag checked, before any model loads."""
     import torch
 
-    from fp8route.engine.kv_quant import kv_cache_dtype_list
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = args.device or default_device().type
     if device not in ("cpu", "cuda"):
         raise Fp8InputError(f"--device {device}: expected cpu or cuda")
     if device == "cuda" and not torch.cuda.is_available():
@@ -144,7 +143,7 @@ def _setup(args: argparse.Namespace) -> Setup:
     if args.backends is not None and args.compare:
         raise Fp8InputError("--backends compares one folder with itself under each backend; drop --compare")
     backends: list[str | None] = list(_backend_names(args.backends)) if args.backends is not None else [None]
-    kv_dtypes = kv_cache_dtype_list(args.kv_cache_dtype)
+    kv_dtypes = sweep_values(args, "kv_cache_dtype")
     if len(kv_dtypes) > 1 and (args.compare or args.backends is not None):
         raise Fp8InputError(
             "--kv-cache-dtype with several values compares MODEL with itself; drop --compare/--backends"
@@ -297,16 +296,16 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="score MODEL (FP8) once per backend, each forced for every layer as FP8ROUTE_FORCE forces it, "
         "against the first; a backend that cannot run a layer is skipped and said so (default: none: as routed)",
     )
-    parser.add_argument(
-        "--kv-cache-dtype",
-        default="auto",
-        help="auto, fp8, or auto,fp8 (MODEL scored with each, against the first); fp8 rounds every layer's K and V "
-        "through e4m3 with the checkpoint's k/v scales, as if every position were read back from an fp8 cache",
+    kv_help = (
+        "auto, fp8, or auto,fp8 (MODEL scored with each, against the first); fp8 rounds every layer's K and V "
+        "through e4m3 with the checkpoint's k/v scales, as if every position were read back from an fp8 cache"
     )
-    parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
-    parser.add_argument(
-        "--dtype", default="auto", help="activations: float32, bfloat16 or auto (float32 on cpu, the model's on cuda)"
+    add_engine_args(parser, ["kv_cache_dtype"], sweep=True, kv_cache_dtype=Flag(help=kv_help))
+    # Not the engine's dtype: what eval's full forward computes in, "auto" among them (checked by _setup).
+    eval_dtype = Flag(
+        "auto", "activations: float32, bfloat16 or auto (float32 on cpu, the model's on cuda)", choices=_DTYPES
     )
+    add_engine_args(parser, ["device", "dtype"], dtype=eval_dtype)
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass")
     parser.add_argument("--max-length", type=int, default=2048, help="longest context+continuation, in tokens")
     parser.add_argument("--out", default="eval-results", help="folder for the JSON results")

@@ -19,6 +19,7 @@ import torch
 
 from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.gguf_tokenizer import apply_chat_template
+from fp8route.device import default_device
 from fp8route.engine.causal_lm import model_context
 from fp8route.engine.config import EngineConfig, add_engine_args
 from fp8route.engine.kv_pool import blocks_for
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     ids = _prompt_ids(args, folder, tokenizer)
     _check_fits(folder, len(ids), args)  # before any rank is started
     if args.tp > 1 and "WORLD_SIZE" not in os.environ:  # start the ranks; each runs this command
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = args.device or default_device().type
         run_ranks(args.tp, run, args, device=device)
         return 0
     # One request: a pool of its own blocks, its context, and no memory profiling.

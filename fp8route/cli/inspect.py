@@ -155,7 +155,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "inspect", help="load and check an FP8 checkpoint folder and its config; show its scheme and each layer's plan"
     )
-    add_engine_args(parser, ["model"])
-    parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    add_engine_args(parser, ["model", "device"])
     parser.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate layers")
     parser.set_defaults(run=run)

@@ -11,6 +11,7 @@ from fp8route.checkpoint.estimators import DEFAULT_PERCENTILE, ESTIMATORS
 from fp8route.checkpoint.formats import DEFAULT_FORMAT, FORMATS
 from fp8route.checkpoint.kv_calibration import KV_CACHE
 from fp8route.checkpoint.quantize import quantize_checkpoint
+from fp8route.engine.config import Flag, add_engine_args
 from fp8route.errors import Fp8InputError
 from fp8route.progress import TextProgress
 from fp8route.schemes import SCHEMES
@@ -122,7 +123,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     _add_calibration_args(parser)
     _add_exclusion_args(parser)
-    parser.add_argument("--device", help="where calibration runs: cuda or cpu (default: cuda when available)")
+    calibrate_on = Flag(help="where calibration runs: cuda or cpu (default: cuda when available)")
+    add_engine_args(parser, ["device"], device=calibrate_on)
     parser.add_argument("--max-shard-gb", type=float, default=5.0, help="largest shard to write, in GiB")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(run=run)

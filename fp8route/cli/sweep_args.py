@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from fp8route.engine.config import Flag, add_engine_args, sweep_values
 from fp8route.errors import Fp8InputError
 from fp8route.linear.plan import M_BOUNDS
 from fp8route.models.shapes import MODELS, LayerShape, model_shapes, parse_shapes, unique_shapes
@@ -19,20 +20,19 @@ from fp8route.tuning.cupti import cupti_available
 from fp8route.tuning.timing import CLOCKS, time_arms
 from fp8route.tuning.workload import TimeArms
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}  # the activations the GEMM backends take
 
 
 def add_sweep_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model", help=f"{' | '.join(MODELS)} | PATH (config.json or its folder) (default: none: give it or --shapes)"
-    )
-    parser.add_argument("--tp", default="1", help="tensor-parallel size, or several: 1,4 (default 1)")
+    model = f"{' | '.join(MODELS)} | PATH (config.json or its folder) (default: none: give it or --shapes)"
+    add_engine_args(parser, ["model"], model=Flag(None, model, spelling="--model"))
+    add_engine_args(parser, ["tp"], sweep=True, tp=Flag(help="tensor-parallel size, or several: 1,4 (default 1)"))
     parser.add_argument(
         "--shapes",
         help="explicit NxK shapes instead of (or besides) --model, e.g. 6144x4096,4096x14336 (default: none)",
     )
     parser.add_argument("--m", help="M values, e.g. 1,16,128 (default: the plan's buckets 1, 2, 4 ... 16384)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="activation and output dtype")
+    add_engine_args(parser, ["dtype"], dtype=Flag(help="activation and output dtype", choices=sorted(DTYPES)))
     parser.add_argument(
         "--scheme",
         choices=SCHEMES,
@@ -40,7 +40,7 @@ def add_sweep_args(parser: argparse.ArgumentParser) -> None:
         help="the FP8 scheme of the layers: tensor (static per-tensor scales), channel (per-channel weights, "
         "per-token x) or block (128x128 weight blocks, 1x128 x groups) (default tensor)",
     )
-    parser.add_argument("--device", default="cuda", help="CUDA device (default: the current one)")
+    add_engine_args(parser, ["device"], device=Flag("cuda", "CUDA device (default: the current one)"))
     parser.add_argument("--repeats", type=int, default=30, help="timed calls per arm and rep (default 30)")
     parser.add_argument(
         "--clock",
@@ -49,6 +49,13 @@ def add_sweep_args(parser: argparse.ArgumentParser) -> None:
         help="how a call is timed: events (CUDA events around it, the default) or cupti (its kernels' own "
         "durations as CUPTI records them, through torch.profiler)",
     )
+
+
+def dtype_from_args(args: argparse.Namespace) -> torch.dtype:
+    """--dtype, one the GEMM backends take."""
+    if args.dtype not in DTYPES:
+        raise Fp8InputError(f"--dtype must be one of {', '.join(sorted(DTYPES))}, got {args.dtype!r}")
+    return DTYPES[args.dtype]
 
 
 def timer_from_args(args: argparse.Namespace) -> TimeArms | None:
@@ -76,7 +83,7 @@ def shapes_from_args(args: argparse.Namespace) -> tuple[list[LayerShape], str]:
         raise Fp8InputError("give --model (llama-3.1-8b, llama-3.1-70b or a config.json) or --shapes NxK,...")
     shapes: list[LayerShape] = []
     label = ""
-    tps = int_list(args.tp, "--tp")
+    tps = sweep_values(args, "tp")
     if args.model:
         for tp in tps:
             # The same shape can recur across tp sizes; each keeps its first name.

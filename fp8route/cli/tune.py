@@ -13,10 +13,10 @@ import torch
 
 from fp8route.backends.problem import GemmProblem
 from fp8route.cli.sweep_args import (
-    DTYPES,
     add_sweep_args,
     command_line,
     cuda_device,
+    dtype_from_args,
     m_values_from_args,
     shapes_from_args,
     timer_from_args,
@@ -46,7 +46,7 @@ def run_tune(args: argparse.Namespace) -> int:
         backends = [b.strip() for b in args.backends.split(",") if b.strip()] if args.backends else None
         rank = _init_distributed()
         info, fingerprint = DeviceInfo.of(device), Fingerprint.of(device)
-        dtype = DTYPES[args.dtype]
+        dtype = dtype_from_args(args)
         measure = CudaMeasure(device, repeats=args.repeats, timer=timer_from_args(args))
         tuner = Tuner(
             measure,

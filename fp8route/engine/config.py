@@ -1,9 +1,10 @@
 """EngineConfig: every setting of the engine, defined once, checked once.
 
-Each field carries its default and its help; `add_engine_args` makes a command line's flags from them
-and `EngineConfig.from_args` reads them back, so `LLM`, `load_model`, `serve`, `bench serve`,
-`bench e2e`, `generate` and `eval` share one name, one default and one check per setting (vLLM's
-EngineArgs is the model). A bad value is one Fp8InputError naming the field, at construction.
+Each field carries its default, its help, its choices and its check. `add_engine_args` makes every
+command line's flag for a field from it (in the bench commands, a comma-separated list of values run
+as arms, read back by `sweep_values`), and `EngineConfig.from_args` reads the flags back: `LLM`,
+`load_model` and every command share one name, one default and one check per setting (vLLM's
+EngineArgs is the model). A bad value is one Fp8InputError naming the field, or the flag it came from.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import argparse
 import dataclasses
 import math
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +22,7 @@ import torch
 
 from fp8route.device import usable_cores
 from fp8route.errors import Fp8InputError
+from fp8route.kernels.options import set_kernel_options
 from fp8route.models.collectives import METHODS
 from fp8route.models.parallel import LM_HEADS
 
@@ -30,9 +33,53 @@ ATTENTION = ("builtin", "flashinfer")
 # on two cores, so a long prompt's chunks hold every other stream up by that much (8192 held them ~14 s).
 CPU_BATCHED_TOKENS = 512
 
+Check = Callable[[str, Any], None]  # (the name to show, the value): Fp8InputError when the value is bad
 
-def _setting(default: Any, help: str, choices: Sequence[str] | None = None, cli: bool = True) -> Any:
-    return field(default=default, metadata={"help": help, "choices": choices, "cli": cli})
+
+def _fail(name: str, wanted: str, got: object) -> None:
+    raise Fp8InputError(f"{name} must be {wanted}, got {got!r}")
+
+
+def _positive(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        _fail(name, "an integer >= 1", value)
+
+
+def _positive_or_none(name: str, value: Any) -> None:
+    if value is not None:
+        _positive(name, value)
+
+
+def _block_count(name: str, value: Any) -> None:
+    _positive_or_none(name, value)
+    if value is not None and value < 2:
+        _fail(name, "at least 2 (one is scratch)", value)
+
+
+def _power_of_two(name: str, value: Any) -> None:
+    _positive(name, value)
+    if value & (value - 1):
+        _fail(name, "a power of two", value)
+
+
+def _share(name: str, value: Any) -> None:
+    if not isinstance(value, (int, float)) or math.isnan(value) or not 0 < value <= 1:
+        _fail(name, "in (0, 1]", value)
+
+
+def _device(name: str, value: Any) -> None:
+    if value is None:
+        return
+    try:
+        torch.device(value)
+    except RuntimeError:
+        _fail(name, "cuda, cuda:N or cpu", value)
+
+
+def _setting(
+    default: Any, help: str, choices: Sequence[str] | None = None, check: Check | None = None, cli: bool = True
+) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices, "check": check, "cli": cli})
 
 
 @dataclass(frozen=True)
@@ -41,18 +88,26 @@ class EngineConfig:
         "", "a checkpoint folder, a repository id in the Hugging Face hub cache, or smollm2 (-channel, -block, -bf16)"
     )
     dtype: str = _setting("bfloat16", "activations, the KV cache and every unquantized tensor", tuple(DTYPES))
-    device: str | None = _setting(None, "cuda or cpu (default: cuda when there is one)")
-    max_model_len: int | None = _setting(None, "context length: prompt plus output (default: the model's)")
-    max_num_seqs: int = _setting(256, "requests running at once: the decode batch at most")
+    device: str | None = _setting(None, "cuda or cpu (default: cuda when there is one)", check=_device)
+    max_model_len: int | None = _setting(
+        None, "context length: prompt plus output (default: the model's)", check=_positive_or_none
+    )
+    max_num_seqs: int = _setting(256, "requests running at once: the decode batch at most", check=_positive)
     max_num_batched_tokens: int | None = _setting(
         None, f"tokens one step computes: every running decode plus the prefill chunks that fit "
         f"(default: 8192 on a GPU, {CPU_BATCHED_TOKENS} on a CPU, where a long chunk would stall every stream)",
+        check=_positive_or_none,
     )  # fmt: skip
-    gpu_memory_utilization: float = _setting(0.9, "the share of GPU memory the weights, activations and KV cache take")
-    num_kv_blocks: int | None = _setting(
-        None, "KV blocks, instead of sizing the pool (default: from GPU memory; 32768 tokens on a CPU)"
+    gpu_memory_utilization: float = _setting(
+        0.9, "the share of GPU memory the weights, activations and KV cache take", check=_share
     )
-    block_size: int = _setting(16, "tokens per KV block: the unit of prefix sharing (a power of two)")
+    num_kv_blocks: int | None = _setting(
+        None, "KV blocks, instead of sizing the pool (default: from GPU memory; 32768 tokens on a CPU)",
+        check=_block_count,
+    )  # fmt: skip
+    block_size: int = _setting(
+        16, "tokens per KV block: the unit of prefix sharing (a power of two)", check=_power_of_two
+    )
     enable_prefix_caching: bool = _setting(True, "reuse the KV blocks of prompt prefixes seen before")
     kv_cache_dtype: str = _setting(
         "auto", "auto: the cache in --dtype; fp8: float8_e4m3fn with the checkpoint's k/v scales", KV_CACHE_DTYPES
@@ -65,14 +120,24 @@ class EngineConfig:
     async_scheduling: bool | None = _setting(
         None, "prepare the next step while the GPU runs this one (default: on a GPU, unless attention is flashinfer)"
     )
-    tp: int = _setting(1, "tensor parallel ranks, one GPU each (generate, bench e2e, eval)")
+    tp: int = _setting(1, "tensor parallel ranks, one GPU each (generate, bench e2e, eval)", check=_positive)
     all_reduce: str = _setting("nccl", "how tensor parallel ranks sum their partial outputs", METHODS)
     cpu_threads: int | None = _setting(
         None, "threads a CPU engine computes with (default: $OMP_NUM_THREADS if set, else the cores this process "
         "may use, less one for the host's scheduling and I/O, divided among tensor parallel ranks)",
+        check=_positive_or_none,
     )  # fmt: skip
     tp_lm_head: str = _setting(
         "vocab", "lm_head under tensor parallelism: split over the vocabulary, or whole", LM_HEADS
+    )
+    # The kernel options stay process globals that the kernels read at launch (fp8route.kernels.options):
+    # load_model sets them from these, and None leaves them as fp8route.set_kernel_options set them.
+    pdl: bool | None = _setting(
+        None, "launch fp8route's own kernels with programmatic dependent launch, Hopper on "
+        "(default: as set_kernel_options left it, off)",
+    )  # fmt: skip
+    silu_in_down: bool | None = _setting(
+        None, "SiLU(gate) * up inside the down projection's decode GEMM (default: as set_kernel_options left it, off)"
     )
     skip_tokenizer_init: bool = _setting(False, "token ids in and out: no tokenizer.json needed", cli=False)
     record_stats: bool = _setting(False, "keep each step's accounting (benchmarks)", cli=False)
@@ -82,22 +147,7 @@ class EngineConfig:
             name = next((n for n, d in DTYPES.items() if d == self.dtype), str(self.dtype))
             object.__setattr__(self, "dtype", name)
         for f in dataclasses.fields(self):
-            choices = f.metadata["choices"]
-            if choices and getattr(self, f.name) not in choices:
-                _fail(f.name, f"one of {', '.join(choices)}", getattr(self, f.name))
-        for name in ("max_num_seqs", "block_size", "tp"):
-            _positive(name, getattr(self, name))
-        for name in ("max_model_len", "max_num_batched_tokens", "num_kv_blocks", "cpu_threads"):
-            value = getattr(self, name)
-            if value is not None:
-                _positive(name, value)
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
-            _fail("num_kv_blocks", "at least 2 (one is scratch)", self.num_kv_blocks)
-        if self.block_size & (self.block_size - 1):
-            _fail("block_size", "a power of two", self.block_size)
-        utilization = self.gpu_memory_utilization
-        if not isinstance(utilization, (int, float)) or math.isnan(utilization) or not 0 < utilization <= 1:
-            _fail("gpu_memory_utilization", "in (0, 1]", utilization)
+            check_setting(f.name, getattr(self, f.name))
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
             raise Fp8InputError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least max_num_seqs "
@@ -109,11 +159,6 @@ class EngineConfig:
                 "through a host buffer the next step's plan would overwrite before the GPU has read it): use the "
                 "builtin attention with it"
             )
-        if self.device is not None:
-            try:
-                torch.device(self.device)
-            except RuntimeError:
-                _fail("device", "cuda, cuda:N or cpu", self.device)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -145,6 +190,11 @@ class EngineConfig:
         if threads is not None:
             torch.set_num_threads(threads)
 
+    def apply_kernel_options(self) -> None:
+        """Set the process's kernel options to pdl and silu_in_down where given (None keeps one as it
+        is); Fp8InputError where PDL cannot run on the current CUDA device."""
+        set_kernel_options(pdl=self.pdl, silu_in_down=self.silu_in_down)
+
     def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)
 
@@ -160,38 +210,105 @@ class EngineConfig:
             name = next((f.name for f in dataclasses.fields(cls) if text.startswith(f.name + " ")), None)
             if name is None:
                 raise
-            raise Fp8InputError("--" + name.replace("_", "-") + text[len(name) :]) from None
+            raise Fp8InputError(_flag(name) + text[len(name) :]) from None
 
 
-def _fail(name: str, wanted: str, got: object) -> None:
-    raise Fp8InputError(f"{name} must be {wanted}, got {got!r}")
+FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
 
 
-def _positive(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        _fail(name, "an integer >= 1", value)
+def check_setting(name: str, value: object, label: str | None = None) -> None:
+    """The one check of one setting's value, wherever the value comes from (an EngineConfig, one arm of
+    a bench flag, a function that takes the setting alone): Fp8InputError "LABEL must be ..., got ...",
+    LABEL the setting's name unless given (a flag)."""
+    meta = FIELDS[name].metadata
+    choices, check = meta["choices"], meta["check"]
+    if choices and value not in choices:
+        _fail(label or name, f"one of {', '.join(choices)}", value)
+    if check is not None:
+        check(label or name, value)
 
 
-def add_engine_args(parser: argparse.ArgumentParser, names: Sequence[str], **defaults: Any) -> None:
-    """Flags for these EngineConfig fields, each with its help and default (defaults: a command's own,
-    shown as such). `model` is the positional argument."""
-    fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
+# -- the command line ---------------------------------------------------------------------------------
+
+
+_FIELDS_OWN: Any = object()  # a Flag's default where the command keeps the field's
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How one command shows a field where its command line differs from the field's own; the field
+    still gives the flag's name, type and check."""
+
+    default: Any = _FIELDS_OWN  # the command's own default, shown as such
+    help: str | None = None  # the command's words for what the setting does there
+    spelling: str | None = None  # the flag's name where users already have another (dest: the field)
+    choices: Sequence[str] | None = None  # the values this command takes, where it checks them itself
+    optional: bool = False  # the positional MODEL may be left out (for --random, --url)
+
+
+_SWITCH = {"on": True, "off": False}
+_KIND_NAMES = {int: "integers", float: "numbers", str: "names"}
+_DEFAULT_NOTE = re.compile(r"\s*\(default: [^()]*\)$")
+
+
+def add_engine_args(
+    parser: argparse.ArgumentParser, names: Sequence[str], *, sweep: bool = False, **flags: Flag
+) -> None:
+    """Flags for these EngineConfig fields, each with the field's type, help and default unless a Flag
+    of the same name gives the command's own. `model` is the positional argument (an option where a
+    Flag spells it so). sweep: each flag takes a comma-separated list of values, each run as an arm
+    (on/off for a switch), which sweep_values reads back. Choices and values are EngineConfig's to
+    check (one line naming the flag), not argparse's."""
+    unknown = sorted(set(flags) - set(names))
+    assert not unknown, f"Flag for settings not asked for: {unknown}"
     for name in names:
-        f = fields[name]
-        default = defaults.get(name, f.default)
-        meta = f.metadata
-        help_text = f"{meta['help']} (default: {default})" if default not in (None, "") else meta["help"]
-        if name == "model":
-            parser.add_argument("model", help=meta["help"])
+        f, flag = FIELDS[name], flags.get(name, Flag())
+        default = f.default if flag.default is _FIELDS_OWN else flag.default
+        shown = _as_text(default) if sweep else default
+        help_text = _help(f, flag, shown, sweep)
+        if name == "model" and flag.spelling is None:
+            optional: dict[str, Any] = {"nargs": "?", "metavar": "MODEL"} if flag.optional else {}
+            parser.add_argument("model", help=help_text, **optional)
             continue
-        flag = "--" + name.replace("_", "-")
-        kind = _kind(f)
-        if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
-        else:  # choices are EngineConfig's to check: one line naming the flag, not argparse's usage
-            choices = meta["choices"]
+        option, kind = flag.spelling or _flag(name), _kind(f)
+        if sweep:
+            parser.add_argument(option, dest=name, default=shown, help=help_text)
+        elif kind is bool:
+            parser.add_argument(
+                option, dest=name, action=argparse.BooleanOptionalAction, default=default, help=help_text
+            )
+        else:
+            choices = flag.choices or f.metadata["choices"]
             metavar = "{" + ",".join(choices) + "}" if choices else None
-            parser.add_argument(flag, type=kind, default=default, metavar=metavar, help=help_text)
+            parser.add_argument(option, dest=name, type=kind, default=default, metavar=metavar, help=help_text)
+
+
+def sweep_values(args: argparse.Namespace, name: str, flag: str | None = None) -> list[Any]:
+    """A sweep flag's values (add_engine_args(..., sweep=True)), comma- or space-separated: each
+    converted to the field's type and checked as EngineConfig checks it, in order, each once. A bad
+    list is one Fp8InputError naming the flag (default: the field's own spelling)."""
+    f, flag = FIELDS[name], flag or _flag(name)
+    text = str(getattr(args, name))
+    words = [w for w in re.split(r"[,\s]+", text) if w]
+    kind = _kind(f)
+    if kind is bool:
+        if not words or any(w not in _SWITCH for w in words):
+            raise Fp8InputError(f"{flag}: on, off or on,off, got {text!r}")
+        return list(dict.fromkeys(_SWITCH[w] for w in words))
+    try:
+        values = [kind(w) for w in words]
+    except ValueError:
+        raise Fp8InputError(f"{flag}: expected {_KIND_NAMES[kind]} separated by commas, got {text!r}") from None
+    for value in values:
+        check_setting(name, value, flag)
+    if not values:
+        choices = f.metadata["choices"]
+        raise Fp8InputError(f"{flag} {text!r}: one or more of {', '.join(choices or ['its values'])}, comma-separated")
+    return list(dict.fromkeys(values))
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def _kind(f: dataclasses.Field) -> type:
@@ -202,4 +319,44 @@ def _kind(f: dataclasses.Field) -> type:
     return str
 
 
-__all__ = ["ATTENTION", "DTYPES", "KV_CACHE_DTYPES", "EngineConfig", "add_engine_args"]
+def _as_text(value: Any) -> Any:
+    """A sweep flag's default as a user writes it."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return None if value is None else str(value)
+
+
+def _help(f: dataclasses.Field, flag: Flag, default: Any, sweep: bool) -> str:
+    """The flag's help: the command's, or the field's (its default note dropped where the command has
+    its own default, the values a sweep takes added), then the default where it says none."""
+    text = flag.help
+    if text is None:
+        text = f.metadata["help"]
+        if flag.default is not _FIELDS_OWN:
+            text = _DEFAULT_NOTE.sub("", text)
+        if sweep:
+            text += _sweep_note(f)
+    if default in (None, "") or "default" in text:
+        return text
+    return f"{text} (default: {default})"
+
+
+def _sweep_note(f: dataclasses.Field) -> str:
+    choices = f.metadata["choices"]
+    if _kind(f) is bool:
+        return ": on, off, or on,off (both, as arms)"
+    if choices:
+        return f": {', '.join(choices)}, or several comma-separated (each an arm)"
+    return "; several comma-separated (each an arm), e.g. 1,2"
+
+
+__all__ = [
+    "ATTENTION",
+    "DTYPES",
+    "KV_CACHE_DTYPES",
+    "EngineConfig",
+    "Flag",
+    "add_engine_args",
+    "check_setting",
+    "sweep_values",
+]

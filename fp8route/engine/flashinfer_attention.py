@@ -23,17 +23,16 @@ from typing import Any
 
 import torch
 
+from fp8route.engine.config import check_setting
 from fp8route.engine.kv_pool import SCRATCH_BLOCK, KVPool
 from fp8route.errors import Fp8InputError
 
-ATTENTION = ("builtin", "flashinfer")  # builtin: SDPA prefill, fp8route's Triton decode kernel
 _WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-KV partials)
 
 
 def check_attention(attention: str, device: torch.device) -> None:
     """Raise Fp8InputError unless `attention` can run on `device`."""
-    if attention not in ATTENTION:
-        raise Fp8InputError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
+    check_setting("attention", attention)
     if attention != "flashinfer":
         return
     if device.type != "cuda":

@@ -19,30 +19,14 @@ from dataclasses import dataclass
 
 import torch
 
-from fp8route.errors import CheckpointError, Fp8InputError
+from fp8route.errors import CheckpointError
 from fp8route.kernels.fused import rope
 from fp8route.quant import FP8_MAX, quantize_by_inverse
 
 log = logging.getLogger("fp8route")
 
-KV_CACHE_DTYPES = ("auto", "fp8")
 FP8_KV = torch.float8_e4m3fn
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-
-def check_kv_cache_dtype(value: object, name: str = "kv_cache_dtype") -> str:
-    """The value, or Fp8InputError naming the choices."""
-    if value not in KV_CACHE_DTYPES:
-        raise Fp8InputError(f"{name} must be one of {', '.join(KV_CACHE_DTYPES)}, got {value!r}")
-    return str(value)
-
-
-def kv_cache_dtype_list(value: str, flag: str = "--kv-cache-dtype") -> list[str]:
-    """A command line's comma-separated choices ("auto,fp8"), each checked, in order, once each."""
-    names = [check_kv_cache_dtype(n.strip(), flag) for n in value.split(",") if n.strip()]
-    if not names:
-        raise Fp8InputError(f"{flag} {value!r}: one or more of {', '.join(KV_CACHE_DTYPES)}, comma-separated")
-    return list(dict.fromkeys(names))
 
 
 @dataclass(frozen=True)
@@ -88,8 +72,8 @@ def kv_scales_for(
 ) -> KVScales | None:
     """The pool's scales: None for "auto" (the model's dtype, no scales); for "fp8" the checkpoint's
     (tensors: Checkpoint.kv_scales; scheme: its config's KV-cache scheme, QuantScheme.kv_cache),
-    else 1.0 with one warning naming why."""
-    if check_kv_cache_dtype(kv_cache_dtype) == "auto":
+    else 1.0 with one warning naming why. kv_cache_dtype is one EngineConfig has checked."""
+    if kv_cache_dtype == "auto":
         return None
     if tensors:
         return KVScales.from_tensors(tensors, layers, source)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -260,15 +261,7 @@ class ModelRunner:
     def _decode(self, seqs: Sequence[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor]:
         """Every piece one token: (logits, argmax) of each row."""
         requests = [s.request for s in seqs]
-        host = np.array(
-            [
-                [_token(s.request, s.start) for s in seqs],
-                [s.start >= len(s.request.token_ids) for s in seqs],  # the token is the row's last sampled
-                [s.start for s in seqs],
-                [s.row for s in seqs],
-            ],
-            dtype=np.int64,
-        )
+        host = decode_inputs(seqs)
         ids, pending, positions, rows = upload(torch.from_numpy(host), self.device)
         lengths = [s.start + 1 for s in seqs] if self.plans_on_host else None
         return self.decode(
@@ -325,24 +318,11 @@ class ModelRunner:
     def _forward(self, out: SchedulerOutput) -> tuple[torch.Tensor, PromptLogprobs | None]:
         """One forward over every piece's tokens: the logits of the pieces that sample, and the
         log-probabilities of the prompt positions asked for."""
-        seqs, page = out.seqs, self.block_size
-        starts = np.array([s.start for s in seqs], dtype=np.int64)
-        counts = np.array([s.num_tokens for s in seqs], dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(counts)])
+        seqs = out.seqs
+        starts, counts, offsets, positions, ids, pending, token_rows, slots, sample_at = step_inputs(
+            seqs, self.block_size
+        )
         total = int(offsets[-1])
-        positions = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1] - starts, counts)
-        ids = np.zeros(total, dtype=np.int64)
-        pending = np.zeros(total, dtype=np.int64)
-        token_rows = np.repeat(np.array([s.row for s in seqs], dtype=np.int64), counts)
-        slots = np.empty(total, dtype=np.int64)
-        for s, first in zip(seqs, offsets[:-1].tolist(), strict=True):
-            known = s.request.token_ids[s.start : s.start + s.num_tokens]
-            ids[first : first + len(known)] = known
-            pending[first + len(known) : first + s.num_tokens] = 1
-            blocks = np.asarray(s.request.blocks, dtype=np.int64)
-            where = positions[first : first + s.num_tokens]
-            slots[first : first + s.num_tokens] = blocks[where // page] * page + where % page
-        sample_at = (offsets[1:] - 1)[[i for i, s in enumerate(seqs) if s.samples]]
         parts = upload_parts(
             [ids, pending, positions, slots, token_rows, offsets, starts + counts, token_rows[offsets[:-1]], sample_at],
             self.device,
@@ -438,6 +418,60 @@ class ModelRunner:
                 for extra in (0, 1):
                     self.dummy_forward(singles + 2 * chunks + extra, singles, chunks)
         self.sampler.warm_up(self.dtype, self.eos_token_ids)
+
+
+class StepInputs(NamedTuple):
+    """A mixed step's inputs on the host, as int64 arrays. Per piece: where it starts in its sequence
+    (starts), how many tokens it brings (counts) and where they start in the flat batch (offsets, with
+    the total last). Per token of the batch: its position, its id (0 where pending), whether it is
+    pending (the row's last sampled token, which the device reads), its table row and its KV slot
+    (block * block_size + offset). sample_at: the batch index of each sampling piece's last token."""
+
+    starts: np.ndarray
+    counts: np.ndarray
+    offsets: np.ndarray
+    positions: np.ndarray
+    ids: np.ndarray
+    pending: np.ndarray
+    token_rows: np.ndarray
+    slots: np.ndarray
+    sample_at: np.ndarray
+
+
+def step_inputs(seqs: Sequence[ScheduledSeq], page: int) -> StepInputs:
+    """The flat batch of these pieces (page: the block size): host work only, no device or model."""
+    starts = np.array([s.start for s in seqs], dtype=np.int64)
+    counts = np.array([s.num_tokens for s in seqs], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    total = int(offsets[-1])
+    positions = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1] - starts, counts)
+    ids = np.zeros(total, dtype=np.int64)
+    pending = np.zeros(total, dtype=np.int64)
+    token_rows = np.repeat(np.array([s.row for s in seqs], dtype=np.int64), counts)
+    slots = np.empty(total, dtype=np.int64)
+    for s, first in zip(seqs, offsets[:-1].tolist(), strict=True):
+        known = s.request.token_ids[s.start : s.start + s.num_tokens]
+        ids[first : first + len(known)] = known
+        pending[first + len(known) : first + s.num_tokens] = 1
+        blocks = np.asarray(s.request.blocks, dtype=np.int64)
+        where = positions[first : first + s.num_tokens]
+        slots[first : first + s.num_tokens] = blocks[where // page] * page + where % page
+    sample_at = (offsets[1:] - 1)[[i for i, s in enumerate(seqs) if s.samples]]
+    return StepInputs(starts, counts, offsets, positions, ids, pending, token_rows, slots, sample_at)
+
+
+def decode_inputs(seqs: Sequence[ScheduledSeq]) -> np.ndarray:
+    """A decode step's inputs on the host, [4, B] int64: each row's token (0 where pending), whether it
+    is pending (the row's last sampled token, which the device reads), its position and its table row."""
+    return np.array(
+        [
+            [_token(s.request, s.start) for s in seqs],
+            [s.start >= len(s.request.token_ids) for s in seqs],
+            [s.start for s in seqs],
+            [s.row for s in seqs],
+        ],
+        dtype=np.int64,
+    )
 
 
 def _scores_prompt(piece: ScheduledSeq) -> bool:

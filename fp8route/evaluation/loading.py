@@ -16,7 +16,8 @@ import torch
 
 from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.load import is_quantized, load_checkpoint, read_plain
-from fp8route.engine.kv_quant import KVScales, RoundTripAttention, check_kv_cache_dtype, kv_scales_for
+from fp8route.engine.config import check_setting
+from fp8route.engine.kv_quant import KVScales, RoundTripAttention, kv_scales_for
 from fp8route.engine.load import resolve_model
 from fp8route.linear.plan import fallback_lines
 from fp8route.linear.policy import Policy
@@ -50,7 +51,7 @@ def load_for_eval(
     plans them, FP8ROUTE_* from the environment when None. kv_cache_dtype "fp8" rounds every
     layer's K and V through e4m3 with the checkpoint's scales (1.0 and a warning without), as an
     fp8 KV cache gives them back (fp8route.engine.kv_quant.RoundTripAttention)."""
-    check_kv_cache_dtype(kv_cache_dtype)
+    check_setting("kv_cache_dtype", kv_cache_dtype)
     folder = resolve_model(path)
     config = read_json(folder / CONFIG)
     tokenizer = load_tokenizer(folder)

@@ -9,9 +9,10 @@ import pytest
 import torch
 from checkpoint_helpers import text_model_folder
 
+import fp8route
 from fp8route import LLM, Fp8InputError, SamplingParams
 from fp8route.engine import EngineConfig
-from fp8route.engine.config import add_engine_args
+from fp8route.engine.config import Flag, add_engine_args, check_setting, sweep_values
 
 
 @pytest.mark.parametrize(
@@ -134,3 +135,67 @@ def test_a_pool_too_small_on_a_cpu_names_the_cpu_setting(tmp_path):
     llm = LLM(text_model_folder(tmp_path / "m"), device="cpu", max_num_seqs=2, num_kv_blocks=3)
     with pytest.raises(Fp8InputError, match=r"larger KV cache \(num_kv_blocks, or gpu_memory_utilization on a GPU\)"):
         llm.generate([list(range(3, 40))], SamplingParams(max_tokens=8), use_tqdm=False)
+
+
+def sweep(**flags: str):
+    """The values sweep_values reads from these flags' text."""
+    args = argparse.Namespace(**flags)
+    return {name: sweep_values(args, name) for name in flags}
+
+
+def test_a_sweep_flag_is_the_fields_values_comma_separated_each_checked_once():
+    assert sweep(tp="1, 2,1", attention="builtin", prefill_graphs="off,on,off", kv_cache_dtype="fp8 auto") == {
+        "tp": [1, 2], "attention": ["builtin"], "prefill_graphs": [False, True], "kv_cache_dtype": ["fp8", "auto"],
+    }  # fmt: skip
+    for flags, message in [
+        ({"tp": "1,0"}, r"^--tp must be an integer >= 1, got 0$"),
+        ({"tp": "1,x"}, r"^--tp: expected integers separated by commas, got '1,x'$"),
+        ({"all_reduce": "nccl,mpi"}, r"^--all-reduce must be one of nccl, symm_mem, fused, got 'mpi'$"),
+        ({"prefill_graphs": "yes"}, r"^--prefill-graphs: on, off or on,off, got 'yes'$"),
+        ({"use_cuda_graphs": ""}, r"^--use-cuda-graphs: on, off or on,off, got ''$"),
+        ({"attention": " , "}, r"^--attention ' , ': one or more of builtin, flashinfer, comma-separated$"),
+    ]:
+        with pytest.raises(Fp8InputError, match=message):
+            sweep(**flags)
+    with pytest.raises(Fp8InputError, match=r"^--prefix-caching: on, off or on,off"):
+        sweep_values(argparse.Namespace(enable_prefix_caching="1"), "enable_prefix_caching", "--prefix-caching")
+
+
+def test_a_command_may_spell_a_flag_its_own_way_and_give_its_own_default():
+    p = argparse.ArgumentParser(prog="x")
+    prefix, graphs = Flag(spelling="--prefix-caching"), Flag(default=False)
+    add_engine_args(p, ["enable_prefix_caching", "prefill_graphs"], sweep=True, enable_prefix_caching=prefix,
+                    prefill_graphs=graphs)  # fmt: skip
+    add_engine_args(p, ["async_scheduling", "max_model_len"], async_scheduling=Flag(default=True),
+                    max_model_len=Flag(default=8192))  # fmt: skip
+    add_engine_args(p, ["model"], model=Flag(optional=True))
+    args = p.parse_args(["--prefix-caching", "on,off"])
+    assert (args.enable_prefix_caching, args.prefill_graphs, args.async_scheduling) == ("on,off", "off", True)
+    assert (args.max_model_len, args.model) == (8192, None)
+    text = " ".join(p.format_help().split())
+    assert "on, off, or on,off (both, as arms) (default: off)" in text
+    # The command's default replaces what the field says of its own.
+    assert "context length: prompt plus output (default: 8192)" in text and "the model's" not in text
+    assert "unless attention is flashinfer" not in text and "(default: True)" in text
+
+
+def test_every_setting_is_checked_in_one_place_whoever_asks():
+    with pytest.raises(Fp8InputError, match=r"^--block-size must be a power of two, got 12$"):
+        check_setting("block_size", 12, "--block-size")
+    with pytest.raises(Fp8InputError, match=r"^num_kv_blocks must be at least 2 \(one is scratch\), got 1$"):
+        check_setting("num_kv_blocks", 1)
+    check_setting("max_model_len", None)  # None: the model's own
+
+
+def test_kernel_options_are_settings_that_the_load_applies(tmp_path, monkeypatch):
+    from fp8route.kernels import options
+
+    monkeypatch.setattr(options, "_current", [options.KernelOptions()])  # the process's own, back after
+    monkeypatch.setattr(options, "_generation", [0])
+    folder = text_model_folder(tmp_path / "m")
+    fp8route.load_model(folder, device="cpu", max_num_seqs=1, silu_in_down=True, quiet=True)
+    assert options.kernel_options() == options.KernelOptions(pdl=False, silu_in_down=True)
+    fp8route.load_model(folder, device="cpu", max_num_seqs=1, quiet=True)  # None: as the process has them
+    assert options.kernel_options().silu_in_down
+    with pytest.raises(Fp8InputError, match="programmatic dependent launch: "):
+        EngineConfig(pdl=True).apply_kernel_options()  # no Hopper GPU here

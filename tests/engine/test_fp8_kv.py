@@ -3,6 +3,8 @@ reads dequantize within e4m3's rounding, and the engine's greedy decode over it 
 fp32 full forward (a stated bound, not exact tokens: the cache rounds K and V to 3 mantissa bits).
 The Triton paths are tests/gpu/test_fp8_kv_gpu.py."""
 
+import argparse
+
 import pytest
 import torch
 from checkpoint_helpers import TINY, llama_tensors
@@ -11,15 +13,9 @@ from helpers import generate_with_logits
 from fp8route import Fp8InputError
 from fp8route.engine import CausalLM, EngineConfig
 from fp8route.engine.attention import gather_rows
+from fp8route.engine.config import check_setting, sweep_values
 from fp8route.engine.kv_pool import KVPool
-from fp8route.engine.kv_quant import (
-    FP8_KV,
-    KVScales,
-    check_kv_cache_dtype,
-    dequantize_kv,
-    kv_cache_dtype_list,
-    quantize_kv,
-)
+from fp8route.engine.kv_quant import FP8_KV, KVScales, dequantize_kv, quantize_kv
 from fp8route.engine.sampling import SamplingParams
 from fp8route.models import LlamaConfig, LlamaForCausalLM
 
@@ -124,12 +120,16 @@ def test_engine_with_chunked_prefill_and_prefix_hits_over_fp8_kv():
 
 def test_bad_kv_cache_dtypes_are_refused_in_one_line():
     with pytest.raises(Fp8InputError, match=r"^kv_cache_dtype must be one of auto, fp8, got 'int8'$"):
-        check_kv_cache_dtype("int8")
+        check_setting("kv_cache_dtype", "int8")
     with pytest.raises(Fp8InputError, match="--kv-cache-dtype must be one of auto, fp8"):
-        check_kv_cache_dtype("fp8_e5m2", "--kv-cache-dtype")
-    assert kv_cache_dtype_list(" fp8,auto,fp8") == ["fp8", "auto"]
+        check_setting("kv_cache_dtype", "fp8_e5m2", "--kv-cache-dtype")
+
+    def arms(text: str) -> list[str]:
+        return sweep_values(argparse.Namespace(kv_cache_dtype=text), "kv_cache_dtype")
+
+    assert arms(" fp8,auto,fp8") == ["fp8", "auto"]
     with pytest.raises(Fp8InputError, match=r"--kv-cache-dtype ',': one or more of auto, fp8"):
-        kv_cache_dtype_list(",")
+        arms(",")
     with pytest.raises(Fp8InputError, match="layers of scales"):
         KVPool(3, 4, 4, 2, 16, 1, 16, torch.float32, torch.device("cpu"), scales())
 
