@@ -39,8 +39,14 @@ def main(paths: list[str]) -> None:
                 speedup = vs / routed if vs else float("nan")
                 worst, points = min(worst, ratio), points + 1
                 wins += speedup >= 1.05
-                print(f"  {shape:<28} M={m:<5} routed {routed:8.1f} us  best {best:<19} {ratio:5.3f}x  vs {vllm} {speedup:5.2f}x")
-        print(f"  worst routed/best {worst:.3f} (target >= 0.97); >= 1.05x the vLLM pick on {wins} of {points} (target >= 1/3)")
+                print(
+                    f"  {shape:<28} M={m:<5} routed {routed:8.1f} us  best {best:<19} {ratio:5.3f}x"
+                    f"  vs {vllm} {speedup:5.2f}x"
+                )
+        print(
+            f"  worst routed/best {worst:.3f} (target >= 0.97); "
+            f">= 1.05x the vLLM pick on {wins} of {points} (target >= 1/3)"
+        )
 
 
 if __name__ == "__main__":
