@@ -14,7 +14,7 @@ from fp8route.cli import main
 
 HELDOUT = Path(__file__).parents[2] / "benchmarks/results/heldout/boolq_val_passages.txt"
 SEQUENCES = 2  # of 512 tokens, 1022 predicted positions: about 30 s for the four models on one core
-# The whole held-out text (68 sequences; benchmarks/results/cpu/schemes_accuracy/against_tensor.txt) puts
+# The whole held-out text (68 sequences; benchmarks/results/cpu/schemes_accuracy/tables.txt) puts
 # KL(bf16 || scheme) / KL(bf16 || tensor) at 0.67 for channel and 0.60 for block; over its 67 windows
 # of two consecutive sequences at most 0.80 in 65 (channel) and 67 (block), and the scheme's top-1
 # agreement above per-tensor's in all 67. These first two give 0.667 and 0.568, the same to the last

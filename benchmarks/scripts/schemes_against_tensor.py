@@ -1,10 +1,10 @@
-"""Each FP8 arm against per-tensor ("tensor") from the JSONs run.sh's eval wrote: per task the paired
+"""Each FP8 arm against per-tensor ("tensor") from the JSONs cpu_schemes_accuracy.sh's eval wrote: per task the paired
 accuracy differences (points, 95%); on the held-out text the KL and top-1 differences paired over
 sequences, and over every window of W consecutive sequences the ratio KL(bf16 || arm) / KL(bf16 ||
 tensor) and whether the arm's top-1 agreement is above per-tensor's (what the margin of
 tests/evaluation/test_schemes_accuracy.py rests on).
 
-    python3 benchmarks/results/cpu/schemes_accuracy/against_tensor.py [W ...]    # default: 1 2 4
+    python3 benchmarks/scripts/schemes_against_tensor.py [W ...]    # default: 1 2 4
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from fp8route.evaluation.compare import paired_difference
 from fp8route.evaluation.text import ratio_interval
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1] / "results" / "cpu" / "schemes_accuracy"
 for task_path in sorted(HERE.glob("*.json")):
     task = json.loads(task_path.read_text())
     if task.get("kind") != "multiple_choice":
