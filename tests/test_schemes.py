@@ -8,7 +8,6 @@ import torch
 from fp8route import Fp8Linear
 from fp8route.errors import Fp8InputError
 from fp8route.schemes import (
-    BLOCK,
     dequantize_activation,
     dequantize_weight,
     expand_blocks,
@@ -119,4 +118,3 @@ def test_fused_shards_concatenate_their_scales_and_refuse_a_block_across_two_sha
     assert fused.weight_scale.shape == (2, 2) and fused.requant_error == 0.0
     with pytest.raises(Fp8InputError, match="cannot share 128x128 weight blocks"):
         Fp8Linear.from_quantized(w, blocks, None, logical_widths=[64, 128], scheme="block")
-    assert BLOCK == 128

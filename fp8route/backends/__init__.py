@@ -61,8 +61,10 @@ def default_priority(device: DeviceInfo) -> tuple[str, ...]:
     if device.capability == (8, 9):
         # SGLang measured per-tensor cuBLASLt 5.4% slower end to end than rowwise CUTLASS on an L40.
         return ("rowwise", "cublas", "flashinfer", "weight_only", "reference")
-    # SM90+: per-tensor cuBLASLt beat rowwise CUTLASS at every M on 8B shapes (DESIGN.md). Each
-    # scheme's backends come in the order vLLM picks them, until a routing table measured says otherwise.
+    # SM90+: per-tensor cuBLASLt beat rowwise CUTLASS at every M on 8B shapes (DESIGN.md). The other
+    # schemes' library kernels come before our Triton ones until a measured routing table says otherwise
+    # (the channel scheme's rowwise is vLLM's pick too; vLLM's block picks, DeepGEMM and its own
+    # CUTLASS build, do not run here: benchmarks/results/h200/schemes/).
     return ("cublas", "flashinfer", "rowwise", "cublas_block", "triton_block", "weight_only", "reference")
 
 
