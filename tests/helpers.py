@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 import torch
@@ -106,3 +108,16 @@ def greedy_continuation(model, ids: torch.Tensor, n: int) -> torch.Tensor:  # ty
         for _ in range(n):
             seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
     return seq
+
+
+def build_lm(
+    cfg: Any, linears: Mapping[str, torch.nn.Module], tensors: Mapping[str, torch.Tensor], config: Any, **engine: Any
+) -> Any:
+    """load_model's handle over in-memory parts: a plain model, its engine (config; engine: LLMEngine's
+    keyword arguments) and the CausalLM over them, quietly."""
+    from fp8route.engine import CausalLM
+    from fp8route.engine.llm_engine import LLMEngine
+    from fp8route.models.llama import LlamaForCausalLM
+
+    model = LlamaForCausalLM(cfg, linears, tensors)
+    return CausalLM(LLMEngine(config, model, quiet=True, **engine))

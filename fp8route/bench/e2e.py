@@ -22,9 +22,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from fp8route.engine.causal_lm import CausalLM
+from fp8route.engine.causal_lm import CausalLM, load_model
 from fp8route.engine.config import EngineConfig
-from fp8route.engine.load import load_model
 from fp8route.kernels.options import KernelOptions, set_kernel_options
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.policy import Policy
@@ -135,8 +134,8 @@ def _bench_arm(
     with _forced(arm):
         model = load_model(folder, policy=Policy.from_env(), config=config, quiet=True)
     run = _ArmRun(arm, tp, all_reduce, attention, options, copy_gbs, output, repeats,
-                  model_gb=torch.cuda.memory_allocated() / 1e9, weight_bytes=weight_bytes(model),
-                  scheme=model_scheme(model))  # fmt: skip
+                  model_gb=torch.cuda.memory_allocated() / 1e9, weight_bytes=weight_bytes(model.module),
+                  scheme=model_scheme(model.module))  # fmt: skip
     gen = torch.Generator(device="cuda").manual_seed(0)
     vocab = model.cfg.vocab_size
     rows = []
@@ -215,7 +214,7 @@ def _measure(model: CausalLM, ids: torch.Tensor, run: _ArmRun) -> E2ERow:
     ttft, full = statistics.median(ttfts), statistics.median(fulls)
     step = (full - ttft) / (run.output - 1)
     # The timed steps attend to tokens + 1 ... tokens + output - 1 positions: tokens + output / 2 on average.
-    kv = batch * (tokens + run.output / 2) * model.engine.runner.pool.bytes_per_token
+    kv = batch * (tokens + run.output / 2) * model.engine.kv_cache.bytes_per_token
     nbytes = run.weight_bytes
     floor = (nbytes + kv) / (run.copy_gbs * 1e9)
     return E2ERow(

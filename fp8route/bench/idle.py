@@ -43,7 +43,7 @@ def idle_share(spans: Iterable[tuple[float, float]]) -> tuple[float, float]:
 def _steady(llm: LLM, batch: int, steps: int, arrivals: int, sampling: str) -> None:
     """`batch` requests decoding past their first tokens (each with `sampling`'s params, as bench
     serve's arm of that name has them), then `arrivals` new prompts waiting."""
-    engine, vocab = llm.engine, llm.model.cfg.vocab_size
+    engine, vocab = llm.engine, llm.engine.model.cfg.vocab_size
     load = LoadRequest([], steps * 4 + 64, 0.0)
     for index in range(batch):
         params = sampling_params(sampling, load, index)

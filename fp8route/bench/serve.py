@@ -20,6 +20,7 @@ import torch
 from fp8route.bench.e2e import FORCE_ENV, model_scheme, timed_calls, weight_bytes
 from fp8route.bench.workload import LoadRequest, RequestResult, ServeReport, summarize
 from fp8route.engine.config import EngineConfig
+from fp8route.engine.generate import generate
 from fp8route.engine.llm import LLM
 from fp8route.engine.llm_engine import StepStats
 from fp8route.engine.request import Request
@@ -120,7 +121,7 @@ def drive(llm: LLM, load: list[LoadRequest], sampling: str = "greedy") -> tuple[
 
 def _lone_prefill_tok_s(llm: LLM, tokens: int) -> float:
     """One fresh prompt of `tokens` alone through the engine to its first token: tokens/s."""
-    vocab = llm.model.cfg.vocab_size
+    vocab = llm.engine.model.cfg.vocab_size
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
 
     def once() -> None:
@@ -133,13 +134,13 @@ def _lone_prefill_tok_s(llm: LLM, tokens: int) -> float:
 def _static_generate(llm: LLM, batch: int, input_len: int, output_len: int) -> dict[str, float]:
     """The static generate at this batch: output tokens/s over the whole call (prefill included,
     as a served load's output tokens/s is) and its decode step. Fresh prompts each call."""
-    model = llm.model
+    engine = llm.engine
 
     def prompts() -> torch.Tensor:
-        return torch.randint(0, model.cfg.vocab_size, (batch, input_len))
+        return torch.randint(0, engine.model.cfg.vocab_size, (batch, input_len))
 
-    fulls, _ = timed_calls(lambda: model.generate(prompts(), output_len), repeats=3)
-    ones, _ = timed_calls(lambda: model.generate(prompts(), 1), repeats=3)
+    fulls, _ = timed_calls(lambda: generate(engine, prompts(), output_len), repeats=3)
+    ones, _ = timed_calls(lambda: generate(engine, prompts(), 1), repeats=3)
     full, one = statistics.median(fulls), statistics.median(ones)
     return {"output_tok_s": batch * output_len / full, "step_ms": 1e3 * (full - one) / max(1, output_len - 1)}
 
@@ -147,20 +148,20 @@ def _static_generate(llm: LLM, batch: int, input_len: int, output_len: int) -> d
 def load_bound(llm: LLM, load: list[LoadRequest], lone_tok_s: float, copy_gbs: float) -> float:
     """The output tokens/s no engine can beat on this load: every prompt at the lone-prefill rate, then
     every output token's KV read plus the weights once per step of max_num_seqs rows, at copy bandwidth."""
-    per_token = llm.engine.runner.pool.bytes_per_token
+    per_token = llm.engine.kv_cache.bytes_per_token
     outputs = sum(r.output_len for r in load)
     prefill_s = sum(len(r.prompt_ids) for r in load) / lone_tok_s
     kv = sum(per_token * (r.output_len * len(r.prompt_ids) + r.output_len * (r.output_len - 1) / 2) for r in load)
     steps = -(-outputs // llm.config.max_num_seqs)
-    decode_s = (steps * weight_bytes(llm.model) + kv) / (copy_gbs * 1e9)
+    decode_s = (steps * weight_bytes(llm.engine.model) + kv) / (copy_gbs * 1e9)
     return outputs / (prefill_s + decode_s)
 
 
 def _step_floors(llm: LLM, stats: list[StepStats], copy_gbs: float) -> dict[str, float]:
     """Pure decode steps (a decode graph's, no prefill chunk) against their floor: (weights + the KV
     they read) / copy bandwidth; and how many steps were mixed (decodes and prefill chunks in one forward)."""
-    per_token = llm.engine.runner.pool.bytes_per_token
-    weights = weight_bytes(llm.model)
+    per_token = llm.engine.kv_cache.bytes_per_token
+    weights = weight_bytes(llm.engine.model)
     decode = [s for s in stats if s.decodes and not s.prefill_tokens]
     if not decode:
         return {}
@@ -261,13 +262,13 @@ def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tup
     config = arm.config.replace(skip_tokenizer_init=True, record_stats=True)
     llm = LLM(arm.folder, policy=Policy.from_env(), config=config)
     engine = llm.engine
-    cuda = llm.model.device.type == "cuda"
-    pool = engine.runner.pool
+    cuda = engine.device.type == "cuda"
+    pool = engine.kv_cache
     extra: dict[str, object] = {
         "policy": arm.policy, "prefix_caching": config.enable_prefix_caching, "kv_cache_dtype": config.kv_cache_dtype,
         "async_scheduling": engine.async_scheduling, "prefill_graphs": config.prefill_graphs,
-        "max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": engine.runner.max_tokens,
-        "kv_cache_tokens": pool.capacity_tokens, "sampling": arm.sampling, "scheme": model_scheme(llm.model),
+        "max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": engine.config.max_num_batched_tokens,
+        "kv_cache_tokens": pool.capacity_tokens, "sampling": arm.sampling, "scheme": model_scheme(engine.model),
     }  # fmt: skip
     drive(llm, warmup, arm.sampling)  # kernels' first calls (and grammars' compiles), at the load's sizes
     extra.update(_unloaded(llm, load))

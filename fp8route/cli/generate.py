@@ -20,10 +20,11 @@ import torch
 from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.gguf_tokenizer import apply_chat_template
 from fp8route.device import default_device
-from fp8route.engine.causal_lm import model_context
+from fp8route.engine.blocks import blocks_for
+from fp8route.engine.causal_lm import CausalLM, load_model
 from fp8route.engine.config import EngineConfig, add_engine_args
-from fp8route.engine.kv_pool import blocks_for
-from fp8route.engine.load import load_model, resolve_model
+from fp8route.engine.llm_engine import model_context
+from fp8route.engine.load import eos_token_ids, resolve_model
 from fp8route.engine.sampling import SamplingParams
 from fp8route.errors import Fp8InputError
 from fp8route.linear.layer import Fp8Linear
@@ -54,9 +55,7 @@ def plan_summary(model: torch.nn.Module, prompt_tokens: int, dtype: torch.dtype)
 
 def eos_ids(folder: Path) -> list[int] | None:
     """The end-of-sequence ids config.json names (one or several), if any."""
-    value = read_json(folder / CONFIG).get("eos_token_id")
-    ids = [value] if isinstance(value, int) else [v for v in value or [] if isinstance(v, int)]
-    return ids or None
+    return eos_token_ids(read_json(folder / CONFIG)) or None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     end = time.perf_counter()
     stream.finish()
-    kv = str(model.engine.runner.pool.dtype).removeprefix("torch.")
+    kv = str(model.engine.kv_cache.dtype).removeprefix("torch.")
     where = f"{model.device.type}, {config.dtype}, KV cache {kv}"
     print(f"{len(ids)} prompt tokens, {stream.timing(start, end)} ({where})", file=sys.stderr)
     return 0
@@ -130,13 +129,13 @@ def _prompt_ids(args: argparse.Namespace, folder: Path, tokenizer: Any) -> list[
     return list(ids)
 
 
-def _describe(model: Any, prompt_tokens: int, dtype: torch.dtype) -> None:
+def _describe(model: CausalLM, prompt_tokens: int, dtype: torch.dtype) -> None:
     """What runs the model, on stderr: the plan, the ranks, the attention."""
-    print(plan_summary(model, prompt_tokens, dtype), file=sys.stderr)
+    print(plan_summary(model.module, prompt_tokens, dtype), file=sys.stderr)
     if model.parallel:
         print(model.parallel, file=sys.stderr)
-    if model.attention != "builtin":
-        print(f"attention: {model.attention}", file=sys.stderr)
+    if model.config.attention != "builtin":
+        print(f"attention: {model.config.attention}", file=sys.stderr)
 
 
 class Stream:

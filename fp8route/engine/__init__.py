@@ -1,11 +1,10 @@
 """The runtime: EngineConfig (every setting once), the scheduler (requests, KV blocks, prefix cache)
 and its SchedulerOutput, the model runner (KV pool, device tables, graphs; one forward per step), the
-sampler, LLMEngine and the APIs over it: LLM, CausalLM.generate / load_model, AsyncLLM."""
+sampler, LLMEngine and the APIs over it: LLM, load_model's CausalLM (generate, the full forward), AsyncLLM."""
 
-from fp8route.engine.causal_lm import CausalLM
+from fp8route.engine.causal_lm import CausalLM, load_model
 from fp8route.engine.config import EngineConfig
 from fp8route.engine.llm import LLM
-from fp8route.engine.load import load_model
 from fp8route.engine.request import CompletionOutput, RequestOutput
 from fp8route.engine.sampling import SamplingParams
 

@@ -215,7 +215,7 @@ class AsyncLLM(EngineClient):
                 self._deliver(request_id, EngineError(f"request {request_id} was refused: {exc}"))
 
     def _loop(self) -> None:
-        device = self.llm.model.device
+        device = self.engine.device
         if device.type == "cuda":  # a new thread has no current CUDA context; cuBLAS warns and makes one
             torch.cuda.set_device(device)
         while not self._stop.is_set():

@@ -18,10 +18,13 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fp8route.engine.kv_pool import SCRATCH_BLOCK
-
 Key = tuple[int, bytes]  # (key id of the previous block, -1 for the first; this block's tokens as int32)
 ROOT = -1
+SCRATCH_BLOCK = 0  # never handed out: padded rows of a decode graph read and write only there
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
 
 
 @dataclass

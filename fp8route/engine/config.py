@@ -170,6 +170,17 @@ class EngineConfig:
             return self.max_num_batched_tokens
         return max(8192 if device.type == "cuda" else CPU_BATCHED_TOKENS, self.max_num_seqs)
 
+    def resolved(self, device: torch.device, context: int) -> EngineConfig:
+        """This config with what it leaves to the model and the device filled in, as the engine's
+        parts read it: device, max_model_len (the model's context, which it may not exceed) and
+        max_num_batched_tokens (the device's default)."""
+        if self.max_model_len is not None and self.max_model_len > context:
+            raise Fp8InputError(f"max_model_len={self.max_model_len} exceeds the model's context of {context} tokens")
+        return self.replace(
+            device=str(device), max_model_len=self.max_model_len or context,
+            max_num_batched_tokens=self.batched_tokens(device),
+        )  # fmt: skip
+
     def threads(self) -> int | None:
         """The CPU engine's thread count: cpu_threads, or None where OMP_NUM_THREADS already says it,
         or the cores sched_getaffinity allows this process, one left for the host thread that

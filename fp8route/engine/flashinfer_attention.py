@@ -23,8 +23,9 @@ from typing import Any
 
 import torch
 
+from fp8route.engine.blocks import SCRATCH_BLOCK
 from fp8route.engine.config import check_setting
-from fp8route.engine.kv_pool import SCRATCH_BLOCK, KVPool
+from fp8route.engine.kv_pool import KVPool
 from fp8route.errors import Fp8InputError
 
 _WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-KV partials)

@@ -18,14 +18,14 @@ torch reads through dequantize(); the Triton decode kernel reads the scales itse
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from fp8route.engine.blocks import blocks_for
 from fp8route.engine.kv_quant import FP8_KV, KVScales, dequantize_kv, quantize_kv
 from fp8route.errors import Fp8InputError
-
-SCRATCH_BLOCK = 0
 
 
 def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -49,8 +49,18 @@ def upload_parts(parts: Sequence[np.ndarray], device: torch.device) -> list[torc
     return [packed[start : start + n] for start, n in zip(starts, sizes, strict=False)]
 
 
-def blocks_for(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """What a pool is, for those who only read about it (benchmarks, the load-time line)."""
+
+    dtype: torch.dtype  # what the blocks hold: the model's dtype, or float8_e4m3fn
+    device: torch.device
+    num_blocks: int  # scratch block included
+    block_size: int
+    capacity_tokens: int
+    bytes_per_token: int  # K and V of one position over every layer
+    nbytes: int
+    scales: KVScales | None  # an fp8 pool's per-layer K/V scales
 
 
 class KVPool:
@@ -104,6 +114,13 @@ class KVPool:
     def layer_scales(self, layer: int) -> tuple[float, float]:
         """This layer's (k_scale, v_scale); 1.0 each for an unquantized pool."""
         return (1.0, 1.0) if self.scales is None else (self.scales.k[layer], self.scales.v[layer])
+
+    @property
+    def spec(self) -> KVCacheSpec:
+        return KVCacheSpec(
+            self.dtype, self.device, self.num_blocks, self.block_size, self.capacity_tokens, self.bytes_per_token,
+            self.nbytes, self.scales,
+        )  # fmt: skip
 
     @property
     def capacity_tokens(self) -> int:

@@ -17,7 +17,7 @@ from fp8route.checkpoint.gguf_tokenizer import apply_chat_template
 from fp8route.engine.config import EngineConfig
 from fp8route.engine.detokenize import TextStream
 from fp8route.engine.llm_engine import LLMEngine, Update
-from fp8route.engine.load import load_model, resolve_model
+from fp8route.engine.load import resolve_model
 from fp8route.engine.request import CompletionOutput, Request, RequestOutput, logprob_dict
 from fp8route.engine.sampling import SamplingParams
 from fp8route.engine.structured import Grammars
@@ -46,19 +46,15 @@ class LLM:
         self.folder = folder
         # skip_tokenizer_init (vLLM's name): token ids in and out, for a folder without tokenizer.json.
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(folder)
-        self.model = load_model(folder, policy=policy, config=config)
+        self.engine = engine = LLMEngine.from_config(config.replace(model=str(folder)), policy)
         self.config = config
-        engine, vocab = self.engine, self.model.cfg.vocab_size
+        vocab = engine.model.cfg.vocab_size
         # Structured output compiles against the tokenizer, read when a request first asks for it.
         engine.grammar_source = lambda: Grammars(self.tokenizer or load_tokenizer(folder), vocab, engine.eos_token_ids)
 
     @property
-    def engine(self) -> LLMEngine:
-        return self.model.engine
-
-    @property
     def max_model_len(self) -> int:
-        return self.model.max_model_len
+        return self.engine.max_model_len
 
     def encode(self, prompt: Prompt) -> list[int]:
         """A prompt's token ids: text is tokenized without special tokens (a chat template adds its own)."""

@@ -22,17 +22,22 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from fp8route.engine.blocks import BlockManager
+from fp8route.engine.blocks import BlockManager, blocks_for
 from fp8route.engine.config import EngineConfig
-from fp8route.engine.kv_pool import blocks_for
+from fp8route.engine.flashinfer_attention import check_attention
+from fp8route.engine.kv_pool import KVCacheSpec
 from fp8route.engine.kv_quant import KVScales
+from fp8route.engine.load import load_weights
 from fp8route.engine.request import Request, RequestMetrics, Status, TokenLogprobs
 from fp8route.engine.runner import Forward, InFlight, ModelRunner, StepResult
 from fp8route.engine.sampling import SamplingParams
 from fp8route.engine.scheduler import Scheduler
 from fp8route.engine.structured import Grammars
 from fp8route.errors import Fp8InputError
-from fp8route.models.llama import LlamaForCausalLM
+from fp8route.linear.policy import Policy
+from fp8route.models.llama import LlamaConfig, LlamaForCausalLM
+
+DEFAULT_CONTEXT = 8192  # for a config without max_position_embeddings
 
 
 @dataclass
@@ -108,33 +113,32 @@ def sample_id(request_id: str, index: int, n: int) -> str:
     return request_id if n == 1 else f"{index}_{request_id}"
 
 
+def model_context(cfg: LlamaConfig) -> int:
+    """The longest prompt plus output the model takes: its max_position_embeddings."""
+    return cfg.max_position_embeddings or DEFAULT_CONTEXT
+
+
 class LLMEngine:
     def __init__(
         self,
-        model: LlamaForCausalLM,
         config: EngineConfig,
+        model: LlamaForCausalLM,
         *,
-        device: torch.device,
-        max_model_len: int,
-        num_blocks: int,
+        device: torch.device | None = None,
         kv_scales: KVScales | None = None,
         eos_token_ids: Sequence[int] = (),
+        parallel: str | None = None,
+        quiet: bool = False,
     ) -> None:
-        """An engine over a loaded model: its KV pool of num_blocks (LLM sizes it from memory), the
-        context max_model_len (the config's, capped by the model's)."""
-        self.model, self.config, self.device = model, config, device
-        self.max_model_len = max_model_len
-        budget = config.batched_tokens(device)
-        self.runner = ModelRunner(
-            model, device=device, dtype=config.torch_dtype, num_blocks=num_blocks, block_size=config.block_size,
-            max_rows=config.max_num_seqs, max_seq_len=max_model_len, max_tokens=budget, kv_scales=kv_scales,
-            attention=config.attention, use_cuda_graphs=config.use_cuda_graphs,
-            use_prefill_graphs=config.prefill_graphs, eos_token_ids=eos_token_ids,
-        )  # fmt: skip
-        self.scheduler = Scheduler(
-            BlockManager(num_blocks, config.block_size, config.enable_prefix_caching),
-            config.max_num_seqs, budget, max_model_len,
-        )  # fmt: skip
+        """An engine over a plain model (on device, its tensors' by default): the runner, which sizes
+        its KV pool from what memory is left and captures its graphs, then the scheduler over that
+        pool. parallel: how this rank shares the model, when it is sharded."""
+        device = device or model.model.embed_tokens.weight.device
+        check_attention(config.attention, device)
+        self.config = config = config.resolved(device, model_context(model.cfg))
+        self.model, self.device, self.parallel = model, device, parallel
+        self.runner = ModelRunner(config, model, device=device, kv_scales=kv_scales, eos_token_ids=eos_token_ids)
+        self.scheduler = Scheduler(config, self.runner.initialize(quiet))
         async_scheduling = config.async_scheduling
         if async_scheduling is None:
             async_scheduling = device.type == "cuda" and config.attention != "flashinfer"
@@ -153,13 +157,23 @@ class LLMEngine:
         self._stats_of: dict[int, StepStats] = {}  # the accounting of steps launched, not yet read back
         self._read_at = 0.0  # when the last step was read back
 
-    def resize_pool(self, num_blocks: int) -> None:
-        """A new pool of num_blocks (nothing may be running): sized from the memory a profile left."""
-        if self.has_unfinished:
-            raise RuntimeError("resize_pool while requests run")
-        self.runner.set_pool(num_blocks)
-        config = self.config
-        self.scheduler.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+    @classmethod
+    def from_config(cls, config: EngineConfig, policy: Policy | None = None, quiet: bool = False) -> LLMEngine:
+        """An engine over the checkpoint config.model names (fp8route.engine.load.load_weights), its
+        FP8 layers planned by policy."""
+        loaded = load_weights(config.model, config, policy)
+        if loaded.device.type == "cpu":
+            config.use_cpu_threads()
+        return cls(
+            config, loaded.model, device=loaded.device, kv_scales=loaded.kv_scales,
+            eos_token_ids=loaded.eos_token_ids, parallel=loaded.parallel, quiet=quiet,
+        )  # fmt: skip
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest prompt plus output a request may have."""
+        assert self.config.max_model_len is not None
+        return self.config.max_model_len
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -169,6 +183,11 @@ class LLMEngine:
     @eos_token_ids.setter
     def eos_token_ids(self, ids: Sequence[int]) -> None:
         self.runner.eos_token_ids = tuple(ids)
+
+    @property
+    def kv_cache(self) -> KVCacheSpec:
+        """The KV pool the runner sized."""
+        return self.runner.pool.spec
 
     @property
     def blocks(self) -> BlockManager:

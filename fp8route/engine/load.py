@@ -1,19 +1,27 @@
-"""load_model: a checkpoint -> a CausalLM with its engine, FP8 or not."""
+"""The one loader: a checkpoint -> the plain model the engine runs and evaluation scores, FP8 or not.
+
+`load_weights` reads what every caller needs (the model, its device, EOS ids, the FP8 KV cache's
+scales, how a rank shares it); the engine (fp8route.engine.llm_engine), `load_model`, `LLM`, the
+server, `bench` and `eval` all load through it.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from fp8route.checkpoint.formats import CONFIG, read_json
 from fp8route.checkpoint.hub import resolve_model_path
-from fp8route.engine.causal_lm import CausalLM
 from fp8route.engine.config import EngineConfig
 from fp8route.engine.flashinfer_attention import check_attention
-from fp8route.engine.kv_quant import kv_scales_for
+from fp8route.engine.kv_quant import KVScales, kv_scales_for
 from fp8route.linear.policy import Policy
 from fp8route.loading import load_parts
+from fp8route.models.llama import LlamaForCausalLM
 from fp8route.progress import TextProgress
 
 
@@ -36,28 +44,30 @@ def eos_token_ids(config: dict[str, Any]) -> list[int]:
     return [value] if isinstance(value, int) else [v for v in value or [] if isinstance(v, int)]
 
 
-def load_model(
-    path: str | os.PathLike[str],
-    *,
-    policy: Policy | None = None,
-    config: EngineConfig | None = None,
-    quiet: bool = False,
-    **settings: Any,
-) -> CausalLM:
-    """A Llama-family model (Llama, Mistral, Qwen2, Qwen3) and its engine from a checkpoint folder, a
-    Hugging Face repository id ("org/name") in the local hub cache, or `smollm2`. Settings are
-    EngineConfig's fields (config, then keyword arguments over it): device defaults to CUDA when
-    available, dtype to bfloat16 for every float tensor (FP8 linears stay FP8, planned by policy).
-    config.json is checked against the tensors' header shapes before any weight is read.
+@dataclass
+class LoadedModel:
+    """A checkpoint, loaded: the plain model (weights and the forward, no runtime state) and what the
+    engine needs besides."""
 
-    Under torch.distributed (more than one rank) each rank reads its slices of the checkpoint
-    (fp8route.models.parallel); tp_lm_head="vocab" splits lm_head over the vocabulary and gathers
-    the logits, "replicated" keeps a whole lm_head on every rank; all_reduce picks how row-parallel
-    outputs are summed (fp8route.models.collectives.METHODS). Every rank returns full logits.
-    kv_cache_dtype="fp8" keeps the KV cache in float8_e4m3fn with the checkpoint's per-layer K/V
-    scales (1.0 and a warning when it has none; fp8route.engine.kv_quant). pdl and silu_in_down set
-    the process's kernel options (fp8route.set_kernel_options) when given."""
-    config = (config or EngineConfig()).replace(model=str(path), **settings)
+    model: LlamaForCausalLM
+    folder: Path
+    device: torch.device
+    eos_token_ids: list[int]
+    kv_scales: KVScales | None  # the FP8 KV cache's per-layer scales (None: the cache in dtype)
+    parallel: str | None  # how this rank shares the model, when it is sharded
+
+
+def load_weights(
+    path: str | os.PathLike[str],
+    config: EngineConfig,
+    policy: Policy | None = None,
+) -> LoadedModel:
+    """A Llama-family model (Llama, Mistral, Qwen2, Qwen3) from a checkpoint folder, a Hugging Face
+    repository id ("org/name") in the local hub cache, or `smollm2`, as config says (its device,
+    dtype, kv_cache_dtype, attention, all_reduce, tp_lm_head, pdl, silu_in_down): config.json checked
+    against the tensors' header shapes before any weight is read, FP8 linears planned by policy,
+    float tensors in the config's dtype. Under torch.distributed (more than one
+    rank) each rank reads its slices of the checkpoint (fp8route.models.parallel)."""
     config.apply_kernel_options()  # before any plan or graph is made with the options before them
     folder = resolve_model(path)
     eos = eos_token_ids(read_json(folder / CONFIG))
@@ -66,13 +76,7 @@ def load_model(
         tp_lm_head=config.tp_lm_head,  # type: ignore[arg-type]
         before_weights=lambda target: check_attention(config.attention, target),
     )  # fmt: skip
-    if parts.device.type == "cpu":
-        config.use_cpu_threads()
     layers = parts.cfg.num_hidden_layers
     scales = kv_scales_for(config.kv_cache_dtype, parts.kv_scales, layers, str(folder), parts.kv_scheme)
-    model = CausalLM(
-        parts.cfg, parts.linears, parts.tensors, config, device=parts.device, kv_scales=scales, eos_token_ids=eos,
-        quiet=quiet,
-    )  # fmt: skip
-    model.parallel = parts.parallel
-    return model
+    model = LlamaForCausalLM(parts.cfg, parts.linears, parts.tensors)
+    return LoadedModel(model.eval(), folder, parts.device, eos, scales, parts.parallel)

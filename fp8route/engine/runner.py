@@ -18,14 +18,19 @@ seen it) and copied back to pinned host memory behind the step. Nothing in a ste
 from __future__ import annotations
 
 import logging
+import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from fp8route.engine.attention import DecodeAttention, StepAttention, triton_decode_available
+from fp8route.engine.blocks import blocks_for
+from fp8route.engine.config import EngineConfig
 from fp8route.engine.decode_graphs import DecodeGraphs, buckets
 from fp8route.engine.flashinfer_attention import FlashInferAttention
 from fp8route.engine.kv_pool import KVPool, upload, upload_parts
@@ -35,6 +40,7 @@ from fp8route.engine.request import Request, RequestMetrics, TokenLogprobs
 from fp8route.engine.sampler import Logprobs, Sampler, token_logprobs
 from fp8route.engine.sampling import SamplingParams
 from fp8route.engine.scheduler import ScheduledSeq, SchedulerOutput
+from fp8route.errors import Fp8InputError
 from fp8route.kernels.argmax import greedy_tokens
 from fp8route.kernels.paged_attention import TRITON_IMPORT_ERROR, Sequences
 from fp8route.models.llama import LlamaForCausalLM, rope_tables
@@ -42,6 +48,8 @@ from fp8route.models.llama import LlamaForCausalLM, rope_tables
 log = logging.getLogger("fp8route")
 _LOGPROB_SLICE = 1024  # prompt positions per lm_head call when scoring a prompt
 _DUMMY_PARAMS = SamplingParams(max_tokens=1, temperature=0)
+CPU_KV_TOKENS = 32768  # a CPU pool's size: no device memory to size it from
+_GRAPH_RESERVE = 1 << 30  # decode graphs' own memory (logits and activations per bucket), kept free
 
 
 @dataclass
@@ -127,48 +135,91 @@ class InFlight:
 class ModelRunner:
     def __init__(
         self,
+        config: EngineConfig,
         model: LlamaForCausalLM,
         *,
         device: torch.device,
-        dtype: torch.dtype,
-        num_blocks: int,
-        block_size: int,
-        max_rows: int,
-        max_seq_len: int,
-        max_tokens: int,
         kv_scales: KVScales | None = None,
-        attention: str = "builtin",
-        use_cuda_graphs: bool = True,
-        use_prefill_graphs: bool = True,
         eos_token_ids: Sequence[int] = (),
     ) -> None:
-        """max_tokens: the most tokens one forward takes (the step budget); eos_token_ids: what
-        min_tokens holds back besides a request's stop ids."""
-        self.model, self.device, self.dtype = model, device, dtype
-        self.block_size, self.max_rows, self.max_seq_len, self.max_tokens = (
-            block_size,
-            max_rows,
-            max_seq_len,
-            max_tokens,
-        )
-        self.kv_scales, self.attention = kv_scales, attention
-        self.use_cuda_graphs = use_cuda_graphs and device.type == "cuda"
-        self.use_prefill_graphs = use_prefill_graphs
+        """A runner for a config the engine resolved, over a scratch pool until initialize() sizes the
+        real one; eos_token_ids: what min_tokens holds back besides a request's stop ids."""
+        assert config.max_model_len is not None and config.max_num_batched_tokens is not None, "an unresolved config"
+        self.config, self.model, self.device, self.dtype = config, model, device, config.torch_dtype
+        self.block_size, self.max_rows = config.block_size, config.max_num_seqs
+        self.max_seq_len, self.max_num_batched_tokens = config.max_model_len, config.max_num_batched_tokens
+        self.kv_scales, self.attention = kv_scales, config.attention
+        self.use_cuda_graphs = config.use_cuda_graphs and device.type == "cuda"
+        self.use_prefill_graphs = config.prefill_graphs
         self.use_triton: bool | None = None  # attention kernels: None = Triton on CUDA when it imports
         self.eos_token_ids = tuple(eos_token_ids)
-        self.sampler = Sampler(model.cfg.vocab_size, max_rows + 1, device)
+        self.sampler = Sampler(model.cfg.vocab_size, self.max_rows + 1, device)
         # Computed once for every position the cache can hold, then indexed: the same values
         # rope_tables gives for any positions, without per-step host work.
-        self.rope_cos, self.rope_sin = rope_tables(model.cfg, torch.arange(max_seq_len, device=device))
-        self.last_token = torch.zeros(max_rows + 1, dtype=torch.int64, device=device)  # per table row
+        self.rope_cos, self.rope_sin = rope_tables(model.cfg, torch.arange(self.max_seq_len, device=device))
+        self.last_token = torch.zeros(self.max_rows + 1, dtype=torch.int64, device=device)  # per table row
         self.prefill_graphs: PrefillGraphs | None = None
-        self.set_pool(num_blocks)
+        self.set_pool(2)
         if device.type == "cuda" and not triton_decode_available():
             log.warning(
                 "attention runs in torch, not fp8route's Triton kernels (%s): every step gathers "
                 "its rows' K/V and reads their lengths back to the host",
                 TRITON_IMPORT_ERROR,
             )
+
+    def initialize(self, quiet: bool = False) -> int:
+        """Size the pool and capture every graph and compile every kernel variant a step can meet,
+        before any request waits for them; the pool's block count."""
+        start = time.perf_counter()
+        graphs = self.prefill_graphs_for(1)
+        if graphs is not None:  # before the pool is sized, which then counts their memory as taken
+            graphs.capture_all()
+        self.set_pool(self.config.num_kv_blocks or self.fit_blocks())
+        if self.use_cuda_graphs:
+            self.capture_decode_graphs(self.max_rows)
+            self.warm_up()
+            torch.cuda.synchronize(self.device)
+        if not quiet:
+            pool = self.pool
+            eager = self.why_prefill_eager() if self.use_cuda_graphs and graphs is None else None
+            print(
+                f"fp8route: KV cache {pool.capacity_tokens} tokens ({pool.num_blocks - 1} blocks of "
+                f"{pool.block_size}, {pool.nbytes / 2**30:.2f} GiB {str(pool.dtype).removeprefix('torch.')}) on "
+                f"{pool.device}; context {self.max_seq_len} tokens"
+                + (f"; graphs captured in {time.perf_counter() - start:.1f} s" if self.use_cuda_graphs else "")
+                + (f"; mixed steps run eagerly: {eager}" if eager else "")
+                + (f"; {torch.get_num_threads()} CPU threads" if self.device.type == "cpu" else ""),
+                file=sys.stderr,
+            )
+        return self.pool.num_blocks
+
+    def fit_blocks(self) -> int:
+        """Blocks that fit what is left of gpu_memory_utilization x the GPU's memory after the weights
+        and one largest step's activations (CPU_KV_TOKENS on a CPU); every rank of a tensor-parallel
+        group takes the smallest count, so that all schedule alike."""
+        config = self.config
+        if self.device.type != "cuda":
+            tokens = min(CPU_KV_TOKENS, self.max_rows * self.max_seq_len)
+            return 1 + blocks_for(tokens, self.block_size)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        tokens = min(self.max_num_batched_tokens, self.max_seq_len)
+        self.dummy_forward(tokens, min(self.max_rows, tokens - 1))
+        torch.cuda.synchronize(self.device)
+        activations = torch.cuda.max_memory_allocated(self.device) - before
+        free, total = torch.cuda.mem_get_info(self.device)
+        budget = int(total * config.gpu_memory_utilization) - (total - free) - activations - _GRAPH_RESERVE
+        blocks = torch.tensor(budget // (self.pool.bytes_per_token * self.block_size), device=self.device)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(blocks, op=dist.ReduceOp.MIN)
+        if int(blocks) < 2:
+            raise Fp8InputError(
+                f"no GPU memory left for the KV cache: {budget / 2**30:.2f} GiB after the weights and a "
+                f"{tokens}-token step at gpu_memory_utilization={config.gpu_memory_utilization}; raise it, or "
+                "lower max_num_batched_tokens"
+            )
+        return int(blocks) + 1
 
     # -- the pool and what was captured over it -------------------------------------------------
 
@@ -379,7 +430,7 @@ class ModelRunner:
             return None
         graphs = self.prefill_graphs
         if graphs is None and self.use_cuda_graphs and self.why_prefill_eager() is None:
-            most = min(MAX_TOKENS, self.max_tokens)
+            most = min(MAX_TOKENS, self.max_num_batched_tokens)
             graphs = self.prefill_graphs = PrefillGraphs(self.model.model, most, self.device, self.dtype)
         return graphs if graphs is not None and tokens <= graphs.max_tokens else None
 

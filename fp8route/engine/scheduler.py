@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from fp8route.engine.blocks import ROOT, BlockManager
+from fp8route.engine.blocks import ROOT, BlockManager, blocks_for
+from fp8route.engine.config import EngineConfig
 from fp8route.engine.request import Request, Status
 
 
@@ -71,16 +72,18 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(
-        self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int
-    ) -> None:
-        """max_num_seqs: the requests running at once, each on a table row of its own."""
-        self.blocks = blocks
-        self.block_size = blocks.block_size
-        self.max_num_seqs, self.budget, self.max_model_len = max_num_seqs, max_num_batched_tokens, max_model_len
+    def __init__(self, config: EngineConfig, num_blocks: int) -> None:
+        """A scheduler over a pool of num_blocks KV blocks, for a config the engine resolved (its
+        max_model_len and max_num_batched_tokens set). Each of the max_num_seqs requests running at
+        once holds a table row of its own."""
+        assert config.max_model_len is not None and config.max_num_batched_tokens is not None, "an unresolved config"
+        self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.block_size = config.block_size
+        self.max_num_seqs, self.max_model_len = config.max_num_seqs, config.max_model_len
+        self.max_num_batched_tokens = config.max_num_batched_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.free_rows = list(range(max_num_seqs - 1, -1, -1))
+        self.free_rows = list(range(self.max_num_seqs - 1, -1, -1))
         self.preemptions = 0
         self._building: SchedulerOutput | None = None  # the step being scheduled
 
@@ -91,7 +94,7 @@ class Scheduler:
         out = self._building = SchedulerOutput()
         singles: list[ScheduledSeq] = []
         chunks: list[ScheduledSeq] = []
-        budget = self.budget
+        budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running):
             request = self.running[i]
@@ -143,7 +146,7 @@ class Scheduler:
         cached, parent = self.blocks.match_prefix(request.token_ids, reusable)
         computed = len(cached) * self.block_size
         n = min(len(request.token_ids) - computed, budget)
-        need = _blocks_for(computed + n, self.block_size) - len(cached)
+        need = blocks_for(computed + n, self.block_size) - len(cached)
         # Keep a block for each running request to grow into, so admitting does not force preemption.
         fresh = self.blocks.allocate(need) if self.blocks.free_blocks - need >= len(self.running) else None
         if fresh is None:
@@ -164,7 +167,7 @@ class Scheduler:
 
     def _grow(self, request: Request, n: int, out: SchedulerOutput) -> bool:
         """Blocks for positions up to num_computed + n - 1; False if the pool is short (nothing taken)."""
-        need = _blocks_for(request.num_computed + n, self.block_size) - len(request.blocks)
+        need = blocks_for(request.num_computed + n, self.block_size) - len(request.blocks)
         if need <= 0:
             return True
         fresh = self.blocks.allocate(need)
@@ -219,7 +222,3 @@ class Scheduler:
             tokens = request.token_ids[index * size : (index + 1) * size]
             request.last_key = self.blocks.cache_full_block(request.blocks[index], request.last_key, tokens)
             request.num_cached_blocks += 1
-
-
-def _blocks_for(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)

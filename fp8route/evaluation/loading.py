@@ -15,14 +15,12 @@ from typing import Any
 import torch
 
 from fp8route.checkpoint.formats import CONFIG, read_json
-from fp8route.checkpoint.load import is_quantized, load_checkpoint, read_plain
-from fp8route.engine.config import check_setting
-from fp8route.engine.kv_quant import KVScales, RoundTripAttention, kv_scales_for
-from fp8route.engine.load import resolve_model
+from fp8route.engine.config import DTYPES, EngineConfig
+from fp8route.engine.kv_quant import KVScales, RoundTripAttention
+from fp8route.engine.load import load_weights, resolve_model
 from fp8route.linear.plan import fallback_lines
 from fp8route.linear.policy import Policy
-from fp8route.loading import model_from_checkpoint
-from fp8route.models.llama import LlamaConfig, LlamaForCausalLM
+from fp8route.models.llama import LlamaForCausalLM
 from fp8route.models.tokenizer import load_tokenizer
 
 
@@ -44,31 +42,28 @@ def load_for_eval(
     policy: Policy | None = None,
     kv_cache_dtype: str = "auto",
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], Any]:
-    """(model, tokenizer) for a checkpoint folder, a repository id in the Hugging Face hub cache, or smollm2:
-    `model(input_ids[B, T]) -> logits[B, T, V]`,
-    computed in dtype (None: the embedding's, bf16 for these folders). FP8 layers quantize their
-    inputs to FP8 whatever dtype the activations are carried in; policy (e.g. a forced backend)
-    plans them, FP8ROUTE_* from the environment when None. kv_cache_dtype "fp8" rounds every
-    layer's K and V through e4m3 with the checkpoint's scales (1.0 and a warning without), as an
-    fp8 KV cache gives them back (fp8route.engine.kv_quant.RoundTripAttention)."""
-    check_setting("kv_cache_dtype", kv_cache_dtype)
+    """(model, tokenizer) for a checkpoint folder, a repository id in the Hugging Face hub cache, or smollm2,
+    read by the engine's loader (fp8route.engine.load.load_weights) without an engine: `model(input_ids[B, T])
+    -> logits[B, T, V]`, computed in dtype (None: the checkpoint's torch_dtype, bf16 when it names none).
+    FP8 layers quantize their inputs to FP8 whatever dtype the activations are carried in; policy (e.g. a
+    forced backend) plans them, FP8ROUTE_* from the environment when None. kv_cache_dtype "fp8" rounds every
+    layer's K and V through e4m3 with the checkpoint's scales (1.0 and a warning without), as an fp8 KV cache
+    gives them back (fp8route.engine.kv_quant.RoundTripAttention)."""
     folder = resolve_model(path)
-    config = read_json(folder / CONFIG)
+    dtype = dtype or _stored_dtype(read_json(folder / CONFIG))
+    name = str(dtype).removeprefix("torch.")
+    config = EngineConfig(model=str(folder), device=str(device), dtype=name, kv_cache_dtype=kv_cache_dtype)
+    loaded = load_weights(folder, config, policy)
     tokenizer = load_tokenizer(folder)
-    device = torch.device(device)
-    kv_scales: dict[str, torch.Tensor] = {}
-    scheme = None
-    if is_quantized(folder, config):
-        checkpoint = load_checkpoint(folder, device, policy=policy)
-        model = model_from_checkpoint(checkpoint)
-        kv_scales, scheme = checkpoint.kv_scales, checkpoint.scheme.kv_cache
-    else:
-        model = LlamaForCausalLM(LlamaConfig.from_hf(config), {}, read_plain(folder, device, None))
-    model.eval()
-    scales = kv_scales_for(kv_cache_dtype, kv_scales, model.cfg.num_hidden_layers, str(folder), scheme)
-    if scales is not None:
-        return _RoundTripKV(model, scales, dtype).eval(), tokenizer
-    return (model if dtype is None else functools.partial(model, dtype=dtype)), tokenizer
+    if loaded.kv_scales is not None:
+        return _RoundTripKV(loaded.model, loaded.kv_scales, dtype).eval(), tokenizer
+    return functools.partial(loaded.model, dtype=dtype), tokenizer
+
+
+def _stored_dtype(config: dict[str, Any]) -> torch.dtype:
+    """The float dtype config.json says the checkpoint holds (torch_dtype, or transformers' newer dtype)."""
+    name = config.get("torch_dtype", config.get("dtype"))
+    return DTYPES.get(name, torch.bfloat16) if isinstance(name, str) else torch.bfloat16
 
 
 def routes(model: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from checkpoint_helpers import TINY
 
 from fp8route.bench.e2e import E2ERow, as_json, plot, table, weight_bytes
 from fp8route.checkpoint.random import write_random
-from fp8route.engine.load import load_model
+from fp8route.engine import load_model
 
 ROWS = [
     E2ERow("routed", 1, 1024, 26.0, 39384.0, 3.078, 324.9, 8.03, 2609.0, 0.612),
@@ -23,8 +23,8 @@ def test_weight_bytes_counts_fp8_weights_once_and_float_ones_at_their_width(tmp_
     hd = h // heads
     linear = layers * (h * heads * hd + 2 * h * kv * hd + heads * hd * h + 3 * h * i)
     rest = 2 * (64 * h + (2 * layers + 1) * h)  # bf16 lm_head and norms
-    assert weight_bytes(fp8) == linear + rest
-    assert weight_bytes(bf16) == 2 * linear + rest
+    assert weight_bytes(fp8.module) == linear + rest
+    assert weight_bytes(bf16.module) == 2 * linear + rest
 
 
 def test_table_json_and_plot():

@@ -15,7 +15,7 @@ from fp8route.engine.llm_engine import StepStats
 
 def test_decode_steps_are_set_against_weights_plus_the_kv_they_read(tmp_path):
     llm = LLM(text_model_folder(tmp_path / "tiny"), max_num_seqs=4, max_num_batched_tokens=32, device="cpu")
-    weights, per_token = weight_bytes(llm.model), llm.engine.runner.pool.bytes_per_token
+    weights, per_token = weight_bytes(llm.engine.model), llm.engine.runner.pool.bytes_per_token
     copy_gbs = 1.0  # 1e9 bytes a second: a floor in seconds is its bytes / 1e9
     stats = [
         StepStats(0, 32, 0, 3, 0.001, 0.5),  # a prefill: not a decode step

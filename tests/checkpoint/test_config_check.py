@@ -16,7 +16,7 @@ from fp8route.checkpoint.load import load_checkpoint
 from fp8route.checkpoint.shards import ShardSet
 from fp8route.checkpoint.smollm2 import packaged_gguf, smollm2_folder
 from fp8route.cli import main
-from fp8route.engine.load import load_model
+from fp8route.engine import load_model
 from fp8route.errors import CheckpointError
 
 TIED = {**TINY, "tie_word_embeddings": True}

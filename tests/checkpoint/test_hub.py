@@ -22,7 +22,7 @@ from fp8route.checkpoint.hub import hub_cache, resolve_model_path
 from fp8route.checkpoint.load import load_checkpoint
 from fp8route.checkpoint.quantize import quantize_checkpoint
 from fp8route.cli import main
-from fp8route.engine.load import load_model
+from fp8route.engine import load_model
 from fp8route.errors import CheckpointError
 
 IDS = torch.tensor([[1, 17, 200, 45, 3]])

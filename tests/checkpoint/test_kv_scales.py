@@ -50,13 +50,17 @@ def test_modelopt_scales_on_k_proj_and_v_proj_reach_the_pool(tmp_path):
     model = load_model(
         modelopt_kv(tmp_path / "mo"), device="cpu", dtype=torch.float32, max_model_len=64, kv_cache_dtype="fp8"
     )
-    assert model.engine.runner.pool.dtype == FP8_KV and model.kv_cache_dtype == "fp8"
-    assert model.kv_scales.k == pytest.approx(K_SCALES) and model.kv_scales.v == pytest.approx(V_SCALES)
+    assert model.engine.runner.pool.dtype == FP8_KV and model.config.kv_cache_dtype == "fp8"
+    assert model.engine.kv_cache.scales.k == pytest.approx(
+        K_SCALES
+    ) and model.engine.kv_cache.scales.v == pytest.approx(V_SCALES)
     assert model.engine.runner.pool.layer_scales(1) == pytest.approx((K_SCALES[1], V_SCALES[1]))
     out = model.generate(torch.randint(0, TINY["vocab_size"], (2, 6)), 4)
     assert out.shape == (2, 10)
     auto = load_model(modelopt_kv(tmp_path / "mo2"), device="cpu", dtype=torch.float32, max_model_len=64)
-    assert auto.engine.runner.pool.dtype == torch.float32 and auto.kv_scales is None  # "auto": no checkpoint scales
+    assert (
+        auto.engine.runner.pool.dtype == torch.float32 and auto.engine.kv_cache.scales is None
+    )  # "auto": no checkpoint scales
 
 
 def test_compressed_tensors_kv_cache_scheme_scales_on_the_attention(tmp_path):
@@ -64,7 +68,9 @@ def test_compressed_tensors_kv_cache_scheme_scales_on_the_attention(tmp_path):
     config = {**TINY, "quantization_config": {**ct_config(), "kv_cache_scheme": scheme}}
     folder = write_checkpoint(tmp_path / "ct", with_kv_scales("attn", (1,)), config)
     model = load_model(folder, device="cpu", dtype=torch.float32, max_model_len=64, kv_cache_dtype="fp8")
-    assert model.kv_scales.k == pytest.approx(K_SCALES) and model.kv_scales.v == pytest.approx(V_SCALES)
+    assert model.engine.kv_cache.scales.k == pytest.approx(
+        K_SCALES
+    ) and model.engine.kv_cache.scales.v == pytest.approx(V_SCALES)
 
 
 def test_no_scales_means_one_and_one_warning(tmp_path, caplog):
@@ -77,7 +83,7 @@ def test_no_scales_means_one_and_one_warning(tmp_path, caplog):
     assert "\n" not in warnings[0]
     # As the command line prints it: the logger's name once, not "fp8route: fp8route:".
     assert logging.Formatter(LOG_FORMAT).format(records[0]).startswith("WARNING fp8route: kv_cache_dtype='fp8' ")
-    assert model.kv_scales == KVScales.ones(LAYERS)
+    assert model.engine.kv_cache.scales == KVScales.ones(LAYERS)
     bf16 = write_checkpoint(tmp_path / "bf16", llama_tensors(), TINY)  # an unquantized checkpoint: the same
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="fp8route"):
@@ -116,8 +122,8 @@ def test_quantize_kv_cache_fp8_calibrates_the_rotated_key_and_value(tmp_path, fo
         cos, sin = rope_tables(cfg, torch.arange(len(ids)))
         k = rope(attn.k_proj(x).reshape(1, len(ids), -1, cfg.head_size), cos, sin)
         amax = max(amax, float(k.abs().max()))
-    assert model.kv_scales.k[0] == pytest.approx(amax / 448, rel=1e-5)
-    assert float(quantize_kv(torch.tensor([amax]), model.kv_scales.k[0]).float()) == 448.0
+    assert model.engine.kv_cache.scales.k[0] == pytest.approx(amax / 448, rel=1e-5)
+    assert float(quantize_kv(torch.tensor([amax]), model.engine.kv_cache.scales.k[0]).float()) == 448.0
     with pytest.raises(Fp8InputError, match="kv_cache must be one of fp8"):
         quantize_checkpoint(src, tmp_path / "bad", format=format, calib=calib, device="cpu", kv_cache="int8")
 

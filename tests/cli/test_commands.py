@@ -16,7 +16,7 @@ from fp8route import LLM, SamplingParams, quantize_checkpoint
 from fp8route.checkpoint.gguf_tokenizer import write_tokenizer
 from fp8route.checkpoint.random import write_random
 from fp8route.cli import main
-from fp8route.engine.load import load_model
+from fp8route.engine import load_model
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_generate_with_an_fp8_kv_cache_keeps_it_in_e4m3_and_streams_the_models_a
     assert main([*argv, "--kv-cache-dtype", "fp8"]) == 0
     printed = capsys.readouterr()
     (model,) = loaded
-    assert model.kv_cache_dtype == "fp8" and model.engine.runner.pool.dtype == torch.float8_e4m3fn
+    assert model.config.kv_cache_dtype == "fp8" and model.engine.runner.pool.dtype == torch.float8_e4m3fn
     assert "(cpu, bfloat16, KV cache float8_e4m3fn)" in printed.err
     llm = LLM(tiny_fp8, device="cpu", kv_cache_dtype="fp8", max_num_seqs=1)
     (expected,) = llm.generate("the theme", SamplingParams(max_tokens=5, temperature=0), use_tqdm=False)
@@ -174,7 +174,7 @@ def test_a_random_checkpoint_of_real_form_loads_and_generates(tmp_path):
     config = {**TINY, "vocab_size": 64, "architectures": ["LlamaForCausalLM"]}
     folder = write_random(tmp_path / "random", config, fp8=True, device="cpu")
     model = load_model(folder, device="cpu", max_num_seqs=2, max_model_len=16)
-    assert len(model.model.layers) == TINY["num_hidden_layers"]
+    assert len(model.module.model.layers) == TINY["num_hidden_layers"]
     out = model.generate(torch.tensor([[1, 2, 3], [4, 5, 6]]), 4)
     assert out.shape == (2, 7) and bool((out[:, :3] == torch.tensor([[1, 2, 3], [4, 5, 6]])).all())
 

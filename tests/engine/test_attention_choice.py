@@ -6,6 +6,7 @@ import importlib.util
 import pytest
 import torch
 from checkpoint_helpers import TINY, llama_tensors, modelopt_folder
+from helpers import build_lm
 
 from fp8route import Fp8InputError
 from fp8route.engine import CausalLM, EngineConfig, load_model
@@ -32,7 +33,7 @@ def test_flashinfer_on_cpu_is_refused_first(tmp_path):
 
 def tiny() -> CausalLM:
     config = EngineConfig(dtype="float32", max_num_seqs=4, max_model_len=32, block_size=4)
-    return CausalLM(LlamaConfig.from_hf(TINY), {}, llama_tensors(), config, quiet=True)
+    return build_lm(LlamaConfig.from_hf(TINY), {}, llama_tensors(), config)
 
 
 def record_decodes(monkeypatch) -> list:

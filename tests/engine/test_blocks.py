@@ -2,8 +2,7 @@
 
 import pytest
 
-from fp8route.engine.blocks import ROOT, BlockManager
-from fp8route.engine.kv_pool import SCRATCH_BLOCK
+from fp8route.engine.blocks import ROOT, SCRATCH_BLOCK, BlockManager
 
 
 def fill(manager: BlockManager, tokens: list[int]) -> list[int]:

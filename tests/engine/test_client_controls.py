@@ -36,7 +36,7 @@ def llm(request, tmp_path_factory):
 def full_logprobs(llm: LLM, ids: list[int]) -> torch.Tensor:
     """log_softmax of the model's full forward (no cache) over ids: [T, vocab], on the CPU."""
     with torch.no_grad():
-        return torch.log_softmax(llm.model(torch.tensor([ids], device=llm.model.device))[0].float(), -1).cpu()
+        return torch.log_softmax(llm.engine.model(torch.tensor([ids], device=llm.engine.device))[0].float(), -1).cpu()
 
 
 def test_logprobs_are_the_log_softmax_of_the_logits_each_token_was_chosen_from(llm, monkeypatch):

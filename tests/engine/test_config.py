@@ -13,6 +13,7 @@ import fp8route
 from fp8route import LLM, Fp8InputError, SamplingParams
 from fp8route.engine import EngineConfig
 from fp8route.engine.config import Flag, add_engine_args, check_setting, sweep_values
+from fp8route.engine.generate import generate
 
 
 @pytest.mark.parametrize(
@@ -124,7 +125,7 @@ def test_the_same_seed_gives_the_same_text_through_llm_generate_and_the_models_g
     ids = torch.randint(3, 200, (3, 7), generator=torch.Generator().manual_seed(4))
     params = SamplingParams(max_tokens=8, temperature=1.2, top_p=0.9, seed=11, ignore_eos=True)
     offline = llm.generate([row.tolist() for row in ids], params, use_tqdm=False)
-    static = llm.model.generate(ids, 8, temperature=1.2, top_p=0.9, seed=11)
+    static = generate(llm.engine, ids, 8, temperature=1.2, top_p=0.9, seed=11)
     assert [o.token_ids for o in offline] == static[:, 7:].tolist()
     assert [o.text for o in offline] == [
         llm.tokenizer.decode(row, skip_special_tokens=True) for row in static[:, 7:].tolist()

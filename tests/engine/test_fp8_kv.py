@@ -8,7 +8,7 @@ import argparse
 import pytest
 import torch
 from checkpoint_helpers import TINY, llama_tensors
-from helpers import generate_with_logits
+from helpers import build_lm, generate_with_logits
 
 from fp8route import Fp8InputError
 from fp8route.engine import CausalLM, EngineConfig
@@ -80,13 +80,13 @@ def reference_logits(tokens: torch.Tensor, prompt: int) -> torch.Tensor:
 
 def tiny(kv_scales: KVScales, **settings) -> CausalLM:
     config = EngineConfig(dtype="float32", max_num_seqs=4, max_model_len=64, **settings)
-    return CausalLM(CFG, {}, TENSORS, config, kv_scales=kv_scales, quiet=True)
+    return build_lm(CFG, {}, TENSORS, config, kv_scales=kv_scales)
 
 
 @pytest.mark.parametrize("kv_scales", [scales(), KVScales.ones(CFG.num_hidden_layers)])
 def test_generate_over_fp8_kv_stays_within_its_bound_of_the_fp32_forward(kv_scales):
     model = tiny(kv_scales)
-    assert model.kv_cache_dtype == "fp8" and model.engine.runner.pool.dtype == FP8_KV
+    assert model.engine.kv_cache.dtype == FP8_KV
     ids = torch.randint(0, TINY["vocab_size"], (3, 9), generator=torch.Generator().manual_seed(1))
     tokens, logits = generate_with_logits(model, ids, 16)
     ref = reference_logits(tokens, 9)

@@ -6,10 +6,10 @@ LLM.generate for the same seed, and load_model on FP8 and bf16 checkpoints."""
 import pytest
 import torch
 from checkpoint_helpers import TINY, llama_tensors, modelopt_folder, write_checkpoint
-from helpers import greedy_continuation
+from helpers import build_lm, greedy_continuation
 
 from fp8route import Fp8InputError, load_checkpoint
-from fp8route.engine import CausalLM, EngineConfig, SamplingParams, load_model
+from fp8route.engine import EngineConfig, SamplingParams, load_model
 from fp8route.engine.attention import decode_attention_torch
 from fp8route.engine.decode_graphs import buckets
 from fp8route.engine.sampling import MAX_TEMPERATURE
@@ -23,7 +23,7 @@ VOCAB = TINY["vocab_size"]
 def tiny(max_num_seqs=4, max_model_len=64, dtype=torch.float32, tensors=None, **settings):
     tensors = {k: v.to(dtype) for k, v in (tensors or llama_tensors()).items()}
     config = EngineConfig(dtype=dtype, max_num_seqs=max_num_seqs, max_model_len=max_model_len, **settings)
-    return CausalLM(CFG, {}, tensors, config, quiet=True)
+    return build_lm(CFG, {}, tensors, config)
 
 
 def prompts(batch, length, seed=1):
@@ -175,13 +175,13 @@ def test_chunked_prefill_and_small_blocks_give_the_same_tokens_and_logits():
 
 def test_load_model_fp8_checkpoint_equals_the_llama_forward(tmp_path):
     folder = modelopt_folder(tmp_path)
-    model = load_model(folder, device="cpu", dtype="float32", max_num_seqs=2, max_model_len=32, quiet=True)
+    model = load_model(folder, device="cpu", dtype="float32", max_num_seqs=2, max_model_len=32)
     assert model.max_model_len == 32
     reference = model_from_checkpoint(load_checkpoint(folder, device="cpu"))
     ids = prompts(2, 10, seed=7)
     with torch.no_grad():
         torch.testing.assert_close(model(ids), reference(ids, dtype=torch.float32), rtol=1e-5, atol=1e-5)
-    qkv = model.model.layers[0].self_attn.qkv_proj
+    qkv = model.module.model.layers[0].self_attn.qkv_proj
     assert type(qkv).__name__ == "Fp8Linear" and qkv.weight.dtype == torch.float8_e4m3fn
     out = model.generate(ids, 3)
     assert out.shape == (2, 13)
@@ -190,12 +190,12 @@ def test_load_model_fp8_checkpoint_equals_the_llama_forward(tmp_path):
 def test_load_model_bf16_checkpoint_and_max_position_embeddings(tmp_path):
     tensors = llama_tensors()
     folder = write_checkpoint(tmp_path / "bf16", tensors, {**TINY, "max_position_embeddings": 48})
-    model = load_model(folder, device="cpu", max_num_seqs=2, quiet=True)
-    assert model.max_model_len == 48 and model.model.embed_tokens.weight.dtype == torch.bfloat16
+    model = load_model(folder, device="cpu", max_num_seqs=2)
+    assert model.max_model_len == 48 and model.module.model.embed_tokens.weight.dtype == torch.bfloat16
     ids = prompts(2, 10, seed=8)
     with torch.no_grad():
         assert torch.equal(model(ids), LlamaForCausalLM(CFG, {}, tensors)(ids))
-    fp32 = load_model(folder, device="cpu", dtype=torch.float32, max_model_len=16, quiet=True)
+    fp32 = load_model(folder, device="cpu", dtype=torch.float32, max_model_len=16)
     assert fp32.max_model_len == 16 and fp32.engine.runner.pool.k.dtype == torch.float32
     with pytest.raises(Fp8InputError, match="^dtype must be one of bfloat16, float16, float32, got 'torch.int8'$"):
         load_model(folder, device="cpu", dtype=torch.int8)
@@ -213,6 +213,6 @@ def test_qwen_style_biases_and_head_norms_decode_like_the_full_forward():
         for m in ("q", "k"):
             tensors[f"{p}.{m}_norm.weight"] = 1 + 0.1 * torch.randn(head, generator=g)
     model = tiny(tensors=tensors)
-    assert model.model.layers[0].self_attn.q_norm is not None
+    assert model.module.model.layers[0].self_attn.q_norm is not None
     ids = prompts(2, 6, seed=10)
     assert torch.equal(model.generate(ids, 4), greedy_continuation(model, ids, 4))

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from fp8route import Fp8InputError
-from fp8route.engine.kv_pool import SCRATCH_BLOCK, KVPool, blocks_for, upload, upload_parts
+from fp8route.engine.blocks import SCRATCH_BLOCK, blocks_for
+from fp8route.engine.kv_pool import KVPool, upload, upload_parts
 from fp8route.engine.kv_quant import FP8_KV, KVScales
 
 CPU = torch.device("cpu")

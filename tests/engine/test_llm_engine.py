@@ -7,10 +7,10 @@ scheduling (each step launched before the step before it is read back)."""
 import pytest
 import torch
 from checkpoint_helpers import TINY, llama_tensors
-from helpers import greedy_continuation
+from helpers import build_lm, greedy_continuation
 
 from fp8route import Fp8InputError, SamplingParams
-from fp8route.engine import CausalLM, EngineConfig
+from fp8route.engine import EngineConfig
 from fp8route.engine.llm_engine import LLMEngine
 from fp8route.models import LlamaConfig, LlamaForCausalLM
 
@@ -25,7 +25,7 @@ def engine(num_blocks=200, block_size=4, budget=16, max_num_seqs=8, prefix=True,
         dtype="float32", max_num_seqs=max_num_seqs, max_model_len=max_seq_len, num_kv_blocks=num_blocks,
         block_size=block_size, enable_prefix_caching=prefix, max_num_batched_tokens=budget, async_scheduling=ahead,
     )  # fmt: skip
-    return CausalLM(CFG, {}, TENSORS, config, quiet=True).engine
+    return build_lm(CFG, {}, TENSORS, config).engine
 
 
 @pytest.fixture(params=[False, True], ids=["sync", "async"])

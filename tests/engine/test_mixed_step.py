@@ -9,10 +9,10 @@ import os
 import pytest
 import torch
 from checkpoint_helpers import TINY, llama_tensors
-from helpers import greedy_continuation
+from helpers import build_lm, greedy_continuation
 
 from fp8route import SamplingParams
-from fp8route.engine import CausalLM, EngineConfig
+from fp8route.engine import EngineConfig
 from fp8route.kernels import paged_attention as kernel
 from fp8route.models import LlamaConfig, LlamaForCausalLM
 
@@ -40,7 +40,7 @@ def test_mixed_steps_through_the_kernel_equal_each_request_alone(device):
         max_num_batched_tokens=8, use_cuda_graphs=False, record_stats=True,
     )  # fmt: skip
     tensors = {n: t.to(device) for n, t in TENSORS.items()}
-    engine = CausalLM(LlamaConfig.from_hf(CONFIG), {}, tensors, config, quiet=True).engine
+    engine = build_lm(LlamaConfig.from_hf(CONFIG), {}, tensors, config).engine
     engine.runner.use_triton = True
     g = torch.Generator().manual_seed(0)
     vocab = CONFIG["vocab_size"]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from checkpoint_helpers import TINY, llama_tensors
+from helpers import build_lm
 
 from fp8route import Fp8Linear, SamplingParams
 from fp8route.engine import CausalLM, EngineConfig
@@ -32,7 +33,7 @@ def model(device: str, fp8: bool, weights: torch.dtype = torch.float32) -> Causa
         dtype="float32", device=device, max_num_seqs=6, max_model_len=64, num_kv_blocks=100, block_size=BLOCK,
         use_cuda_graphs=device == "cuda",
     )  # fmt: skip
-    return CausalLM(LlamaConfig.from_hf(CONFIG), linears, tensors, config, quiet=True)
+    return build_lm(LlamaConfig.from_hf(CONFIG), linears, tensors, config)
 
 
 def request(lm: CausalLM, row: int, prompt: list[int]) -> Request:
@@ -65,7 +66,7 @@ def test_graphed_pieces_give_the_eager_forward(device, fp8):
     prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (37, 21, 12, 9, 30)]
     graphed, eager = model(device, fp8), model(device, fp8)
     graphed.engine.runner.prefill_graphs = PrefillGraphs(
-        graphed.model, 64, torch.device(device), torch.float32, capture=device == "cuda"
+        graphed.module.model, 64, torch.device(device), torch.float32, capture=device == "cuda"
     )
     eager.engine.runner.use_prefill_graphs = False
     held = {lm: [request(lm, row, p) for row, p in enumerate(prompts)] for lm in (graphed, eager)}
@@ -90,7 +91,7 @@ def test_graphed_pieces_give_the_eager_forward(device, fp8):
 def test_a_forward_past_the_largest_bucket_runs_eagerly():
     lm = model("cpu", False)
     runner = lm.engine.runner
-    runner.prefill_graphs = PrefillGraphs(lm.model, 16, torch.device("cpu"), torch.float32, capture=False)
+    runner.prefill_graphs = PrefillGraphs(lm.module.model, 16, torch.device("cpu"), torch.float32, capture=False)
     r = request(lm, 0, list(range(17)))
     with torch.no_grad():
         forward(lm, [(r, 0, 17)])
@@ -101,18 +102,18 @@ def test_a_forward_past_the_largest_bucket_runs_eagerly():
 
 def test_graphs_refuse_row_parallel_projections_or_biases_after_the_attention():
     lm = model("cpu", False)
-    assert why_not_graphed(lm.model) is None
-    lm.model.layers[1].mlp.down_proj.add_rms_norm = lambda *args: None  # what a row-parallel projection offers
-    assert "tensor parallel" in str(why_not_graphed(lm.model))
+    assert why_not_graphed(lm.module.model) is None
+    lm.module.model.layers[1].mlp.down_proj.add_rms_norm = lambda *args: None  # what a row-parallel projection offers
+    assert "tensor parallel" in str(why_not_graphed(lm.module.model))
     lm = model("cpu", False)
-    lm.model.layers[0].self_attn.o_proj.bias = torch.nn.Parameter(torch.ones(CONFIG["hidden_size"]))
-    assert "bias" in str(why_not_graphed(lm.model))  # o_proj(0) = bias: padded rows would reach the MLP's amax
+    lm.module.model.layers[0].self_attn.o_proj.bias = torch.nn.Parameter(torch.ones(CONFIG["hidden_size"]))
+    assert "bias" in str(why_not_graphed(lm.module.model))  # o_proj(0) = bias: padded rows would reach the MLP's amax
 
 
 def test_the_buffers_hold_the_forwards_dtype_not_the_weights():
     graphed, eager = model("cpu", False, torch.bfloat16), model("cpu", False, torch.bfloat16)
     graphed.engine.runner.prefill_graphs = PrefillGraphs(
-        graphed.model, 32, torch.device("cpu"), torch.float32, capture=False
+        graphed.module.model, 32, torch.device("cpu"), torch.float32, capture=False
     )
     eager.engine.runner.use_prefill_graphs = False
     outs = []
@@ -135,7 +136,9 @@ def test_graphs_first_made_under_inference_mode_serve_a_forward_outside_it():
     lm = model("cpu", False)
     r = request(lm, 0, list(range(1, 18)))
     with torch.inference_mode():  # as a caller's scoring loop might make the first forward
-        lm.engine.runner.prefill_graphs = PrefillGraphs(lm.model, 32, torch.device("cpu"), torch.float32, capture=False)
+        lm.engine.runner.prefill_graphs = PrefillGraphs(
+            lm.module.model, 32, torch.device("cpu"), torch.float32, capture=False
+        )
         first = forward(lm, [(r, 0, 17)])
     with torch.no_grad():
         again = forward(lm, [(r, 0, 17)])

@@ -3,7 +3,7 @@ which request is preempted and where it goes, prefix-cache hits, and aborts."""
 
 from __future__ import annotations
 
-from fp8route.engine.blocks import BlockManager
+from fp8route.engine.config import EngineConfig
 from fp8route.engine.request import Request, RequestMetrics, Status
 from fp8route.engine.sampling import SamplingParams
 from fp8route.engine.scheduler import Scheduler, SchedulerOutput
@@ -15,7 +15,11 @@ def scheduler(
     blocks: int = 64, max_num_seqs: int = 8, budget: int = 32, max_model_len: int = 256, caching: bool = True
 ) -> Scheduler:
     """blocks: the pool's, the scratch block among them."""
-    return Scheduler(BlockManager(blocks, BLOCK, caching), max_num_seqs, budget, max_model_len)
+    config = EngineConfig(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len, block_size=BLOCK,
+        enable_prefix_caching=caching,
+    )  # fmt: skip
+    return Scheduler(config, blocks)
 
 
 def request(name: str, prompt: list[int], max_tokens: int = 8, **params: object) -> Request:
@@ -119,7 +123,7 @@ def test_a_request_preempted_for_itself_ends_the_step_and_nothing_is_admitted_af
 
 
 def test_a_step_that_preempts_admits_no_one_so_the_preempted_request_is_not_taken_back_at_once():
-    s = scheduler(budget=5, caching=False)
+    s = scheduler(budget=5, max_num_seqs=2, caching=False)
     a, v = request("a", [1] * 4, max_tokens=100), request("v", [2] * 12, max_tokens=100)
     s.add(a)
     s.add(v)

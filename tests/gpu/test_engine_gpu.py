@@ -10,6 +10,7 @@ import importlib.util
 
 import pytest
 import torch
+from helpers import build_lm
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CONFIG = {  # 128-wide heads, as the 8B's, so FlashInfer's kernels take them
@@ -23,7 +24,7 @@ NUM_BLOCKS = 16  # for test_fp32_engine_...: its requests preempt each other and
 
 
 def make_engine(dtype, *, num_blocks=400, budget=48, attention="builtin", linears=None, tensors=None, prefix=True):
-    from fp8route.engine import CausalLM, EngineConfig
+    from fp8route.engine import EngineConfig
     from fp8route.models import LlamaConfig
 
     config = EngineConfig(
@@ -31,7 +32,7 @@ def make_engine(dtype, *, num_blocks=400, budget=48, attention="builtin", linear
         enable_prefix_caching=prefix, max_num_batched_tokens=budget, attention=attention,
     )  # fmt: skip
     tensors = {n: t.to("cuda", dtype) for n, t in tensors.items()}
-    return CausalLM(LlamaConfig.from_hf(CONFIG), linears or {}, tensors, config, quiet=True).engine
+    return build_lm(LlamaConfig.from_hf(CONFIG), linears or {}, tensors, config).engine
 
 
 def run(engine, requests, params, stagger=2):

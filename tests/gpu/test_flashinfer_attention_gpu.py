@@ -8,6 +8,7 @@ import importlib.util
 
 import pytest
 import torch
+from helpers import build_lm
 
 gpu = pytest.mark.skipif(
     not torch.cuda.is_available() or importlib.util.find_spec("flashinfer") is None,
@@ -22,7 +23,7 @@ def test_flashinfer_is_as_close_to_the_fp32_forward_as_builtin(graphs: bool, kv_
     from checkpoint_helpers import TINY, llama_tensors
     from helpers import generate_with_logits
 
-    from fp8route.engine import CausalLM, EngineConfig
+    from fp8route.engine import EngineConfig
     from fp8route.engine.kv_quant import FP8_KV, KVScales
     from fp8route.models import LlamaConfig
 
@@ -30,12 +31,11 @@ def test_flashinfer_is_as_close_to_the_fp32_forward_as_builtin(graphs: bool, kv_
     config = {**TINY, "hidden_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2}
     tensors = {n: t.cuda() for n, t in llama_tensors(config).items()}
     cfg = LlamaConfig.from_hf(config)
-    reference = CausalLM(
+    reference = build_lm(
         cfg,
         {},
         {n: t.float() for n, t in tensors.items()},
         EngineConfig(dtype="float32", max_model_len=128, num_kv_blocks=64),
-        quiet=True,
     )
     gen = torch.Generator("cuda").manual_seed(1)
     ids = torch.randint(0, config["vocab_size"], (3, 40), device="cuda", generator=gen)
@@ -49,9 +49,8 @@ def test_flashinfer_is_as_close_to_the_fp32_forward_as_builtin(graphs: bool, kv_
         settings = EngineConfig(
             max_num_seqs=4, max_model_len=512, use_cuda_graphs=graphs, attention=attention, num_kv_blocks=256
         )
-        model = CausalLM(
+        model = build_lm(
             cfg, {}, {n: t.bfloat16() for n, t in tensors.items()}, settings, kv_scales=scales if kv_fp8 else None,
-            quiet=True,
         )  # fmt: skip
         assert (model.engine.runner.pool.dtype == FP8_KV) == kv_fp8
         tokens, logits = generate_with_logits(model, ids, steps, prompt_lengths=lengths)

@@ -15,6 +15,7 @@ import os
 
 import pytest
 import torch
+from helpers import build_lm
 from helpers import paged as paged_filled
 
 from fp8route.engine.attention import decode_attention_torch
@@ -124,7 +125,7 @@ def test_engine_fp8_kv_captured_decode_matches_its_eager_torch_decode(dtype):
     from checkpoint_helpers import TINY, llama_tensors
     from helpers import generate_with_logits
 
-    from fp8route.engine import CausalLM, EngineConfig
+    from fp8route.engine import EngineConfig
     from fp8route.engine.kv_quant import KVScales
     from fp8route.models import LlamaConfig
 
@@ -140,7 +141,7 @@ def test_engine_fp8_kv_captured_decode_matches_its_eager_torch_decode(dtype):
         settings = EngineConfig(
             dtype=dtype, max_num_seqs=4, max_model_len=256, use_cuda_graphs=graphs, num_kv_blocks=128
         )
-        model = CausalLM(cfg, {}, tensors, settings, kv_scales=scales, quiet=True)
+        model = build_lm(cfg, {}, tensors, settings, kv_scales=scales)
         model.engine.runner.use_triton = triton
         runs[triton] = generate_with_logits(model, ids, 24, prompt_lengths=[40, 17, 29])[1]
         assert model.engine.runner.pool.dtype == FP8_KV

@@ -7,7 +7,7 @@ import torch
 from hf_helpers import FORMATS
 
 import fp8route.hf
-from fp8route.engine.load import load_model
+from fp8route.engine import load_model
 
 PROMPT = torch.tensor([[1, 17, 200, 45, 3, 99]])
 

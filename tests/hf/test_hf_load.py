@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 import fp8route
 import fp8route.hf
 from fp8route.checkpoint.random import write_random
-from fp8route.engine.load import load_model
+from fp8route.engine import load_model
 from fp8route.errors import CheckpointError
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

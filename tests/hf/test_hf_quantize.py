@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 import fp8route
 import fp8route.hf
-from fp8route.engine.load import load_model
+from fp8route.engine import load_model
 from fp8route.quant import FP8_MAX
 
 IDS = torch.tensor([[1, 17, 200, 45, 3, 99, 128, 7]])

@@ -54,7 +54,7 @@ def test_the_options_give_the_logits_plain_kernels_give(tmp_path, dtype, kv_cach
         policy=Policy(force="fp8_gemv"),  # every decode bucket on the kernel the options change (prefill falls back)
         num_kv_blocks=2048, quiet=True,
     )  # fmt: skip
-    down = model.model.layers[0].mlp.down_proj
+    down = model.module.model.layers[0].mlp.down_proj
     assert all(down.plan.backend_for(m, dtype).fuses_silu_mul for m in (1, 5, 16))
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, CONFIG["vocab_size"], (16, 300), generator=g).cuda()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import paged
+from helpers import build_lm, paged
 
 from fp8route.engine.attention import decode_attention_torch
 from fp8route.kernels import paged_decode as da
@@ -170,7 +170,7 @@ def test_engine_graphs_and_triton_match_eager_torch_decode(kv_heads):
         settings = EngineConfig(
             dtype="float32", max_num_seqs=4, max_model_len=256, use_cuda_graphs=graphs, num_kv_blocks=128
         )
-        return CausalLM(cfg, {}, tensors, settings, quiet=True)
+        return build_lm(cfg, {}, tensors, settings)
 
     results = {}
     for graphs in (True, False):

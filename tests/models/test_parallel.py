@@ -16,7 +16,7 @@ import fp8route.checkpoint.shards as shards_module
 import fp8route.linear.layer as layer_module
 from fp8route import Fp8InputError, Fp8Linear, explain, load_checkpoint, sqnr_db
 from fp8route.checkpoint.formats import compressed_tensors
-from fp8route.engine.load import load_model
+from fp8route.engine import load_model
 from fp8route.models.llama import LlamaConfig
 from fp8route.models.parallel import RowParallel, Shard, Slicer, VocabParallelHead, check_divisible
 
@@ -99,14 +99,14 @@ def run_rank(rank: int, world: int, folder: str, lm_head: str, init: str, out: s
         model = load_model(
             folder, device="cpu", dtype=torch.float32, max_num_seqs=2, max_model_len=16, tp_lm_head=lm_head
         )
-        attn = model.model.layers[0].self_attn
+        attn = model.module.model.layers[0].self_attn
         qkv = attn.qkv_proj if hasattr(attn, "qkv_proj") else attn.q_proj
-        fp8 = [m for m in model.modules() if isinstance(m, Fp8Linear)]
+        fp8 = [m for m in model.module.modules() if isinstance(m, Fp8Linear)]
         shapes = {
             "qkv_n": (qkv.out_features if isinstance(qkv, Fp8Linear) else qkv.weight.shape[0]),
             "o_is_row_parallel": isinstance(attn.o_proj, RowParallel),
-            "phases": (attn.o_proj.phase, model.model.layers[0].mlp.down_proj.phase),
-            "head_is_vocab_parallel": isinstance(model.lm_head, VocabParallelHead),
+            "phases": (attn.o_proj.phase, model.module.model.layers[0].mlp.down_proj.phase),
+            "head_is_vocab_parallel": isinstance(model.module.lm_head, VocabParallelHead),
             "routes": [m.plan.route_text(torch.float32) for m in fp8],
             "held": sorted((m.out_features, m.in_features) for m in fp8),
             "planned": sorted(planned),

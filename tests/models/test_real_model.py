@@ -124,7 +124,9 @@ def test_cpu_dequant_generates_the_reference_backends_greedy_tokens(smollm):
             smollm["fp8_folder"], device="cpu", max_num_seqs=1, max_model_len=ids.shape[1] + 24, policy=policy,
             quiet=True,
         )  # fmt: skip
-        backends = {m.plan.backend_for(1, torch.bfloat16).name for m in model.modules() if isinstance(m, Fp8Linear)}
+        backends = {
+            m.plan.backend_for(1, torch.bfloat16).name for m in model.module.modules() if isinstance(m, Fp8Linear)
+        }
         runs[backends.pop()] = generate_with_logits(model, ids, 24)
     (fast_tokens, fast), (ref_tokens, ref) = runs["cpu_dequant"], runs["reference"]
     assert torch.equal(fast_tokens, ref_tokens)

@@ -3,9 +3,10 @@
 import pytest
 import torch
 from checkpoint_helpers import TINY, llama_tensors
+from helpers import build_lm
 
 from fp8route import Fp8InputError
-from fp8route.engine import CausalLM, EngineConfig
+from fp8route.engine import EngineConfig
 from fp8route.models import LlamaConfig, LlamaForCausalLM
 
 VOCAB = TINY["vocab_size"]
@@ -16,7 +17,7 @@ CFG = LlamaConfig.from_hf({**TINY, "max_position_embeddings": 48})
 def model(request):
     tensors = llama_tensors(dtype=torch.float32)
     if request.param == "CausalLM":
-        return CausalLM(CFG, {}, tensors, EngineConfig(dtype="float32", max_num_seqs=2), quiet=True)
+        return build_lm(CFG, {}, tensors, EngineConfig(dtype="float32", max_num_seqs=2))
     return LlamaForCausalLM(CFG, {}, tensors)
 
 
@@ -49,9 +50,7 @@ def test_the_longest_input_and_every_id_run(model):
 
 
 def test_generate_says_the_same():
-    model = CausalLM(
-        CFG, {}, llama_tensors(dtype=torch.float32), EngineConfig(dtype="float32", max_num_seqs=2), quiet=True
-    )
+    model = build_lm(CFG, {}, llama_tensors(dtype=torch.float32), EngineConfig(dtype="float32", max_num_seqs=2))
     with pytest.raises(Fp8InputError, match=rf"^generate: token ids must be in 0..{VOCAB - 1} \(the vocabulary\), got"):
         model.generate(torch.tensor([[1, VOCAB]]), 2)
     with pytest.raises(Fp8InputError, match=r"^generate: input_ids \(2, 0\) has no tokens"):
