@@ -125,6 +125,10 @@ class EngineProcess(EngineClient):
             with self._send_lock:
                 self._to_child.send((kind, payload))
         except (OSError, ValueError):
+            # A stopped engine runs nothing to abort: a stream left after it died (its finally aborts) must
+            # close quietly, not raise over the error it got (or a cancellation) and skip its caller's cleanup.
+            if kind == "abort":
+                return
             raise EngineError(f"the engine process has stopped (exit code {self._process.exitcode})") from None
 
     def _read(self) -> None:
