@@ -58,6 +58,7 @@ class EngineProcess(EngineClient):
         child_out.close()
         self._send_lock = threading.Lock()
         self._stats_lock = threading.Lock()
+        self._join_lock = threading.Lock()
         self._stopped = False
         try:
             kind, payload = self._from_child.recv()
@@ -114,11 +115,17 @@ class EngineProcess(EngineClient):
     def shutdown(self) -> None:
         with contextlib.suppress(Fp8RouteError):  # already gone
             self._send("stop", None)
-        self._process.join(timeout=10)
+        self._join(10)
         if self._process.is_alive():
             self._process.kill()
-            self._process.join()
+            self._join(None)
         self._stopped = True
+
+    def _join(self, timeout: float | None) -> None:
+        """Wait for the child, one thread at a time: two threads waiting at once race to reap it, and the
+        one that loses reads no exit code."""
+        with self._join_lock:
+            self._process.join(timeout)
 
     def _send(self, kind: str, payload: object) -> None:
         try:
@@ -143,7 +150,7 @@ class EngineProcess(EngineClient):
                 for callback in self.on_finished:
                     callback(metrics)
             self._deliver_all(items)
-        self._process.join(timeout=5)
+        self._join(5)
         gone = EngineError(f"the engine process stopped (exit code {self._process.exitcode})")
         self._deliver_all([(request_id, gone) for request_id in list(self._streams)])
 
