@@ -32,6 +32,7 @@ from fp8route.engine.request import Request, RequestMetrics, Status, TokenLogpro
 from fp8route.engine.runner import Forward, InFlight, ModelRunner, StepResult
 from fp8route.engine.sampling import SamplingParams
 from fp8route.engine.scheduler import Scheduler
+from fp8route.engine.scheduler_output import SchedulerOutput
 from fp8route.engine.structured import Grammars
 from fp8route.errors import Fp8InputError
 from fp8route.linear.policy import Policy
@@ -61,6 +62,16 @@ class Update:
     new_token_ids: list[int]
     finished: bool
     new_logprobs: list[TokenLogprobs] = field(default_factory=list)
+
+
+@dataclass
+class _Launched:
+    """A step launched and not read back: the runner's handle on it, the requests it ran by id (as the
+    engine held them when it was scheduled: an id may be reused once its request ends), its accounting."""
+
+    step: InFlight
+    requests: dict[str, Request]
+    stats: StepStats | None = None
 
 
 @dataclass(frozen=True)
@@ -153,8 +164,7 @@ class LLMEngine:
         self.record_stats = config.record_stats
         self.stats: list[StepStats] = []
         self.ahead_steps = 0  # steps launched before the step before them was read back
-        self._inflight: InFlight | None = None
-        self._stats_of: dict[int, StepStats] = {}  # the accounting of steps launched, not yet read back
+        self._inflight: _Launched | None = None
         self._read_at = 0.0  # when the last step was read back
 
     @classmethod
@@ -316,14 +326,18 @@ class LLMEngine:
         updates: list[Update] = []
         launched = None
         if not out.empty:
+            owners = {r.request_id: r for r in self.scheduler.running}
             now = time.monotonic()
             for piece in out.seqs:
-                if piece.request.metrics.first_scheduled_time is None:
-                    piece.request.metrics.first_scheduled_time = now
-            launched = self.runner.execute(out, lambda forward: self._masks(forward, updates))
+                metrics = owners[piece.request_id].metrics
+                if metrics.first_scheduled_time is None:
+                    metrics.first_scheduled_time = now
+            forward = self.runner.forward(out)
+            masks = self._masks(forward, owners, updates) if forward.constrained else None
+            launched = _Launched(self.runner.sample(forward, masks), owners)
         if launched is not None and self.record_stats:
-            self.stats.append(self._record(launched, time.perf_counter() - start))
-            self._stats_of[id(launched)] = self.stats[-1]
+            launched.stats = self._record(out, time.perf_counter() - start)
+            self.stats.append(launched.stats)
         previous, self._inflight = self._inflight, launched
         if previous is not None:
             self.ahead_steps += launched is not None
@@ -333,20 +347,19 @@ class LLMEngine:
             updates += self._read_back(previous)
         return updates
 
-    def _read_back(self, step: InFlight) -> list[Update]:
-        result = step.read()
+    def _read_back(self, launched: _Launched) -> list[Update]:
+        result = launched.step.read()
         read = time.perf_counter()
-        updates = self._advance(step, result)
-        stats = self._stats_of.pop(id(step), None)
-        if stats is not None:
+        updates = self._advance(launched, result)
+        if launched.stats is not None:
             # A step's wall time is from the step before it being read back to itself being read back:
             # with async scheduling, the host's work for the next step is inside it.
-            stats.host_s += time.perf_counter() - read
-            stats.wall_s = read - self._read_at
+            launched.stats.host_s += time.perf_counter() - read
+            launched.stats.wall_s = read - self._read_at
         self._read_at = read
         return updates
 
-    def _masks(self, forward: Forward, updates: list[Update]) -> torch.Tensor:
+    def _masks(self, forward: Forward, owners: dict[str, Request], updates: list[Update]) -> torch.Tensor:
         """The constrained rows' bitmasks, on the host: a row whose request ended allows every token
         (its token is dropped), one past its grammar's end its stop tokens only. A grammar's mask needs
         every token before this step's: the step in flight is read back first (into updates), while
@@ -356,7 +369,7 @@ class LLMEngine:
             self._inflight = None
         grammars = self.grammars
         assert grammars is not None, "a constrained request came in without grammars"
-        requests = [forward.sampling[i].request for i in forward.constrained]
+        requests = [owners[forward.sampling[i].request_id] for i in forward.constrained]
         masks = grammars.new_bitmask(len(requests))
         grammars.fill(masks, [None if r.finished else r.matcher for r in requests])
         return masks
@@ -366,40 +379,41 @@ class LLMEngine:
         launched, self._inflight = self._inflight, None
         if launched is None:
             return []
-        self._stats_of.pop(id(launched), None)
-        return self._advance(launched, launched.read())
+        return self._advance(launched, launched.step.read())
 
-    def _record(self, launched: InFlight, host_s: float) -> StepStats:
-        seqs, singles = launched.out.seqs, launched.out.singles
+    def _record(self, out: SchedulerOutput, host_s: float) -> StepStats:
+        seqs, singles = out.seqs, out.singles
         return StepStats(
             singles, sum(s.num_tokens for s in seqs[singles:]), sum(s.start + 1 for s in seqs[:singles]),
             self.blocks.used_blocks, host_s, 0.0,
         )  # fmt: skip
 
-    def _advance(self, step: InFlight, result: StepResult) -> list[Update]:
+    def _advance(self, launched: _Launched, result: StepResult) -> list[Update]:
         """Register what a step read back computed and append its tokens; a request that ended after
         the step was launched (a token stopped it, or an abort) gets nothing from it."""
-        scheduler = self.scheduler
-        updates: dict[int, Update] = {}
+        scheduler, owners, step = self.scheduler, launched.requests, launched.step
+        updates: dict[str, Update] = {}
         for piece in step.out.seqs:
-            scheduler.computed(piece)
+            request = owners[piece.request_id]
+            scheduler.computed(request, piece)
             if piece.samples:  # its prompt is computed: samples waiting for it find it in the cache
-                self._release_held(piece.request)
-            if piece.request.status is not Status.FINISHED:
-                updates.setdefault(id(piece.request), Update(piece.request, [], False))
-        for request, position, entry in result.prompt_logprobs:
+                self._release_held(request)
+            if request.status is not Status.FINISHED:
+                updates.setdefault(piece.request_id, Update(request, [], False))
+        for request_id, position, entry in result.prompt_logprobs:
+            request = owners[request_id]
             if request.prompt_logprobs is not None:
                 request.prompt_logprobs[position] = entry
         now = time.monotonic()
         for i, (piece, token) in enumerate(zip(step.sampling, result.tokens, strict=True)):
-            request = piece.request
+            request = owners[piece.request_id]
             request.num_pending -= 1
             if request.status is Status.FINISHED:
                 continue
             request.token_ids.append(token)
             if request.metrics.first_token_time is None:
                 request.metrics.first_token_time = now
-            update = updates[id(request)]
+            update = updates[piece.request_id]
             update.new_token_ids.append(token)
             entry = result.logprobs.get(i)
             if entry is not None and request.logprobs is not None:

@@ -1,8 +1,10 @@
 """ModelRunner: runs the scheduler's steps on a Llama-family model over a paged KV pool.
 
-It owns what lives on the device: the KV pool and its block tables (written from each
-SchedulerOutput before its step), the rotary tables, the CUDA graphs, and each table row's last
-sampled token. A step is one forward over a flat batch of tokens:
+It owns what lives on the device: the KV pool (which it sizes from the memory the weights and one
+largest step leave, initialize()) and its block tables, the rotary tables, the CUDA graphs, and each
+table row's last sampled token; and, on the host, each row's request and blocks as the scheduler
+handed them (fp8route.engine.scheduler_output: plain data by request id, taken in before each step).
+A step is one forward over a flat batch of tokens:
 
 - every piece one token long (a decode step): the batch's CUDA graph, one per batch bucket, with the
   split-KV decode kernel (it rotates and writes the new key itself);
@@ -20,7 +22,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -29,17 +31,16 @@ import torch
 import torch.distributed as dist
 
 from fp8route.engine.attention import DecodeAttention, StepAttention, triton_decode_available
-from fp8route.engine.blocks import blocks_for
+from fp8route.engine.blocks import SCRATCH_BLOCK, blocks_for
 from fp8route.engine.config import EngineConfig
 from fp8route.engine.decode_graphs import DecodeGraphs, buckets
 from fp8route.engine.flashinfer_attention import FlashInferAttention
 from fp8route.engine.kv_pool import KVPool, upload, upload_parts
 from fp8route.engine.kv_quant import KVScales
 from fp8route.engine.prefill_graphs import MAX_TOKENS, PrefillGraphs, why_not_graphed
-from fp8route.engine.request import Request, RequestMetrics, TokenLogprobs
-from fp8route.engine.sampler import Logprobs, Sampler, token_logprobs
-from fp8route.engine.sampling import SamplingParams
-from fp8route.engine.scheduler import ScheduledSeq, SchedulerOutput
+from fp8route.engine.request import TokenLogprobs
+from fp8route.engine.sampler import Draw, Logprobs, Sampler, token_logprobs
+from fp8route.engine.scheduler_output import NewRequest, ScheduledSeq, SchedulerOutput
 from fp8route.errors import Fp8InputError
 from fp8route.kernels.argmax import greedy_tokens
 from fp8route.kernels.paged_attention import TRITON_IMPORT_ERROR, Sequences
@@ -47,16 +48,15 @@ from fp8route.models.llama import LlamaForCausalLM, rope_tables
 
 log = logging.getLogger("fp8route")
 _LOGPROB_SLICE = 1024  # prompt positions per lm_head call when scoring a prompt
-_DUMMY_PARAMS = SamplingParams(max_tokens=1, temperature=0)
 CPU_KV_TOKENS = 32768  # a CPU pool's size: no device memory to size it from
 _GRAPH_RESERVE = 1 << 30  # decode graphs' own memory (logits and activations per bucket), kept free
 
 
 @dataclass
 class PromptLogprobs:
-    """The prompt log-probabilities a step computes: entries[i] = (request, position scored)."""
+    """The prompt log-probabilities a step computes: entries[i] = (request id, position scored)."""
 
-    entries: list[tuple[Request, int]]
+    entries: list[tuple[str, int]]
     ks: list[int]
     tensors: list[torch.Tensor]  # token_logprobs' tensors for the entries
 
@@ -64,11 +64,11 @@ class PromptLogprobs:
 @dataclass
 class StepResult:
     """A step read back: the sampled rows' tokens and, for the rows that asked, their log-probabilities
-    (by index into the rows); the prompt positions' log-probabilities as (request, position, values)."""
+    (by index into the rows); the prompt positions' log-probabilities as (request id, position, values)."""
 
     tokens: list[int]
     logprobs: dict[int, TokenLogprobs]
-    prompt_logprobs: list[tuple[Request, int, TokenLogprobs]]
+    prompt_logprobs: list[tuple[str, int, TokenLogprobs]]
 
 
 @dataclass
@@ -81,11 +81,7 @@ class Forward:
     greedy: torch.Tensor | None
     prompt: PromptLogprobs | None
     rows: torch.Tensor | None  # the sampled pieces' table rows, on the device
-
-    @property
-    def constrained(self) -> list[int]:
-        """The sampled rows whose output a grammar constrains."""
-        return [i for i, s in enumerate(self.sampling) if s.request.matcher is not None]
+    constrained: list[int]  # the sampled pieces whose output a grammar constrains (indices into sampling)
 
 
 @dataclass
@@ -125,7 +121,7 @@ class InFlight:
         if self.logprobs is not None:
             values = Logprobs.read(host[1:6], self.logprobs.ks)
             logprobs = dict(zip(self.logprobs.rows, values, strict=True))
-        prompt: list[tuple[Request, int, TokenLogprobs]] = []
+        prompt: list[tuple[str, int, TokenLogprobs]] = []
         if self.prompt is not None:
             values = Logprobs.read(host[-5:], self.prompt.ks)
             prompt = [(r, p, v) for (r, p), v in zip(self.prompt.entries, values, strict=True)]
@@ -158,6 +154,8 @@ class ModelRunner:
         # rope_tables gives for any positions, without per-step host work.
         self.rope_cos, self.rope_sin = rope_tables(model.cfg, torch.arange(self.max_seq_len, device=device))
         self.last_token = torch.zeros(self.max_rows + 1, dtype=torch.int64, device=device)  # per table row
+        self.held: dict[int, NewRequest] = {}  # each table row's request, as the scheduler gave it
+        self.blocks: dict[int, list[int]] = {}  # each table row's blocks: the host's copy of the pool's tables
         self.prefill_graphs: PrefillGraphs | None = None
         self.set_pool(2)
         if device.type == "cuda" and not triton_decode_available():
@@ -235,6 +233,7 @@ class ModelRunner:
             cfg.num_hidden_layers, num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_size,
             self.max_rows, self.max_seq_len, self.dtype, self.device, self.kv_scales,
         )  # fmt: skip
+        self.blocks = {self.pool.pad_row: [SCRATCH_BLOCK] * self.pool.max_blocks_per_seq}
         if self.attention == "flashinfer":
             self.flashinfer = FlashInferAttention(self.pool, cfg.num_attention_heads, self.dtype, self.device)
 
@@ -258,22 +257,13 @@ class ModelRunner:
 
     # -- a step ------------------------------------------------------------------------------------
 
-    def execute(self, out: SchedulerOutput, masks: Callable[[Forward], torch.Tensor] | None = None) -> InFlight:
-        """Launch out's forward, then its sampling; masks: called between the two when a grammar
-        constrains a row, for the constrained rows' bitmasks (on the host)."""
-        step = self.forward(out)
-        return self.sample(step, masks(step) if masks is not None and step.constrained else None)
-
     def forward(self, out: SchedulerOutput) -> Forward:
-        """Write out's tables and launch its forward: the logits of the pieces that sample."""
-        self._write_tables(out)
+        """Take in out's rows and blocks and launch its forward: the logits of the pieces that sample."""
+        self._take_in(out)
         seqs = out.seqs
         sampling = [s for s in seqs if s.samples]
-        for s in seqs:  # a penalized request given its row this step: the row's counts start over
-            if s.request.params.penalized and s.row in out.tables:
-                self.sampler.admit(s.row, s.request)
         prompt = None
-        if out.singles == len(seqs) and not any(_scores_prompt(s) for s in seqs):
+        if out.singles == len(seqs) and not any(self._scores_prompt(s) for s in seqs):
             logits, greedy = self._decode(seqs)
             if len(sampling) < len(seqs):
                 picked = upload(torch.tensor([i for i, s in enumerate(seqs) if s.samples]), self.device)
@@ -283,7 +273,8 @@ class ModelRunner:
         # The rows are taken now: a request that the step before ends (read back while the masks are
         # made) gives its row up before this step samples.
         rows = upload(torch.tensor([s.row for s in sampling]), self.device) if sampling else None
-        return Forward(out, sampling, logits if sampling else None, greedy, prompt, rows)
+        constrained = [i for i, s in enumerate(sampling) if self.held[s.row].constrained]
+        return Forward(out, sampling, logits if sampling else None, greedy, prompt, rows, constrained)
 
     def sample(self, step: Forward, masks: torch.Tensor | None = None) -> InFlight:
         """Choose the step's tokens (masks: the constrained rows' bitmasks, on the host) and start
@@ -294,30 +285,40 @@ class ModelRunner:
                 return InFlight(step.out, [], [])
             none = torch.empty(0, dtype=torch.int64, device=self.device)
             return InFlight(step.out, [], [none, *prompt_tensors], None, step.prompt)
-        requests, rows = [s.request for s in step.sampling], step.rows
+        draws = [Draw(self.held[s.row].params, self.held[s.row].seed, s.output_index) for s in step.sampling]
+        rows = step.rows
         assert rows is not None
         where = None if masks is None else (step.constrained, upload(masks, self.device))
-        tokens, logprobs = self.sampler(step.logits, step.greedy, requests, rows, self.eos_token_ids, where)
+        tokens, logprobs = self.sampler(step.logits, step.greedy, draws, rows, self.eos_token_ids, where)
         self.last_token.index_copy_(0, rows, tokens)
         tensors = [tokens, *(logprobs.tensors() if logprobs is not None else []), *prompt_tensors]
         return InFlight(step.out, step.sampling, tensors, logprobs, step.prompt)
 
-    def _write_tables(self, out: SchedulerOutput) -> None:
-        if out.tables:
-            self.pool.set_rows(list(out.tables), list(out.tables.values()))
-        if out.entries:
-            rows, columns, blocks = zip(*out.entries)
+    def _take_in(self, out: SchedulerOutput) -> None:
+        """The rows given this step and the blocks added to running ones, into the host's tables and the
+        pool's; a penalized request given a row starts the row's counts over from what it has seen."""
+        for new in out.new_requests:
+            self.held[new.row] = new
+            self.blocks[new.row] = list(new.block_ids)
+            if new.params.penalized:
+                self.sampler.admit(new.row, new.prompt_token_ids, new.output_token_ids)
+        if out.new_requests:
+            self.pool.set_rows([n.row for n in out.new_requests], [n.block_ids for n in out.new_requests])
+        for row, column, block in out.new_blocks:
+            assert column == len(self.blocks[row]), "blocks are appended in order"
+            self.blocks[row].append(block)
+        if out.new_blocks:
+            rows, columns, blocks = zip(*out.new_blocks)
             self.pool.set_entries(rows, columns, blocks)
 
     def _decode(self, seqs: Sequence[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor]:
         """Every piece one token: (logits, argmax) of each row."""
-        requests = [s.request for s in seqs]
         host = decode_inputs(seqs)
         ids, pending, positions, rows = upload(torch.from_numpy(host), self.device)
         lengths = [s.start + 1 for s in seqs] if self.plans_on_host else None
         return self.decode(
             ids, pending, positions, rows, limit=int(host[2].max()) + 1, host_lengths=lengths,
-            host_blocks=[r.blocks for r in requests] if lengths else None,
+            host_blocks=[self.blocks[s.row] for s in seqs] if lengths else None,
         )  # fmt: skip
 
     def decode(
@@ -371,7 +372,7 @@ class ModelRunner:
         log-probabilities of the prompt positions asked for."""
         seqs = out.seqs
         starts, counts, offsets, positions, ids, pending, token_rows, slots, sample_at = step_inputs(
-            seqs, self.block_size
+            seqs, self.blocks, self.block_size
         )
         total = int(offsets[-1])
         parts = upload_parts(
@@ -382,7 +383,8 @@ class ModelRunner:
         if pending.any():
             ids_d = torch.where(pending_d.bool(), self.last_token[token_rows_d], ids_d)
         if self.flashinfer is not None:
-            self.flashinfer.plan_prefill(counts.tolist(), (starts + counts).tolist(), [s.request.blocks for s in seqs])
+            blocks = [self.blocks[s.row] for s in seqs]
+            self.flashinfer.plan_prefill(counts.tolist(), (starts + counts).tolist(), blocks)
         solo = len(seqs) == 1 and seqs[0].start == 0  # a lone prompt's first chunk
         layout = Sequences(cu_q, lengths, rows, out.singles)
         context = StepAttention(self.pool, slots_d, layout, self.triton, self.flashinfer, solo)
@@ -400,13 +402,16 @@ class ModelRunner:
     ) -> PromptLogprobs | None:
         """Each asked-for prompt position's log-probability (a position's logits score the token after
         it), through lm_head a slice of positions at a time: a long chunk's logits need not fit at once."""
-        entries, flat, targets, ks = [], [], [], []
+        entries: list[tuple[str, int]] = []
+        flat: list[int] = []
+        targets: list[int] = []
+        ks: list[int] = []
         for s, first in zip(seqs, firsts, strict=True):
-            if not _scores_prompt(s):
+            if not self._scores_prompt(s):
                 continue
-            request = s.request
-            last = min(s.start + s.num_tokens, request.num_prompt_tokens - 1)  # positions start .. last - 1
-            entries += [(request, position) for position in range(s.start + 1, last + 1)]
+            request = self.held[s.row]
+            last = min(s.start + s.num_tokens, len(request.prompt_token_ids) - 1)  # positions start .. last - 1
+            entries += [(s.request_id, position) for position in range(s.start + 1, last + 1)]
             flat += range(first, first + last - s.start)
             targets += request.prompt_token_ids[s.start + 1 : last + 1]
             ks += [request.params.prompt_logprobs or 0] * (last - s.start)
@@ -420,6 +425,15 @@ class ModelRunner:
             for i in range(0, len(entries), _LOGPROB_SLICE)
         ]
         return PromptLogprobs(entries, ks, [torch.cat(column) for column in zip(*parts, strict=True)])
+
+    def _scores_prompt(self, piece: ScheduledSeq) -> bool:
+        """Whether the piece computes positions whose logits score a prompt token its request asked for."""
+        request = self.held.get(piece.row)
+        return (
+            request is not None
+            and request.params.prompt_logprobs is not None
+            and piece.start < len(request.prompt_token_ids) - 1
+        )
 
     # -- graphs and warm-up --------------------------------------------------------------------------
 
@@ -453,12 +467,11 @@ class ModelRunner:
         """A mixed step of `singles` one-token rows and `chunks` chunks sharing the other tokens, every
         row on the padding row (its K/V into the scratch block): to measure activations, and to compile
         what a step of these counts compiles before any request waits for it."""
-        request = Request("dummy", [0] * tokens, _DUMMY_PARAMS, 0, RequestMetrics(0.0))
-        request.row, request.blocks = self.pool.pad_row, [0] * self.pool.max_blocks_per_seq
+        pad = self.pool.pad_row
         rest = tokens - singles
         sizes = [rest // chunks + (i < rest % chunks) for i in range(chunks)]
-        seqs = [ScheduledSeq(request, 0, 1, False, 0) for _ in range(singles)]
-        seqs += [ScheduledSeq(request, 0, n, True, 0) for n in sizes]
+        seqs = [ScheduledSeq("dummy", pad, 0, 1, [0], False, 0) for _ in range(singles)]
+        seqs += [ScheduledSeq("dummy", pad, 0, n, [0] * n, True, 0) for n in sizes]
         self._forward(SchedulerOutput(seqs))
 
     def warm_up(self) -> None:
@@ -489,8 +502,9 @@ class StepInputs(NamedTuple):
     sample_at: np.ndarray
 
 
-def step_inputs(seqs: Sequence[ScheduledSeq], page: int) -> StepInputs:
-    """The flat batch of these pieces (page: the block size): host work only, no device or model."""
+def step_inputs(seqs: Sequence[ScheduledSeq], blocks: Mapping[int, Sequence[int]], page: int) -> StepInputs:
+    """The flat batch of these pieces over each table row's blocks (page: the block size): host work
+    only, no device or model."""
     starts = np.array([s.start for s in seqs], dtype=np.int64)
     counts = np.array([s.num_tokens for s in seqs], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)])
@@ -501,12 +515,12 @@ def step_inputs(seqs: Sequence[ScheduledSeq], page: int) -> StepInputs:
     token_rows = np.repeat(np.array([s.row for s in seqs], dtype=np.int64), counts)
     slots = np.empty(total, dtype=np.int64)
     for s, first in zip(seqs, offsets[:-1].tolist(), strict=True):
-        known = s.request.token_ids[s.start : s.start + s.num_tokens]
+        known = s.token_ids
         ids[first : first + len(known)] = known
         pending[first + len(known) : first + s.num_tokens] = 1
-        blocks = np.asarray(s.request.blocks, dtype=np.int64)
+        table = np.asarray(blocks[s.row], dtype=np.int64)
         where = positions[first : first + s.num_tokens]
-        slots[first : first + s.num_tokens] = blocks[where // page] * page + where % page
+        slots[first : first + s.num_tokens] = table[where // page] * page + where % page
     sample_at = (offsets[1:] - 1)[[i for i, s in enumerate(seqs) if s.samples]]
     return StepInputs(starts, counts, offsets, positions, ids, pending, token_rows, slots, sample_at)
 
@@ -516,21 +530,10 @@ def decode_inputs(seqs: Sequence[ScheduledSeq]) -> np.ndarray:
     is pending (the row's last sampled token, which the device reads), its position and its table row."""
     return np.array(
         [
-            [_token(s.request, s.start) for s in seqs],
-            [s.start >= len(s.request.token_ids) for s in seqs],
+            [s.token_ids[0] if s.token_ids else 0 for s in seqs],
+            [not s.token_ids for s in seqs],
             [s.start for s in seqs],
             [s.row for s in seqs],
         ],
         dtype=np.int64,
     )
-
-
-def _scores_prompt(piece: ScheduledSeq) -> bool:
-    """Whether the piece computes positions whose logits score a prompt token its request asked for."""
-    request = piece.request
-    return request.params.prompt_logprobs is not None and piece.start < request.num_prompt_tokens - 1
-
-
-def _token(request: Request, position: int) -> int:
-    ids = request.token_ids
-    return ids[position] if position < len(ids) else 0

@@ -24,13 +24,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from fp8route.engine.kv_pool import upload, upload_parts
-from fp8route.engine.request import Request, RequestMetrics, TokenLogprobs
+from fp8route.engine.request import TokenLogprobs
 from fp8route.engine.sampling import MAX_LOGPROBS, SamplingParams
 from fp8route.kernels import sampling as kernels
 from fp8route.kernels.argmax import greedy_tokens
@@ -47,6 +47,15 @@ def _signed(value: int) -> int:
 
 # splitmix64's constants, as the signed int64 torch holds.
 _GOLDEN, _MIX1, _MIX2 = (_signed(c) for c in (kernels.GOLDEN, kernels.MIX1, kernels.MIX2))
+
+
+class Draw(NamedTuple):
+    """One row to sample: its request's params and seed, and which output token it chooses (0 for the
+    first: the seeded stream's step, and whether min_tokens still holds)."""
+
+    params: SamplingParams
+    seed: int
+    step: int
 
 
 @dataclass
@@ -109,19 +118,18 @@ class Sampler:
         self.counts: torch.Tensor | None = None  # int32 [rows, vocab]: each row's output tokens
         self.seen: torch.Tensor | None = None  # bool [rows, vocab]: each row's prompt tokens
 
-    def admit(self, row: int, request: Request) -> None:
+    def admit(self, row: int, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int]) -> None:
         """A penalized request takes table row `row` (it is readmitted after a preemption with its
         output so far): the row's counts start from what the request has seen."""
         if self.counts is None or self.seen is None:
             self.counts = torch.zeros(self.max_rows, self.vocab_size, dtype=torch.int32, device=self.device)
             self.seen = torch.zeros(self.max_rows, self.vocab_size, dtype=torch.bool, device=self.device)
-        prompt = upload(torch.tensor(request.prompt_token_ids, dtype=torch.int64), self.device)
+        prompt = upload(torch.tensor(prompt_token_ids, dtype=torch.int64), self.device)
         self.seen[row].zero_()
         self.seen[row].index_fill_(0, prompt, True)
         self.counts[row].zero_()
-        output = request.output_token_ids
-        if output:
-            ids = upload(torch.tensor(output, dtype=torch.int64), self.device)
+        if output_token_ids:
+            ids = upload(torch.tensor(output_token_ids, dtype=torch.int64), self.device)
             self.counts[row].index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
 
     def warm_up(self, dtype: torch.dtype, eos_token_ids: Sequence[int]) -> None:
@@ -145,12 +153,11 @@ class Sampler:
         for masks in (None, ([0], bitmask)):
             for params in kinds if masks is None else [plain]:
                 # Each choosing its first output token, as a prefill's last chunk does.
-                requests = [Request("warm-up", [0], p, 0, RequestMetrics(0.0), num_pending=1) for p in params]
-                for row, request in enumerate(requests):
-                    if request.params.penalized:
-                        self.admit(row % self.max_rows, request)
+                for row, p in enumerate(params):
+                    if p.penalized:
+                        self.admit(row % self.max_rows, [0], [])
                 rows = torch.arange(len(params), device=self.device) % self.max_rows
-                self(logits[: len(params)], None, requests, rows, eos_token_ids, masks)
+                self(logits[: len(params)], None, [Draw(p, 0, 0) for p in params], rows, eos_token_ids, masks)
         if not had_counts:  # a server of plain requests keeps no penalty counts
             self.counts = self.seen = None
 
@@ -158,16 +165,16 @@ class Sampler:
         self,
         logits: torch.Tensor,
         greedy: torch.Tensor | None,
-        requests: Sequence[Request],
+        draws: Sequence[Draw],
         rows: torch.Tensor,
         eos_token_ids: Sequence[int],
         masks: tuple[list[int], torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, Logprobs | None]:
-        """Row i of logits [R, vocab] chooses requests[i]'s next token; rows: their table rows on the
-        device; greedy: the rows' argmax when the forward computed it; masks: (the rows a grammar
-        constrains, their bitmasks on the device). -> (tokens [R], the rows' Logprobs if any asked)."""
-        params = [r.params for r in requests]
-        steps = [r.num_output_scheduled - 1 for r in requests]  # each request's output token being chosen
+        """Row i of logits [R, vocab] makes draws[i]; rows: their table rows on the device; greedy: the
+        rows' argmax when the forward computed it; masks: (the rows a grammar constrains, their
+        bitmasks on the device). -> (tokens [R], the rows' Logprobs if any asked)."""
+        params = [d.params for d in draws]
+        steps = [d.step for d in draws]
         held = {  # the rows before their min_tokens: the ids they may not draw yet
             i: [*(() if p.ignore_eos else eos_token_ids), *p.stop_token_ids]
             for i, (p, t) in enumerate(zip(params, steps, strict=True))
@@ -178,7 +185,7 @@ class Sampler:
             tokens = greedy if greedy is not None else greedy_tokens(logits)
         else:
             x, top = self._process(logits, params, rows, held, bool(penalized), masks)
-            tokens = _draw(x, top, params, [r.seed for r in requests], steps)
+            tokens = _draw(x, top, params, [d.seed for d in draws], steps)
         counted = upload(torch.tensor(penalized), self.device) if penalized else None
         if counted is not None and self.counts is not None:
             self.counts.index_put_((rows[counted], tokens[counted]), torch.ones_like(counted, dtype=torch.int32), True)

@@ -21,54 +21,11 @@ that step's token is dropped.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
 from fp8route.engine.blocks import ROOT, BlockManager, blocks_for
 from fp8route.engine.config import EngineConfig
 from fp8route.engine.request import Request, Status
-
-
-@dataclass(frozen=True)
-class ScheduledSeq:
-    """One request's piece of a step: positions start .. start + num_tokens - 1; samples: the last
-    one's logits choose its next token. generation: the request's preemptions when scheduled (a step
-    launched before a preemption must not register blocks the request no longer holds)."""
-
-    request: Request
-    start: int
-    num_tokens: int
-    samples: bool
-    generation: int
-
-    @property
-    def row(self) -> int:
-        assert self.request.row is not None
-        return self.request.row
-
-
-@dataclass
-class SchedulerOutput:
-    """What one step runs: the one-token pieces first (decodes), then the chunks; the table rows
-    given whole this step (row -> blocks) and the blocks appended to running rows (row, column,
-    block), for the runner to write before the step."""
-
-    seqs: list[ScheduledSeq] = field(default_factory=list)
-    tables: dict[int, list[int]] = field(default_factory=dict)
-    entries: list[tuple[int, int, int]] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-
-    @property
-    def empty(self) -> bool:
-        return not self.seqs
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.seqs)
-
-    @property
-    def singles(self) -> int:
-        """How many pieces lead with one token each."""
-        return next((i for i, s in enumerate(self.seqs) if s.num_tokens > 1), len(self.seqs))
+from fp8route.engine.scheduler_output import NewRequest, ScheduledSeq, SchedulerOutput
 
 
 class Scheduler:
@@ -86,6 +43,7 @@ class Scheduler:
         self.free_rows = list(range(self.max_num_seqs - 1, -1, -1))
         self.preemptions = 0
         self._building: SchedulerOutput | None = None  # the step being scheduled
+        self._given: dict[int, Request] = {}  # the rows it gives whole: row -> request
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -108,7 +66,7 @@ class Scheduler:
             while not self._grow(request, n, out):
                 victim = self.running[-1]
                 self.preempt(victim)
-                out.preempted.append(victim)
+                out.preempted_ids.append(victim.request_id)
                 if victim is request:
                     break
             if request.status is not Status.RUNNING:
@@ -116,14 +74,16 @@ class Scheduler:
             (singles if n == 1 else chunks).append(self._take(request, n))
             budget -= n
             i += 1
-        while self.waiting and not out.preempted and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and not out.preempted_ids and budget > 0 and len(self.running) < self.max_num_seqs:
             piece = self._admit(self.waiting[0], budget, out)
             if piece is None:
                 break
             (singles if piece.num_tokens == 1 else chunks).append(piece)
             budget -= piece.num_tokens
         out.seqs = singles + chunks
+        out.new_requests = [_new_request(r) for r in self._given.values()]
         self._building = None
+        self._given = {}
         return out
 
     def _done(self, request: Request) -> bool:
@@ -131,11 +91,15 @@ class Scheduler:
 
     def _take(self, request: Request, n: int) -> ScheduledSeq:
         """Schedule n positions of request: they count as computed from now on."""
-        samples = request.num_computed + n == request.length
-        piece = ScheduledSeq(request, request.num_computed, n, samples, request.num_preemptions)
+        start = request.num_computed
+        samples = start + n == request.length
         request.num_computed += n
         request.num_pending += samples
-        return piece
+        assert request.row is not None
+        return ScheduledSeq(
+            request.request_id, request.row, start, n, request.token_ids[start : start + n], samples,
+            request.num_preemptions, request.num_output_scheduled - 1,
+        )  # fmt: skip
 
     def _admit(self, request: Request, budget: int, out: SchedulerOutput) -> ScheduledSeq | None:
         """Admit the first waiting request with up to budget tokens; None if it must wait."""
@@ -161,7 +125,7 @@ class Scheduler:
         request.num_cached_tokens = computed
         request.row = self.free_rows.pop()
         request.status = Status.RUNNING
-        out.tables[request.row] = request.blocks
+        self._given[request.row] = request
         self.running.append(request)
         return self._take(request, n)
 
@@ -174,8 +138,8 @@ class Scheduler:
         if fresh is None:
             return False
         assert request.row is not None
-        if request.row not in out.tables:  # a row given whole this step already lists them
-            out.entries += [(request.row, len(request.blocks) + j, block) for j, block in enumerate(fresh)]
+        if request.row not in self._given:  # a row given whole this step lists them all
+            out.new_blocks += [(request.row, len(request.blocks) + j, block) for j, block in enumerate(fresh)]
         request.blocks += fresh
         return True
 
@@ -201,18 +165,17 @@ class Scheduler:
         assert request.row is not None
         out = self._building
         if out is not None:  # preempted while this step is scheduled: write nothing for its row
-            out.tables.pop(request.row, None)
-            out.entries = [e for e in out.entries if e[0] != request.row]
+            self._given.pop(request.row, None)
+            out.new_blocks = [e for e in out.new_blocks if e[0] != request.row]
         self.free_rows.append(request.row)
         request.row = None
         request.blocks = []
         request.num_computed = 0
         request.num_cached_blocks, request.last_key = 0, ROOT
 
-    def computed(self, piece: ScheduledSeq) -> None:
-        """A step's piece has run and its tokens are read back: register the blocks it filled whose
-        tokens are all known in the prefix cache."""
-        request = piece.request
+    def computed(self, request: Request, piece: ScheduledSeq) -> None:
+        """A step's piece of request has run and its tokens are read back: register the blocks it
+        filled whose tokens are all known in the prefix cache."""
         if request.status is not Status.RUNNING or request.num_preemptions != piece.generation:
             return
         filled = min(piece.start + piece.num_tokens, len(request.token_ids))
@@ -222,3 +185,12 @@ class Scheduler:
             tokens = request.token_ids[index * size : (index + 1) * size]
             request.last_key = self.blocks.cache_full_block(request.blocks[index], request.last_key, tokens)
             request.num_cached_blocks += 1
+
+
+def _new_request(request: Request) -> NewRequest:
+    """What the runner keeps of a request given a row: copies, as the request's lists grow on."""
+    assert request.row is not None
+    return NewRequest(
+        request.request_id, request.row, request.params, request.seed, tuple(request.prompt_token_ids),
+        tuple(request.output_token_ids), tuple(request.blocks),
+    )  # fmt: skip

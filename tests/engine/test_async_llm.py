@@ -82,7 +82,7 @@ def test_a_request_that_cannot_run_is_refused_before_it_is_queued(llm):
 
 def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(llm, monkeypatch):
     engine = AsyncLLM(llm)
-    real = llm.engine.runner.execute
+    real = llm.engine.runner.forward
     calls = []
 
     def broken(out, *rest):
@@ -91,7 +91,7 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(llm, monkeypat
             raise RuntimeError("a kernel failed")
         return real(out, *rest)
 
-    monkeypatch.setattr(llm.engine.runner, "execute", broken)
+    monkeypatch.setattr(llm.engine.runner, "forward", broken)
     try:
         with pytest.raises(EngineError, match="RuntimeError: a kernel failed"):
             collect(engine, llm.encode("the"), SamplingParams(max_tokens=4))

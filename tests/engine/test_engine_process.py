@@ -120,7 +120,7 @@ def test_the_handshake_brings_the_engines_limits_from_a_child_of_its_own(engine:
     assert engine.limits == llm.engine.limits
     assert (engine.limits.max_model_len, engine.limits.block_size, engine.limits.usable_blocks) == (256, 16, 12)
     assert (engine.max_model_len, engine.capacity_tokens) == (256, 12 * 16)
-    assert engine.limits.vocab_size == llm.model.cfg.vocab_size and engine.limits.eos_token_ids
+    assert engine.limits.vocab_size == llm.engine.model.cfg.vocab_size and engine.limits.eos_token_ids
     assert engine.snapshot().kv_total_blocks == 12
     assert engine.alive and engine.pid != os.getpid() and engine.pid in engine_children()
     assert engine.tokenizer.encode("hello there").ids == llm.encode("hello there")  # the parent's own tokenizer
@@ -240,9 +240,8 @@ def abort_midway(engine: EngineProcess, ids: list[int], leave: bool) -> int:
                 break
         if not leave:
             engine.abort("aborted")
+            # The engine forgets it; outputs already on their way before the abort may still be queued here.
             assert await asyncio.to_thread(wait_until, lambda: child_idle(engine))
-            with pytest.raises(asyncio.TimeoutError):  # an aborted request sends no more news
-                await asyncio.wait_for(anext(stream), 1.0)
         await stream.aclose()  # type: ignore[attr-defined]
 
     asyncio.run(run())

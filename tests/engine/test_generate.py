@@ -105,7 +105,7 @@ def test_bad_input_is_refused_before_any_work(model, monkeypatch):
     def no_step(*args, **kwargs):
         raise AssertionError("a step ran")
 
-    monkeypatch.setattr(model.engine.runner, "execute", no_step)
+    monkeypatch.setattr(model.engine.runner, "forward", no_step)
     with pytest.raises(Fp8InputError, match=r"row 0: a prompt of 60 tokens \+ max_tokens=5 = 65 exceeds the model's"):
         model.generate(prompts(1, 60), 5)
     with pytest.raises(Fp8InputError, match="prompt_lengths must give each of the 2 rows a length in 1..4"):

@@ -15,7 +15,7 @@ from fp8route.engine import CausalLM, EngineConfig
 from fp8route.engine.kv_pool import upload_parts
 from fp8route.engine.prefill_graphs import PrefillGraphs, token_buckets, why_not_graphed
 from fp8route.engine.request import Request, RequestMetrics
-from fp8route.engine.scheduler import ScheduledSeq, SchedulerOutput
+from fp8route.engine.scheduler_output import NewRequest, ScheduledSeq, SchedulerOutput
 from fp8route.models import LlamaConfig
 
 CONFIG = {**TINY, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
@@ -37,17 +37,20 @@ def model(device: str, fp8: bool, weights: torch.dtype = torch.float32) -> Causa
 
 
 def request(lm: CausalLM, row: int, prompt: list[int]) -> Request:
-    """A request holding table row `row` and blocks for its prompt and one token more."""
+    """A request holding table row `row` and blocks for its prompt and one token more, given to the runner."""
     r = Request(str(row), prompt, SamplingParams(max_tokens=1), 0, RequestMetrics(0.0))
     r.row, r.blocks = row, lm.engine.blocks.allocate(-(-(len(prompt) + 1) // BLOCK))
-    lm.engine.runner.pool.set_rows([row], [r.blocks])
+    new = NewRequest(r.request_id, row, r.params, r.seed, tuple(prompt), (), tuple(r.blocks))
+    lm.engine.runner._take_in(SchedulerOutput(new_requests=[new]))
     return r
 
 
 def forward(lm: CausalLM, pieces: list[tuple[Request, int, int]]) -> torch.Tensor:
     """One step of these (request, start, tokens) pieces, each sampling: their last tokens' logits."""
-    out = SchedulerOutput([ScheduledSeq(r, start, n, True, 0) for r, start, n in pieces])
-    return lm.engine.runner._forward(out)[0]
+    seqs = [
+        ScheduledSeq(r.request_id, r.row, start, n, r.token_ids[start : start + n], True, 0) for r, start, n in pieces
+    ]
+    return lm.engine.runner._forward(SchedulerOutput(seqs))[0]
 
 
 def test_token_buckets_step_by_128_above_64_and_end_at_the_maximum():

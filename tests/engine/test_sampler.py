@@ -5,12 +5,11 @@ is ignored or applied twice; penalties on a hand-built history; logit_bias; logp
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from fp8route.engine.sampler import Sampler
+from fp8route.engine.sampler import Draw, Sampler
 from fp8route.engine.sampling import SamplingParams
 
 LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
@@ -19,9 +18,9 @@ DRAWS = 20000
 CRITICAL = {1: 23.9, 2: 27.6, 3: 30.7, 4: 33.4, 5: 35.9, 6: 38.3, 7: 40.5}
 
 
-def requests(params: SamplingParams, count: int, step: int = 0) -> list[SimpleNamespace]:
-    """count requests with params, each on its own seed, choosing output token `step`."""
-    return [SimpleNamespace(params=params, seed=1000 + i, num_output_scheduled=step + 1) for i in range(count)]
+def requests(params: SamplingParams, count: int, step: int = 0) -> list[Draw]:
+    """count rows with params, each on its own seed, choosing output token `step`."""
+    return [Draw(params, 1000 + i, step) for i in range(count)]
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"))]
@@ -111,17 +110,14 @@ def test_logit_bias_moves_the_right_token():
     assert_differs(counts, softmax(LOGITS))
 
 
-def penalized(rows: int = 3) -> tuple[Sampler, list[SimpleNamespace]]:
+def penalized(rows: int = 3) -> tuple[Sampler, list[Draw]]:
     """Sampler rows 0..rows-1 admitted with a hand-built history: prompt [1, 2], output [3, 3, 4]."""
     sampler = Sampler(len(LOGITS), rows + 1, torch.device("cpu"))
     params = SamplingParams(temperature=0, repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
     reqs = []
     for row in range(rows):
-        r = SimpleNamespace(
-            params=params, seed=row, num_output_scheduled=4, prompt_token_ids=[1, 2], output_token_ids=[3, 3, 4]
-        )
-        sampler.admit(row, r)
-        reqs.append(r)
+        sampler.admit(row, [1, 2], [3, 3, 4])
+        reqs.append(Draw(params, row, 3))
     return sampler, reqs
 
 
@@ -163,7 +159,7 @@ def test_min_tokens_holds_back_eos_and_stop_ids():
 
 def test_logprobs_are_the_raw_log_softmax_with_rank_and_top_k():
     params = [SamplingParams(temperature=0, logprobs=3, logit_bias={5: 10.0}), SamplingParams(temperature=0)]
-    reqs = [SimpleNamespace(params=p, seed=0, num_output_scheduled=1) for p in params]
+    reqs = [Draw(p, 0, 0) for p in params]
     sampler = Sampler(len(LOGITS), 3, torch.device("cpu"))
     tokens, logprobs = sampler(LOGITS.expand(2, -1).clone(), None, reqs, torch.tensor([0, 1]), ())
     assert tokens.tolist() == [5, 0] and logprobs is not None and logprobs.rows == [0]
@@ -180,8 +176,7 @@ def test_a_rows_tokens_do_not_depend_on_its_batch():
     alone = draw(params, count=1)
     sampler = Sampler(len(LOGITS), 65, torch.device("cpu"))
     mixed = [requests(params, 1)[0]] + [
-        SimpleNamespace(params=SamplingParams(temperature=t), seed=7 + i, num_output_scheduled=1)
-        for i, t in enumerate([0.0, 0.5, 2.0] * 21)
+        Draw(SamplingParams(temperature=t), 7 + i, 0) for i, t in enumerate([0.0, 0.5, 2.0] * 21)
     ]
     tokens, _ = sampler(LOGITS.expand(len(mixed), -1).clone(), None, mixed, torch.arange(len(mixed)), ())
     assert alone[tokens[0]] == 1
@@ -209,17 +204,12 @@ def test_after_its_warm_up_no_step_compiles_a_kernel(monkeypatch):
     sampler = Sampler(vocab, max(counts) + 1, device)
     sampler.warm_up(dtype, [1])
     before = first_launches()
-    history = {"prompt_token_ids": list(range(100)), "output_token_ids": [5, 6]}
 
     def step(controls: list[dict[str, object]], n: int) -> None:
-        rows = [
-            SimpleNamespace(params=SamplingParams(**{"temperature": 0.8, **controls[i % len(controls)]}), seed=i,
-                            num_output_scheduled=3, **history)
-            for i in range(n)
-        ]  # fmt: skip
+        rows = [Draw(SamplingParams(**{"temperature": 0.8, **controls[i % len(controls)]}), i, 2) for i in range(n)]
         for row, r in enumerate(rows):
             if r.params.penalized:
-                sampler.admit(row, r)
+                sampler.admit(row, list(range(100)), [5, 6])
         logits = torch.randn(n, vocab, device=device, dtype=dtype)
         sampler(logits, None, rows, torch.arange(n, device=device), [1])
 

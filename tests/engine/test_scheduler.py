@@ -6,7 +6,8 @@ from __future__ import annotations
 from fp8route.engine.config import EngineConfig
 from fp8route.engine.request import Request, RequestMetrics, Status
 from fp8route.engine.sampling import SamplingParams
-from fp8route.engine.scheduler import Scheduler, SchedulerOutput
+from fp8route.engine.scheduler import Scheduler
+from fp8route.engine.scheduler_output import NewRequest, SchedulerOutput
 
 BLOCK = 4
 
@@ -30,15 +31,17 @@ def request(name: str, prompt: list[int], max_tokens: int = 8, **params: object)
 def read_back(s: Scheduler, out: SchedulerOutput, token: int = 7) -> None:
     """What the engine does once a step's tokens are on the host: every piece's full blocks into the
     prefix cache, and each sampling piece's token appended to its request."""
+    known = {r.request_id: r for r in [*s.running, *s.waiting]}
     for piece in out.seqs:
-        s.computed(piece)
+        request = known[piece.request_id]
+        s.computed(request, piece)
         if piece.samples:
-            piece.request.num_pending -= 1
-            piece.request.token_ids.append(token)
+            request.num_pending -= 1
+            request.token_ids.append(token)
 
 
 def pieces(out: SchedulerOutput) -> list[tuple[str, int, int, bool]]:
-    return [(p.request.request_id, p.start, p.num_tokens, p.samples) for p in out.seqs]
+    return [(p.request_id, p.start, p.num_tokens, p.samples) for p in out.seqs]
 
 
 def test_a_step_takes_at_most_the_token_budget_and_the_rest_of_a_prompt_waits_its_turn():
@@ -66,7 +69,7 @@ def test_a_long_prompt_runs_in_chunks_of_the_budget_beside_a_decode_that_moves_e
     seen = []
     while long.num_computed < 20:
         out = s.schedule()
-        assert out.seqs[0].request is stream and out.seqs[0].num_tokens == 1  # the decode leads, every step
+        assert out.seqs[0].request_id == "stream" and out.seqs[0].num_tokens == 1  # the decode leads, every step
         seen.append(pieces(out)[1])
         read_back(s, out)
     # The chunk takes what the decode leaves; only the last samples.
@@ -96,8 +99,8 @@ def test_the_newest_running_request_is_preempted_first_and_goes_back_to_the_fron
     c_block = c.blocks[0]
     out = s.schedule()
     # a needs a block: c, the newest, gives its one up; then b needs one and is itself the newest.
-    assert out.preempted == [c, b] and pieces(out) == [("a", 4, 1, True)]
-    assert a.blocks == [a.blocks[0], c_block] and out.entries == [(0, 1, c_block)]
+    assert out.preempted_ids == ["c", "b"] and pieces(out) == [("a", 4, 1, True)]
+    assert a.blocks == [a.blocks[0], c_block] and out.new_blocks == [(0, 1, c_block)]
     assert list(s.waiting) == [b, c] and s.running == [a]  # the older of the two first
     for r in (b, c):
         assert (r.status, r.row, r.blocks, r.num_computed, r.num_preemptions) == (Status.WAITING, None, [], 0, 1)
@@ -119,7 +122,7 @@ def test_a_request_preempted_for_itself_ends_the_step_and_nothing_is_admitted_af
     assert held is not None
     s.add(request("late", [9] * 2))
     out = s.schedule()
-    assert out.preempted == [a] and out.empty and [r.request_id for r in s.waiting] == ["a", "late"]
+    assert out.preempted_ids == ["a"] and out.empty and [r.request_id for r in s.waiting] == ["a", "late"]
 
 
 def test_a_step_that_preempts_admits_no_one_so_the_preempted_request_is_not_taken_back_at_once():
@@ -133,11 +136,11 @@ def test_a_step_that_preempts_admits_no_one_so_the_preempted_request_is_not_take
     assert held is not None
     for _ in range(2 * BLOCK):  # within a block's worth of decodes one of them needs a new block
         out = s.schedule()
-        if out.preempted:
+        if out.preempted_ids:
             break
         read_back(s, out)
     # Its blocks and the budget left would let v back in for a chunk, to be preempted again next step.
-    assert out.preempted == [v] and [p.request for p in out.seqs] == [a] and list(s.waiting) == [v]
+    assert out.preempted_ids == ["v"] and [p.request_id for p in out.seqs] == ["a"] and list(s.waiting) == [v]
 
 
 def test_a_prompt_that_starts_with_cached_blocks_computes_only_the_rest():
@@ -205,3 +208,40 @@ def test_a_request_with_its_output_scheduled_is_not_scheduled_again():
     out = s.schedule()
     assert pieces(out) == [("r", 0, 3, True)]
     assert s.schedule().empty  # its one token is on its way back: nothing more to compute
+
+
+def test_the_output_names_requests_by_id_and_gives_a_new_row_once_with_copies_of_its_state():
+    s = scheduler(budget=64)
+    a = request("a", [1, 2, 3, 4], repetition_penalty=1.2)
+    s.add(a)
+    out = s.schedule()
+    new = out.new_requests
+    assert new == [NewRequest("a", 0, a.params, a.seed, (1, 2, 3, 4), (), tuple(a.blocks))]
+    assert out.new_blocks == []  # a row given whole lists its blocks there, not again as appended ones
+    assert [(p.request_id, p.row, p.token_ids, p.samples, p.output_index) for p in out.seqs] == [
+        ("a", 0, [1, 2, 3, 4], True, 0)
+    ]
+    read_back(s, out, token=9)
+    a.blocks.append(-1)  # the scheduler's lists change on; what it handed over does not
+    assert new[0].block_ids == tuple(a.blocks[:-1])
+    a.blocks.pop()
+    out = s.schedule()  # the decode of position 4, whose token (9) the host has read back
+    assert out.new_requests == [] and [(p.start, p.token_ids, p.output_index) for p in out.seqs] == [(4, [9], 1)]
+    assert out.new_blocks == [(0, 1, a.blocks[1])]  # position 4 opens the row's second block
+
+
+def test_a_readmitted_request_is_given_its_row_again_with_its_output_so_far():
+    s = scheduler(blocks=4, budget=64, caching=False)  # 3 usable blocks of 4 tokens
+    a, b = request("a", [1] * 4, max_tokens=8), request("b", [2] * 4, max_tokens=8)
+    s.add(a)
+    s.add(b)
+    read_back(s, s.schedule(), token=5)  # each prompt fills its one block; each decode needs a second
+    out = s.schedule()  # a takes the last free block; b, the newest, finds none and goes
+    assert out.preempted_ids == ["b"]
+    read_back(s, out, token=6)
+    s.finish(a, "abort")
+    out = s.schedule()
+    assert [(n.request_id, n.prompt_token_ids, n.output_token_ids) for n in out.new_requests] == [
+        ("b", (2, 2, 2, 2), (5,))
+    ]
+    assert out.seqs[0].token_ids == [2, 2, 2, 2, 5] and out.seqs[0].samples

@@ -23,16 +23,16 @@ def faulty(tiny_folder):
     from fp8route.serve.serving import Serving
 
     llm = LLM(tiny_folder, max_num_seqs=4, max_num_batched_tokens=64, device="cpu")
-    real = llm.engine.runner.execute
+    real = llm.engine.runner.forward
 
-    def execute(out, *rest):
-        for r in (piece.request for piece in out.seqs):
+    def forward(out, *rest):
+        for r in (llm.engine.requests[piece.request_id] for piece in out.seqs):
             first = r.prompt_token_ids[0]
             if first == FAIL_AT_ONCE or (first == FAIL_LATER and r.num_output_tokens >= 3):
                 raise RuntimeError("injected kernel failure")
         return real(out, *rest)
 
-    llm.engine.runner.execute = execute
+    llm.engine.runner.forward = forward
     engine = AsyncLLM(llm)
     serving = Serving(engine, "tiny", tiny_folder, max_num_seqs=4, max_queue=8)
     app = build_app(serving, api_key=None, max_request_bytes=1 << 20)
