@@ -53,12 +53,14 @@ def generate(
     pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
     rows = input_ids.tolist()
     prompts = [rows[b][:n] for b, n in enumerate(lengths)]
-    out = torch.full((batch, width + max_new_tokens), pad, dtype=torch.int64)
-    for b, ids in enumerate(prompts):
-        out[b, : len(ids)] = torch.tensor(ids)
+    outputs: list[list[int]] = [[] for _ in prompts]
     if max_new_tokens > 0:
-        _run_rows(engine, _submit_rows(engine, prompts, params), out, lengths, pad, on_token)
-    return out.to(input_ids.device)
+        requests = _submit_rows(engine, prompts, params)
+        _run_rows(engine, requests, pad, on_token)
+        outputs = [r.output_token_ids for r in requests]
+    total = width + max_new_tokens
+    filled = [ids + new + [pad] * (total - len(ids) - len(new)) for ids, new in zip(prompts, outputs, strict=True)]
+    return torch.tensor(filled, dtype=torch.int64).to(input_ids.device)
 
 
 def _submit_rows(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[Request]:
@@ -74,34 +76,23 @@ def _submit_rows(engine: LLMEngine, prompts: list[list[int]], params: SamplingPa
 
 
 def _run_rows(
-    engine: LLMEngine,
-    requests: list[Request],
-    out: torch.Tensor,
-    lengths: list[int],
-    pad: int,
-    on_token: Callable[[int, torch.Tensor], None] | None,
+    engine: LLMEngine, requests: list[Request], pad: int, on_token: Callable[[int, torch.Tensor], None] | None
 ) -> None:
-    """Step the engine until every request is done, writing row b's new tokens into out after its
-    prompt (lengths[b]); anything raised, an interrupt included, aborts the rows and drains the engine."""
-    batch = len(requests)
-    row_of = {id(r): b for b, r in enumerate(requests)}
-    written = [0] * batch
+    """Step the engine until every request is done (each keeps its own tokens); on_token sees each step's
+    new ones. Anything raised, an interrupt included, aborts the rows and drains the engine."""
+    row_of = {r.request_id: b for b, r in enumerate(requests)}
     step = 0
     try:
         while engine.has_unfinished:
             updates = engine.step()
-            news = torch.full((batch,), pad, dtype=torch.int64)
-            got = False
+            if on_token is None or not any(u.new_token_ids for u in updates):
+                continue
+            news = [pad] * len(requests)
             for update in updates:
-                b = row_of[id(update.request)]
-                for token in update.new_token_ids:
-                    out[b, lengths[b] + written[b]] = token
-                    news[b] = token
-                    written[b] += 1
-                    got = True
-            if on_token is not None and got:
-                on_token(step, news)
-                step += 1
+                if update.new_token_ids:
+                    news[row_of[update.request.request_id]] = update.new_token_ids[-1]
+            on_token(step, torch.tensor(news, dtype=torch.int64))
+            step += 1
     except BaseException:
         for request in requests:
             engine.abort(request.request_id)
