@@ -106,6 +106,21 @@ def sampling_cost(path: Path) -> str:
     return f"mixed controls {mixed:.2f}x greedy's output tok/s, JSON schema {schema:.2f}x"
 
 
+def schemes_vs_tensor(path: Path) -> str:
+    """Each scheme's batch-1 decode step and TTFT as a multiple of per-tensor's in the same run (the
+    file holds runs by commit, oldest first; a scheme's last run is the one read)."""
+    latest: dict[str, tuple[dict, dict]] = {}
+    for run in _json(path).values():
+        rows = {row["scheme"]: row for row in run["rows"]}
+        latest.update({scheme: (row, rows["tensor"]) for scheme, row in rows.items() if scheme != "tensor"})
+    parts = [
+        f"{scheme}: decode step {row['decode_step_ms'] / tensor['decode_step_ms']:.2f}x, "
+        f"TTFT {row['ttft_ms'] / tensor['ttft_ms']:.2f}x"
+        for scheme, (row, tensor) in sorted(latest.items(), key=lambda item: item[0] != "channel")
+    ]
+    return "; ".join(parts) + " per-tensor's in the same run"
+
+
 FIGURES = (
     Figure("GEMMs, layer sum at M=1", ("h200/routing/retuned3/gemm-llama-3.1-8b-tp1.json",), gemm_layer_sum),
     Figure(
@@ -129,6 +144,7 @@ FIGURES = (
         http_over_offline,
     ),
     Figure("Sampling controls, decode-heavy load", ("h200/sampling/serve-ckpt-8b.json",), sampling_cost),
+    Figure("Channel and block FP8, batch 1 and TTFT 4096", ("h200/schemes/e2e.json",), schemes_vs_tensor),
 )
 
 

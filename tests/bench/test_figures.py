@@ -60,3 +60,18 @@ def test_replace_table_keeps_the_text_around_the_markers():
     assert figures.table_in(new) == "| a |"
     with pytest.raises(Fp8InputError, match="markers"):
         figures.replace_table("no markers", "| a |")
+
+
+def test_each_scheme_is_read_from_its_last_run_against_that_runs_per_tensor_row(tmp_path):
+    def row(scheme: str, step: float, ttft: float) -> dict:
+        return {"scheme": scheme, "decode_step_ms": step, "ttft_ms": ttft}
+
+    runs = {
+        "old": {"rows": [row("tensor", 3.0, 70.0), row("channel", 5.0, 77.0), row("block", 3.6, 84.0)]},
+        "new": {"rows": [row("tensor", 2.0, 80.0), row("channel", 2.2, 84.0)]},
+    }
+    path = tmp_path / "e2e.json"
+    path.write_text(json.dumps(runs))
+    assert figures.schemes_vs_tensor(path) == (
+        "channel: decode step 1.10x, TTFT 1.05x; block: decode step 1.20x, TTFT 1.20x per-tensor's in the same run"
+    )
