@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
 from fp8route.engine import generate as static
 from fp8route.engine.config import EngineConfig
@@ -28,6 +29,15 @@ from fp8route.models.token_ids import check_token_ids
 class CausalLM:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        """What the handle does not have: said so, pointing at the module where it has it."""
+        if name != "engine" and hasattr(nn.Module, name):
+            raise AttributeError(
+                f"load_model's CausalLM is a handle over its engine, not an nn.Module: {name!r} is the plain "
+                f"model's, model.module.{name}"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def module(self) -> LlamaForCausalLM:

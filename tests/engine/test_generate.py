@@ -216,3 +216,11 @@ def test_qwen_style_biases_and_head_norms_decode_like_the_full_forward():
     assert model.module.model.layers[0].self_attn.q_norm is not None
     ids = prompts(2, 6, seed=10)
     assert torch.equal(model.generate(ids, 4), greedy_continuation(model, ids, 4))
+
+
+def test_an_nn_module_method_on_the_handle_names_where_it_is(model):
+    with pytest.raises(AttributeError, match=r"not an nn.Module: 'parameters' is the plain model's, model.module"):
+        model.parameters()
+    assert sum(p.numel() for p in model.module.parameters()) > 0
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_thing'"):
+        model.no_such_thing  # noqa: B018
