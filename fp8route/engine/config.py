@@ -67,6 +67,13 @@ def _share(name: str, value: Any) -> None:
         _fail(name, "in (0, 1]", value)
 
 
+def _milliseconds_or_none(name: str, value: Any) -> None:
+    if value is not None and (
+        not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value) or value <= 0
+    ):
+        _fail(name, "a number of milliseconds > 0", value)
+
+
 def _device(name: str, value: Any) -> None:
     if value is None:
         return
@@ -97,6 +104,11 @@ class EngineConfig:
         None, f"tokens one step computes: every running decode plus the prefill chunks that fit "
         f"(default: 8192 on a GPU, {CPU_BATCHED_TOKENS} on a CPU, where a long chunk would stall every stream)",
         check=_positive_or_none,
+    )  # fmt: skip
+    itl_target_ms: float | None = _setting(
+        None, "keep each step within this many ms: its prefill chunks sized from a cost model of a step "
+        "measured at start (default: the token budget alone)",
+        check=_milliseconds_or_none,
     )  # fmt: skip
     gpu_memory_utilization: float = _setting(
         0.9, "the share of GPU memory the weights, activations and KV cache take", check=_share

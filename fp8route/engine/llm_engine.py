@@ -149,7 +149,7 @@ class LLMEngine:
         self.config = config = config.resolved(device, model_context(model.cfg))
         self.model, self.device, self.parallel = model, device, parallel
         self.runner = ModelRunner(config, model, device=device, kv_scales=kv_scales, eos_token_ids=eos_token_ids)
-        self.scheduler = Scheduler(config, self.runner.initialize(quiet))
+        self.scheduler = Scheduler(config, self.runner.initialize(quiet), self.runner.step_cost)
         async_scheduling = config.async_scheduling
         if async_scheduling is None:
             async_scheduling = device.type == "cuda" and config.attention != "flashinfer"

@@ -41,6 +41,7 @@ from fp8route.engine.prefill_graphs import MAX_TOKENS, PrefillGraphs, why_not_gr
 from fp8route.engine.request import TokenLogprobs
 from fp8route.engine.sampler import Draw, Logprobs, Sampler, token_logprobs
 from fp8route.engine.scheduler_output import NewRequest, ScheduledSeq, SchedulerOutput
+from fp8route.engine.step_cost import StepCost, fit
 from fp8route.errors import Fp8InputError
 from fp8route.kernels.argmax import greedy_tokens
 from fp8route.kernels.paged_attention import TRITON_IMPORT_ERROR, Sequences
@@ -157,6 +158,7 @@ class ModelRunner:
         self.held: dict[int, NewRequest] = {}  # each table row's request, as the scheduler gave it
         self.blocks: dict[int, list[int]] = {}  # each table row's blocks: the host's copy of the pool's tables
         self.prefill_graphs: PrefillGraphs | None = None
+        self.step_cost: StepCost | None = None  # measured by initialize() under an ITL target
         self.set_pool(2)
         if device.type == "cuda" and not triton_decode_available():
             log.warning(
@@ -177,6 +179,7 @@ class ModelRunner:
             self.capture_decode_graphs(self.max_rows)
             self.warm_up()
             torch.cuda.synchronize(self.device)
+        self.step_cost = self.measure_step_cost() if self.config.itl_target_ms is not None else None
         if not quiet:
             pool = self.pool
             eager = self.why_prefill_eager() if self.use_cuda_graphs and graphs is None else None
@@ -186,10 +189,34 @@ class ModelRunner:
                 f"{pool.device}; context {self.max_seq_len} tokens"
                 + (f"; graphs captured in {time.perf_counter() - start:.1f} s" if self.use_cuda_graphs else "")
                 + (f"; mixed steps run eagerly: {eager}" if eager else "")
-                + (f"; {torch.get_num_threads()} CPU threads" if self.device.type == "cpu" else ""),
+                + (f"; {torch.get_num_threads()} CPU threads" if self.device.type == "cpu" else "")
+                + (f"; a step takes {self.step_cost}" if self.step_cost is not None else ""),
                 file=sys.stderr,
             )
         return self.pool.num_blocks
+
+    def measure_step_cost(self) -> StepCost:
+        """A StepCost fitted to mixed steps timed here (the median of three each): one short and one full
+        chunk, alone and beside as many decodes as fit half the budget."""
+        tokens = min(self.max_num_batched_tokens, self.max_seq_len)
+        decodes = max(1, min(self.max_rows - 1, tokens // 4))
+        points = {(0, min(16, tokens)), (0, tokens), (decodes, min(decodes + 16, tokens)), (decodes, tokens)}
+        samples = []
+        for singles, total in sorted(points):
+            if total - singles < 1:
+                continue
+            self.dummy_forward(total, singles)  # untimed: a first call may compile
+            times = []
+            for _ in range(3):
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                start = time.perf_counter()
+                self.dummy_forward(total, singles)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                times.append(time.perf_counter() - start)
+            samples.append((singles + 1, total, 1e3 * sorted(times)[1]))
+        return fit(samples)
 
     def fit_blocks(self) -> int:
         """Blocks that fit what is left of gpu_memory_utilization x the GPU's memory after the weights

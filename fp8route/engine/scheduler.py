@@ -4,10 +4,12 @@ the model runner as a plain SchedulerOutput, and nothing here touches a device.
 
 Every step, in this order:
 1. Running requests, oldest first, each get their next piece: one token when decoding, else the
-   next chunk of the prompt that fits the step's token budget. A request whose next tokens need a
-   block the pool cannot give preempts the newest running request (it frees its blocks and goes
-   back to the front of the queue, to be computed again; its full blocks stay in the prefix
-   cache, so the recompute often finds them), until the pool can give it or it was the newest.
+   next chunk of the prompt that fits the step's token budget (max_num_batched_tokens, or under an
+   ITL target the tokens a step of these requests computes within it, fp8route.engine.step_cost).
+   A request whose next tokens need a block the pool cannot give preempts the newest running
+   request (it frees its blocks and goes back to the front of the queue, to be computed again; its
+   full blocks stay in the prefix cache, so the recompute often finds them), until the pool can
+   give it or it was the newest.
 2. Waiting requests are admitted in arrival order while a table row, budget and blocks remain:
    the longest cached prefix of a new request is taken from the prefix cache and not computed.
 
@@ -26,18 +28,21 @@ from fp8route.engine.blocks import ROOT, BlockManager, blocks_for
 from fp8route.engine.config import EngineConfig
 from fp8route.engine.request import Request, Status
 from fp8route.engine.scheduler_output import NewRequest, ScheduledSeq, SchedulerOutput
+from fp8route.engine.step_cost import StepCost
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, num_blocks: int) -> None:
+    def __init__(self, config: EngineConfig, num_blocks: int, step_cost: StepCost | None = None) -> None:
         """A scheduler over a pool of num_blocks KV blocks, for a config the engine resolved (its
         max_model_len and max_num_batched_tokens set). Each of the max_num_seqs requests running at
-        once holds a table row of its own."""
+        once holds a table row of its own. With config.itl_target_ms, step_cost prices a step."""
         assert config.max_model_len is not None and config.max_num_batched_tokens is not None, "an unresolved config"
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.block_size = config.block_size
         self.max_num_seqs, self.max_model_len = config.max_num_seqs, config.max_model_len
         self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.itl_target_ms, self.step_cost = config.itl_target_ms, step_cost
+        assert self.itl_target_ms is None or step_cost is not None, "an ITL target needs a step cost"
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.free_rows = list(range(self.max_num_seqs - 1, -1, -1))
@@ -52,7 +57,7 @@ class Scheduler:
         out = self._building = SchedulerOutput()
         singles: list[ScheduledSeq] = []
         chunks: list[ScheduledSeq] = []
-        budget = self.max_num_batched_tokens
+        budget = self._budget()
         i = 0
         while i < len(self.running):
             request = self.running[i]
@@ -85,6 +90,16 @@ class Scheduler:
         self._building = None
         self._given = {}
         return out
+
+    def _budget(self) -> int:
+        """This step's tokens: max_num_batched_tokens, or under an ITL target what the step cost says
+        fits it, at least a token for every running request and a block's worth for a prefill chunk
+        (a target no step can keep still moves every request)."""
+        if self.itl_target_ms is None or self.step_cost is None:
+            return self.max_num_batched_tokens
+        rows = len(self.running) + bool(self.waiting)
+        fits = self.step_cost.tokens_within(self.itl_target_ms, rows)
+        return min(self.max_num_batched_tokens, max(fits, len(self.running) + self.block_size))
 
     def _done(self, request: Request) -> bool:
         return request.num_output_scheduled >= request.max_tokens or request.length >= self.max_model_len

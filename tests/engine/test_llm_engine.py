@@ -20,10 +20,11 @@ TENSORS = {k: v.float() for k, v in llama_tensors().items()}
 GREEDY = SamplingParams(max_tokens=6, temperature=0)
 
 
-def engine(num_blocks=200, block_size=4, budget=16, max_num_seqs=8, prefix=True, max_seq_len=64, ahead=False):
+def engine(num_blocks=200, block_size=4, budget=16, max_num_seqs=8, prefix=True, max_seq_len=64, ahead=False, itl=None):
     config = EngineConfig(
         dtype="float32", max_num_seqs=max_num_seqs, max_model_len=max_seq_len, num_kv_blocks=num_blocks,
         block_size=block_size, enable_prefix_caching=prefix, max_num_batched_tokens=budget, async_scheduling=ahead,
+        itl_target_ms=itl,
     )  # fmt: skip
     return build_lm(CFG, {}, TENSORS, config).engine
 
@@ -304,3 +305,16 @@ def test_async_scheduling_with_flashinfer_attention_is_refused_in_one_line(tmp_p
 
     with pytest.raises(Fp8InputError, match=r"^async_scheduling does not run with attention='flashinfer'"):
         LLM(tmp_path, attention="flashinfer", async_scheduling=True)
+
+
+@pytest.mark.parametrize("itl", [1e-3, 1e4], ids=["no step keeps it", "every step keeps it"])
+def test_an_itl_target_measures_the_step_cost_and_changes_no_output(itl):
+    eng = engine(budget=32, itl=itl)
+    cost = eng.runner.step_cost
+    assert cost is not None and min(cost.fixed_ms, cost.per_row_ms, cost.per_token_ms) >= 0
+    assert cost.per_token_ms > 0 or cost.per_row_ms > 0 or cost.fixed_ms > 0
+    requests = {f"r{i}": prompt(n, 40 + i) for i, n in enumerate([30, 5, 19])}
+    outputs = run(eng, {i: [(rid, ids, GREEDY)] for i, (rid, ids) in enumerate(requests.items())})
+    for rid, ids in requests.items():
+        assert outputs[rid] == alone(ids, 6), rid
+    assert eng.leaked() is None

@@ -1,0 +1,83 @@
+"""The step cost an ITL target is kept with: fitted from timed steps, and what the scheduler makes of it."""
+
+from __future__ import annotations
+
+import pytest
+
+from fp8route.engine.config import EngineConfig
+from fp8route.engine.request import Request, RequestMetrics
+from fp8route.engine.sampling import SamplingParams
+from fp8route.engine.scheduler import Scheduler
+from fp8route.engine.step_cost import StepCost, fit
+from fp8route.errors import Fp8InputError
+
+COST = StepCost(fixed_ms=1.0, per_row_ms=0.05, per_token_ms=0.01)
+
+
+def test_the_fit_gives_back_the_cost_that_made_the_times():
+    samples = [(rows, tokens, COST.ms(rows, tokens)) for rows, tokens in [(1, 16), (1, 512), (33, 48), (33, 512)]]
+    got = fit(samples)
+    assert got.fixed_ms == pytest.approx(1.0) and got.per_row_ms == pytest.approx(0.05)
+    assert got.per_token_ms == pytest.approx(0.01)
+
+
+def test_a_coefficient_the_times_make_negative_is_zero():
+    assert fit([(1, 16, 2.0), (1, 512, 1.9), (9, 16, 2.1)]).per_token_ms == 0.0
+
+
+def test_tokens_within_a_target_leave_room_for_the_fixed_and_per_row_cost():
+    assert COST.tokens_within(5.0, rows=20) == 300  # (5 - 1 - 20 * 0.05) / 0.01
+    assert COST.tokens_within(1.5, rows=20) == 0  # no step of 20 rows fits 1.5 ms
+
+
+def request(name: str, prompt: list[int], max_tokens: int = 64) -> Request:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return Request(name, prompt, params, 0, RequestMetrics(0.0), max_tokens=max_tokens)
+
+
+def scheduler(target: float | None) -> Scheduler:
+    config = EngineConfig(
+        max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=4096, block_size=16, itl_target_ms=target
+    )
+    return Scheduler(config, 1024, COST if target is not None else None)
+
+
+def run_one_step(s: Scheduler) -> tuple[int, int]:
+    """Schedule a step and read it back at once: its (sequences, tokens)."""
+    out = s.schedule()
+    for piece in out.seqs:
+        request = next(r for r in s.running if r.request_id == piece.request_id)
+        s.computed(request, piece)
+        if piece.samples:
+            request.num_pending -= 1
+            request.token_ids.append(1)
+    return len(out.seqs), out.num_tokens
+
+
+@pytest.mark.parametrize("target", [None, 5.0])
+def test_under_a_target_a_long_prompt_beside_decodes_comes_in_chunks_each_step_keeps(target):
+    s = scheduler(target)
+    for i in range(8):
+        s.add(request(f"d{i}", [2] * 20))
+    run_one_step(s)  # the eight short prompts, then they decode
+    s.add(request("long", [3] * 3000, max_tokens=4))
+    steps = [run_one_step(s) for _ in range(12)]
+    if target is None:
+        assert steps[0] == (9, 2048)  # the budget alone: the decodes and a 2040-token chunk
+    else:
+        assert all(COST.ms(rows, tokens) <= target for rows, tokens in steps)
+        assert all(tokens >= 8 + 16 for _, tokens in steps[:5])  # the prompt moves every step
+        assert sum(tokens - 8 for _, tokens in steps) >= 3000  # and is computed within these steps
+
+
+def test_a_target_no_step_keeps_still_moves_every_request():
+    s = scheduler(0.5)  # below the fixed cost of any step
+    s.add(request("a", [1] * 100))
+    rows, tokens = run_one_step(s)
+    assert (rows, tokens) == (1, 16)  # a block's worth of its prompt
+
+
+def test_an_itl_target_is_a_positive_number_of_milliseconds():
+    for bad in (0, -1.0, float("nan"), True):
+        with pytest.raises(Fp8InputError, match="itl_target_ms must be a number of milliseconds > 0"):
+            EngineConfig(itl_target_ms=bad)
