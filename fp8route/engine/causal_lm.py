@@ -11,7 +11,6 @@ are loaded and a step of max_num_batched_tokens has been run to measure its acti
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -82,25 +81,11 @@ class CausalLM:
         parts = [self.module.logits(ids, dtype or config.torch_dtype) for ids in input_ids.split(rows)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def generate(
-        self,
-        input_ids: torch.Tensor,
-        max_new_tokens: int,
-        *,
-        prompt_lengths: Sequence[int] | torch.Tensor | None = None,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        eos_token_id: int | Sequence[int] | None = None,
-        pad_token_id: int | None = None,
-        on_token: Callable[[int, torch.Tensor], None] | None = None,
-    ) -> torch.Tensor:
-        """Continue each row of input_ids [B, T] by up to max_new_tokens tokens -> [B, T + max_new_tokens]
-        (fp8route.engine.generate.generate says how)."""
-        return static.generate(
-            self.engine, input_ids, max_new_tokens, prompt_lengths=prompt_lengths, temperature=temperature,
-            top_p=top_p, seed=seed, eos_token_id=eos_token_id, pad_token_id=pad_token_id, on_token=on_token,
-        )  # fmt: skip
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, **options: Any) -> torch.Tensor:
+        """Continue each row of input_ids [B, T] by up to max_new_tokens tokens -> [B, T + max_new_tokens];
+        options and how: fp8route.engine.generate.generate (prompt_lengths, temperature, top_p, seed,
+        eos_token_id, pad_token_id, on_token)."""
+        return static.generate(self.engine, input_ids, max_new_tokens, **options)
 
 
 def load_model(

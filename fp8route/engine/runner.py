@@ -197,7 +197,7 @@ class ModelRunner:
 
     def measure_step_cost(self) -> StepCost:
         """A StepCost fitted to mixed steps timed here (the median of three each): one short and one full
-        chunk, alone and beside as many decodes as fit half the budget."""
+        chunk, alone and beside a quarter of the budget in decodes."""
         tokens = min(self.max_num_batched_tokens, self.max_seq_len)
         decodes = max(1, min(self.max_rows - 1, tokens // 4))
         points = {(0, min(16, tokens)), (0, tokens), (decodes, min(decodes + 16, tokens)), (decodes, tokens)}
