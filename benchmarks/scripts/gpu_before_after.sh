@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$log"
 export PYTHONUNBUFFERED=1
 ckpt=/tmp/ckpt-8b
-[ -f $ckpt/config.json ] || PYTHONPATH=$PWD python3 -c "
+[[ " $PHASES " =~ " serve "|" e2e " ]] && [ ! -f $ckpt/config.json ] && PYTHONPATH=$PWD python3 -c "
 from pathlib import Path
 from fp8route.checkpoint.random import write_random
 from fp8route.models.shapes import MODELS
