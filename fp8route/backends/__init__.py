@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fp8route.backends.base import BLOCK_KMAJOR, CHANNEL, DEQUANTIZED, LAYOUTS, TENSOR, Backend, LinearOperands
 from fp8route.backends.block import CublasBlockBackend, FlashinferBlockBackend, TritonBlockBackend
-from fp8route.backends.cpu_dequant import CpuDequantBackend
+from fp8route.backends.cpu_dequant import CpuDequantBackend, CpuTilesBackend
 from fp8route.backends.cublas import CublasBackend
 from fp8route.backends.flashinfer import FlashinferBackend
 from fp8route.backends.fp8_gemv import Fp8GemvBackend
@@ -27,6 +27,7 @@ BACKENDS: dict[str, Backend] = {
         FlashinferBlockBackend(),
         WeightOnlyBackend(),
         CpuDequantBackend(),
+        CpuTilesBackend(),
         ReferenceBackend(),
     )
 }
@@ -53,7 +54,7 @@ def default_priority(device: DeviceInfo) -> tuple[str, ...]:
     if device.type == "cpu":
         # cpu_dequant dequantizes each weight once; the reference does it on every call, several
         # times slower than bf16.
-        return ("cpu_dequant", "reference")
+        return ("cpu_dequant", "cpu_tiles", "reference")
     if device.type != "cuda" or device.capability is None:
         return ("reference",)
     if device.capability < (8, 9):

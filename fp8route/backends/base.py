@@ -94,6 +94,11 @@ class Backend(ABC):
     def why_not(self, problem: GemmProblem) -> str | None:
         """None when this backend can run the problem, else a reason a user can act on."""
 
+    def batch_variance(self, problem: GemmProblem) -> str | None:
+        """None when each output row is computed from its own input row the same way whatever M is
+        (the deterministic mode's condition), else why a row's bits can change with the batch."""
+        return "its kernel, tiling or split is chosen per M"
+
     def run(self, x: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
         """x is 2-D [M, K] in bf16/fp16/fp32; the result is [M, N] in x's dtype."""
         x_q, x_scale = quantize_input(x, operands)

@@ -24,7 +24,13 @@ import torch.nn.functional as F
 from fp8route.engine.kv_pool import KVPool
 from fp8route.kernels import paged_decode as kernel
 from fp8route.kernels.fused import rope, rope_into_cache
-from fp8route.kernels.paged_attention import PagedKV, Sequences, paged_attention, paged_attention_reference
+from fp8route.kernels.paged_attention import (
+    PagedKV,
+    Sequences,
+    paged_attention,
+    paged_attention_reference,
+    paged_attention_rows,
+)
 
 if TYPE_CHECKING:
     from fp8route.engine.flashinfer_attention import FlashInferAttention
@@ -40,6 +46,16 @@ def decode_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, le
     visible = torch.arange(k.shape[2], device=q.device)[None, :] < lengths[:, None]
     out = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=visible[:, None, None, :], enable_gqa=True)
     return out[:, :, 0]
+
+
+def decode_attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """decode_attention_torch with each row alone over exactly its lengths[b] positions: the same
+    arithmetic whatever else is in the batch (the deterministic mode's; reads lengths on the host)."""
+    rows = [
+        F.scaled_dot_product_attention(q[b, :, None][None], k[b : b + 1, :, :n], v[b : b + 1, :, :n], enable_gqa=True)
+        for b, n in enumerate(lengths.tolist())
+    ]
+    return torch.cat(rows)[:, :, 0]
 
 
 def gather_rows(pool: KVPool, layer: int, rows: torch.Tensor | int, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,10 +75,12 @@ def paged_decode_attention(
     lengths: torch.Tensor,
     limit: int | None,
     triton: bool,
+    alone: bool = False,
 ) -> torch.Tensor:
     """q [B, H, D] (after RoPE; unit stride on D) of table rows [B] over each row's first lengths[b]
     positions, already in the cache -> [B, H, D]: the Triton kernel, or the torch reference, which
-    gathers the first blocks covering limit (a host bound on lengths; None: the whole table)."""
+    gathers the first blocks covering limit (a host bound on lengths; None: the whole table); alone:
+    the torch path row by row (decode_attention_rows)."""
     if triton:
         k_blocks, v_blocks = pool.layer(layer)
         return kernel.decode_attention(
@@ -72,7 +90,7 @@ def paged_decode_attention(
     if limit is not None:
         blocks = min(blocks, -(-limit // pool.block_size))
     k_rows, v_rows = gather_rows(pool, layer, rows, blocks)
-    return decode_attention_torch(q, k_rows, v_rows, lengths)
+    return (decode_attention_rows if alone else decode_attention_torch)(q, k_rows, v_rows, lengths)
 
 
 # SDPA on CUDA picks cuDNN's attention, which plans once per sequence length (host time on the scale
@@ -97,7 +115,8 @@ class StepAttention:
     else its torch path. With FlashInfer (planned for this step by the caller) its paged prefill runs.
     solo: the step is one fresh sequence alone (a lone prompt's first chunk) in a 16-bit cache: it
     attends over its own K/V with SDPA, cuDNN's kernel on a GPU, which runs a long causal prefill
-    faster than the paged kernel."""
+    faster than the paged kernel. alone: each query by itself through the torch path
+    (paged_attention_rows), for the deterministic mode."""
 
     def __init__(
         self,
@@ -107,9 +126,11 @@ class StepAttention:
         triton: bool,
         flashinfer: FlashInferAttention | None = None,
         solo: bool = False,
+        alone: bool = False,
     ) -> None:
         self.pool, self.slots, self.seqs, self.triton, self.flashinfer = pool, slots, seqs, triton, flashinfer
-        self.solo = solo and not pool.quantized and flashinfer is None
+        self.solo = solo and not pool.quantized and flashinfer is None and not alone
+        self.alone = alone
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -131,6 +152,8 @@ class StepAttention:
         q = rope(q, cos, sin, token_major=True)[0].transpose(0, 1)  # [T, H, D]
         k_blocks, v_blocks = pool.layer(layer)
         cache = PagedKV(k_blocks, v_blocks, pool.tables, *pool.layer_scales(layer))
+        if self.alone:
+            return paged_attention_rows(q, cache, self.seqs).transpose(0, 1)[None]
         attend = paged_attention if self.triton else paged_attention_reference
         return attend(q, cache, self.seqs).transpose(0, 1)[None]
 
@@ -139,7 +162,8 @@ class DecodeAttention:
     """One new token per row: row b writes its K/V at positions[b] of table row rows[b] and attends
     to positions 0..positions[b]. positions and rows are device tensors; limit, when given, is a
     host bound on positions + 1 that lets the torch path gather less (a captured step passes none).
-    With a FlashInfer attention (planned for this step by the caller), FlashInfer's decode runs."""
+    With a FlashInfer attention (planned for this step by the caller), FlashInfer's decode runs.
+    alone: each row by itself through the torch path (decode_attention_rows), for the deterministic mode."""
 
     def __init__(
         self,
@@ -149,10 +173,12 @@ class DecodeAttention:
         limit: int | None = None,
         use_triton: bool | None = None,
         flashinfer: FlashInferAttention | None = None,
+        alone: bool = False,
     ) -> None:
         self.pool, self.positions, self.rows, self.limit, self.flashinfer = pool, positions, rows, limit, flashinfer
         self.lengths = positions + 1
-        self.use_triton = triton_decode_available() if use_triton is None else use_triton
+        self.alone = alone
+        self.use_triton = not alone and (triton_decode_available() if use_triton is None else use_triton)
         self.fuse_new_token: bool | None = None
         self._slots: torch.Tensor | None = None
 
@@ -178,5 +204,7 @@ class DecodeAttention:
         if self.flashinfer is not None:
             out = self.flashinfer.decode(layer, q)
         else:
-            out = paged_decode_attention(self.pool, layer, q.contiguous(), self.rows, self.lengths, self.limit, triton)
+            out = paged_decode_attention(
+                self.pool, layer, q.contiguous(), self.rows, self.lengths, self.limit, triton, self.alone
+            )
         return out[:, :, None]

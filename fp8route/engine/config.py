@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from fp8route.device import usable_cores
+from fp8route.device import default_device, usable_cores
 from fp8route.errors import Fp8InputError
 from fp8route.kernels.options import set_kernel_options
 from fp8route.models.collectives import METHODS
@@ -151,6 +151,10 @@ class EngineConfig:
     silu_in_down: bool | None = _setting(
         None, "SiLU(gate) * up inside the down projection's decode GEMM (default: as set_kernel_options left it, off)"
     )
+    deterministic: bool = _setting(
+        False, "a request's tokens and logprobs do not depend on what shares its batch or how its prompt is "
+        "chunked or cached: batch-invariant GEMMs and attention, at a cost (docs/engine.md; CPU only so far)"
+    )  # fmt: skip
     skip_tokenizer_init: bool = _setting(False, "token ids in and out: no tokenizer.json needed", cli=False)
     record_stats: bool = _setting(False, "keep each step's accounting (benchmarks)", cli=False)
 
@@ -170,6 +174,19 @@ class EngineConfig:
                 "async_scheduling does not run with attention='flashinfer' (FlashInfer plans each decode step "
                 "through a host buffer the next step's plan would overwrite before the GPU has read it): use the "
                 "builtin attention with it"
+            )
+
+    def check_deterministic(self) -> None:
+        """Refuse, before any weight is read, a deterministic engine this build cannot keep so."""
+        device = default_device(self.device)
+        if device.type != "cpu":
+            raise Fp8InputError(
+                f"deterministic=True runs on a CPU only so far (the GPU's batch-invariant GEMMs and attention "
+                f"are not built yet), device is {device}: pass device='cpu' (--device cpu), or leave it off"
+            )
+        if self.tp > 1:
+            raise Fp8InputError(
+                f"deterministic=True runs on one rank (tp={self.tp}): the ranks' sum is not batch-invariant yet"
             )
 
     @property

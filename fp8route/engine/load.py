@@ -8,7 +8,7 @@ server, `bench` and `eval` all load through it.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,9 @@ def load_weights(
     float tensors in the config's dtype. Under torch.distributed (more than one
     rank) each rank reads its slices of the checkpoint (fp8route.models.parallel)."""
     config.apply_kernel_options()  # before any plan or graph is made with the options before them
+    if config.deterministic:
+        config.check_deterministic()
+        policy = replace(policy or Policy.from_env(), deterministic=True)
     folder = resolve_model(path)
     eos = eos_token_ids(read_json(folder / CONFIG))
     parts = load_parts(
@@ -78,5 +81,5 @@ def load_weights(
     )  # fmt: skip
     layers = parts.cfg.num_hidden_layers
     scales = kv_scales_for(config.kv_cache_dtype, parts.kv_scales, layers, str(folder), parts.kv_scheme)
-    model = LlamaForCausalLM(parts.cfg, parts.linears, parts.tensors)
+    model = LlamaForCausalLM(parts.cfg, parts.linears, parts.tensors, row_tiles=config.deterministic)
     return LoadedModel(model.eval(), folder, parts.device, eos, scales, parts.parallel)

@@ -390,7 +390,9 @@ class ModelRunner:
         h = self.model.model.embed_tokens(tokens)[:, None].to(self.dtype)
         cos = self.rope_cos[positions][:, None]  # [B, 1, D]: each row at its own position
         sin = self.rope_sin[positions][:, None]
-        context = DecodeAttention(self.pool, positions, rows, limit, self.use_triton, self.flashinfer)
+        context = DecodeAttention(
+            self.pool, positions, rows, limit, self.use_triton, self.flashinfer, alone=self.config.deterministic
+        )
         logits = self.model.lm_head(self.model.model.run_layers(h, cos, sin, context)[:, 0])
         return logits, greedy_tokens(logits)
 
@@ -414,7 +416,9 @@ class ModelRunner:
             self.flashinfer.plan_prefill(counts.tolist(), (starts + counts).tolist(), blocks)
         solo = len(seqs) == 1 and seqs[0].start == 0  # a lone prompt's first chunk
         layout = Sequences(cu_q, lengths, rows, out.singles)
-        context = StepAttention(self.pool, slots_d, layout, self.triton, self.flashinfer, solo)
+        context = StepAttention(
+            self.pool, slots_d, layout, self.triton, self.flashinfer, solo, alone=self.config.deterministic
+        )
         h = self.model.model.embed_tokens(ids_d).to(self.dtype)
         cos, sin = self.rope_cos[pos_d][None], self.rope_sin[pos_d][None]
         graphs = self.prefill_graphs_for(total)

@@ -217,6 +217,23 @@ def paged_attention_reference(
     return out
 
 
+def paged_attention_rows(q: torch.Tensor, cache: PagedKV, seqs: Sequences, scale: float | None = None) -> torch.Tensor:
+    """paged_attention in torch, each query alone over exactly the positions it sees: the same
+    arithmetic whatever else the step holds and however the prompt was chunked (the deterministic
+    mode's attention; one SDPA call per query, so meant for CPUs). Reads the layout back to the host."""
+    cu, lengths = seqs.cu_q.tolist(), seqs.lengths.tolist()
+    out = torch.empty_like(q)
+    for i, length in enumerate(lengths):
+        first, queries = cu[i], cu[i + 1] - cu[i]
+        k, v = _gather(cache, seqs.rows[i : i + 1], seqs.lengths[i : i + 1], length, q.dtype)  # [1, Hkv, L, D]
+        for j in range(queries):
+            sees = length - queries + j + 1
+            row = q[first + j][None, :, None]  # [1, H, 1, D]
+            o = F.scaled_dot_product_attention(row, k[:, :, :sees], v[:, :, :sees], scale=scale, enable_gqa=True)
+            out[first + j] = o[0, :, 0].to(out.dtype)
+    return out
+
+
 def _gather(
     cache: PagedKV, rows: torch.Tensor, lengths: torch.Tensor, reach: int, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:

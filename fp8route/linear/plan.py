@@ -186,7 +186,7 @@ def make_plan(
             route: list[Backend] = []
             for lo, hi in _bucket_ranges(M_BOUNDS):
                 bucket = problem.with_bucket(dtype, hi).with_input(x_quantized)
-                why = {name: BACKENDS[name].why_not(bucket) for name in BACKENDS if name not in policy.disable}
+                why = {n: _why_not(BACKENDS[n], bucket, policy) for n in BACKENDS if n not in policy.disable}
                 for name, reason in why.items():
                     if reason is not None:
                         reasons.setdefault((name, reason), {})[dtype] = None
@@ -206,8 +206,36 @@ def make_plan(
     source = source if source is not None else _source(problem, policy, preference)
     plan = Plan(layer, problem, M_BOUNDS, routes[False], excluded, merged, source, routes[True] or routes[False])
     _check_forced(plan, policy)
+    if policy.deterministic:
+        _check_invariant(plan)
     _report(plan, policy)
     return plan
+
+
+def _why_not(backend: Backend, bucket: GemmProblem, policy: Policy) -> str | None:
+    """Why backend cannot run bucket under policy: its own reason, or in deterministic mode why a
+    row's result could change with the batch."""
+    reason = backend.why_not(bucket)
+    if reason is None and policy.deterministic:
+        variance = backend.batch_variance(bucket)
+        reason = None if variance is None else f"deterministic mode: a row's result can change with M ({variance})"
+    return reason
+
+
+def _check_invariant(plan: Plan) -> None:
+    """Deterministic mode: one batch-invariant backend for every M of each input, or a clear refusal
+    (a route that changed backend with M would change a row's bits with its batch)."""
+    p = plan.problem
+    for route in (*plan.routes.values(), *plan.quantized_routes.values()):
+        names = sorted({b.name for b in route})
+        if len(names) == 1 and route[0].batch_variance(p) is None:
+            continue
+        reasons = "; ".join(f"{e.backend}: {e.reason}" for e in plan.excluded)
+        raise BackendUnavailableError(
+            f"layer {plan.layer} (N={p.n}, K={p.k}, {DESCRIPTION[p.scheme]}) on {p.device.label}: deterministic "
+            f"mode needs one batch-invariant backend for every M, and none runs it here ({reasons}). Run without "
+            "deterministic mode, or on a CPU."
+        )
 
 
 def _source(problem: GemmProblem, policy: Policy, preference: Preference | None) -> str:

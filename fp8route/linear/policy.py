@@ -16,6 +16,8 @@ class Policy:
     strict: bool = False
     force: str | None = None
     disable: frozenset[str] = frozenset()
+    # Only backends whose rows do not depend on M, one per layer (EngineConfig.deterministic).
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         for name in (*self.disable, *([self.force] if self.force else [])):

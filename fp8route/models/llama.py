@@ -21,6 +21,7 @@ from torch import nn
 from fp8route.errors import CheckpointError
 from fp8route.kernels.fused import add_rms_norm, rms_norm, rope, silu_mul
 from fp8route.models.token_ids import check_token_ids
+from fp8route.row_tiles import by_row_tiles
 
 # The Hugging Face architectures this definition runs (config.json's "architectures").
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -127,24 +128,32 @@ class RMSNorm(nn.Module):
 
 
 class FloatLinear(nn.Module):
-    """A full-precision linear over given tensors (no copy, no init)."""
+    """A full-precision linear over given tensors (no copy, no init). row_tiles: computed in fixed
+    tiles of rows (fp8route.row_tiles), so that a row's result does not depend on the batch."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, row_tiles: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.row_tiles = row_tiles
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        weight, bias = self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
+        if not self.row_tiles:
+            return F.linear(x, weight, bias)
+        rows = by_row_tiles(lambda tile: F.linear(tile, weight, bias), x.reshape(-1, x.shape[-1]))
+        return rows.reshape(*x.shape[:-1], rows.shape[-1])
 
 
 class Parts:
     """Looks up a module's pieces by checkpoint name: an Fp8Linear if one was given, else a
     FloatLinear over the tensors."""
 
-    def __init__(self, linears: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor]) -> None:
-        self.linears, self.tensors = linears, tensors
+    def __init__(
+        self, linears: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor], row_tiles: bool = False
+    ) -> None:
+        self.linears, self.tensors, self.row_tiles = linears, tensors, row_tiles
 
     def tensor(self, name: str) -> torch.Tensor:
         if name not in self.tensors:
@@ -157,7 +166,7 @@ class Parts:
     def linear(self, name: str) -> nn.Module:
         if name in self.linears:
             return self.linears[name]
-        return FloatLinear(self.tensor(f"{name}.weight"), self.tensors.get(f"{name}.bias"))
+        return FloatLinear(self.tensor(f"{name}.weight"), self.tensors.get(f"{name}.bias"), self.row_tiles)
 
 
 class Attention(nn.Module):
@@ -318,15 +327,23 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: LlamaConfig, linears: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor]) -> None:
+    def __init__(
+        self,
+        cfg: LlamaConfig,
+        linears: Mapping[str, nn.Module],
+        tensors: Mapping[str, torch.Tensor],
+        row_tiles: bool = False,
+    ) -> None:
+        """row_tiles: the float linears (lm_head, a bf16 checkpoint's) in fixed row tiles, for the
+        deterministic mode; the FP8 linears given are planned for it by their own policy."""
         super().__init__()
         self.cfg = cfg
-        parts = Parts(linears, tensors)
+        parts = Parts(linears, tensors, row_tiles)
         self.model = LlamaModel(cfg, parts)
         if parts.has("lm_head"):
             self.lm_head = parts.linear("lm_head")
         elif cfg.tie_word_embeddings:
-            self.lm_head = FloatLinear(self.model.embed_tokens.weight)
+            self.lm_head = FloatLinear(self.model.embed_tokens.weight, row_tiles=row_tiles)
         else:
             raise CheckpointError("lm_head.weight is missing and tie_word_embeddings is false in config.json")
 

