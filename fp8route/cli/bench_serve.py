@@ -38,7 +38,7 @@ AXES = {
     "prefill_graphs": ("--prefill-graphs", "graphs"),
 }
 ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "max_model_len", "num_kv_blocks",
-               "block_size", "attention", "use_cuda_graphs", "dtype", "itl_target_ms")  # fmt: skip
+               "block_size", "attention", "use_cuda_graphs", "dtype", "itl_target_ms", "deterministic")  # fmt: skip
 
 
 def _arms(args: argparse.Namespace, folders: dict[str, Path]) -> list[Arm]:

@@ -188,6 +188,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's mass")
     parser.add_argument("--seed", type=int, default=None, help="a sampled answer's seed (default: none)")
     add_engine_args(
-        parser, ("dtype", "device", "attention", "kv_cache_dtype", "use_cuda_graphs", "tp", "all_reduce", "cpu_threads")
-    )
+        parser, ("dtype", "device", "attention", "kv_cache_dtype", "use_cuda_graphs", "tp", "all_reduce", "cpu_threads",
+                 "deterministic"),
+    )  # fmt: skip
     parser.set_defaults(run=run)

@@ -43,7 +43,7 @@ def test_no_copy_where_the_plan_does_not_read_it():
     ops = random_fp8_operands(1, 48, 256, seed=2)
     layer = cpu_layer(ops, bias=False, policy=Policy(force="reference"))
     assert layer.prepared.weight_dequantized is None
-    layer = cpu_layer(ops, bias=False, policy=Policy(disable=frozenset({"cpu_dequant"})))
+    layer = cpu_layer(ops, bias=False, policy=Policy(disable=frozenset({"cpu_dequant", "cpu_tiles"})))
     assert {b.name for b in layer.plan.backends} == {"reference"} and layer.prepared.weight_dequantized is None
     layer.replan(device=DeviceInfo.fake_cuda(9, 0), policy=Policy())
     assert "cpu_dequant" not in {b.name for b in layer.plan.backends}
@@ -113,3 +113,27 @@ def test_explain_shows_the_choice_and_the_memory_it_costs():
         layer.replan(policy=Policy(force="reference"))
     assert "made at plan time, per layer: nothing beyond the checkpoint's tensors" in model[0].plan.explain()
     assert fp8route.explain(model).splitlines()[-1].startswith("made at plan time, all 2 layers: nothing")
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_cpu_tiles_gives_a_row_the_same_bits_alone_and_in_any_batch(static: bool) -> None:
+    """The deterministic mode's CPU backend: the reference's numbers, each row's bits whatever else
+    shares the call; a dynamic per-tensor input scale is taken per token (a batch's amax would tie
+    each row's codes to the others)."""
+    ops = random_fp8_operands(40, 96, 256, seed=5)
+    layer = cpu_layer(ops, bias=True, policy=Policy(deterministic=True))
+    if not static:
+        layer = Fp8Linear(ops["weight"], ops["weight_scale"], None, ops["bias"], policy=Policy(deterministic=True))
+    assert {b.name for b in layer.plan.backends} == {"cpu_tiles"}
+    x = ops["x"].bfloat16()
+    alone = layer(x[7:8])
+    for m in (2, 16, 17, 40):
+        batch = x[:m].clone()
+        batch[m // 2] = x[7]
+        assert torch.equal(layer(batch)[m // 2], alone[0]), m
+    if static:
+        assert_same_as_reference(layer(x), BACKENDS["reference"].run(x, layer.prepared), torch.bfloat16)
+    else:  # per token: each row as if it were alone under the dynamic per-tensor scale
+        for row in (0, 13, 39):
+            ref = Fp8Linear(ops["weight"], ops["weight_scale"], None, ops["bias"], policy=Policy(force="reference"))
+            assert_same_as_reference(layer(x[row : row + 1]), ref(x[row : row + 1]), torch.bfloat16)

@@ -62,8 +62,8 @@ def test_rowwise_needs_bf16_output_and_cpu_runs_the_cpu_backends_only():
         r"rowwise +float16, float32: writes bfloat16 output only", make_plan("l", problem(), Policy()).explain()
     )
     cpu = GemmProblem(4096, 4096)
-    assert [n for n, b in BACKENDS.items() if b.why_not(cpu) is None] == ["cpu_dequant", "reference"]
-    assert default_priority(cpu.device) == ("cpu_dequant", "reference")
+    assert [n for n, b in BACKENDS.items() if b.why_not(cpu) is None] == ["cpu_dequant", "cpu_tiles", "reference"]
+    assert default_priority(cpu.device) == ("cpu_dequant", "cpu_tiles", "reference")
     assert BACKENDS["cublas"].why_not(cpu) == "needs a CUDA GPU, layer is on cpu"
 
 
