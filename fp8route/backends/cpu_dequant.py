@@ -37,7 +37,7 @@ class CpuDequantBackend(Backend):
         return custom_ops.reference_mm(x_q, o.weight_dequantized, x_scale, w_scale, o.bias, out_dtype, o.scheme)
 
     def batch_variance(self, problem: GemmProblem) -> str | None:
-        return "torch's CPU GEMM picks its kernel by M (a lone row runs as a GEMV)"
+        return "torch's CPU GEMM picks its kernel by M: a lone row runs as a GEMV"
 
 
 class CpuTilesBackend(CpuDequantBackend):

@@ -110,6 +110,15 @@ class Plan:
             parts.append(f"{LAYOUT_TEXT[layout]} {size_text(size)} (for {readers}; the e4m3 weight is {weight})")
         return "; ".join(parts)
 
+    def invariance_text(self) -> str:
+        """Whether each row's result is independent of M on every route, and if not, why not."""
+        varying = {b.name: b.batch_variance(self.problem) for b in self.backends}
+        reasons = [f"{name}: {why}" for name, why in sorted(varying.items()) if why is not None]
+        if not reasons:
+            return "yes"
+        switches = any(len({b.name for b in r}) > 1 for r in (*self.routes.values(), *self.quantized_routes.values()))
+        return "no (" + "; ".join(reasons + (["the backend changes with M"] if switches else [])) + ")"
+
     def route_text(self, dtype: torch.dtype, x_quantized: bool = False) -> str:
         route = (self.quantized_routes if x_quantized else self.routes)[dtype]
         return "; ".join(f"{m_range} -> {name}" for m_range, name in _runs(self.bounds, route))
@@ -138,6 +147,7 @@ class Plan:
             for dtype in self.quantized_routes:
                 by_text.setdefault(self.route_text(dtype, True), []).append(dtype_name(dtype))
             lines += [f"    x pre-quantized -> {', '.join(dtypes)}: {text}" for text, dtypes in by_text.items()]
+        lines.append(f"  batch-invariant (a row's bits whatever its batch): {self.invariance_text()}")
         lines.append(f"  made at plan time, per layer: {self.prepared_text()}")
         if self.excluded:
             width = max(len(e.backend) for e in self.excluded)
@@ -218,7 +228,7 @@ def _why_not(backend: Backend, bucket: GemmProblem, policy: Policy) -> str | Non
     reason = backend.why_not(bucket)
     if reason is None and policy.deterministic:
         variance = backend.batch_variance(bucket)
-        reason = None if variance is None else f"deterministic mode: a row's result can change with M ({variance})"
+        reason = None if variance is None else f"deterministic mode: a row's result can change with M, {variance}"
     return reason
 
 

@@ -77,7 +77,8 @@ def test_a_deterministic_plan_holds_one_batch_invariant_backend_for_every_m(sche
     assert {b.name for b in plan.backends} == {"cpu_tiles"}
     assert all(len(route) == len(M_BOUNDS) + 1 for route in plan.routes.values())
     text = plan.explain()
-    assert "cpu_dequant" in text and "deterministic mode: a row's result can change with M" in text
+    assert "cpu_dequant         deterministic mode: a row's result can change with M" in text
+    assert "batch-invariant (a row's bits whatever its batch): yes" in text
     # Without the mode the faster cpu_dequant runs, as before.
     assert {b.name for b in make_plan("layer", _problem(scheme)).backends} == {"cpu_dequant"}
 
