@@ -153,9 +153,10 @@ def _run(llm: LLM, prompts: Sequence[list[int]], arrivals: Sequence[tuple[int, i
     return [(list(requests[i].output_token_ids), list(requests[i].logprobs)) for i in sorted(requests)]
 
 
-def _scenarios(model: str) -> dict[str, Callable[[], list[Result]]]:
+def _scenarios(model: str, kv_cache_dtype: str) -> dict[str, Callable[[], list[Result]]]:
     # A budget of 24 tokens a step chunks every longer prompt, at places that depend on what else runs.
-    settings = {"device": "cpu", "dtype": "bfloat16", "deterministic": True, "max_num_seqs": 8}
+    settings = {"device": "cpu", "dtype": "bfloat16", "deterministic": True, "max_num_seqs": 8,
+                "kv_cache_dtype": kv_cache_dtype}  # fmt: skip
     fresh = LLM(model, enable_prefix_caching=False, max_num_batched_tokens=24, **settings)
     cached = LLM(model, enable_prefix_caching=True, max_num_batched_tokens=64, **settings)
     prompts = [fresh.encode(PREFIX + t) if i % 2 else fresh.encode(t) for i, t in enumerate(TEXTS)]
@@ -170,9 +171,13 @@ def _scenarios(model: str) -> dict[str, Callable[[], list[Result]]]:
 
 
 @needs_smollm2
-@pytest.mark.parametrize("model", ["smollm2", "smollm2-channel", "smollm2-block", "smollm2-bf16"])
-def test_a_requests_tokens_and_logprobs_do_not_depend_on_its_batch(model: str) -> None:
-    scenarios = _scenarios(model)
+@pytest.mark.parametrize(
+    ("model", "kv_cache_dtype"),
+    [("smollm2", "auto"), ("smollm2-channel", "auto"), ("smollm2-block", "auto"), ("smollm2-bf16", "auto"),
+     ("smollm2", "fp8")],
+)  # fmt: skip
+def test_a_requests_tokens_and_logprobs_do_not_depend_on_its_batch(model: str, kv_cache_dtype: str) -> None:
+    scenarios = _scenarios(model, kv_cache_dtype)
     alone = scenarios.pop("alone")()
     assert all(len(tokens) == OUTPUT for tokens, _ in alone)
     for name, run in scenarios.items():
