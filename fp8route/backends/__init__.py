@@ -53,7 +53,8 @@ def default_priority(device: DeviceInfo) -> tuple[str, ...]:
     """The order to try backends in until a measured routing table says otherwise."""
     if device.type == "cpu":
         # cpu_dequant dequantizes each weight once; the reference does it on every call, several
-        # times slower than bf16.
+        # times slower than bf16. cpu_tiles pads small batches: the deterministic mode's, which
+        # excludes cpu_dequant.
         return ("cpu_dequant", "cpu_tiles", "reference")
     if device.type != "cuda" or device.capability is None:
         return ("reference",)
