@@ -67,3 +67,22 @@ def test_the_fused_new_token_is_rope_and_the_cache_write_then_attention():
     assert relative(out, decode_attention_torch(rope(q, cos, sin)[:, :, 0], *gathered, pos + 1)) < 1e-4
     assert torch.allclose(fused.k.nan_to_num(), ref.k.nan_to_num(), atol=1e-5)  # the same key written
     assert torch.equal(fused.v.nan_to_num(), ref.v.nan_to_num())
+
+
+def test_with_a_fixed_split_a_rows_output_does_not_depend_on_its_batch():
+    """What a deterministic mode on a GPU needs of this kernel (issue 49): the default split comes from
+    the batch's (row, KV head) pairs, so a long row's partial sums change with the batch; a split fixed
+    by the caller makes each row's splits a function of its own length alone, and its bits the same
+    alone and batched."""
+    assert da.split_len(1 * 8) != da.split_len(64 * 8)
+    h, hkv, d, s, page = 4, 2, 32, 1024, 16
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(5, h, d, generator=g)
+    k, v = torch.randn(5, hkv, s, d, generator=g), torch.randn(5, hkv, s, d, generator=g)
+    (k_blocks, tables), (v_blocks, _) = paged(k, page), paged(v, page)
+    lengths = torch.tensor([900, 17, 1024, 300, 64])
+    batch = da.decode_attention(q, da.Pages(k_blocks, v_blocks, tables, torch.arange(5)), lengths, split=128)
+    for b in range(5):
+        pages = da.Pages(k_blocks, v_blocks, tables, torch.tensor([b]))
+        alone = da.decode_attention(q[b : b + 1], pages, lengths[b : b + 1], split=128)
+        assert torch.equal(alone[0], batch[b]), b
