@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+from helpers import paged
 from paged_cases import MIXED, make_batch, reference, relative
 
 from fp8route.kernels import paged_attention as pa
@@ -55,3 +56,21 @@ def test_a_rows_result_does_not_depend_on_the_batch():
         )
         out = pa.paged_attention(q[start : start + n].clone(), cache, alone)
         assert torch.equal(out, together[start : start + n])
+
+
+def test_a_prompt_tokens_output_does_not_depend_on_its_chunk_in_the_multi_query_grid():
+    """What a deterministic mode on a GPU can build on (issue 49): in the multi-query grid a query's
+    bits are the same whatever chunk of its prompt it came in (its tiles start at position 0, and the
+    tiles past it add exact zeros). A chunk of one query takes the one-query grid, whose segments
+    round otherwise: the mode must send such a chunk through the multi-query grid."""
+    g = torch.Generator().manual_seed(0)
+    h, hkv, d, length = 4, 2, 32, 300
+    k, v = torch.randn(1, hkv, 512, d, generator=g), torch.randn(1, hkv, 512, d, generator=g)
+    (k_blocks, tables), (v_blocks, _) = paged(k, 16), paged(v, 16)
+    cache = pa.PagedKV(k_blocks, v_blocks, tables)
+    q = torch.randn(length, h, d, generator=g)
+    last = {}
+    for n in (2, 7, 40, 130):  # the prompt's last n tokens as one chunk
+        seqs = pa.Sequences(torch.tensor([0, n]).int(), torch.tensor([length]).int(), torch.tensor([0]).int(), 0)
+        last[n] = pa.paged_attention(q[length - n :].contiguous(), cache, seqs)[-1]
+    assert all(torch.equal(out, last[2]) for out in last.values())
