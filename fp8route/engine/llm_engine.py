@@ -35,8 +35,9 @@ from fp8route.engine.scheduler import Scheduler
 from fp8route.engine.scheduler_output import SchedulerOutput
 from fp8route.engine.structured import Grammars
 from fp8route.errors import Fp8InputError
+from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.policy import Policy
-from fp8route.models.llama import LlamaConfig, LlamaForCausalLM
+from fp8route.models.llama import FloatLinear, LlamaConfig, LlamaForCausalLM
 
 DEFAULT_CONTEXT = 8192  # for a config without max_position_embeddings
 
@@ -124,6 +125,23 @@ def sample_id(request_id: str, index: int, n: int) -> str:
     return request_id if n == 1 else f"{index}_{request_id}"
 
 
+def check_batch_invariant(model: LlamaForCausalLM) -> None:
+    """Refuse a model whose linears were not made for the deterministic mode (planned without it, or
+    float linears outside row tiles): an engine over it would not keep its promise."""
+    for name, module in model.named_modules():
+        if isinstance(module, Fp8Linear):
+            ok, how = module.plan.batch_invariant, f"its plan: {module.plan.invariance_text()}"
+        elif isinstance(module, FloatLinear):
+            ok, how = module.row_tiles, "a float linear outside row tiles"
+        else:
+            continue
+        if not ok:
+            raise Fp8InputError(
+                f"deterministic=True: layer {name} was not made for it ({how}); load the model with the same "
+                "config (load_weights(path, config), or LLMEngine.from_config)"
+            )
+
+
 def model_context(cfg: LlamaConfig) -> int:
     """The longest prompt plus output the model takes: its max_position_embeddings."""
     return cfg.max_position_embeddings or DEFAULT_CONTEXT
@@ -147,6 +165,9 @@ class LLMEngine:
         device = device or model.model.embed_tokens.weight.device
         check_attention(config.attention, device)
         self.config = config = config.resolved(device, model_context(model.cfg))
+        if config.deterministic:
+            config.check_deterministic()
+            check_batch_invariant(model)
         self.model, self.device, self.parallel = model, device, parallel
         self.runner = ModelRunner(config, model, device=device, kv_scales=kv_scales, eos_token_ids=eos_token_ids)
         self.scheduler = Scheduler(config, self.runner.initialize(quiet), self.runner.step_cost)

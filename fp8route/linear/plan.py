@@ -110,14 +110,24 @@ class Plan:
             parts.append(f"{LAYOUT_TEXT[layout]} {size_text(size)} (for {readers}; the e4m3 weight is {weight})")
         return "; ".join(parts)
 
+    @property
+    def _switches(self) -> bool:
+        """Whether some input's route changes backend with M."""
+        return any(len(set(route)) > 1 for route in (*self.routes.values(), *self.quantized_routes.values()))
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether each row's result is the same bits whatever M is: one backend for every M of each
+        input, whose rows do not depend on M."""
+        return not self._switches and all(b.batch_variance(self.problem) is None for b in self.backends)
+
     def invariance_text(self) -> str:
-        """Whether each row's result is independent of M on every route, and if not, why not."""
+        """batch_invariant as explain says it: yes, or no and why."""
+        if self.batch_invariant:
+            return "yes"
         varying = {b.name: b.batch_variance(self.problem) for b in self.backends}
         reasons = [f"{name}: {why}" for name, why in sorted(varying.items()) if why is not None]
-        if not reasons:
-            return "yes"
-        switches = any(len({b.name for b in r}) > 1 for r in (*self.routes.values(), *self.quantized_routes.values()))
-        return "no (" + "; ".join(reasons + (["the backend changes with M"] if switches else [])) + ")"
+        return "no (" + "; ".join(reasons + (["the backend changes with M"] if self._switches else [])) + ")"
 
     def route_text(self, dtype: torch.dtype, x_quantized: bool = False) -> str:
         route = (self.quantized_routes if x_quantized else self.routes)[dtype]
@@ -235,17 +245,15 @@ def _why_not(backend: Backend, bucket: GemmProblem, policy: Policy) -> str | Non
 def _check_invariant(plan: Plan) -> None:
     """Deterministic mode: one batch-invariant backend for every M of each input, or a clear refusal
     (a route that changed backend with M would change a row's bits with its batch)."""
+    if plan.batch_invariant:
+        return
     p = plan.problem
-    for route in (*plan.routes.values(), *plan.quantized_routes.values()):
-        names = sorted({b.name for b in route})
-        if len(names) == 1 and route[0].batch_variance(p) is None:
-            continue
-        reasons = "; ".join(f"{e.backend}: {e.reason}" for e in plan.excluded)
-        raise BackendUnavailableError(
-            f"layer {plan.layer} (N={p.n}, K={p.k}, {DESCRIPTION[p.scheme]}) on {p.device.label}: deterministic "
-            f"mode needs one batch-invariant backend for every M, and none runs it here ({reasons}). Run without "
-            "deterministic mode, or on a CPU."
-        )
+    reasons = "; ".join(f"{e.backend}: {e.reason}" for e in plan.excluded)
+    raise BackendUnavailableError(
+        f"layer {plan.layer} (N={p.n}, K={p.k}, {DESCRIPTION[p.scheme]}) on {p.device.label}: deterministic "
+        f"mode needs one batch-invariant backend for every M, and none runs it here ({reasons}). Run without "
+        "deterministic mode, or on a CPU."
+    )
 
 
 def _source(problem: GemmProblem, policy: Policy, preference: Preference | None) -> str:

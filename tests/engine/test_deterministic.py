@@ -109,10 +109,28 @@ def test_settings_the_mode_cannot_keep_are_refused_before_loading(monkeypatch: p
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # no device given: the GPU would be chosen
     with pytest.raises(Fp8InputError, match="runs on a CPU only so far"):
         EngineConfig(deterministic=True).check_deterministic()
-    monkeypatch.undo()
     with pytest.raises(Fp8InputError, match="one rank"):
         EngineConfig(device="cpu", tp=2, deterministic=True).check_deterministic()
     EngineConfig(device="cpu", deterministic=True).check_deterministic()
+
+
+def test_an_engine_over_a_model_not_made_for_the_mode_is_refused() -> None:
+    """LLMEngine(config, model) with a model built elsewhere: its float linears outside row tiles (or its
+    FP8 linears planned without the mode) would break the promise silently; the engine refuses it."""
+    from checkpoint_helpers import TINY, llama_tensors
+
+    from fp8route.engine.llm_engine import LLMEngine
+    from fp8route.models import LlamaConfig, LlamaForCausalLM
+
+    cfg, tensors = LlamaConfig.from_hf(TINY), {k: v.float() for k, v in llama_tensors().items()}
+    config = EngineConfig(device="cpu", dtype="float32", max_model_len=64, num_kv_blocks=32, deterministic=True)
+    with pytest.raises(Fp8InputError, match="deterministic=True: layer .* was not made for it"):
+        LLMEngine(config, LlamaForCausalLM(cfg, {}, tensors), quiet=True)
+    engine = LLMEngine(config, LlamaForCausalLM(cfg, {}, tensors, row_tiles=True), quiet=True)
+    request = engine.add_request([1, 2, 3], SamplingParams(max_tokens=3, temperature=0))
+    while engine.has_unfinished:
+        engine.step()
+    assert len(request.output_token_ids) == 3
 
 
 # Prompts of several lengths, three sharing a 40-token prefix (the cached scenario reuses its blocks);
