@@ -27,7 +27,7 @@ def figures(folder: Path) -> dict[str, float]:
 def main(out: Path) -> None:
     before, after = figures(out / "before"), figures(out / "after")
     print(f"{'figure':36} {'before':>10} {'after':>10} {'after/before':>12}")
-    for key in before.keys() | after.keys():
+    for key in dict.fromkeys([*before, *after]):  # in the order the figures are read
         b, a = before.get(key), after.get(key)
         ratio = f"{a / b:.3f}" if a is not None and b else "-"
         print(f"{key:36} {b if b is not None else '-':>10} {a if a is not None else '-':>10} {ratio:>12}")
