@@ -1,0 +1,256 @@
+"""A GEMM whose every output row is the same bits whatever M is: the deterministic mode's GEMM on a GPU.
+
+    out[m, n] = finish(sum over chunks c, in order, of chunk_c[m, n])
+    chunk_c[m, n] = sum over the K steps of chunk c of x[m, k] * w[n, k]   (tl.dot, fp32)
+
+A library GEMM picks its kernel, tiling and split-K by M, so a row's sum is ordered differently in a
+batch of 1 and one of 64. Here the tile (BLOCK_M x BLOCK_N, BLOCK_K a step) and the chunking of K
+(CHUNK_STEPS steps a chunk) are fixed, and each chunk starts from zero; what M may change is only how
+many programs share a tile's chunks. A tile's program sums its chunks in order itself, or, where
+there are too few tiles to fill the GPU (small M), each program writes its chunks' sums and a second
+kernel adds them in the same order: the same fp32 additions either way, so the same bits. The
+finishing scale, bias and rounding are one function both kernels call.
+
+Three ways of scaling (MODE): none (16-bit x and weight: a model's float linears); per row and column
+after the sum (the tensor and channel schemes: x's scale a scalar or [M], the weight's a scalar or
+[N], each passed with stride 0 when scalar); per 128-wide group inside the sum (the block scheme: x's
+[M, ceil(K/128)] and the weight's [ceil(N/128), ceil(K/128)] scales, BLOCK_K = 128). x comes
+quantized: its quantizer computes each row from that row alone (fp8route.kernels.quantize).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fp8route.errors import Fp8InputError
+from fp8route.kernels.launcher import DirectLauncher, int_key
+from fp8route.kernels.triton_support import tl, triton
+from fp8route.schemes import BLOCK, cdiv
+
+NONE, ROWS, BLOCKS = 0, 1, 2  # MODE: how the products are scaled
+
+
+@dataclass(frozen=True)
+class FixedTiles:
+    """The tiling every M runs with. The sweep that chose it is benchmarks/scripts/fixed_gemm_sweep.py."""
+
+    block_m: int = 64
+    block_n: int = 128
+    block_k: int = 128
+    chunk_steps: int = 4  # K steps per chunk: a chunk is the unit that programs share
+    group_m: int = 8  # tiles of this many token blocks walk the weight's columns together (L2 reuse)
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+TILES = FixedTiles()
+
+
+if triton is not None:
+    from fp8route.kernels.pdl import wait_for_inputs
+
+    @triton.jit
+    def _finish(
+        total, out_ptr, bias_ptr, x_scale_ptr, w_scale_ptr, offs_m, offs_n, M, N, stride_om, stride_xs, stride_ws,
+        MODE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ):  # fmt: skip
+        """Scale (MODE ROWS), add the bias and store: the one place a sum becomes an output."""
+        m_mask, n_mask = offs_m < M, offs_n < N
+        if MODE == 1:
+            x_scale = tl.load(x_scale_ptr + offs_m * stride_xs, mask=m_mask, other=0.0)
+            w_scale = tl.load(w_scale_ptr + offs_n * stride_ws, mask=n_mask, other=0.0)
+            total = total * (x_scale[:, None] * w_scale[None, :])
+        if HAS_BIAS:
+            total += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+    @triton.jit(do_not_specialize=["M", "chunks_each"])
+    def fixed_gemm_kernel(
+        x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, x_scale_ptr, w_scale_ptr,
+        M, N, K, stride_xm, stride_wn, stride_om, stride_xs, stride_ws, chunks_each,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK_STEPS: tl.constexpr,
+        GROUP_M: tl.constexpr, MODE: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+        USE_PDL: tl.constexpr,
+    ):  # fmt: skip
+        wait_for_inputs(USE_PDL)
+        pid, pid_k = tl.program_id(0), tl.program_id(1)
+        tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+        in_group = GROUP_M * tiles_n
+        first_m = (pid // in_group) * GROUP_M
+        group_size = tl.minimum(tiles_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % in_group) % group_size
+        pid_n = (pid % in_group) // group_size
+
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        m_mask, n_mask = offs_m < M, offs_n < N
+        x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+        w_cols = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn  # [BLOCK_K, BLOCK_N] tiles, K-major
+
+        chunk_k = BLOCK_K * CHUNK_STEPS
+        chunks = tl.cdiv(K, chunk_k)
+        first = pid_k * chunks_each
+        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for c in range(first, tl.minimum(first + chunks_each, chunks)):
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for step in range(0, tl.minimum(CHUNK_STEPS, tl.cdiv(K - c * chunk_k, BLOCK_K))):
+                k = c * chunk_k + step * BLOCK_K + offs_k
+                k_mask = k < K
+                x = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+                w = tl.load(w_cols + k[:, None], mask=n_mask[None, :] & k_mask[:, None], other=0.0)
+                if MODE == 2:
+                    group = c * CHUNK_STEPS + step
+                    x_scale = tl.load(x_scale_ptr + offs_m * stride_xs + group, mask=m_mask, other=0.0)
+                    w_scale = tl.load(w_scale_ptr + (offs_n // BLOCK_K) * stride_ws + group, mask=n_mask, other=0.0)
+                    acc += tl.dot(x, w) * (x_scale[:, None] * w_scale[None, :])
+                else:
+                    acc = tl.dot(x, w, acc)
+            if SPLIT:
+                # A split runs where few tiles fill the GPU: every (chunk, row, column) index fits in 32 bits.
+                part = part_ptr + (c * M + offs_m[:, None]) * N + offs_n[None, :]
+                tl.store(part, acc, mask=m_mask[:, None] & n_mask[None, :])
+            else:
+                total += acc
+        if not SPLIT:
+            _finish(total, out_ptr, bias_ptr, x_scale_ptr, w_scale_ptr, offs_m, offs_n, M, N, stride_om,
+                    stride_xs, stride_ws, MODE, HAS_BIAS)  # fmt: skip
+
+    @triton.jit(do_not_specialize=["M"])
+    def chunk_sum_kernel(
+        part_ptr, out_ptr, bias_ptr, x_scale_ptr, w_scale_ptr, M, N, chunks, stride_om, stride_xs, stride_ws,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, HAS_BIAS: tl.constexpr,
+        USE_PDL: tl.constexpr,
+    ):  # fmt: skip
+        """The chunks' sums of a split GEMM added in chunk order, then finished as the GEMM would."""
+        wait_for_inputs(USE_PDL)
+        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+        parts = part_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for c in range(0, chunks):
+            total += tl.load(parts + c * M * N, mask=mask, other=0.0)
+        _finish(total, out_ptr, bias_ptr, x_scale_ptr, w_scale_ptr, offs_m, offs_n, M, N, stride_om,
+                stride_xs, stride_ws, MODE, HAS_BIAS)  # fmt: skip
+
+    _GEMM = DirectLauncher(fixed_gemm_kernel, pointers=7, pdl=True)
+    _SUM = DirectLauncher(chunk_sum_kernel, pointers=5, pdl=True)
+
+_SUM_TILE = (16, 128)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # an H100/H200's: what the sm_90 compile check launches for
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def programs_per_tile(m: int, n: int, k: int, sms: int, tiles: FixedTiles = TILES) -> int:
+    """How many programs share each output tile's chunks: 1 while the tiles alone give every SM two
+    programs, else enough to, at most one chunk each. It may follow M: the sums do not."""
+    count = cdiv(m, tiles.block_m) * cdiv(n, tiles.block_n)
+    chunks = cdiv(k, tiles.block_k * tiles.chunk_steps)
+    if count >= 2 * sms:
+        return 1
+    return min(chunks, cdiv(2 * sms, count))
+
+
+def fixed_gemm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    x_scale: torch.Tensor | None,
+    weight_scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    tiles: FixedTiles = TILES,
+) -> torch.Tensor:
+    """x [M, K] @ weight [N, K].T -> [M, N] in out_dtype, each row's bits independent of M.
+
+    x and weight are both e4m3 with their scales (x_scale: a scalar or [M] with weight_scale a
+    scalar or [N]; or [M, ceil(K/128)] with [ceil(N/128), ceil(K/128)] for 128x128 weight blocks),
+    or both 16-bit with no scales. No host sync: graph-safe."""
+    mode = _check(x, weight, x_scale, weight_scale, bias, tiles)
+    m, k = x.shape
+    n = weight.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    if m == 0:
+        return out
+    xs = x_scale if x_scale is not None else out  # an unread pointer where there is no scale
+    ws = weight_scale if weight_scale is not None else out
+    stride_xs = 0 if mode == NONE or xs.numel() == 1 else xs.stride(0)
+    stride_ws = 0 if mode == NONE or ws.numel() == 1 else ws.stride(0)
+    bias_arg = bias if bias is not None else out
+    split = programs_per_tile(m, n, k, _sm_count(x.device), tiles)
+    chunks = cdiv(k, tiles.block_k * tiles.chunk_steps)
+    chunks_each = cdiv(chunks, split)
+    split = cdiv(chunks, chunks_each)
+    part = torch.empty((chunks, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
+    meta: dict[str, Any] = dict(
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, CHUNK_STEPS=tiles.chunk_steps,
+        GROUP_M=tiles.group_m, MODE=mode, HAS_BIAS=bias is not None, SPLIT=split > 1,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    args = (
+        x, weight, out, part, bias_arg, xs, ws,
+        m, n, k, x.stride(0), weight.stride(0), n, stride_xs, stride_ws, chunks_each,
+    )  # fmt: skip
+    key = (x.dtype, weight.dtype, out_dtype, *int_key(n, k, x.stride(0), weight.stride(0), stride_xs, stride_ws))
+    grid = (cdiv(m, tiles.block_m) * cdiv(n, tiles.block_n), split)
+    _GEMM(grid, key, args, meta)
+    if split > 1:
+        block_m, block_n = _SUM_TILE
+        sum_meta: dict[str, Any] = dict(BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, HAS_BIAS=bias is not None)
+        sum_args = (part, out, bias_arg, xs, ws, m, n, chunks, n, stride_xs, stride_ws)
+        sum_key = (out_dtype, *int_key(n, chunks, stride_xs, stride_ws))
+        _SUM((cdiv(m, block_m), cdiv(n, block_n)), sum_key, sum_args, sum_meta)
+    return out
+
+
+def _check(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    x_scale: torch.Tensor | None,
+    weight_scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    tiles: FixedTiles,
+) -> int:
+    """The MODE the operands call for, or a clear error."""
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise Fp8InputError(
+            f"fixed_gemm: x [M, K] and weight [N, K] expected, got {tuple(x.shape)}, {tuple(weight.shape)}"
+        )
+    if x.dtype != weight.dtype:
+        raise Fp8InputError(f"fixed_gemm: x ({x.dtype}) and weight ({weight.dtype}) must share a dtype")
+    if x.stride(1) != 1 or weight.stride(1) != 1:
+        raise Fp8InputError("fixed_gemm: x and weight need a contiguous last (K) dimension")
+    if bias is not None and (bias.shape != (weight.shape[0],) or not bias.is_contiguous()):
+        raise Fp8InputError(f"fixed_gemm: bias must be a contiguous [{weight.shape[0]}] tensor")
+    if x.element_size() == 2:
+        if x_scale is not None or weight_scale is not None:
+            raise Fp8InputError("fixed_gemm: 16-bit operands take no scales")
+        return NONE
+    if x_scale is None or weight_scale is None:
+        raise Fp8InputError("fixed_gemm: e4m3 operands need x_scale and weight_scale")
+    if x_scale.dtype != torch.float32 or weight_scale.dtype != torch.float32:
+        raise Fp8InputError(f"fixed_gemm: scales must be fp32, got {x_scale.dtype} and {weight_scale.dtype}")
+    (m, k), n = x.shape, weight.shape[0]
+    if weight_scale.dim() == 2:
+        if tiles.block_k != BLOCK:
+            raise Fp8InputError(f"fixed_gemm: 128x128 weight blocks need block_k={BLOCK}, got {tiles.block_k}")
+        groups = cdiv(k, BLOCK)
+        expected = {"x_scale": (x_scale, (m, groups)), "weight_scale": (weight_scale, (cdiv(n, BLOCK), groups))}
+        for name, (s, shape) in expected.items():
+            if tuple(s.shape) != shape or s.stride(1) != 1:
+                raise Fp8InputError(f"fixed_gemm: {name} must be {shape} with contiguous rows, got {tuple(s.shape)}")
+        return BLOCKS
+    for name, s, rows in (("x_scale", x_scale, m), ("weight_scale", weight_scale, n)):
+        if s.numel() != 1 and tuple(s.shape) != (rows,):
+            raise Fp8InputError(f"fixed_gemm: {name} must be a scalar or [{rows}], got {tuple(s.shape)}")
+    return ROWS

@@ -1,0 +1,105 @@
+"""The fixed-tile GEMM (fp8route.kernels.fixed_gemm): each scaling's product against its definition,
+and the property it exists for: a row's output is the same bits whatever M is and however many
+programs share its tile's chunks. On a CPU under Triton's interpreter (small tiles), on a GPU as is.
+
+    TRITON_INTERPRET=1 python -m pytest -q tests/kernels/test_fixed_gemm.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import GPU_OR_INTERPRETER
+
+from fp8route.errors import Fp8InputError
+from fp8route.kernels import fixed_gemm as fg
+from fp8route.schemes import quantize_activation, quantize_weight, scaled_matmul
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+pytestmark = GPU_OR_INTERPRETER
+# The interpreter runs every program in Python: small tiles, K in several chunks. The block scheme's
+# steps are its 128-wide groups.
+SMALL = fg.FixedTiles(16, 32, 32, 2, 2, 4, 2) if not CUDA else fg.TILES
+SMALL_BLOCK = fg.FixedTiles(16, 32, 128, 2, 2, 4, 2) if not CUDA else fg.TILES
+SCHEMES = ["float", "tensor", "channel", "block"]
+# The interpreter's tl.dot misreads bfloat16 operands (tests/kernels/test_paged_attention_interpreted.py):
+# the 16-bit product is checked in float16 there.
+HALF = torch.bfloat16 if CUDA else torch.float16
+
+
+def operands(scheme: str, m: int, n: int, k: int, seed: int = 0):  # type: ignore[no-untyped-def]
+    """(x, weight, x_scale, weight_scale, bias, reference fp32 product, tiles) for one scheme."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(m, k, generator=g) * torch.logspace(-1, 1, m)[:, None]).to(torch.bfloat16)
+    w = torch.randn(n, k, generator=g) * torch.logspace(-2, 0, n)[:, None]
+    bias = (torch.randn(n, generator=g) * 0.5).to(torch.bfloat16)
+    if scheme == "float":
+        x, wb = x.to(HALF), w.to(HALF)
+        return x, wb, None, None, bias, x.float() @ wb.float().t() + bias.float(), SMALL
+    wq, ws = quantize_weight(w, scheme)
+    if scheme == "tensor":
+        xq, xs = quantize_activation(x, "tensor")
+    else:
+        xq, xs = quantize_activation(x, "channel" if scheme == "channel" else "block")
+    ref = scaled_matmul(xq, xs, wq, ws, scheme) + bias.float()
+    return xq, wq, xs, ws, bias, ref, SMALL_BLOCK if scheme == "block" else SMALL
+
+
+def run(ops, rows=None, sms=None, monkeypatch=None, out_dtype=torch.bfloat16):  # type: ignore[no-untyped-def]
+    x, w, xs, ws, bias, _, tiles = ops
+    if rows is not None:
+        x = x[rows]
+        xs = xs[rows] if xs is not None and xs.numel() > 1 else xs
+    if sms is not None:
+        monkeypatch.setattr(fg, "_sm_count", lambda device: sms)
+    dev = [t.to(DEVICE) if t is not None else None for t in (x, w, xs, ws, bias)]
+    return fg.fixed_gemm(*dev, out_dtype, tiles).cpu()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("m,n,k", [(1, 96, 320), (37, 200, 400)], ids=str)
+def test_each_scaling_gives_its_schemes_product(gpu_conversions, scheme, m, n, k):
+    ops = operands(scheme, m, n, k, seed=m + n)
+    out, ref = run(ops), ops[5]
+    err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+    assert err < 4e-3, f"{scheme} M={m}: relative error {err:.2e} (bf16 output rounds to ~2e-3)"
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_rows_bits_do_not_depend_on_m_or_on_the_split(gpu_conversions, monkeypatch, scheme):
+    ops = operands(scheme, 70, 96, 1000 if scheme != "block" else 1100, seed=3)
+    x, w, tiles = ops[0], ops[1], ops[6]
+    chunks = -(-x.shape[1] // (tiles.block_k * tiles.chunk_steps))
+    assert chunks >= 3, "K must span several chunks for the split to mean anything"
+    # fp32 out: a bf16 output would round most differences in the order of the sum away.
+    alone_split = run(ops, slice(5, 6), 1000, monkeypatch, torch.float32)  # one tile: its chunks spread out
+    assert fg.programs_per_tile(1, w.shape[0], x.shape[1], 1000, tiles) > 1
+    together_whole = run(ops, None, 1, monkeypatch, torch.float32)  # every tile's chunks summed in one program
+    assert fg.programs_per_tile(x.shape[0], w.shape[0], x.shape[1], 1, tiles) == 1
+    few = run(ops, slice(3, 11), 4, monkeypatch, torch.float32)
+    assert torch.equal(alone_split[0].view(torch.int32), together_whole[5].view(torch.int32))
+    assert torch.equal(few[2].view(torch.int32), together_whole[5].view(torch.int32))
+
+
+def test_the_split_follows_the_tiles_and_never_exceeds_the_chunks():
+    t = fg.TILES
+    assert fg.programs_per_tile(8192, 4096, 4096, 132, t) == 1  # prefill: tiles fill the GPU
+    k = 14336
+    chunks = -(-k // (t.block_k * t.chunk_steps))
+    assert fg.programs_per_tile(1, 4096, k, 132, t) == min(chunks, -(-264 // 32))
+    assert fg.programs_per_tile(1, 128, k, 132, t) == chunks
+
+
+def test_mismatched_operands_are_refused_with_the_reason():
+    x = torch.zeros(2, 256, dtype=torch.bfloat16)
+    w = torch.zeros(64, 256, dtype=torch.float8_e4m3fn)
+    with pytest.raises(Fp8InputError, match="must share a dtype"):
+        fg.fixed_gemm(x, w, None, None, None, torch.bfloat16)
+    xq = x.to(torch.float8_e4m3fn)
+    with pytest.raises(Fp8InputError, match="need x_scale and weight_scale"):
+        fg.fixed_gemm(xq, w, None, None, None, torch.bfloat16)
+    with pytest.raises(Fp8InputError, match=r"x_scale must be \(2, 2\)"):
+        fg.fixed_gemm(xq, w, torch.ones(2, 3), torch.ones(1, 2), None, torch.bfloat16)
+    with pytest.raises(Fp8InputError, match=r"weight_scale must be a scalar or \[64\]"):
+        fg.fixed_gemm(xq, w, torch.ones(2), torch.ones(3), None, torch.bfloat16)
