@@ -6,6 +6,7 @@ from fp8route.backends.base import BLOCK_KMAJOR, CHANNEL, DEQUANTIZED, LAYOUTS, 
 from fp8route.backends.block import CublasBlockBackend, FlashinferBlockBackend, TritonBlockBackend
 from fp8route.backends.cpu_dequant import CpuDequantBackend, CpuTilesBackend
 from fp8route.backends.cublas import CublasBackend
+from fp8route.backends.fixed import FixedTilesBackend
 from fp8route.backends.flashinfer import FlashinferBackend
 from fp8route.backends.fp8_gemv import Fp8GemvBackend
 from fp8route.backends.reference import ReferenceBackend
@@ -26,6 +27,7 @@ BACKENDS: dict[str, Backend] = {
         TritonBlockBackend(fused=True),
         FlashinferBlockBackend(),
         WeightOnlyBackend(),
+        FixedTilesBackend(),
         CpuDequantBackend(),
         CpuTilesBackend(),
         ReferenceBackend(),
@@ -67,7 +69,11 @@ def default_priority(device: DeviceInfo) -> tuple[str, ...]:
     # schemes' library kernels come before our Triton ones until a measured routing table says otherwise
     # (the channel scheme's rowwise is vLLM's pick too; vLLM's block picks, DeepGEMM and its own
     # CUTLASS build, do not run here: benchmarks/results/h200/schemes/).
-    return ("cublas", "flashinfer", "rowwise", "cublas_block", "triton_block", "weight_only", "reference")
+    # triton_fixed is the deterministic mode's (the one backend whose rows do not depend on M): after
+    # weight_only, so that without the mode nothing changes.
+    return (
+        "cublas", "flashinfer", "rowwise", "cublas_block", "triton_block", "weight_only", "triton_fixed", "reference"
+    )  # fmt: skip
 
 
 __all__ = [

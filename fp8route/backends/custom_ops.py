@@ -222,3 +222,27 @@ flashinfer_block = eager_or_op(flashinfer_block_op, _flashinfer_block)
 @flashinfer_block_op.register_fake
 def _(x, weight, w_scale, out_dtype):  # type: ignore[no-untyped-def]
     return _empty_out(x, weight, out_dtype)
+
+
+def _fixed_gemm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    x_scale: torch.Tensor | None,
+    w_scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """fp8route's fixed-tile GEMM (the deterministic mode's): e4m3 x and weight with their scales, or
+    16-bit x and weight with none; each output row the same bits whatever M is."""
+    from fp8route.kernels.fixed_gemm import fixed_gemm
+
+    return fixed_gemm(x, weight, x_scale, w_scale, bias, out_dtype)
+
+
+fixed_gemm_op = torch.library.custom_op("fp8route::fixed_gemm", _fixed_gemm, mutates_args=())
+fixed_gemm = eager_or_op(fixed_gemm_op, _fixed_gemm)
+
+
+@fixed_gemm_op.register_fake
+def _(x, weight, x_scale, w_scale, bias, out_dtype):  # type: ignore[no-untyped-def]
+    return _empty_out(x, weight, out_dtype)

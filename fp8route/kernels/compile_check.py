@@ -349,6 +349,26 @@ def _peer_reduce(model: Model, dtype: torch.dtype) -> None:
                 peer_reduce.launch(x, torch.empty_like(x), w, 1e-5, buffers, rank, 256, 0)
 
 
+def _fixed_gemm(model: Model, dtype: torch.dtype) -> None:
+    """The deterministic mode's GEMM in each scaling, split (a decode batch) and whole (a prefill), and
+    the lm_head's 16-bit product."""
+    from fp8route.kernels.fixed_gemm import fixed_gemm
+    from fp8route.quant import FP8_DTYPE
+    from fp8route.schemes import BLOCK, cdiv
+
+    for n, k in model.gemms.values():
+        weight = torch.empty((n, k), dtype=FP8_DTYPE)
+        for m in (1, 8192):
+            x = torch.empty((m, k), dtype=FP8_DTYPE)
+            fixed_gemm(x, weight, torch.ones(()), torch.ones(()), None, dtype)
+            fixed_gemm(x, weight, torch.ones(m), torch.ones(n), None, dtype)
+            groups = cdiv(k, BLOCK)
+            fixed_gemm(x, weight, torch.ones(m, groups), torch.ones(cdiv(n, BLOCK), groups), None, dtype)
+    head = torch.empty((model.vocab, model.hidden), dtype=dtype)
+    for m in (1, 256):
+        fixed_gemm(torch.empty((m, model.hidden), dtype=dtype), head, None, None, None, dtype)
+
+
 SWEEPS: dict[str, Callable[[Model, torch.dtype], None]] = {
     "decode_gemm": _decode_gemms,
     "schemes": _schemes,  # per-channel and block-scaled FP8: quantizers, decode GEMM, block GEMM
@@ -358,6 +378,7 @@ SWEEPS: dict[str, Callable[[Model, torch.dtype], None]] = {
     "argmax": _argmax,
     "sampling": _sampling,  # the sampler: processing, bitmask, top-k candidates, top_p search, draw, logprobs
     "peer_reduce": _peer_reduce,  # tensor parallel's all-reduce fused with the norm after it
+    "fixed_gemm": _fixed_gemm,  # the deterministic mode's GEMM
 }
 
 

@@ -169,13 +169,14 @@ def fixed_gemm(
     weight_scale: torch.Tensor | None,
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
-    tiles: FixedTiles = TILES,
+    tiles: FixedTiles | None = None,
 ) -> torch.Tensor:
     """x [M, K] @ weight [N, K].T -> [M, N] in out_dtype, each row's bits independent of M.
 
     x and weight are both e4m3 with their scales (x_scale: a scalar or [M] with weight_scale a
     scalar or [N]; or [M, ceil(K/128)] with [ceil(N/128), ceil(K/128)] for 128x128 weight blocks),
-    or both 16-bit with no scales. No host sync: graph-safe."""
+    or both 16-bit with no scales; tiles: TILES by default. No host sync: graph-safe."""
+    tiles = tiles or TILES
     mode = _check(x, weight, x_scale, weight_scale, bias, tiles)
     m, k = x.shape
     n = weight.shape[0]

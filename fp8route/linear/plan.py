@@ -211,6 +211,8 @@ def make_plan(
                     if reason is not None:
                         reasons.setdefault((name, reason), {})[dtype] = None
                 preferred = preference(bucket) if preference else None
+                if policy.deterministic and preferred in why and BACKENDS[preferred].batch_variance(bucket):
+                    preferred = None  # a table's pick for speed alone: the mode passes it over, no fallback
                 used, wanted = _pick(why, policy.force or (preferred if preferred in why else None), priority)
                 if wanted is not None and used != wanted and (policy.force or preferred or used in resorts):
                     fallback = Fallback(dtype, lo, hi, wanted, used, why[wanted] or "", x_quantized)

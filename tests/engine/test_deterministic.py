@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import pytest
 import torch
@@ -100,9 +101,24 @@ def test_forcing_a_backend_that_is_not_batch_invariant_is_refused() -> None:
         make_plan("layer", _problem(), Policy(force="cpu_dequant", deterministic=True))
 
 
-def test_only_cpu_tiles_claims_batch_invariance() -> None:
+def test_only_cpu_tiles_and_triton_fixed_claim_batch_invariance() -> None:
     invariant = {name for name, b in BACKENDS.items() if b.batch_variance(_problem()) is None}
-    assert invariant == {"cpu_tiles"}
+    assert invariant == {"cpu_tiles", "triton_fixed"}
+
+
+@pytest.mark.parametrize("scheme", ["tensor", "channel", "block"])
+def test_on_an_h200_the_mode_routes_every_m_to_the_fixed_tile_gemm(scheme: str) -> None:
+    """A routing table's pick for speed (cublas at every M here) is passed over without a fallback:
+    strict mode, which forbids fallbacks, plans it."""
+    from routing_helpers import H200
+
+    problem = replace(_problem(scheme), device=H200)
+    plan = make_plan("layer", problem, Policy(deterministic=True, strict=True), preference=lambda bucket: "cublas")
+    assert {b.name for b in plan.backends} == {"triton_fixed"} and not plan.fallbacks
+    text = plan.explain()
+    assert "batch-invariant (a row's bits whatever its batch): yes" in text
+    assert "deterministic mode: a row's result can change with M" in text
+    assert "triton_fixed" not in {b.name for b in make_plan("layer", problem).backends}
 
 
 def test_settings_the_mode_cannot_keep_are_refused_before_loading(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,55 @@
+"""The deterministic mode's GEMM on a GPU: fp8route's fixed-tile Triton GEMM (fp8route.kernels.fixed_gemm),
+whose every output row is the same bits whatever M is, for each FP8 scheme."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from fp8route.backends import custom_ops
+from fp8route.backends.base import Backend, LinearOperands, bias_as, first_reason, needs_fp8_gpu, needs_scheme
+from fp8route.backends.problem import GemmProblem
+from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
+from fp8route.schemes import SCHEMES
+
+
+class FixedTilesBackend(Backend):
+    name = "triton_fixed"
+    summary = (
+        "fp8route's fixed-tile Triton GEMM, K summed in fixed chunks in order, a dynamic per-tensor input "
+        "scale taken per token: a row's result does not depend on M"
+    )
+    schemes = frozenset(SCHEMES)
+
+    def why_not(self, problem: GemmProblem) -> str | None:
+        reason = first_reason(needs_scheme(problem, self.schemes), needs_fp8_gpu(problem), TRITON_IMPORT_ERROR)
+        if reason is None and problem.k % 16:
+            return f"K={problem.k} is not a multiple of 16 (16-byte fp8 rows)"
+        return reason
+
+    def batch_variance(self, problem: GemmProblem) -> str | None:
+        return None
+
+    def run(self, x: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
+        """x quantized by fp8route's Triton quantizers at every dtype (each computes a row from that row
+        alone; torch's fp32 path reduces in an order that may follow M), then the GEMM."""
+        from fp8route.kernels import quantize as kernels
+
+        x, o = x.contiguous(), operands
+        if o.scheme == "block":
+            x_q, x_scale = kernels.quantize_per_group(x)
+        elif o.scheme == "channel" or o.input_scale is None:
+            # A dynamic per-tensor scale is the amax of the whole batch; each row's own amax is not.
+            x_q, x_scale = kernels.quantize_per_token(x)
+            if o.scheme == "tensor":
+                o = replace(o, scheme="channel", weight_scale=o.weight_scale.reshape(1).expand(o.weight.shape[0]))
+        else:
+            x_q, x_scale = kernels.quantize_fp8(x, o.input_scale), o.input_scale
+        return self.run_quantized(x_q, x_scale, o, x.dtype)
+
+    def run_quantized(
+        self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype
+    ) -> torch.Tensor:
+        o = operands
+        return custom_ops.fixed_gemm(x_q, o.weight, x_scale, o.weight_scale, bias_as(o, out_dtype), out_dtype)
