@@ -115,8 +115,9 @@ class StepAttention:
     else its torch path. With FlashInfer (planned for this step by the caller) its paged prefill runs.
     solo: the step is one fresh sequence alone (a lone prompt's first chunk) in a 16-bit cache: it
     attends over its own K/V with SDPA, cuDNN's kernel on a GPU, which runs a long causal prefill
-    faster than the paged kernel. alone: each query by itself through the torch path
-    (paged_attention_rows), for the deterministic mode."""
+    faster than the paged kernel. alone: for the deterministic mode, without triton each query by itself
+    through the torch path (paged_attention_rows); with it the paged kernel, whose rows depend on their
+    own sequence only (the scheduler sends a prompt's one-token piece through its multi-query grid)."""
 
     def __init__(
         self,
@@ -152,7 +153,7 @@ class StepAttention:
         q = rope(q, cos, sin, token_major=True)[0].transpose(0, 1)  # [T, H, D]
         k_blocks, v_blocks = pool.layer(layer)
         cache = PagedKV(k_blocks, v_blocks, pool.tables, *pool.layer_scales(layer))
-        if self.alone:
+        if self.alone and not self.triton:
             return paged_attention_rows(q, cache, self.seqs).transpose(0, 1)[None]
         attend = paged_attention if self.triton else paged_attention_reference
         return attend(q, cache, self.seqs).transpose(0, 1)[None]
@@ -163,7 +164,9 @@ class DecodeAttention:
     to positions 0..positions[b]. positions and rows are device tensors; limit, when given, is a
     host bound on positions + 1 that lets the torch path gather less (a captured step passes none).
     With a FlashInfer attention (planned for this step by the caller), FlashInfer's decode runs.
-    alone: each row by itself through the torch path (decode_attention_rows), for the deterministic mode."""
+    alone: for the deterministic mode, without the Triton kernels each row by itself through the torch
+    path (decode_attention_rows); with them paged attention's one-query grid, the path a decode row
+    takes in a mixed step too (its segments sized from its own length)."""
 
     def __init__(
         self,
@@ -177,15 +180,19 @@ class DecodeAttention:
     ) -> None:
         self.pool, self.positions, self.rows, self.limit, self.flashinfer = pool, positions, rows, limit, flashinfer
         self.lengths = positions + 1
-        self.alone = alone
         self.use_triton = not alone and (triton_decode_available() if use_triton is None else use_triton)
+        grid = (positions.is_cuda and triton_decode_available()) if use_triton is None else use_triton
+        self.alone, self.one_query_grid = alone and not grid, alone and grid
         self.fuse_new_token: bool | None = None
         self._slots: torch.Tensor | None = None
+        self._seqs: Sequences | None = None  # the rows as one-query sequences (the deterministic mode's)
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
         """q [B, 1, H, D], k and v [B, 1, Hkv, D], cos/sin [B, 1, D] -> [B, H, 1, D]."""
+        if self.one_query_grid:
+            return self._one_query_grid(layer, q, k, v, cos, sin)
         triton = self.flashinfer is None and self.use_triton and q.is_cuda
         if triton:
             k_blocks, v_blocks = self.pool.layer(layer)
@@ -195,11 +202,7 @@ class DecodeAttention:
                 self.fuse_new_token = kernel.fuses_new_token(q[:, 0], new)
             if self.fuse_new_token:  # RoPE and the cache write inside the attention kernel
                 return kernel.decode_attention(q[:, 0], pages, self.lengths, new=new)[:, :, None]
-        if self._slots is None:
-            self._slots = self.pool.slots(self.rows, self.positions)
-        k_flat, v_flat = self.pool.flat(layer)
-        scales = self.pool.layer_scales(layer) if self.pool.quantized else None
-        rope_into_cache(k, v, cos, sin, k_flat, v_flat, self._slots, scales)
+        self._write_new_token(layer, k, v, cos, sin)
         q = rope(q, cos, sin)[:, :, 0]
         if self.flashinfer is not None:
             out = self.flashinfer.decode(layer, q)
@@ -208,3 +211,26 @@ class DecodeAttention:
                 self.pool, layer, q.contiguous(), self.rows, self.lengths, self.limit, triton, self.alone
             )
         return out[:, :, None]
+
+    def _one_query_grid(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        self._write_new_token(layer, k, v, cos, sin)
+        q = rope(q, cos, sin)[:, :, 0].contiguous()  # [B, H, D]
+        if self._seqs is None:
+            count = q.shape[0]
+            cu_q = torch.arange(count + 1, dtype=torch.int32, device=q.device)
+            self._seqs = Sequences(cu_q, self.lengths.to(torch.int32), self.rows.to(torch.int32), count)
+        k_blocks, v_blocks = self.pool.layer(layer)
+        cache = PagedKV(k_blocks, v_blocks, self.pool.tables, *self.pool.layer_scales(layer))
+        return paged_attention(q, cache, self._seqs)[:, :, None]
+
+    def _write_new_token(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> None:
+        """The rows' new keys (after RoPE) and values into the cache at their positions."""
+        if self._slots is None:
+            self._slots = self.pool.slots(self.rows, self.positions)
+        k_flat, v_flat = self.pool.flat(layer)
+        scales = self.pool.layer_scales(layer) if self.pool.quantized else None
+        rope_into_cache(k, v, cos, sin, k_flat, v_flat, self._slots, scales)

@@ -23,6 +23,7 @@ import torch
 from fp8route.device import default_device, usable_cores
 from fp8route.errors import Fp8InputError
 from fp8route.kernels.options import set_kernel_options
+from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
 from fp8route.models.collectives import METHODS
 from fp8route.models.parallel import LM_HEADS
 
@@ -153,7 +154,7 @@ class EngineConfig:
     )
     deterministic: bool = _setting(
         False, "a request's tokens and logprobs do not depend on what shares its batch or how its prompt is "
-        "chunked or cached: batch-invariant GEMMs and attention, at a cost (docs/engine.md; CPU only so far)"
+        "chunked or cached: batch-invariant GEMMs and attention, at a cost (docs/engine.md)"
     )  # fmt: skip
     skip_tokenizer_init: bool = _setting(False, "token ids in and out: no tokenizer.json needed", cli=False)
     record_stats: bool = _setting(False, "keep each step's accounting (benchmarks)", cli=False)
@@ -178,15 +179,21 @@ class EngineConfig:
 
     def check_deterministic(self) -> None:
         """Refuse, before any weight is read, a deterministic engine this build cannot keep so."""
-        device = default_device(self.device)
-        if device.type != "cpu":
-            raise Fp8InputError(
-                f"deterministic=True runs on a CPU only so far (the GPU's batch-invariant GEMMs and attention "
-                f"are not built yet), device is {device}: pass device='cpu' (--device cpu), or leave it off"
-            )
         if self.tp > 1:
             raise Fp8InputError(
                 f"deterministic=True runs on one rank (tp={self.tp}): the ranks' sum is not batch-invariant yet"
+            )
+        if default_device(self.device).type != "cuda":
+            return
+        if self.attention == "flashinfer":
+            raise Fp8InputError(
+                "deterministic=True runs fp8route's own attention (FlashInfer's splits a row's positions by "
+                "the batch): leave attention at builtin"
+            )
+        if TRITON_IMPORT_ERROR is not None:
+            raise Fp8InputError(
+                f"deterministic=True on a GPU runs fp8route's Triton GEMM and attention, and {TRITON_IMPORT_ERROR}: "
+                "pip install 'fp8route[triton]'"
             )
 
     @property

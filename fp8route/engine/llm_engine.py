@@ -132,7 +132,7 @@ def check_batch_invariant(model: LlamaForCausalLM) -> None:
         if isinstance(module, Fp8Linear):
             ok, how = module.plan.batch_invariant, f"its plan: {module.plan.invariance_text()}"
         elif isinstance(module, FloatLinear):
-            ok, how = module.row_tiles, "a float linear outside row tiles"
+            ok, how = module.batch_invariant, "a float linear built without batch_invariant"
         else:
             continue
         if not ok:

@@ -81,5 +81,5 @@ def load_weights(
     )  # fmt: skip
     layers = parts.cfg.num_hidden_layers
     scales = kv_scales_for(config.kv_cache_dtype, parts.kv_scales, layers, str(folder), parts.kv_scheme)
-    model = LlamaForCausalLM(parts.cfg, parts.linears, parts.tensors, row_tiles=config.deterministic)
+    model = LlamaForCausalLM(parts.cfg, parts.linears, parts.tensors, batch_invariant=config.deterministic)
     return LoadedModel(model.eval(), folder, parts.device, eos, scales, parts.parallel)

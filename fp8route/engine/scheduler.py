@@ -42,6 +42,7 @@ class Scheduler:
         self.max_num_seqs, self.max_model_len = config.max_num_seqs, config.max_model_len
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.itl_target_ms, self.step_cost = config.itl_target_ms, step_cost
+        self.deterministic = config.deterministic
         assert self.itl_target_ms is None or step_cost is not None, "an ITL target needs a step cost"
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -76,20 +77,30 @@ class Scheduler:
                     break
             if request.status is not Status.RUNNING:
                 break  # it was the newest, preempted for itself: nothing after it remains
-            (singles if n == 1 else chunks).append(self._take(request, n))
+            piece = self._take(request, n)
+            (singles if self._decode_row(request, piece) else chunks).append(piece)
             budget -= n
             i += 1
         while self.waiting and not out.preempted_ids and budget > 0 and len(self.running) < self.max_num_seqs:
             piece = self._admit(self.waiting[0], budget, out)
             if piece is None:
                 break
-            (singles if piece.num_tokens == 1 else chunks).append(piece)
+            (singles if self._decode_row(self.running[-1], piece) else chunks).append(piece)
             budget -= piece.num_tokens
         out.seqs = singles + chunks
+        out.decode_rows = len(singles) if self.deterministic else None
         out.new_requests = [_new_request(r) for r in self._given.values()]
         self._building = None
         self._given = {}
         return out
+
+    def _decode_row(self, request: Request, piece: ScheduledSeq) -> bool:
+        """Whether piece runs as a decode row: one token; in the deterministic mode also past the prompt.
+        A prompt's last token alone (a chunk's remainder, or all a prefix cache left) then takes the
+        path its other tokens take, and its logits do not depend on how the prompt was cut."""
+        if piece.num_tokens != 1:
+            return False
+        return not self.deterministic or piece.start >= len(request.prompt_token_ids)
 
     def _budget(self) -> int:
         """This step's tokens: max_num_batched_tokens, or under an ITL target what the step cost says
@@ -194,6 +205,10 @@ class Scheduler:
         if request.status is not Status.RUNNING or request.num_preemptions != piece.generation:
             return
         filled = min(piece.start + piece.num_tokens, len(request.token_ids))
+        if self.deterministic:
+            # Only prompt positions, which every request computes through the prompt's path: an output's
+            # position was computed as a decode row, and a later prompt repeating it must not read those bits.
+            filled = min(filled, len(request.prompt_token_ids))
         size = self.block_size
         while (request.num_cached_blocks + 1) * size <= filled:
             index = request.num_cached_blocks

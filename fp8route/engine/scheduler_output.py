@@ -67,6 +67,9 @@ class SchedulerOutput:
     new_requests: list[NewRequest] = field(default_factory=list)
     new_blocks: list[tuple[int, int, int]] = field(default_factory=list)
     preempted_ids: list[str] = field(default_factory=list)
+    # How many leading pieces are decode rows (attention's one-query grid); None: every leading one-token
+    # piece. The deterministic mode sets it, sending a prompt's one-token piece where its other pieces go.
+    decode_rows: int | None = None
 
     @property
     def empty(self) -> bool:
@@ -78,5 +81,7 @@ class SchedulerOutput:
 
     @property
     def singles(self) -> int:
-        """How many pieces lead with one token each."""
+        """How many pieces lead with one token each, as decode rows."""
+        if self.decode_rows is not None:
+            return self.decode_rows
         return next((i for i, s in enumerate(self.seqs) if s.num_tokens > 1), len(self.seqs))

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fp8route.backends import custom_ops
 from fp8route.errors import CheckpointError
 from fp8route.kernels.fused import add_rms_norm, rms_norm, rope, silu_mul
 from fp8route.models.token_ids import check_token_ids
@@ -128,22 +129,27 @@ class RMSNorm(nn.Module):
 
 
 class FloatLinear(nn.Module):
-    """A full-precision linear over given tensors (no copy, no init). row_tiles: computed in fixed
-    tiles of rows (fp8route.row_tiles), so that a row's result does not depend on the batch."""
+    """A full-precision linear over given tensors (no copy, no init). batch_invariant: a row's result
+    does not depend on the batch: on a GPU through the fixed-tile GEMM (fp8route.kernels.fixed_gemm),
+    on a CPU in fixed tiles of rows (fp8route.row_tiles)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, row_tiles: bool = False) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, batch_invariant: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        self.row_tiles = row_tiles
+        self.batch_invariant = batch_invariant
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
-        if not self.row_tiles:
+        if not self.batch_invariant:
             return F.linear(x, weight, bias)
-        rows = by_row_tiles(lambda tile: F.linear(tile, weight, bias), x.reshape(-1, x.shape[-1]))
-        return rows.reshape(*x.shape[:-1], rows.shape[-1])
+        rows = x.reshape(-1, x.shape[-1])
+        if x.is_cuda:
+            out = custom_ops.fixed_gemm(rows.contiguous(), weight, None, None, bias, x.dtype)
+        else:
+            out = by_row_tiles(lambda tile: F.linear(tile, weight, bias), rows)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 class Parts:
@@ -151,9 +157,12 @@ class Parts:
     FloatLinear over the tensors."""
 
     def __init__(
-        self, linears: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor], row_tiles: bool = False
+        self,
+        linears: Mapping[str, nn.Module],
+        tensors: Mapping[str, torch.Tensor],
+        batch_invariant: bool = False,
     ) -> None:
-        self.linears, self.tensors, self.row_tiles = linears, tensors, row_tiles
+        self.linears, self.tensors, self.batch_invariant = linears, tensors, batch_invariant
 
     def tensor(self, name: str) -> torch.Tensor:
         if name not in self.tensors:
@@ -166,7 +175,7 @@ class Parts:
     def linear(self, name: str) -> nn.Module:
         if name in self.linears:
             return self.linears[name]
-        return FloatLinear(self.tensor(f"{name}.weight"), self.tensors.get(f"{name}.bias"), self.row_tiles)
+        return FloatLinear(self.tensor(f"{name}.weight"), self.tensors.get(f"{name}.bias"), self.batch_invariant)
 
 
 class Attention(nn.Module):
@@ -332,18 +341,19 @@ class LlamaForCausalLM(nn.Module):
         cfg: LlamaConfig,
         linears: Mapping[str, nn.Module],
         tensors: Mapping[str, torch.Tensor],
-        row_tiles: bool = False,
+        batch_invariant: bool = False,
     ) -> None:
-        """row_tiles: the float linears (lm_head, a bf16 checkpoint's) in fixed row tiles, for the
-        deterministic mode; the FP8 linears given are planned for it by their own policy."""
+        """batch_invariant: the float linears (lm_head, a bf16 checkpoint's) computed so that a row's
+        result does not depend on its batch, for the deterministic mode; the FP8 linears given are
+        planned for it by their own policy."""
         super().__init__()
         self.cfg = cfg
-        parts = Parts(linears, tensors, row_tiles)
+        parts = Parts(linears, tensors, batch_invariant)
         self.model = LlamaModel(cfg, parts)
         if parts.has("lm_head"):
             self.lm_head = parts.linear("lm_head")
         elif cfg.tie_word_embeddings:
-            self.lm_head = FloatLinear(self.model.embed_tokens.weight, row_tiles=row_tiles)
+            self.lm_head = FloatLinear(self.model.embed_tokens.weight, batch_invariant=batch_invariant)
         else:
             raise CheckpointError("lm_head.weight is missing and tie_word_embeddings is false in config.json")
 

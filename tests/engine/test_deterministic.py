@@ -61,7 +61,7 @@ def test_row_tiles_carry_per_row_tensors_alongside() -> None:
 
 def test_a_float_linear_in_row_tiles_matches_itself_alone() -> None:
     gen = torch.Generator().manual_seed(1)
-    layer = FloatLinear(torch.randn(64, 96, generator=gen).bfloat16(), row_tiles=True)
+    layer = FloatLinear(torch.randn(64, 96, generator=gen).bfloat16(), batch_invariant=True)
     x = torch.randn(2, 9, 96, generator=gen).bfloat16()
     out = layer(x)
     assert out.shape == (2, 9, 64)
@@ -122,12 +122,16 @@ def test_on_an_h200_the_mode_routes_every_m_to_the_fixed_tile_gemm(scheme: str) 
 
 
 def test_settings_the_mode_cannot_keep_are_refused_before_loading(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # no device given: the GPU would be chosen
-    with pytest.raises(Fp8InputError, match="runs on a CPU only so far"):
-        EngineConfig(deterministic=True).check_deterministic()
     with pytest.raises(Fp8InputError, match="one rank"):
         EngineConfig(device="cpu", tp=2, deterministic=True).check_deterministic()
     EngineConfig(device="cpu", deterministic=True).check_deterministic()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # no device given: the GPU would be chosen
+    with pytest.raises(Fp8InputError, match="leave attention at builtin"):
+        EngineConfig(attention="flashinfer", deterministic=True).check_deterministic()
+    EngineConfig(deterministic=True).check_deterministic()
+    monkeypatch.setattr("fp8route.engine.config.TRITON_IMPORT_ERROR", "triton is not importable: test")
+    with pytest.raises(Fp8InputError, match=r"Triton GEMM and attention, and triton is not importable"):
+        EngineConfig(deterministic=True).check_deterministic()
 
 
 def test_an_engine_over_a_model_not_made_for_the_mode_is_refused() -> None:
@@ -142,7 +146,7 @@ def test_an_engine_over_a_model_not_made_for_the_mode_is_refused() -> None:
     config = EngineConfig(device="cpu", dtype="float32", max_model_len=64, num_kv_blocks=32, deterministic=True)
     with pytest.raises(Fp8InputError, match="deterministic=True: layer .* was not made for it"):
         LLMEngine(config, LlamaForCausalLM(cfg, {}, tensors), quiet=True)
-    engine = LLMEngine(config, LlamaForCausalLM(cfg, {}, tensors, row_tiles=True), quiet=True)
+    engine = LLMEngine(config, LlamaForCausalLM(cfg, {}, tensors, batch_invariant=True), quiet=True)
     request = engine.add_request([1, 2, 3], SamplingParams(max_tokens=3, temperature=0))
     while engine.has_unfinished:
         engine.step()

@@ -245,3 +245,30 @@ def test_a_readmitted_request_is_given_its_row_again_with_its_output_so_far():
         ("b", (2, 2, 2, 2), (5,))
     ]
     assert out.seqs[0].token_ids == [2, 2, 2, 2, 5] and out.seqs[0].samples
+
+
+def test_in_the_deterministic_mode_a_prompts_one_token_piece_is_no_decode_row_and_outputs_are_not_cached():
+    """A prompt's last token alone (here the budget's remainder) runs where its prompt's other pieces ran,
+    not as a decode row; and only prompt positions go into the prefix cache (an output's position was
+    computed as a decode row, which a later prompt repeating it would not be)."""
+    config = EngineConfig(
+        max_num_seqs=4, max_num_batched_tokens=6, max_model_len=64, block_size=BLOCK, deterministic=True
+    )
+    s = Scheduler(config, 32)
+    a = request("a", list(range(7)), max_tokens=8, ignore_eos=True)
+    s.add(a)
+    out = s.schedule()
+    assert pieces(out) == [("a", 0, 6, False)] and out.singles == 0
+    read_back(s, out)
+    out = s.schedule()
+    assert pieces(out) == [("a", 6, 1, True)] and out.singles == 0  # the prompt's: through the chunk path
+    read_back(s, out)
+    for _ in range(4):
+        out = s.schedule()
+        assert pieces(out)[0][2] == 1 and out.singles == 1  # decode rows
+        read_back(s, out)
+    assert a.num_cached_blocks == 1  # the prompt's one full block; its outputs filled another, not cached
+    plain = Scheduler(EngineConfig(max_num_seqs=4, max_num_batched_tokens=6, max_model_len=64, block_size=BLOCK), 32)
+    plain.add(request("b", list(range(7)), max_tokens=8, ignore_eos=True))
+    read_back(plain, plain.schedule())
+    assert plain.schedule().singles == 1  # without the mode a one-token piece is a decode row
