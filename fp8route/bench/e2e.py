@@ -1,8 +1,9 @@
 """End-to-end timing of a model as a user runs it: TTFT (prefill to the first token) and decode step
 time per policy arm, in one process, with the memory ceiling measured in the same run.
 
-An arm is `routed` (the routing table), a backend forced for every layer through FP8ROUTE_FORCE (the
-mechanism a user has), or `bf16` (the same weights unquantized). Times are medians of repeats after
+An arm is `routed` (the routing table), `deterministic` (routed, the engine in its deterministic mode),
+a backend forced for every layer through FP8ROUTE_FORCE (the mechanism a user has), or `bf16` (the same
+weights unquantized). Times are medians of repeats after
 a warm-up of WARMUP_S; decode runs from the CUDA graphs generate uses.
 """
 
@@ -130,7 +131,7 @@ def _bench_arm(
 ) -> list[E2ERow]:  # fmt: skip
     device = init_from_env("cuda") or torch.device("cuda")  # under run_ranks: this rank's GPU, set current
     torch.cuda.reset_peak_memory_stats(device)
-    config = _engine_config(device, batches, inputs, output, tp, all_reduce, attention)
+    config = _engine_config(device, batches, inputs, output, tp, all_reduce, attention, arm == "deterministic")
     with _forced(arm):
         model = load_model(folder, policy=Policy.from_env(), config=config, quiet=True)
     run = _ArmRun(arm, tp, all_reduce, attention, options, copy_gbs, output, repeats,
@@ -176,9 +177,10 @@ def model_scheme(model: torch.nn.Module) -> str:
 
 @contextlib.contextmanager
 def _forced(arm: str) -> Iterator[None]:
-    """FP8ROUTE_FORCE set to the arm's backend (unset for routed and bf16) within, as it was after."""
+    """FP8ROUTE_FORCE set to the arm's backend (unset for routed, deterministic and bf16) within, as it
+    was after."""
     saved = os.environ.get(FORCE_ENV)
-    if arm not in ("routed", "bf16"):
+    if arm not in ("routed", "deterministic", "bf16"):
         os.environ[FORCE_ENV] = arm
     else:
         os.environ.pop(FORCE_ENV, None)
@@ -193,14 +195,14 @@ def _forced(arm: str) -> Iterator[None]:
 
 def _engine_config(
     device: torch.device, batches: Sequence[int], inputs: Sequence[int], output: int, tp: int, all_reduce: str,
-    attention: str,
+    attention: str, deterministic: bool = False,
 ) -> EngineConfig:  # fmt: skip
     # Each timed call brings prompts no earlier call did, but the repeats of one call share theirs: the
     # prefix cache would answer them, so it is off.
     return EngineConfig(
         device=str(device), max_num_seqs=max(batches), max_model_len=max(inputs) + output,
         max_num_batched_tokens=max(8192, max(inputs)), enable_prefix_caching=False, all_reduce=all_reduce,
-        attention=attention, tp=tp,
+        attention=attention, tp=tp, deterministic=deterministic,
     )  # fmt: skip
 
 

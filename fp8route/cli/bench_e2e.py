@@ -26,7 +26,8 @@ from fp8route.routing.fingerprint import Fingerprint
 from fp8route.schemes import SCHEMES, check_scheme
 from fp8route.tuning.timing import copy_bandwidth_gbs
 
-ARMS = ("routed", "bf16", *BACKENDS)
+# deterministic: routed with the engine in its deterministic mode (EngineConfig.deterministic).
+ARMS = ("routed", "deterministic", "bf16", *BACKENDS)
 
 
 @dataclass(frozen=True)

@@ -191,9 +191,9 @@ def _run(llm: LLM, prompts: Sequence[list[int]], arrivals: Sequence[tuple[int, i
     return [(list(requests[i].output_token_ids), list(requests[i].logprobs)) for i in sorted(requests)]
 
 
-def _scenarios(model: str, kv_cache_dtype: str) -> dict[str, Callable[[], list[Result]]]:
+def _scenarios(model: str, kv_cache_dtype: str, device: str) -> dict[str, Callable[[], list[Result]]]:
     # A budget of 24 tokens a step chunks every longer prompt, at places that depend on what else runs.
-    settings = {"device": "cpu", "dtype": "bfloat16", "deterministic": True, "max_num_seqs": 8,
+    settings = {"device": device, "dtype": "bfloat16", "deterministic": True, "max_num_seqs": 8,
                 "kv_cache_dtype": kv_cache_dtype}  # fmt: skip
     fresh = LLM(model, enable_prefix_caching=False, max_num_batched_tokens=24, **settings)
     cached = LLM(model, enable_prefix_caching=True, max_num_batched_tokens=64, **settings)
@@ -214,8 +214,12 @@ def _scenarios(model: str, kv_cache_dtype: str) -> dict[str, Callable[[], list[R
     [("smollm2", "auto"), ("smollm2-channel", "auto"), ("smollm2-block", "auto"), ("smollm2-bf16", "auto"),
      ("smollm2", "fp8")],
 )  # fmt: skip
-def test_a_requests_tokens_and_logprobs_do_not_depend_on_its_batch(model: str, kv_cache_dtype: str) -> None:
-    scenarios = _scenarios(model, kv_cache_dtype)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_requests_tokens_and_logprobs_do_not_depend_on_its_batch(
+    model: str, kv_cache_dtype: str, device: str
+) -> None:
+    """On the GPU through the fixed-tile GEMM, the paged attention kernel, CUDA graphs and overlap."""
+    scenarios = _scenarios(model, kv_cache_dtype, device)
     alone = scenarios.pop("alone")()
     assert all(len(tokens) == OUTPUT for tokens, _ in alone)
     for name, run in scenarios.items():

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Issue 49's GPU half in one device call, output under $OUT: the deterministic mode's tests on the GPU,
+# then on random Llama-3.1-8B FP8 checkpoints (one per SCHEMES) the equality check (8 probes alone and
+# inside batches of 16, 64, 256: how many differ, mode on and off), and the mode's cost on bench e2e
+# (routed vs deterministic arms, batch 1 and 16, inputs 1024 and 4096). PHASES picks: tests equal e2e serve;
+# serve runs bench serve's decode-heavy and prefill-heavy loads with and without --deterministic.
+set -u -o pipefail
+log="$OUT/gpu.txt"
+echo "# PHASES='${PHASES:=tests equal e2e}' SCHEMES='${SCHEMES:=tensor}' bash benchmarks/scripts/gpu_deterministic.sh ($(date -u +%FT%TZ))" | tee "$log"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$log"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$log"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+checkpoint() {  # scheme -> folder
+    local folder=/tmp/ckpt-8b-$1
+    [ -f "$folder/config.json" ] || python3 -c "
+from pathlib import Path
+from fp8route.checkpoint.random import write_random
+from fp8route.models.shapes import MODELS
+write_random(Path('$folder'), MODELS['llama-3.1-8b'], fp8=True, scheme='$1')" > /dev/null 2>&1
+    echo "$folder"
+}
+for phase in $PHASES; do
+    case $phase in
+    tests)
+        timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider \
+            tests/kernels/test_fixed_gemm.py tests/engine/test_deterministic_kernels.py \
+            tests/engine/test_deterministic.py tests/engine/test_scheduler.py > "$OUT/tests.log" 2>&1
+        echo "== tests (rc $?)" | tee -a "$log"
+        tail -1 "$OUT/tests.log" | tee -a "$log"; grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | tee -a "$log" ;;
+    equal)
+        for scheme in $SCHEMES; do
+            echo "== equality $scheme" | tee -a "$log"
+            timeout "${ARM_TIMEOUT:-240}" python3 benchmarks/scripts/deterministic_equality.py "$(checkpoint "$scheme")" \
+                --out "$OUT" > "$OUT/equal-$scheme.log" 2>&1
+            tail -3 "$OUT/equal-$scheme.log" | tee -a "$log"
+        done ;;
+    e2e)
+        for scheme in $SCHEMES; do
+            timeout "${ARM_TIMEOUT:-240}" python3 -m fp8route bench e2e "$(checkpoint "$scheme")" --batch 1,16 \
+                --input 1024,4096 --output 64 --policy routed,deterministic --out "$OUT" > "$OUT/e2e-$scheme.log" 2>&1
+            echo "== e2e $scheme (rc $?)" | tee -a "$log"
+            grep -E "^(arm|routed|deterministic)" "$OUT/e2e-$scheme.log" | tee -a "$log"
+        done ;;
+    serve)
+        ckpt=$(checkpoint tensor)
+        for mode in "" --deterministic; do
+            for load in "decode --num-prompts ${DECODE_PROMPTS:-512} --input-len 512:1536 --output-len 128:512" \
+                        "prefill --num-prompts ${PREFILL_PROMPTS:-128} --input-len 1024:4096 --output-len 32:32"; do
+                set -- $load
+                name=$1; shift
+                timeout "${ARM_TIMEOUT:-240}" python3 -m fp8route bench serve "$ckpt" --max-model-len 8192 $mode "$@" \
+                    --out "$OUT/serve-$name${mode:+-det}" > "$OUT/serve-$name${mode:+-det}.log" 2>&1
+                echo "== serve $name ${mode:-default} (rc $?)" | tee -a "$log"
+                tail -2 "$OUT/serve-$name${mode:+-det}.log" | tee -a "$log"
+            done
+        done ;;
+    esac
+done
