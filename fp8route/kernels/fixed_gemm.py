@@ -36,7 +36,7 @@ NONE, ROWS, BLOCKS = 0, 1, 2  # MODE: how the products are scaled
 
 @dataclass(frozen=True)
 class FixedTiles:
-    """The tiling every M runs with. The sweep that chose it is benchmarks/scripts/fixed_gemm_sweep.py."""
+    """The tiling every M runs with (benchmarks/scripts/fixed_gemm_sweep.py times the candidates)."""
 
     block_m: int = 64
     block_n: int = 128

@@ -1,0 +1,109 @@
+"""What the deterministic mode's GEMM costs per layer on one GPU: each Llama-3.1-8B projection at M from 1
+to 4096, the layer as the default plan runs it (quantizer included) against the same layer in the
+deterministic mode (triton_fixed) with each candidate tiling of fp8route.kernels.fixed_gemm, per scheme.
+Cold L2 (rotating weight copies), interleaved arms, two repetitions (spread reported); every arm
+checked against the scheme's fp32 reference first.
+
+    PYTHONPATH=$PWD python3 benchmarks/scripts/fixed_gemm_sweep.py --out $OUT [--schemes tensor,block]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from fp8route.bench.decode import SHAPES
+from fp8route.kernels import fixed_gemm as fg
+from fp8route.linear.layer import Fp8Linear
+from fp8route.linear.policy import Policy
+from fp8route.routing.fingerprint import Fingerprint
+from fp8route.schemes import quantize_weight
+from fp8route.tuning.timing import copies_for, time_arms
+
+CANDIDATES = {
+    "64x128 k512": fg.FixedTiles(64, 128, 128, 4, 8, 4, 3),
+    "64x64 k512": fg.FixedTiles(64, 64, 128, 4, 8, 4, 4),
+    "128x128 k512": fg.FixedTiles(128, 128, 128, 4, 8, 8, 3),
+    "64x128 k1024": fg.FixedTiles(64, 128, 128, 8, 8, 4, 3),
+    "64x128 k256": fg.FixedTiles(64, 128, 128, 2, 8, 4, 3),
+    "128x256 k512": fg.FixedTiles(128, 256, 128, 4, 8, 8, 3),
+}
+MS = (1, 16, 64, 256, 1024, 4096)
+
+
+def _layers(n: int, k: int, scheme: str, copies: int, gen: torch.Generator) -> tuple[list, list]:
+    """copies of the layer under the default plan, and the same weights in the deterministic mode."""
+    plain, fixed = [], []
+    for _ in range(copies):
+        wq, ws = quantize_weight(torch.randn(n, k, device="cuda", generator=gen) * 0.02, scheme)
+        s_in = torch.tensor(4.0 / 448, device="cuda") if scheme == "tensor" else None
+        plain.append(Fp8Linear(wq, ws, s_in, scheme=scheme, policy=Policy()))
+        fixed.append(Fp8Linear(wq, ws, s_in, scheme=scheme, policy=Policy(deterministic=True)))
+    return plain, fixed
+
+
+def _tiled(layer: Fp8Linear, x: torch.Tensor, tiles: fg.FixedTiles):  # type: ignore[no-untyped-def]
+    def call() -> torch.Tensor:
+        fg.TILES = tiles  # the module default the backend's call reads
+        return layer(x)
+
+    return call
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--schemes", default="tensor,block")
+    parser.add_argument("--shapes", default="tp1_qkv,tp1_o,tp1_gate_up,tp1_down")
+    parser.add_argument("--ms", default=",".join(map(str, MS)))
+    args = parser.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    default = fg.TILES
+    rows = []
+    for scheme in args.schemes.split(","):
+        for name in args.shapes.split(","):
+            n, k = SHAPES[name]
+            copies = copies_for(n * k)
+            plain, fixed = _layers(n, k, scheme, copies, gen)
+            for m in map(int, args.ms.split(",")):
+                xs = [torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(copies)]
+                ref = plain[0](xs[0]).float()
+                arms = {"default plan": [lambda layer=layer, x=x: layer(x) for layer, x in zip(plain, xs, strict=True)]}
+                for label, tiles in CANDIDATES.items():
+                    arms[label] = [_tiled(fixed[i], xs[i], tiles) for i in range(copies)]
+                    err = ((arms[label][0]().float() - ref).norm() / ref.norm()).item()
+                    assert err < 1e-2, f"{scheme} {name} M={m} {label}: relative error {err:.2e}"
+                timed = time_arms(arms, repeats=20 if m <= 256 else 10)
+                base = timed["default plan"].median_us
+                row = {"scheme": scheme, "shape": name, "m": m, "default_us": base,
+                       "spread": max(t.spread for t in timed.values()),
+                       **{label: timed[label].median_us / base for label in CANDIDATES}}  # fmt: skip
+                rows.append(row)
+                best = min(CANDIDATES, key=lambda label: row[label])
+                print(f"{scheme:6s} {name:12s} M={m:<5d} default {base:8.1f} us  {default_label(default)} "
+                      f"{row[default_label(default)]:.3f}x  best {best} {row[best]:.3f}x  spread {row['spread']:.3f}",
+                      flush=True)  # fmt: skip
+                fg.TILES = default
+            del plain, fixed
+            torch.cuda.empty_cache()
+    result = {"fingerprint": Fingerprint.of("cuda").to_json(), "rows": rows}
+    (args.out / "fixed_gemm_sweep.json").write_text(json.dumps(result, indent=1))
+    # Per candidate: its time summed over a model's layers, relative to the default plan's, per M.
+    print(f"\n{'scheme':6s} {'M':>5s} " + "".join(f"{label:>14s}" for label in CANDIDATES))
+    for scheme in args.schemes.split(","):
+        for m in map(int, args.ms.split(",")):
+            here = [r for r in rows if r["scheme"] == scheme and r["m"] == m]
+            base = sum(r["default_us"] for r in here)
+            sums = {label: sum(r[label] * r["default_us"] for r in here) / base for label in CANDIDATES}
+            print(f"{scheme:6s} {m:5d} " + "".join(f"{sums[label]:13.3f}x" for label in CANDIDATES))
+
+
+def default_label(tiles: fg.FixedTiles) -> str:
+    return next(label for label, t in CANDIDATES.items() if t == tiles)
+
+
+if __name__ == "__main__":
+    main()
