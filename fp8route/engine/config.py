@@ -185,6 +185,11 @@ class EngineConfig:
             )
         if default_device(self.device).type != "cuda":
             return
+        if self.dtype == "float32":
+            raise Fp8InputError(
+                "deterministic=True on a GPU runs bfloat16 or float16 activations (its fixed-tile GEMM has no "
+                "fp32 form): pass dtype bfloat16, or device cpu for float32"
+            )
         if self.attention == "flashinfer":
             raise Fp8InputError(
                 "deterministic=True runs fp8route's own attention (FlashInfer's splits a row's positions by "

@@ -128,6 +128,8 @@ def test_settings_the_mode_cannot_keep_are_refused_before_loading(monkeypatch: p
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # no device given: the GPU would be chosen
     with pytest.raises(Fp8InputError, match="leave attention at builtin"):
         EngineConfig(attention="flashinfer", deterministic=True).check_deterministic()
+    with pytest.raises(Fp8InputError, match="bfloat16 or float16 activations"):
+        EngineConfig(dtype="float32", deterministic=True).check_deterministic()
     EngineConfig(deterministic=True).check_deterministic()
     monkeypatch.setattr("fp8route.engine.config.TRITON_IMPORT_ERROR", "triton is not importable: test")
     with pytest.raises(Fp8InputError, match=r"Triton GEMM and attention, and triton is not importable"):
