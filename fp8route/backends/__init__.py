@@ -13,6 +13,7 @@ from fp8route.backends.reference import ReferenceBackend
 from fp8route.backends.rowwise import RowwiseBackend
 from fp8route.backends.weight_only import WeightOnlyBackend
 from fp8route.device import DeviceInfo
+from fp8route.kernels.fixed_gemm import TILINGS
 
 BACKENDS: dict[str, Backend] = {
     b.name: b
@@ -27,7 +28,7 @@ BACKENDS: dict[str, Backend] = {
         TritonBlockBackend(fused=True),
         FlashinferBlockBackend(),
         WeightOnlyBackend(),
-        FixedTilesBackend(),
+        *(FixedTilesBackend(name, tiles) for name, tiles in TILINGS.items()),
         CpuDequantBackend(),
         CpuTilesBackend(),
         ReferenceBackend(),
@@ -69,10 +70,11 @@ def default_priority(device: DeviceInfo) -> tuple[str, ...]:
     # schemes' library kernels come before our Triton ones until a measured routing table says otherwise
     # (the channel scheme's rowwise is vLLM's pick too; vLLM's block picks, DeepGEMM and its own
     # CUTLASS build, do not run here: benchmarks/results/h200/schemes/).
-    # triton_fixed is the deterministic mode's (the one backend whose rows do not depend on M): after
-    # weight_only, so that without the mode nothing changes.
+    # The triton_fixed tilings are the deterministic mode's (the backends whose rows do not depend on M):
+    # after weight_only, so that without the mode nothing changes until a routing table measures them.
     return (
-        "cublas", "flashinfer", "rowwise", "cublas_block", "triton_block", "weight_only", "triton_fixed", "reference"
+        "cublas", "flashinfer", "rowwise", "cublas_block", "triton_block", "weight_only", "triton_fixed",
+        "triton_fixed_wide", "reference",
     )  # fmt: skip
 
 

@@ -231,12 +231,14 @@ def _fixed_gemm(
     w_scale: torch.Tensor | None,
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
+    tiles: list[int] | None = None,
 ) -> torch.Tensor:
     """fp8route's fixed-tile GEMM (the deterministic mode's): e4m3 x and weight with their scales, or
-    16-bit x and weight with none; each output row the same bits whatever M is."""
-    from fp8route.kernels.fixed_gemm import fixed_gemm
+    16-bit x and weight with none; each output row the same bits whatever M is. tiles: a FixedTiles'
+    fields in order (None: the default tiling)."""
+    from fp8route.kernels.fixed_gemm import FixedTiles, fixed_gemm
 
-    return fixed_gemm(x, weight, x_scale, w_scale, bias, out_dtype)
+    return fixed_gemm(x, weight, x_scale, w_scale, bias, out_dtype, FixedTiles(*tiles) if tiles else None)
 
 
 fixed_gemm_op = torch.library.custom_op("fp8route::fixed_gemm", _fixed_gemm, mutates_args=())
@@ -244,5 +246,5 @@ fixed_gemm = eager_or_op(fixed_gemm_op, _fixed_gemm)
 
 
 @fixed_gemm_op.register_fake
-def _(x, weight, x_scale, w_scale, bias, out_dtype):  # type: ignore[no-untyped-def]
+def _(x, weight, x_scale, w_scale, bias, out_dtype, tiles=None):  # type: ignore[no-untyped-def]
     return _empty_out(x, weight, out_dtype)

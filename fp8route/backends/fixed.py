@@ -3,24 +3,32 @@ whose every output row is the same bits whatever M is, for each FP8 scheme."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import astuple, replace
 
 import torch
 
 from fp8route.backends import custom_ops
 from fp8route.backends.base import Backend, LinearOperands, bias_as, first_reason, needs_fp8_gpu, needs_scheme
 from fp8route.backends.problem import GemmProblem
+from fp8route.kernels.fixed_gemm import FixedTiles
 from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
 from fp8route.schemes import SCHEMES
 
 
 class FixedTilesBackend(Backend):
-    name = "triton_fixed"
-    summary = (
-        "fp8route's fixed-tile Triton GEMM, K summed in fixed chunks in order, a dynamic per-tensor input "
-        "scale taken per token: a row's result does not depend on M"
-    )
+    """One tiling of the fixed-tile GEMM: each tiling is a backend of its own, so that the deterministic
+    mode can choose per layer, by measurement, the tiling that runs it at every M."""
+
     schemes = frozenset(SCHEMES)
+
+    def __init__(self, name: str, tiles: FixedTiles) -> None:
+        self.name, self.tiles = name, tiles
+        self.summary = (
+            f"fp8route's fixed-tile Triton GEMM ({tiles.block_m}x{tiles.block_n} tiles, K summed in "
+            f"{tiles.block_k * tiles.chunk_steps}-wide chunks in order), a dynamic per-tensor input scale "
+            "taken per token: a row's result does not depend on M"
+        )
+        self._tiles = list(astuple(tiles))
 
     def why_not(self, problem: GemmProblem) -> str | None:
         reason = first_reason(needs_scheme(problem, self.schemes), needs_fp8_gpu(problem), TRITON_IMPORT_ERROR)
@@ -52,4 +60,5 @@ class FixedTilesBackend(Backend):
         self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype
     ) -> torch.Tensor:
         o = operands
-        return custom_ops.fixed_gemm(x_q, o.weight, x_scale, o.weight_scale, bias_as(o, out_dtype), out_dtype)
+        bias = bias_as(o, out_dtype)
+        return custom_ops.fixed_gemm(x_q, o.weight, x_scale, o.weight_scale, bias, out_dtype, self._tiles)

@@ -352,18 +352,20 @@ def _peer_reduce(model: Model, dtype: torch.dtype) -> None:
 def _fixed_gemm(model: Model, dtype: torch.dtype) -> None:
     """The deterministic mode's GEMM in each scaling, split (a decode batch) and whole (a prefill), and
     the lm_head's 16-bit product."""
-    from fp8route.kernels.fixed_gemm import fixed_gemm
+    from fp8route.kernels.fixed_gemm import TILINGS, fixed_gemm
     from fp8route.quant import FP8_DTYPE
     from fp8route.schemes import BLOCK, cdiv
 
     for n, k in model.gemms.values():
         weight = torch.empty((n, k), dtype=FP8_DTYPE)
-        for m in (1, 8192):
-            x = torch.empty((m, k), dtype=FP8_DTYPE)
-            fixed_gemm(x, weight, torch.ones(()), torch.ones(()), None, dtype)
-            fixed_gemm(x, weight, torch.ones(m), torch.ones(n), None, dtype)
-            groups = cdiv(k, BLOCK)
-            fixed_gemm(x, weight, torch.ones(m, groups), torch.ones(cdiv(n, BLOCK), groups), None, dtype)
+        groups = cdiv(k, BLOCK)
+        for tiles in TILINGS.values():
+            for m in (1, 8192):
+                x = torch.empty((m, k), dtype=FP8_DTYPE)
+                fixed_gemm(x, weight, torch.ones(()), torch.ones(()), None, dtype, tiles)
+                fixed_gemm(x, weight, torch.ones(m), torch.ones(n), None, dtype, tiles)
+                block_scales = (torch.ones(m, groups), torch.ones(cdiv(n, BLOCK), groups))
+                fixed_gemm(x, weight, *block_scales, None, dtype, tiles)
     head = torch.empty((model.vocab, model.hidden), dtype=dtype)
     for m in (1, 256):
         fixed_gemm(torch.empty((m, model.hidden), dtype=dtype), head, None, None, None, dtype)

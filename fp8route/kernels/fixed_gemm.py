@@ -48,6 +48,10 @@ class FixedTiles:
 
 
 TILES = FixedTiles()
+# The tilings the deterministic mode chooses from per layer, by measurement (a backend each, by these
+# names): the default, and a wider one for layers whose large M weighs most. Not yet measured:
+# benchmarks/scripts/fixed_gemm_sweep.py times these and more.
+TILINGS = {"triton_fixed": TILES, "triton_fixed_wide": FixedTiles(128, 128, 128, 4, 8, 8, 3)}
 
 
 if triton is not None:

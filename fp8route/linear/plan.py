@@ -204,15 +204,17 @@ def make_plan(
     for x_quantized in (False, True) if problem.static_input_scale else (False,):
         for dtype in FLOAT_DTYPES:
             route: list[Backend] = []
+            # x handed over quantized takes the same pick: the same e4m3 x, the same bits, whichever way it came.
+            every_m = _pick_for_every_m(problem.with_bucket(dtype, None), policy, preference)
             for lo, hi in _bucket_ranges(M_BOUNDS):
                 bucket = problem.with_bucket(dtype, hi).with_input(x_quantized)
                 why = {n: _why_not(BACKENDS[n], bucket, policy) for n in BACKENDS if n not in policy.disable}
                 for name, reason in why.items():
                     if reason is not None:
                         reasons.setdefault((name, reason), {})[dtype] = None
-                preferred = preference(bucket) if preference else None
-                if policy.deterministic and preferred in why and BACKENDS[preferred].batch_variance(bucket):
-                    preferred = None  # a table's pick for speed alone: the mode passes it over, no fallback
+                # The deterministic mode: one backend for every M from the table's timings (its per-M picks
+                # are for speed alone).
+                preferred = every_m if policy.deterministic else (preference(bucket) if preference else None)
                 used, wanted = _pick(why, policy.force or (preferred if preferred in why else None), priority)
                 if wanted is not None and used != wanted and (policy.force or preferred or used in resorts):
                     fallback = Fallback(dtype, lo, hi, wanted, used, why[wanted] or "", x_quantized)
@@ -232,6 +234,17 @@ def make_plan(
         _check_invariant(plan)
     _report(plan, policy)
     return plan
+
+
+def _pick_for_every_m(problem: GemmProblem, policy: Policy, preference: Preference | None) -> str | None:
+    """The deterministic mode's measured choice for one input: the batch-invariant backend a routing
+    table's timings favour over all its M buckets (RoutingTable.pick_for_every_m), or None."""
+    pick = getattr(preference, "pick_for_every_m", None) if policy.deterministic else None
+    if pick is None:
+        return None
+    invariant = [n for n, b in BACKENDS.items() if n not in policy.disable and b.batch_variance(problem) is None]
+    chosen = pick(problem, invariant)
+    return chosen if isinstance(chosen, str) else None
 
 
 def _why_not(backend: Backend, bucket: GemmProblem, policy: Policy) -> str | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -175,6 +175,37 @@ class RoutingTable:
             if name in BACKENDS and BACKENDS[name].why_not(problem) is None
         }
         return choose(runnable, priority_order(problem.device), self.min_tie)
+
+    def pick_for_every_m(self, problem: GemmProblem, candidates: Sequence[str]) -> str | None:
+        """The one candidate to run this layer at every M (the deterministic mode's choice): of those
+        measured at every bucket of the tuned (or nearest) shape and runnable here, the least time summed
+        over the buckets, each bucket's time relative to its fastest candidate (so a decode bucket
+        weighs as much as a prefill one); None without such a measurement."""
+        if not self.applies_to(problem.device):
+            return None
+        found = self.lookup(problem.n, problem.k, problem.out_dtype, problem.x_quantized, problem.scheme)
+        if found is None:
+            return None
+        buckets = [found[0].timings_at(i) for i in range(len(self.m_bounds) + 1)]
+        names = [
+            name
+            for name in candidates
+            if name in BACKENDS
+            and BACKENDS[name].why_not(problem) is None
+            and all(name in t and t[name].ok for t in buckets)
+        ]
+        if not names:
+            return None
+        fastest = [min(t[name].median_us for name in names) for t in buckets]
+        rank = {name: i for i, name in enumerate(priority_order(problem.device))}
+
+        def cost(name: str) -> tuple[float, int]:
+            relative = sum(
+                t[name].median_us / best if best > 0 else 1.0 for t, best in zip(buckets, fastest, strict=True)
+            )
+            return round(relative, 6), rank.get(name, len(rank))
+
+        return min(names, key=cost)
 
     def describe(self, problem: GemmProblem) -> str:
         """Where a layer's routes come from, per activation dtype (the plan's source); routes for

@@ -101,9 +101,29 @@ def test_forcing_a_backend_that_is_not_batch_invariant_is_refused() -> None:
         make_plan("layer", _problem(), Policy(force="cpu_dequant", deterministic=True))
 
 
-def test_only_cpu_tiles_and_triton_fixed_claim_batch_invariance() -> None:
+def test_only_cpu_tiles_and_the_triton_fixed_tilings_claim_batch_invariance() -> None:
     invariant = {name for name, b in BACKENDS.items() if b.batch_variance(_problem()) is None}
-    assert invariant == {"cpu_tiles", "triton_fixed"}
+    assert invariant == {"cpu_tiles", "triton_fixed", "triton_fixed_wide"}
+
+
+def test_a_routing_table_chooses_the_tiling_per_layer_for_every_m_by_its_timings() -> None:
+    """The mode's choice by measurement: the tiling with the least time over every bucket, each relative
+    to its bucket's fastest (the wide one here: slower at small M, far faster at large M); the variant
+    backends the table timed faster are passed over without a fallback."""
+    from routing_helpers import H200, shape, table
+
+    times = {"cublas": [5.0, 10.0, 50.0], "triton_fixed": [8.0, 20.0, 200.0], "triton_fixed_wide": [12.0, 25.0, 120.0]}
+    tuned = table(shape(256, 512, ["cublas"] * 4, times=times))
+    problem = replace(_problem(), device=H200)
+    plan = make_plan("layer", problem, Policy(deterministic=True, strict=True), preference=tuned)
+    assert {b.name for b in plan.routes[torch.bfloat16]} == {"triton_fixed_wide"} and plan.batch_invariant
+    assert {b.name for b in plan.routes[torch.float16]} == {"triton_fixed"}  # untuned: the default priority
+    assert {b.name for b in make_plan("layer", problem, preference=tuned).routes[torch.bfloat16]} == {"cublas"}
+    times["triton_fixed"] = [8.0, 20.0, 130.0]  # now within reach at large M and faster below
+    retuned = table(shape(256, 512, ["cublas"] * 4, times=times))
+    assert retuned.pick_for_every_m(
+        problem.with_bucket(torch.bfloat16, None), ["triton_fixed", "triton_fixed_wide"]
+    ) == ("triton_fixed")
 
 
 @pytest.mark.parametrize("scheme", ["tensor", "channel", "block"])
