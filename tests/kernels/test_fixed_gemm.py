@@ -105,21 +105,21 @@ def test_mismatched_operands_are_refused_with_the_reason():
         fg.fixed_gemm(xq, w, torch.ones(2), torch.ones(3), None, torch.bfloat16)
 
 
+@pytest.mark.parametrize("name", ["triton_fixed", "triton_fixed_wide"])
 @pytest.mark.parametrize("scheme,static", [("tensor", True), ("tensor", False), ("channel", False), ("block", False)])
-def test_the_backend_quantizes_each_row_alone_and_matches_the_reference(gpu_conversions, monkeypatch, scheme, static):
-    """triton_fixed as a layer runs it (on CPU tensors under the interpreter): the reference backend's
+def test_the_backend_quantizes_each_row_alone_and_matches_the_reference(gpu_conversions, name, scheme, static):
+    """Each tiling's backend as a layer runs it (on CPU tensors under the interpreter): the reference backend's
     numbers (a dynamic per-tensor scale taken per token, as each row alone would have it), and a row's
     bits the same alone and in a batch."""
     from fp8route.backends import BACKENDS, LinearOperands
 
-    monkeypatch.setattr(fg, "TILES", SMALL_BLOCK)
     g = torch.Generator().manual_seed(11)
     x = (torch.randn(24, 256, generator=g) * torch.logspace(-1, 1, 24)[:, None]).to(torch.bfloat16).to(DEVICE)
     wq, ws = quantize_weight(torch.randn(64, 256, generator=g) * 0.1, scheme)
     input_scale = (x.float().abs().max() / 448).reshape(()) if static else None
     bias = (torch.randn(64, generator=g) * 0.1).to(torch.bfloat16).to(DEVICE)
     ops = LinearOperands.prepare(wq.to(DEVICE), ws.to(DEVICE), input_scale, bias, frozenset({"tensor"}), scheme)
-    backend, reference = BACKENDS["triton_fixed"], BACKENDS["reference"]
+    backend, reference = BACKENDS[name], BACKENDS["reference"]
     together = backend.run(x, ops).float()
     for row in (0, 9, 23):
         alone = backend.run(x[row : row + 1], ops).float()
