@@ -11,6 +11,7 @@ from fp8route.backends import custom_ops
 from fp8route.backends.base import Backend, LinearOperands, bias_as, first_reason, needs_fp8_gpu, needs_scheme
 from fp8route.backends.problem import GemmProblem
 from fp8route.kernels.fixed_gemm import FixedTiles
+from fp8route.kernels.split_counters import reserve_counters
 from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
 from fp8route.schemes import SCHEMES
 
@@ -38,6 +39,10 @@ class FixedTilesBackend(Backend):
 
     def batch_variance(self, problem: GemmProblem) -> str | None:
         return None
+
+    def prepare(self, device: torch.device) -> None:
+        if device.type == "cuda":
+            reserve_counters(device)
 
     def run(self, x: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
         """x quantized by fp8route's Triton quantizers at every dtype (each computes a row from that row

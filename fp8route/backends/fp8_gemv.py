@@ -35,7 +35,7 @@ class Fp8GemvBackend(Backend):
 
     def prepare(self, device: torch.device) -> None:
         if device.type == "cuda":
-            from fp8route.kernels.decode_gemm.launch import reserve_counters
+            from fp8route.kernels.split_counters import reserve_counters
 
             reserve_counters(device)
 

@@ -7,9 +7,10 @@ A library GEMM picks its kernel, tiling and split-K by M, so a row's sum is orde
 batch of 1 and one of 64. Here the tile (BLOCK_M x BLOCK_N, BLOCK_K a step) and the chunking of K
 (CHUNK_STEPS steps a chunk) are fixed, and each chunk starts from zero; what M may change is only how
 many programs share a tile's chunks. A tile's program sums its chunks in order itself, or, where
-there are too few tiles to fill the GPU (small M), each program writes its chunks' sums and a second
-kernel adds them in the same order: the same fp32 additions either way, so the same bits. The
-finishing scale, bias and rounding are one function both kernels call.
+there are too few tiles to fill the GPU (small M), each program writes its chunks' sums and the last
+of the tile's programs to finish adds them in the same order (fp8route.kernels.split_counters): the
+same fp32 additions either way, so the same bits. The finishing scale, bias and rounding are one
+function both paths call.
 
 Three ways of scaling (MODE): none (16-bit x and weight: a model's float linears); per row and column
 after the sum (the tensor and channel schemes: x's scale a scalar or [M], the weight's a scalar or
@@ -28,6 +29,7 @@ import torch
 
 from fp8route.errors import Fp8InputError
 from fp8route.kernels.launcher import DirectLauncher, int_key
+from fp8route.kernels.split_counters import counters
 from fp8route.kernels.triton_support import tl, triton
 from fp8route.schemes import BLOCK, cdiv
 
@@ -75,7 +77,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["M", "chunks_each"])
     def fixed_gemm_kernel(
-        x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, x_scale_ptr, w_scale_ptr,
+        x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, bias_ptr, x_scale_ptr, w_scale_ptr,
         M, N, K, stride_xm, stride_wn, stride_om, stride_xs, stride_ws, chunks_each,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK_STEPS: tl.constexpr,
         GROUP_M: tl.constexpr, MODE: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
@@ -121,32 +123,24 @@ if triton is not None:
                 tl.store(part, acc, mask=m_mask[:, None] & n_mask[None, :])
             else:
                 total += acc
-        if not SPLIT:
+        if SPLIT:
+            # Every thread's chunk sums are written before the release by the counter atomic; the tile's
+            # last program to arrive adds all its chunks in chunk order, as one program would have.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+            if arrived == tl.num_programs(1) - 1:
+                mask = m_mask[:, None] & n_mask[None, :]
+                parts = part_ptr + offs_m[:, None] * N + offs_n[None, :]
+                for c in range(0, chunks):
+                    total += tl.load(parts + c * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+                _finish(total, out_ptr, bias_ptr, x_scale_ptr, w_scale_ptr, offs_m, offs_n, M, N, stride_om,
+                        stride_xs, stride_ws, MODE, HAS_BIAS)  # fmt: skip
+                tl.atomic_xchg(cnt_ptr + pid, 0)  # zero again for the next launch or graph replay
+        else:
             _finish(total, out_ptr, bias_ptr, x_scale_ptr, w_scale_ptr, offs_m, offs_n, M, N, stride_om,
                     stride_xs, stride_ws, MODE, HAS_BIAS)  # fmt: skip
 
-    @triton.jit(do_not_specialize=["M"])
-    def chunk_sum_kernel(
-        part_ptr, out_ptr, bias_ptr, x_scale_ptr, w_scale_ptr, M, N, chunks, stride_om, stride_xs, stride_ws,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, HAS_BIAS: tl.constexpr,
-        USE_PDL: tl.constexpr,
-    ):  # fmt: skip
-        """The chunks' sums of a split GEMM added in chunk order, then finished as the GEMM would."""
-        wait_for_inputs(USE_PDL)
-        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-        parts = part_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for c in range(0, chunks):
-            total += tl.load(parts + c * M * N, mask=mask, other=0.0)
-        _finish(total, out_ptr, bias_ptr, x_scale_ptr, w_scale_ptr, offs_m, offs_n, M, N, stride_om,
-                stride_xs, stride_ws, MODE, HAS_BIAS)  # fmt: skip
-
-    _GEMM = DirectLauncher(fixed_gemm_kernel, pointers=7, pdl=True)
-    _SUM = DirectLauncher(chunk_sum_kernel, pointers=5, pdl=True)
-
-_SUM_TILE = (16, 128)
+    _GEMM = DirectLauncher(fixed_gemm_kernel, pointers=8, pdl=True)
 
 
 @functools.cache
@@ -197,24 +191,19 @@ def fixed_gemm(
     chunks_each = cdiv(chunks, split)
     split = cdiv(chunks, chunks_each)
     part = torch.empty((chunks, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
+    tiles_count = cdiv(m, tiles.block_m) * cdiv(n, tiles.block_n)
+    cnt = counters(x.device, tiles_count, "fixed_gemm") if split > 1 else out
     meta: dict[str, Any] = dict(
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, CHUNK_STEPS=tiles.chunk_steps,
         GROUP_M=tiles.group_m, MODE=mode, HAS_BIAS=bias is not None, SPLIT=split > 1,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     args = (
-        x, weight, out, part, bias_arg, xs, ws,
+        x, weight, out, part, cnt, bias_arg, xs, ws,
         m, n, k, x.stride(0), weight.stride(0), n, stride_xs, stride_ws, chunks_each,
     )  # fmt: skip
     key = (x.dtype, weight.dtype, out_dtype, *int_key(n, k, x.stride(0), weight.stride(0), stride_xs, stride_ws))
-    grid = (cdiv(m, tiles.block_m) * cdiv(n, tiles.block_n), split)
-    _GEMM(grid, key, args, meta)
-    if split > 1:
-        block_m, block_n = _SUM_TILE
-        sum_meta: dict[str, Any] = dict(BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, HAS_BIAS=bias is not None)
-        sum_args = (part, out, bias_arg, xs, ws, m, n, chunks, n, stride_xs, stride_ws)
-        sum_key = (out_dtype, *int_key(n, chunks, stride_xs, stride_ws))
-        _SUM((cdiv(m, block_m), cdiv(n, block_n)), sum_key, sum_args, sum_meta)
+    _GEMM((tiles_count, split), key, args, meta)
     return out
 
 

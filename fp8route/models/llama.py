@@ -21,6 +21,7 @@ from torch import nn
 from fp8route.backends import custom_ops
 from fp8route.errors import CheckpointError
 from fp8route.kernels.fused import add_rms_norm, rms_norm, rope, silu_mul
+from fp8route.kernels.split_counters import reserve_counters
 from fp8route.models.token_ids import check_token_ids
 from fp8route.row_tiles import by_row_tiles
 
@@ -139,6 +140,8 @@ class FloatLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self.batch_invariant = batch_invariant
+        if batch_invariant and weight.is_cuda:
+            reserve_counters(weight.device)  # the fixed-tile GEMM's split-K counters, before any graph capture
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)

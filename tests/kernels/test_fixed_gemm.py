@@ -13,6 +13,7 @@ from helpers import GPU_OR_INTERPRETER
 
 from fp8route.errors import Fp8InputError
 from fp8route.kernels import fixed_gemm as fg
+from fp8route.kernels import split_counters
 from fp8route.schemes import quantize_activation, quantize_weight, scaled_matmul
 
 CUDA = torch.cuda.is_available()
@@ -80,6 +81,7 @@ def test_a_rows_bits_do_not_depend_on_m_or_on_the_split(gpu_conversions, monkeyp
     few = run(ops, slice(3, 11), 4, monkeypatch, torch.float32)
     assert torch.equal(alone_split[0].view(torch.int32), together_whole[5].view(torch.int32))
     assert torch.equal(few[2].view(torch.int32), together_whole[5].view(torch.int32))
+    assert not split_counters.left_set(torch.device(DEVICE)), "split-K counters left set"
 
 
 def test_the_split_follows_the_tiles_and_never_exceeds_the_chunks():

@@ -14,6 +14,7 @@ from fp8route.errors import Fp8InputError, Fp8TypeError
 from fp8route.kernels.decode_gemm.configs import DecodeConfig, cdiv, choose_config, next_power_of_2, why_not
 from fp8route.kernels.decode_gemm.kernels import decode_cuda_core_kernel, decode_mma_kernel
 from fp8route.kernels.launcher import DirectLauncher
+from fp8route.kernels.split_counters import counters
 from fp8route.quant import FP8_DTYPE
 from fp8route.schemes import BLOCK, check_scheme, weight_scale_shape
 
@@ -22,33 +23,6 @@ _REDUCE_UNROLL = 8  # partials summed per round by the last CTA (loads in flight
 _POINTERS = 8  # x, weight, out, bias, workspace, counters, the two scales
 _MMA = DirectLauncher(decode_mma_kernel, _POINTERS, pdl=True)
 _CUDA_CORE = DirectLauncher(decode_cuda_core_kernel, _POINTERS, pdl=True)
-
-# A cache of one zeroed counter buffer per device, kept zero by the kernel itself. Two launches
-# running concurrently on different streams of one device would share it: serialize them (decode does).
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-_COUNTERS_MIN = 1 << 14
-# Buffers a larger one replaced: a captured CUDA graph may still launch on them, so they are kept.
-_RETIRED: list[torch.Tensor] = []
-
-
-def reserve_counters(device: torch.device) -> None:
-    """The split-K counters of a device, allocated now (planning calls this for layers routed here)."""
-    _counters(device, 0)
-
-
-def _counters(device: torch.device, tiles: int) -> torch.Tensor:
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < tiles:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                "decode_gemm: run each shape once outside CUDA-graph capture first "
-                "(its split-K counter buffer is allocated on first use)"
-            )
-        if buf is not None:
-            _RETIRED.append(buf)
-        buf = torch.zeros(max(tiles, _COUNTERS_MIN), dtype=torch.int32, device=device)
-        _COUNTERS[device] = buf
-    return buf
 
 
 @functools.lru_cache(maxsize=8)
@@ -236,7 +210,7 @@ def launch(
         raise Fp8InputError(f"decode_gemm: out must be a contiguous [{m}, {n}] {out_dtype} tensor")
     if plan.split > 1:
         ws = torch.empty((plan.split, m, n), dtype=torch.float32, device=x.device)
-        cnt = _counters(x.device, plan.tiles)
+        cnt = counters(x.device, plan.tiles, "decode_gemm")
     else:
         ws = cnt = out
     args = (
