@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 import torch
-from checkpoint_helpers import TINY, llama_tensors
+from checkpoint_helpers import MODELOPT_HF_QUANT, TINY, fp8_llama, llama_tensors, scheme_llama, write_checkpoint
 
 from fp8route import SamplingParams
+from fp8route.checkpoint.formats import compressed_tensors
 from fp8route.engine import EngineConfig
 from fp8route.engine.llm_engine import LLMEngine
 from fp8route.engine.request import TokenLogprobs
@@ -30,14 +32,34 @@ interpreted = [
 Result = tuple[list[int], list[TokenLogprobs]]
 
 
-def _engine(device: str, budget: int, prefix_caching: bool) -> LLMEngine:
+def _folder(scheme: str, root: Path) -> Path:
+    """The tiny model's checkpoint in an FP8 scheme: ModelOpt per tensor (static input scales), or
+    llm-compressor's FP8_DYNAMIC (channel) and FP8_BLOCK (block)."""
+    if scheme == "tensor":
+        return write_checkpoint(
+            root / scheme, fp8_llama(config=CONFIG), CONFIG, **{"hf_quant_config.json": MODELOPT_HF_QUANT}
+        )
+    quantization = compressed_tensors.quantization_config(["lm_head"], scheme=scheme)  # type: ignore[arg-type]
+    return write_checkpoint(
+        root / scheme, scheme_llama(scheme, CONFIG), {**CONFIG, "quantization_config": quantization}
+    )
+
+
+def _engine(device: str, budget: int, prefix_caching: bool, folder: Path | None) -> LLMEngine:
+    """The tiny model in float (folder None) or from an FP8 folder, in the deterministic mode, its
+    attention through the Triton kernels."""
     dtype = "bfloat16" if device == "cuda" else "float32"  # the interpreter's tl.dot misreads bf16
     config = EngineConfig(
         dtype=dtype, device=device, max_num_seqs=6, max_model_len=96, num_kv_blocks=64, block_size=4,
         max_num_batched_tokens=budget, enable_prefix_caching=prefix_caching, deterministic=True,
+        skip_tokenizer_init=True, model=str(folder) if folder else None,
     )  # fmt: skip
-    tensors = {n: t.to(device=device, dtype=config.torch_dtype) for n, t in llama_tensors(CONFIG).items()}
-    engine = LLMEngine(config, LlamaForCausalLM(LlamaConfig.from_hf(CONFIG), {}, tensors, batch_invariant=True))
+    if folder is not None:
+        engine = LLMEngine.from_config(config, quiet=True)
+    else:
+        tensors = {n: t.to(device=device, dtype=config.torch_dtype) for n, t in llama_tensors(CONFIG).items()}
+        model = LlamaForCausalLM(LlamaConfig.from_hf(CONFIG), {}, tensors, batch_invariant=True)
+        engine = LLMEngine(config, model, quiet=True)
     engine.runner.use_triton = True
     return engine
 
@@ -59,10 +81,14 @@ def _run(engine: LLMEngine, prompts: Sequence[list[int]], arrivals: Sequence[tup
     return [(list(requests[i].output_token_ids), list(requests[i].logprobs)) for i in sorted(requests)]
 
 
+@pytest.mark.parametrize("scheme", ["float", "tensor", "channel", "block"])
 @pytest.mark.parametrize(
     "device", [pytest.param("cpu", marks=interpreted), pytest.param("cuda", marks=pytest.mark.gpu)]
 )
-def test_tokens_and_logprobs_through_the_kernels_do_not_depend_on_the_batch(device: str) -> None:
+def test_tokens_and_logprobs_through_the_kernels_do_not_depend_on_the_batch(
+    device: str, scheme: str, tmp_path: Path
+) -> None:
+    """On a GPU the FP8 linears run the fixed-tile GEMM; on a CPU cpu_tiles."""
     g = torch.Generator().manual_seed(0)
     vocab = CONFIG["vocab_size"]
     shared = torch.randint(0, vocab, (13,), generator=g).tolist()  # 13: a cache hit leaves one token
@@ -72,7 +98,8 @@ def test_tokens_and_logprobs_through_the_kernels_do_not_depend_on_the_batch(devi
     prompts.append(shared[:12] + [shared[12]])  # all but its last token cached once r1 ran: a one-token piece
     every = range(len(prompts))
     # A budget of 7 tokens chunks the longer prompts where the load around them says.
-    fresh, cached = _engine(device, 7, False), _engine(device, 64, True)
+    folder = None if scheme == "float" else _folder(scheme, tmp_path)
+    fresh, cached = _engine(device, 7, False, folder), _engine(device, 64, True, folder)
     alone = [_run(fresh, prompts, [(i, 0)])[0] for i in every]
     scenarios = {
         "together": lambda: _run(fresh, prompts, [(i, 0) for i in every]),
