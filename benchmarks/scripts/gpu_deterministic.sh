@@ -2,8 +2,9 @@
 # Issue 49's GPU half in one device call, output under $OUT: the deterministic mode's tests on the GPU,
 # then on random Llama-3.1-8B FP8 checkpoints (one per SCHEMES) the equality check (8 probes alone and
 # inside batches of 16, 64, 256: how many differ, mode on and off), and the mode's cost on bench e2e
-# (routed vs deterministic arms, batch 1 and 16, inputs 1024 and 4096). PHASES picks: tests equal e2e serve;
-# serve runs bench serve's decode-heavy and prefill-heavy loads with and without --deterministic.
+# (routed vs deterministic arms, batch 1 and 16, inputs 1024 and 4096). PHASES picks: tests equal e2e sweep
+# serve; sweep times the fixed-tile GEMM's tilings per layer (fixed_gemm_sweep.py); serve runs bench serve's
+# decode-heavy and prefill-heavy loads with and without --deterministic.
 set -u -o pipefail
 log="$OUT/gpu.txt"
 echo "# PHASES='${PHASES:=tests equal e2e}' SCHEMES='${SCHEMES:=tensor}' bash benchmarks/scripts/gpu_deterministic.sh ($(date -u +%FT%TZ))" | tee "$log"
@@ -41,6 +42,11 @@ for phase in $PHASES; do
             echo "== e2e $scheme (rc $?)" | tee -a "$log"
             grep -E "^(arm|routed|deterministic)" "$OUT/e2e-$scheme.log" | tee -a "$log"
         done ;;
+    sweep)
+        timeout "${ARM_TIMEOUT:-240}" python3 benchmarks/scripts/fixed_gemm_sweep.py --out "$OUT" \
+            --schemes "${SCHEMES// /,}" --ms "${SWEEP_MS:-1,16,256,4096}" > "$OUT/sweep.log" 2>&1
+        echo "== sweep (rc $?)" | tee -a "$log"
+        grep -A 20 "^scheme" "$OUT/sweep.log" | tee -a "$log" ;;
     serve)
         ckpt=$(checkpoint tensor)
         for mode in "" --deterministic; do
