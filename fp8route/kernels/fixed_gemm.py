@@ -113,7 +113,7 @@ if triton is not None:
                 if MODE == 2:
                     group = c * CHUNK_STEPS + step
                     x_scale = tl.load(x_scale_ptr + offs_m * stride_xs + group, mask=m_mask, other=0.0)
-                    w_scale = tl.load(w_scale_ptr + (offs_n // BLOCK_K) * stride_ws + group, mask=n_mask, other=0.0)
+                    w_scale = tl.load(w_scale_ptr + (offs_n // 128) * stride_ws + group, mask=n_mask, other=0.0)
                     acc += tl.dot(x, w) * (x_scale[:, None] * w_scale[None, :])
                 else:
                     acc = tl.dot(x, w, acc)
@@ -152,7 +152,7 @@ def _sm_count(device: torch.device) -> int:
 
 def programs_per_tile(m: int, n: int, k: int, sms: int, tiles: FixedTiles = TILES) -> int:
     """How many programs share each output tile's chunks: 1 while the tiles alone give every SM two
-    programs, else enough to, at most one chunk each. It may follow M: the sums do not."""
+    programs, else enough for two per SM, each with a chunk at least. It may follow M: the sums do not."""
     count = cdiv(m, tiles.block_m) * cdiv(n, tiles.block_n)
     chunks = cdiv(k, tiles.block_k * tiles.chunk_steps)
     if count >= 2 * sms:
