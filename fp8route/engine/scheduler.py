@@ -22,6 +22,7 @@ that step's token is dropped.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 
 from fp8route.engine.blocks import ROOT, BlockManager, blocks_for
@@ -29,6 +30,8 @@ from fp8route.engine.config import EngineConfig
 from fp8route.engine.request import Request, Status
 from fp8route.engine.scheduler_output import NewRequest, ScheduledSeq, SchedulerOutput
 from fp8route.engine.step_cost import StepCost
+
+log = logging.getLogger("fp8route")
 
 
 class Scheduler:
@@ -43,6 +46,7 @@ class Scheduler:
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.itl_target_ms, self.step_cost = config.itl_target_ms, step_cost
         self.deterministic = config.deterministic
+        self._warned_preemption = False  # the deterministic mode's warning, once
         assert self.itl_target_ms is None or step_cost is not None, "an ITL target needs a step cost"
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -176,6 +180,14 @@ class Scheduler:
         request.num_preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(request)
+        if self.deterministic and request.output_token_ids and not self._warned_preemption:
+            self._warned_preemption = True
+            log.warning(
+                "deterministic mode: request %s was preempted (the KV pool was full); its %d output positions are "
+                "computed again through the prompt's path, so its later tokens can differ from a run without "
+                "preemption. Give the KV cache more memory, or lower max_num_seqs",
+                request.request_id, len(request.output_token_ids),
+            )  # fmt: skip
 
     def finish(self, request: Request, reason: str, stop_reason: int | None = None) -> None:
         if request.status is Status.WAITING:

@@ -272,3 +272,21 @@ def test_in_the_deterministic_mode_a_prompts_one_token_piece_is_no_decode_row_an
     plain.add(request("b", list(range(7)), max_tokens=8, ignore_eos=True))
     read_back(plain, plain.schedule())
     assert plain.schedule().singles == 1  # without the mode a one-token piece is a decode row
+
+
+def test_a_deterministic_scheduler_warns_once_when_it_preempts_a_request_with_outputs(caplog):
+    """The one case the mode does not cover (its outputs' positions computed again through the prompt's
+    path) is said, once, not kept silent."""
+    config = EngineConfig(
+        max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64, block_size=BLOCK, deterministic=True
+    )
+    s = Scheduler(config, 32)
+    a, b = request("a", [1] * 5, ignore_eos=True), request("b", [2] * 5, ignore_eos=True)
+    for r in (a, b):
+        s.add(r)
+    read_back(s, s.schedule())
+    with caplog.at_level("WARNING", logger="fp8route"):
+        s.preempt(a)
+        s.preempt(b)
+    warnings = [r.getMessage() for r in caplog.records if "deterministic mode" in r.getMessage()]
+    assert len(warnings) == 1 and "request a was preempted" in warnings[0] and "1 output positions" in warnings[0]
