@@ -236,9 +236,9 @@ def _fixed_gemm(
     """fp8route's fixed-tile GEMM (the deterministic mode's): e4m3 x and weight with their scales, or
     16-bit x and weight with none; each output row the same bits whatever M is. tiles: a FixedTiles'
     fields in order (None: the default tiling)."""
-    from fp8route.kernels.fixed_gemm import FixedTiles, fixed_gemm
+    from fp8route.kernels.fixed_gemm import FixedTiles, launch
 
-    return fixed_gemm(x, weight, x_scale, w_scale, bias, out_dtype, FixedTiles(*tiles) if tiles else None)
+    return launch(x, weight, x_scale, w_scale, bias, out_dtype, FixedTiles(*tiles) if tiles else None)
 
 
 fixed_gemm_op = torch.library.custom_op("fp8route::fixed_gemm", _fixed_gemm, mutates_args=())

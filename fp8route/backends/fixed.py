@@ -3,7 +3,7 @@ whose every output row is the same bits whatever M is, for each FP8 scheme."""
 
 from __future__ import annotations
 
-from dataclasses import astuple, replace
+from dataclasses import astuple
 
 import torch
 
@@ -53,10 +53,9 @@ class FixedTilesBackend(Backend):
         if o.scheme == "block":
             x_q, x_scale = kernels.quantize_per_group(x)
         elif o.scheme == "channel" or o.input_scale is None:
-            # A dynamic per-tensor scale is the amax of the whole batch; each row's own amax is not.
+            # A dynamic per-tensor scale is the amax of the whole batch; each row's own amax is not. The
+            # GEMM takes per-token x scales beside a scalar weight scale as they are.
             x_q, x_scale = kernels.quantize_per_token(x)
-            if o.scheme == "tensor":
-                o = replace(o, scheme="channel", weight_scale=o.weight_scale.reshape(1).expand(o.weight.shape[0]))
         else:
             x_q, x_scale = kernels.quantize_fp8(x, o.input_scale), o.input_scale
         return self.run_quantized(x_q, x_scale, o, x.dtype)

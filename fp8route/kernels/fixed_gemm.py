@@ -175,7 +175,22 @@ def fixed_gemm(
     scalar or [N]; or [M, ceil(K/128)] with [ceil(N/128), ceil(K/128)] for 128x128 weight blocks),
     or both 16-bit with no scales; tiles: TILES by default. No host sync: graph-safe."""
     tiles = tiles or TILES
-    mode = _check(x, weight, x_scale, weight_scale, bias, tiles)
+    _check(x, weight, x_scale, weight_scale, bias, tiles)
+    return launch(x, weight, x_scale, weight_scale, bias, out_dtype, tiles)
+
+
+def launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    x_scale: torch.Tensor | None,
+    weight_scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    tiles: FixedTiles | None = None,
+) -> torch.Tensor:
+    """fixed_gemm without its checks, for a backend whose plan vetted the layer (a forward's path)."""
+    tiles = tiles or TILES
+    mode = NONE if weight_scale is None else BLOCKS if weight_scale.dim() == 2 else ROWS
     m, k = x.shape
     n = weight.shape[0]
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
@@ -214,8 +229,8 @@ def _check(
     weight_scale: torch.Tensor | None,
     bias: torch.Tensor | None,
     tiles: FixedTiles,
-) -> int:
-    """The MODE the operands call for, or a clear error."""
+) -> None:
+    """Refuse operands that do not fit each other, with the reason."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise Fp8InputError(
             f"fixed_gemm: x [M, K] and weight [N, K] expected, got {tuple(x.shape)}, {tuple(weight.shape)}"
@@ -229,7 +244,7 @@ def _check(
     if x.element_size() == 2:
         if x_scale is not None or weight_scale is not None:
             raise Fp8InputError("fixed_gemm: 16-bit operands take no scales")
-        return NONE
+        return
     if x_scale is None or weight_scale is None:
         raise Fp8InputError("fixed_gemm: e4m3 operands need x_scale and weight_scale")
     if x_scale.dtype != torch.float32 or weight_scale.dtype != torch.float32:
@@ -243,8 +258,7 @@ def _check(
         for name, (s, shape) in expected.items():
             if tuple(s.shape) != shape or s.stride(1) != 1:
                 raise Fp8InputError(f"fixed_gemm: {name} must be {shape} with contiguous rows, got {tuple(s.shape)}")
-        return BLOCKS
+        return
     for name, s, rows in (("x_scale", x_scale, m), ("weight_scale", weight_scale, n)):
         if s.numel() != 1 and tuple(s.shape) != (rows,):
             raise Fp8InputError(f"fixed_gemm: {name} must be a scalar or [{rows}], got {tuple(s.shape)}")
-    return ROWS
