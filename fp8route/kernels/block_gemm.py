@@ -51,6 +51,7 @@ def config_for(m: int) -> BlockGemmConfig:
 if triton is not None:
     from fp8route.kernels.pdl import wait_for_inputs
     from fp8route.kernels.quantize import dynamic_scale, quantize_e4m3
+    from fp8route.kernels.tile_order import grouped_tile
 
     @triton.jit(do_not_specialize=["M"])
     def block_gemm_kernel(
@@ -61,13 +62,7 @@ if triton is not None:
     ):  # fmt: skip
         wait_for_inputs(USE_PDL)
         pid = tl.program_id(0)
-        tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-        # Grouped order: GROUP_M token blocks walk the weight's column blocks together.
-        in_group = GROUP_M * tiles_n
-        first_m = (pid // in_group) * GROUP_M
-        group_size = tl.minimum(tiles_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % in_group) % group_size
-        pid_n = (pid % in_group) // group_size
+        pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -58,6 +58,7 @@ TILINGS = {"triton_fixed": TILES, "triton_fixed_wide": FixedTiles(128, 128, 128,
 
 if triton is not None:
     from fp8route.kernels.pdl import wait_for_inputs
+    from fp8route.kernels.tile_order import grouped_tile
 
     @triton.jit
     def _finish(
@@ -85,12 +86,7 @@ if triton is not None:
     ):  # fmt: skip
         wait_for_inputs(USE_PDL)
         pid, pid_k = tl.program_id(0), tl.program_id(1)
-        tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-        in_group = GROUP_M * tiles_n
-        first_m = (pid // in_group) * GROUP_M
-        group_size = tl.minimum(tiles_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % in_group) % group_size
-        pid_n = (pid % in_group) // group_size
+        pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
