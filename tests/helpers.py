@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -121,3 +121,18 @@ def build_lm(
 
     model = LlamaForCausalLM(cfg, linears, tensors)
     return CausalLM(LLMEngine(config, model, quiet=True, **engine))
+
+
+def run_arrivals(
+    engine: Any, prompts: Sequence[list[int]], params: Callable[[int], Any], arrivals: Sequence[tuple[int, int]]
+) -> list[tuple[list[int], list[Any]]]:
+    """The prompts (index, step it arrives at) added to one engine in that order, each at its step with
+    params(index), the engine stepped until all finish: each request's tokens and logprobs, by index."""
+    requests, step, waiting = {}, 0, list(arrivals)
+    while waiting or engine.has_unfinished:
+        while waiting and waiting[0][1] <= step:
+            i, _ = waiting.pop(0)
+            requests[i] = engine.add_request(prompts[i], params(i), request_id=f"r{i}")
+        engine.step()
+        step += 1
+    return [(list(requests[i].output_token_ids), list(requests[i].logprobs)) for i in sorted(requests)]

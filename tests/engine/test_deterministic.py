@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers import run_arrivals
 
 from fp8route import LLM, Fp8InputError, SamplingParams
 from fp8route.backends import BACKENDS
@@ -200,17 +201,7 @@ Result = tuple[list[int], list[TokenLogprobs]]
 
 
 def _run(llm: LLM, prompts: Sequence[list[int]], arrivals: Sequence[tuple[int, int]]) -> list[Result]:
-    """The prompts (index, step it arrives at) added to one engine in that order, each at its step, the
-    engine stepped until all finish: each request's tokens and logprobs, by prompt index."""
-    engine, requests, step = llm.engine, {}, 0
-    waiting = list(arrivals)
-    while waiting or engine.has_unfinished:
-        while waiting and waiting[0][1] <= step:
-            i, _ = waiting.pop(0)
-            requests[i] = engine.add_request(prompts[i], _params(i), request_id=f"r{i}")
-        engine.step()
-        step += 1
-    return [(list(requests[i].output_token_ids), list(requests[i].logprobs)) for i in sorted(requests)]
+    return run_arrivals(llm.engine, prompts, _params, arrivals)
 
 
 def _scenarios(model: str, kv_cache_dtype: str, device: str) -> dict[str, Callable[[], list[Result]]]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from checkpoint_helpers import MODELOPT_HF_QUANT, TINY, fp8_llama, llama_tensors, scheme_llama, write_checkpoint
+from helpers import run_arrivals
 
 from fp8route import SamplingParams
 from fp8route.checkpoint.formats import compressed_tensors
@@ -71,14 +72,7 @@ def _params(i: int) -> SamplingParams:
 
 
 def _run(engine: LLMEngine, prompts: Sequence[list[int]], arrivals: Sequence[tuple[int, int]]) -> list[Result]:
-    requests, step, waiting = {}, 0, list(arrivals)
-    while waiting or engine.has_unfinished:
-        while waiting and waiting[0][1] <= step:
-            i, _ = waiting.pop(0)
-            requests[i] = engine.add_request(prompts[i], _params(i), request_id=f"r{i}-{step}")
-        engine.step()
-        step += 1
-    return [(list(requests[i].output_token_ids), list(requests[i].logprobs)) for i in sorted(requests)]
+    return run_arrivals(engine, prompts, _params, arrivals)
 
 
 @pytest.mark.parametrize("scheme", ["float", "tensor", "channel", "block"])
