@@ -43,17 +43,20 @@ class FixedTiles:
     block_m: int = 64
     block_n: int = 128
     block_k: int = 128
-    chunk_steps: int = 4  # K steps per chunk: a chunk is the unit that programs share
+    chunk_steps: int = 8  # K steps per chunk: a chunk is the unit that programs share
     group_m: int = 8  # tiles of this many token blocks walk the weight's columns together (L2 reuse)
     num_warps: int = 4
     num_stages: int = 3
+    # Where the tiles are too few, a split aims for this many programs per SM (0: never split). It costs
+    # the chunk sums' round trip through memory, and changes no bits.
+    programs_per_sm: int = 2
 
 
 TILES = FixedTiles()
 # The tilings the deterministic mode chooses from per layer, by measurement (a backend each, by these
-# names): the default, and a wider one for layers whose large M weighs most. Not yet measured:
-# benchmarks/scripts/fixed_gemm_sweep.py times these and more.
-TILINGS = {"triton_fixed": TILES, "triton_fixed_wide": FixedTiles(128, 128, 128, 4, 8, 8, 3)}
+# names): the default, and a wider one for layers whose large M weighs most (the two best of
+# benchmarks/scripts/fixed_gemm_sweep.py's candidates at small and at large M).
+TILINGS = {"triton_fixed": TILES, "triton_fixed_wide": FixedTiles(128, 128, 128, 8, 8, 8, 3, 1)}
 
 
 if triton is not None:
@@ -95,30 +98,31 @@ if triton is not None:
         x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
         w_cols = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn  # [BLOCK_K, BLOCK_N] tiles, K-major
 
-        chunk_k = BLOCK_K * CHUNK_STEPS
-        chunks = tl.cdiv(K, chunk_k)
-        first = pid_k * chunks_each
+        # One flat loop over this program's K steps, so that the loads pipeline across chunk ends; a
+        # chunk's sum is folded in (or written, in a split) at its last step and the next starts from zero.
+        steps = tl.cdiv(K, BLOCK_K)
+        first = pid_k * chunks_each * CHUNK_STEPS
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for c in range(first, tl.minimum(first + chunks_each, chunks)):
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for step in range(0, tl.minimum(CHUNK_STEPS, tl.cdiv(K - c * chunk_k, BLOCK_K))):
-                k = c * chunk_k + step * BLOCK_K + offs_k
-                k_mask = k < K
-                x = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-                w = tl.load(w_cols + k[:, None], mask=n_mask[None, :] & k_mask[:, None], other=0.0)
-                if MODE == 2:
-                    group = c * CHUNK_STEPS + step
-                    x_scale = tl.load(x_scale_ptr + offs_m * stride_xs + group, mask=m_mask, other=0.0)
-                    w_scale = tl.load(w_scale_ptr + (offs_n // 128) * stride_ws + group, mask=n_mask, other=0.0)
-                    acc += tl.dot(x, w) * (x_scale[:, None] * w_scale[None, :])
-                else:
-                    acc = tl.dot(x, w, acc)
-            if SPLIT:
-                # A split runs where few tiles fill the GPU: every (chunk, row, column) index fits in 32 bits.
-                part = part_ptr + (c * M + offs_m[:, None]) * N + offs_n[None, :]
-                tl.store(part, acc, mask=m_mask[:, None] & n_mask[None, :])
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for step in range(first, tl.minimum(first + chunks_each * CHUNK_STEPS, steps)):
+            k = step * BLOCK_K + offs_k
+            k_mask = k < K
+            x = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            w = tl.load(w_cols + k[:, None], mask=n_mask[None, :] & k_mask[:, None], other=0.0)
+            if MODE == 2:
+                x_scale = tl.load(x_scale_ptr + offs_m * stride_xs + step, mask=m_mask, other=0.0)
+                w_scale = tl.load(w_scale_ptr + (offs_n // 128) * stride_ws + step, mask=n_mask, other=0.0)
+                acc += tl.dot(x, w) * (x_scale[:, None] * w_scale[None, :])
             else:
-                total += acc
+                acc = tl.dot(x, w, acc)
+            if (step + 1) % CHUNK_STEPS == 0 or step + 1 == steps:
+                if SPLIT:
+                    # A split runs where few tiles fill the GPU: every (chunk, row, column) index fits in 32 bits.
+                    part = part_ptr + (step // CHUNK_STEPS * M + offs_m[:, None]) * N + offs_n[None, :]
+                    tl.store(part, acc, mask=m_mask[:, None] & n_mask[None, :])
+                else:
+                    total += acc
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if SPLIT:
             # Every thread's chunk sums are written before the release by the counter atomic; the tile's
             # last program to arrive adds all its chunks in chunk order, as one program would have.
@@ -127,7 +131,7 @@ if triton is not None:
             if arrived == tl.num_programs(1) - 1:
                 mask = m_mask[:, None] & n_mask[None, :]
                 parts = part_ptr + offs_m[:, None] * N + offs_n[None, :]
-                for c in range(0, chunks):
+                for c in range(0, tl.cdiv(steps, CHUNK_STEPS)):
                     total += tl.load(parts + c * M * N, mask=mask, other=0.0, cache_modifier=".cg")
                 _finish(total, out_ptr, bias_ptr, x_scale_ptr, w_scale_ptr, offs_m, offs_n, M, N, stride_om,
                         stride_xs, stride_ws, MODE, HAS_BIAS)  # fmt: skip
@@ -146,14 +150,16 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def programs_per_tile(m: int, n: int, k: int, sms: int, tiles: FixedTiles = TILES) -> int:
-    """How many programs share each output tile's chunks: 1 while the tiles alone give every SM two
-    programs, else enough for two per SM, each with a chunk at least. It may follow M: the sums do not."""
+def programs_per_tile(m: int, n: int, k: int, sms: int, tiles: FixedTiles = TILES, element_size: int = 1) -> int:
+    """How many programs share each output tile's chunks. Where the tiles leave SMs idle, a split
+    spreads a tile's chunks over up to tiles.programs_per_sm programs per SM (rounded down), while the
+    chunk sums' round trip through memory stays within a quarter of the weight's bytes: past that it
+    costs more than the idle SMs (benchmarks/results/h100/deterministic). It may follow M: the sums do not."""
     count = cdiv(m, tiles.block_m) * cdiv(n, tiles.block_n)
     chunks = cdiv(k, tiles.block_k * tiles.chunk_steps)
-    if count >= 2 * sms:
+    if 32 * chunks * m > k * element_size:  # 8 bytes a sum per chunk, row and column vs the weight's
         return 1
-    return min(chunks, cdiv(2 * sms, count))
+    return max(1, min(chunks, tiles.programs_per_sm * sms // count))
 
 
 def fixed_gemm(
@@ -197,7 +203,7 @@ def launch(
     stride_xs = 0 if mode == NONE or xs.numel() == 1 else xs.stride(0)
     stride_ws = 0 if mode == NONE or ws.numel() == 1 else ws.stride(0)
     bias_arg = bias if bias is not None else out
-    split = programs_per_tile(m, n, k, _sm_count(x.device), tiles)
+    split = programs_per_tile(m, n, k, _sm_count(x.device), tiles, weight.element_size())
     chunks = cdiv(k, tiles.block_k * tiles.chunk_steps)
     chunks_each = cdiv(chunks, split)
     split = cdiv(chunks, chunks_each)

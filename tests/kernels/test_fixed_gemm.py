@@ -69,7 +69,8 @@ def test_each_scaling_gives_its_schemes_product(gpu_conversions, scheme, m, n, k
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_a_rows_bits_do_not_depend_on_m_or_on_the_split(gpu_conversions, monkeypatch, scheme):
-    ops = operands(scheme, 70, 96, 1000 if scheme != "block" else 1100, seed=3)
+    k = 3200 if CUDA else 1000 if scheme != "block" else 1100  # several chunks of the tiling run here, the last partial
+    ops = operands(scheme, 70, 96, k, seed=3)
     x, w, tiles = ops[0], ops[1], ops[6]
     chunks = -(-x.shape[1] // (tiles.block_k * tiles.chunk_steps))
     assert chunks >= 3, "K must span several chunks for the split to mean anything"
@@ -89,8 +90,12 @@ def test_the_split_follows_the_tiles_and_never_exceeds_the_chunks():
     assert fg.programs_per_tile(8192, 4096, 4096, 132, t) == 1  # prefill: tiles fill the GPU
     k = 14336
     chunks = -(-k // (t.block_k * t.chunk_steps))
-    assert fg.programs_per_tile(1, 4096, k, 132, t) == min(chunks, -(-264 // 32))
+    tiles_at_m1 = 4096 // t.block_n
+    assert fg.programs_per_tile(1, 4096, k, 132, t) == min(chunks, t.programs_per_sm * 132 // tiles_at_m1)
     assert fg.programs_per_tile(1, 128, k, 132, t) == chunks
+    # Past a quarter of the weight's bytes in chunk sums, no split: at M=64 one tile row runs alone.
+    assert fg.programs_per_tile(64, 128, k, 132, t) == 1
+    assert fg.programs_per_tile(8, 128, k, 132, t, element_size=2) == chunks
 
 
 def test_mismatched_operands_are_refused_with_the_reason():
