@@ -8,9 +8,12 @@ with the mode off (how many differ: what the mode fixes).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 from pathlib import Path
+
+import torch
 
 from fp8route import LLM, SamplingParams
 
@@ -63,7 +66,12 @@ def main() -> None:
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     settings = {"device": args.device} if args.device else {}
-    rows = [run(args.checkpoint, mode, batches, args.longest, **settings) for mode in (True, False)]
+    rows = []
+    for mode in (True, False):
+        rows.append(run(args.checkpoint, mode, batches, args.longest, **settings))
+        gc.collect()  # the engine's graphs hold it in reference cycles: free its KV pool before the next
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     if args.out:
         (args.out / "deterministic_equality.json").write_text(json.dumps(rows, indent=1))
     head = "".join(f"{'batch ' + str(b):>10}" for b in batches)
