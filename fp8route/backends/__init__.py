@@ -74,7 +74,7 @@ def default_priority(device: DeviceInfo) -> tuple[str, ...]:
     # after weight_only, so that without the mode nothing changes until a routing table measures them.
     return (
         "cublas", "flashinfer", "rowwise", "cublas_block", "triton_block", "weight_only", "triton_fixed",
-        "triton_fixed_wide", "reference",
+        "triton_fixed_wide", "triton_fixed_narrow", "reference",
     )  # fmt: skip
 
 

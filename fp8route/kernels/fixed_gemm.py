@@ -54,9 +54,14 @@ class FixedTiles:
 
 TILES = FixedTiles()
 # The tilings the deterministic mode chooses from per layer, by measurement (a backend each, by these
-# names): the default, and a wider one for layers whose large M weighs most (the two best of
-# benchmarks/scripts/fixed_gemm_sweep.py's candidates at small and at large M).
-TILINGS = {"triton_fixed": TILES, "triton_fixed_wide": FixedTiles(128, 128, 128, 8, 8, 8, 3, 1)}
+# names): the best of benchmarks/scripts/fixed_gemm_sweep.py's candidates summed over a model's
+# projections at small M, the best at large M, and a narrow one that won on the shorter projections
+# at M <= 256.
+TILINGS = {
+    "triton_fixed": TILES,
+    "triton_fixed_wide": FixedTiles(128, 128, 128, 8, 8, 8, 3, 1),
+    "triton_fixed_narrow": FixedTiles(64, 64, 128, 8, 8, 4, 4),
+}
 
 
 if triton is not None:

@@ -112,7 +112,7 @@ def test_mismatched_operands_are_refused_with_the_reason():
         fg.fixed_gemm(xq, w, torch.ones(2), torch.ones(3), None, torch.bfloat16)
 
 
-@pytest.mark.parametrize("name", ["triton_fixed", "triton_fixed_wide"])
+@pytest.mark.parametrize("name", ["triton_fixed", "triton_fixed_wide", "triton_fixed_narrow"])
 @pytest.mark.parametrize("scheme,static", [("tensor", True), ("tensor", False), ("channel", False), ("block", False)])
 def test_the_backend_quantizes_each_row_alone_and_matches_the_reference(gpu_conversions, name, scheme, static):
     """Each tiling's backend as a layer runs it (on CPU tensors under the interpreter): the reference backend's
