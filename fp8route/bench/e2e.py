@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from fp8route.bench import step_split
 from fp8route.engine.causal_lm import CausalLM, load_model
 from fp8route.engine.config import EngineConfig
 from fp8route.kernels.options import KernelOptions, set_kernel_options
@@ -60,6 +61,12 @@ class E2ERow:
     pdl: bool = False  # fp8route.kernels.options: fp8route's kernels launched with PDL
     silu_in_down: bool = False  # and SiLU(gate) * up computed inside down's decode GEMM
     scheme: str = "tensor"  # the FP8 scheme of the checkpoint's linears (fp8route.schemes); bf16: none
+    # One decode step's kernels by kind (fp8route.bench.step_split), device ms; zeros where not profiled.
+    gemm_ms: float = 0.0
+    attention_ms: float = 0.0
+    rest_ms: float = 0.0
+    kernels_per_step: float = 0.0
+    top_kernels: tuple[tuple[str, float], ...] = ()  # the largest, (name, ms a step)
 
     @property
     def label(self) -> str:
@@ -214,6 +221,7 @@ def _measure(model: CausalLM, ids: torch.Tensor, run: _ArmRun) -> E2ERow:
     fulls, generated = timed_calls(functools.partial(model.generate, ids, run.output), run.repeats)
     assert isinstance(generated, torch.Tensor)
     ttft, full = statistics.median(ttfts), statistics.median(fulls)
+    split = step_split.measure(lambda tokens: model.generate(ids, tokens))
     step = (full - ttft) / (run.output - 1)
     # The timed steps attend to tokens + 1 ... tokens + output - 1 positions: tokens + output / 2 on average.
     kv = batch * (tokens + run.output / 2) * model.engine.kv_cache.bytes_per_token
@@ -243,7 +251,14 @@ def _measure(model: CausalLM, ids: torch.Tensor, run: _ArmRun) -> E2ERow:
         run.options.pdl,
         run.options.silu_in_down,
         run.scheme,
+        *_split_fields(split),
     )  # fmt: skip
+
+
+def _split_fields(split: step_split.StepSplit | None) -> tuple[float, float, float, float, tuple]:
+    if split is None:
+        return 0.0, 0.0, 0.0, 0.0, ()
+    return split.ms["gemm"], split.ms["attention"], split.ms["rest"], split.kernels, split.top
 
 
 def _ranks_agree(tokens: torch.Tensor) -> bool:
@@ -268,6 +283,32 @@ def table(rows: Sequence[E2ERow]) -> str:
             f"{r.decode_step_ms:>9.3f}{r.decode_tok_s:>9.1f}{r.achieved_gbs:>7.0f}{100 * r.floor_fraction:>8.0f}%"
             f"{r.peak_gb:>9.1f}"
         )
+    return "\n".join(lines)
+
+
+def split_table(rows: Sequence[E2ERow]) -> str:
+    """Each row's decode step by kind of kernel (device ms, and its share of the measured step), the
+    launches a step, how much of the step the GPU was busy, and the largest kernels."""
+    profiled = [r for r in rows if r.kernels_per_step]
+    if not profiled:
+        return "decode step by kernel: not recorded (torch.profiler sees no GPU kernels here)"
+    lines = [
+        f"decode step by kernel ({step_split.STEPS} profiled steps, device ms and share of the step)",
+        f"{'arm':<22}{'batch':>6}{'input':>7}{'step ms':>9}{'GEMM':>14}{'attention':>14}{'rest':>14}"
+        f"{'kernels':>9}{'GPU busy':>10}",
+    ]
+    for r in profiled:
+        shares = ((ms, 100 * ms / r.decode_step_ms) for ms in (r.gemm_ms, r.attention_ms, r.rest_ms))
+        kinds = "".join(f"{ms:>9.3f} {share:>3.0f}%" for ms, share in shares)
+        busy = (r.gemm_ms + r.attention_ms + r.rest_ms) / r.decode_step_ms
+        lines.append(
+            f"{r.label:<22}{r.batch:>6}{r.input_tokens:>7}{r.decode_step_ms:>9.3f}{kinds}"
+            f"{r.kernels_per_step:>9.0f}{100 * busy:>9.0f}%"
+        )
+    lines.append("largest kernels (ms a step):")
+    for r in profiled:
+        top = ", ".join(f"{name[:48]} {ms:.3f}" for name, ms in r.top_kernels[:4])
+        lines.append(f"  {r.label} {r.batch}x{r.input_tokens}: {top}")
     return "\n".join(lines)
 
 

@@ -13,7 +13,17 @@ from pathlib import Path
 import torch
 
 from fp8route.backends import BACKENDS
-from fp8route.bench.e2e import E2ERow, as_json, bench_arm, options_summary, plot, scheme_summary, table, tp_summary
+from fp8route.bench.e2e import (
+    E2ERow,
+    as_json,
+    bench_arm,
+    options_summary,
+    plot,
+    scheme_summary,
+    split_table,
+    table,
+    tp_summary,
+)
 from fp8route.checkpoint.random import write_random
 from fp8route.cli.sweep_args import command_line, cuda_device, int_list
 from fp8route.engine.config import Flag, add_engine_args, sweep_values
@@ -54,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="fp8route-e2e-", dir=args.tmp) as tmp:
         rows = _bench(plan, _folders(args, plan, Path(tmp)), args.output, copy_gbs)
     print("\n" + table(rows))
+    print("\n" + split_table(rows))
     if len(plan.sizes) > 1:
         print("\n" + tp_summary(rows))
     if len(plan.options) > 1:

@@ -1,0 +1,75 @@
+"""The decode step's split by kernel (fp8route.bench.step_split): the names it sorts, the arithmetic of
+one call less another, and bench e2e's table of it. The profiling itself needs a GPU (tests/gpu)."""
+
+import pytest
+
+from fp8route.bench import step_split
+from fp8route.bench.e2e import E2ERow, as_json, split_table
+
+
+@pytest.mark.parametrize(
+    "kernel,kind",
+    [
+        ("nvjet_sm90_qqtst_64x8_128x16_4x1_v_bz_algo2_TNT", "gemm"),  # cuBLASLt, the names recorded on the H200
+        ("void gemv2T_kernel_val<int, int, __nv_bfloat16, __nv_bfloat16, float, 128, 16, 4, 4, false>", "gemm"),
+        ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<...>>", "gemm"),
+        ("decode_cuda_core_kernel", "gemm"),
+        ("decode_mma_kernel", "gemm"),
+        ("fixed_gemm_kernel", "gemm"),
+        ("block_gemm_kernel", "gemm"),
+        ("_attention_kernel", "attention"),
+        ("_split_kernel", "attention"),
+        ("_combine_kernel", "attention"),
+        ("_merge_kernel", "attention"),
+        ("void flashinfer::BatchDecodeWithPagedKVCacheKernel<...>", "attention"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_kernel0_0", "attention"),
+        ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>", "attention"),
+        ("_rms_norm_kernel", "rest"),
+        ("_quantize_kernel", "rest"),
+        ("_silu_mul_kernel", "rest"),
+        ("_draw_kernel", "rest"),
+        ("Memcpy DtoD (Device -> Device)", "rest"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "rest"),
+    ],
+)
+def test_each_kernel_is_sorted_by_what_it_does(kernel, kind):
+    assert step_split.kind_of(kernel) == kind
+
+
+def test_a_step_is_the_longer_call_less_the_shorter_divided_by_its_steps():
+    without = {"_attention_kernel": (2.0, 4), "nvjet_a": (10.0, 40), "_rms_norm_kernel": (0.5, 10)}
+    with_steps = {
+        "_attention_kernel": (2.0, 4),  # the prefill's only
+        "nvjet_a": (14.0, 72),
+        "decode_cuda_core_kernel": (8.0, 64),
+        "_split_kernel": (1.6, 16),
+        "_rms_norm_kernel": (0.9, 26),
+    }
+    split = step_split.split_of(without, with_steps, 8)
+    assert split.ms == pytest.approx({"gemm": 1.5, "attention": 0.2, "rest": 0.05})
+    assert split.kernels == pytest.approx((32 + 64 + 16 + 16) / 8)
+    assert [name for name, _ in split.top][:2] == ["decode_cuda_core_kernel", "nvjet_a"]
+    assert split.total_ms == pytest.approx(1.75)
+
+
+def test_without_a_gpu_the_profiler_records_nothing_and_says_so():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU here: tests/gpu profiles a real step")
+    assert step_split.measure(lambda tokens: None) is None
+    row = E2ERow("routed", 1, 1024, 26.0, 39384.0, 3.078, 324.9, 8.03, 2609.0, 0.612)
+    assert split_table([row]).startswith("decode step by kernel: not recorded")
+
+
+def test_the_table_gives_each_kind_its_share_of_the_measured_step_and_the_gpus_busy_time():
+    row = E2ERow(
+        "routed", 16, 1024, 287.0, 57093.0, 5.0, 3200.0, 8.03, 2040.0, 0.68,
+        gemm_ms=3.5, attention_ms=0.5, rest_ms=0.5, kernels_per_step=420.0,
+        top_kernels=(("nvjet_sm90_qqtst_64x8_128x16_4x1_v_bz_algo2_TNT", 1.2), ("_split_kernel", 0.5)),
+    )  # fmt: skip
+    lines = split_table([row]).splitlines()
+    assert " ".join(lines[1].split()) == "arm batch input step ms GEMM attention rest kernels GPU busy"
+    assert " ".join(lines[2].split()) == "routed 16 1024 5.000 3.500 70% 0.500 10% 0.500 10% 420 90%"
+    assert "nvjet_sm90_qqtst_64x8_128x16_4x1_v_bz_algo2_TNT 1.200, _split_kernel 0.500" in lines[-1]
+    assert as_json([row])[0]["gemm_ms"] == 3.5

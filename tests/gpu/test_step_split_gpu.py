@@ -1,0 +1,28 @@
+"""bench e2e's decode-step split on a GPU: the kernels of real graph-replayed steps recorded and sorted."""
+
+import pytest
+import torch
+
+from fp8route.bench import step_split
+from fp8route.tuning.cupti import cupti_available
+
+pytestmark = pytest.mark.skipif(not cupti_available(), reason="needs a CUDA GPU whose kernels torch.profiler sees")
+
+
+def test_a_decode_steps_kernels_are_recorded_and_sorted_by_kind(tmp_path):
+    from checkpoint_helpers import TINY
+
+    from fp8route.checkpoint.random import write_random
+    from fp8route.engine import load_model
+
+    config = {**TINY, "hidden_size": 256}
+    folder = write_random(tmp_path / "m", config, fp8=True, device="cuda")
+    model = load_model(folder, device="cuda", max_model_len=128, max_num_seqs=2, quiet=True)
+    ids = torch.randint(0, config["vocab_size"], (2, 24), device="cuda")
+    model.generate(ids, 4)  # the kernels' first calls
+    split = step_split.measure(lambda tokens: model.generate(ids, tokens))
+    assert split is not None
+    assert split.ms["gemm"] > 0 and split.ms["attention"] > 0 and split.ms["rest"] > 0, split
+    # Per layer at least qkv, o, gate_up, down and the attention: every step's kernels, not the prefill's.
+    assert split.kernels >= 5 * config["num_hidden_layers"], split
+    assert split.top and all(ms > 0 for _, ms in split.top)
