@@ -1,24 +1,28 @@
 """What the deterministic mode's GEMM costs per layer on one GPU: each Llama-3.1-8B projection at M from 1
 to 4096, the layer as the default plan runs it (quantizer included) against the same layer in the
-deterministic mode (triton_fixed) with each candidate tiling of fp8route.kernels.fixed_gemm, per scheme.
+deterministic mode (triton_fixed) with each candidate tiling of fp8route.kernels.fixed_gemm, per scheme;
+scheme "float" times the 16-bit lm_head (F.linear against the fixed-tile GEMM, as FloatLinear runs them).
 Cold L2 (rotating weight copies), interleaved arms, two repetitions (spread reported); every arm
-checked against the scheme's fp32 reference first.
+checked against the default's output first.
 
-    PYTHONPATH=$PWD python3 benchmarks/scripts/fixed_gemm_sweep.py --out $OUT [--schemes tensor,block]
+    PYTHONPATH=$PWD python3 benchmarks/scripts/fixed_gemm_sweep.py --out $OUT [--schemes tensor,block,float]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+from collections.abc import Callable
 from dataclasses import astuple
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from triton.runtime.errors import OutOfResources
 
 from fp8route.backends import get_backend
-from fp8route.bench.decode import SHAPES
+from fp8route.bench.decode import SHAPES as PROJECTIONS
 from fp8route.kernels import fixed_gemm as fg
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.policy import Policy
@@ -26,32 +30,42 @@ from fp8route.routing.fingerprint import Fingerprint
 from fp8route.schemes import quantize_weight
 from fp8route.tuning.timing import copies_for, time_arms
 
-CANDIDATES = {
-    "64x128 k1024": fg.FixedTiles(64, 128, 128, 8, 8, 4, 3),
-    "64x128 k1024 p1": fg.FixedTiles(64, 128, 128, 8, 8, 4, 3, 1),
-    "64x128 k1024 p3": fg.FixedTiles(64, 128, 128, 8, 8, 4, 3, 3),
-    "64x64 k1024 p1": fg.FixedTiles(64, 64, 128, 8, 8, 4, 4, 1),
-    "64x64 k1024": fg.FixedTiles(64, 64, 128, 8, 8, 4, 4),
-    "128x128 k1024 p1": fg.FixedTiles(128, 128, 128, 8, 8, 8, 3, 1),
+CANDIDATES = {  # the library's tilings by backend name, then tilings not yet in it
+    **fg.TILINGS,
+    "128x256 k1024 s2": fg.FixedTiles(128, 256, 128, 8, 8, 8, 2, 1),
+    "128x128 k1024 s4": fg.FixedTiles(128, 128, 128, 8, 8, 8, 4, 1),
+    "64x128 k2048": fg.FixedTiles(64, 128, 128, 16, 8, 4, 3),
 }
 MS = (1, 16, 64, 256, 1024, 4096)
+SHAPES = {**PROJECTIONS, "lm_head": (128256, 4096)}
 
 
-def _layers(n: int, k: int, scheme: str, copies: int, gen: torch.Generator) -> tuple[list, list]:
-    """copies of the layer under the default plan, and the same weights in the deterministic mode."""
-    plain, fixed = [], []
+Call = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _layers(n: int, k: int, scheme: str, copies: int, gen: torch.Generator) -> tuple[list[Call], list[Callable]]:
+    """copies of the layer as the default plan runs it, and each copy's call with a given tiling in
+    the deterministic mode: (x) -> out, and (x, tiles) -> out."""
+    plain: list[Call] = []
+    fixed: list[Callable] = []
     for _ in range(copies):
-        wq, ws = quantize_weight(torch.randn(n, k, device="cuda", generator=gen) * 0.02, scheme)
+        w = torch.randn(n, k, device="cuda", generator=gen) * 0.02
+        if scheme == "float":
+            w16 = w.to(torch.bfloat16)
+            plain.append(lambda x, w16=w16: F.linear(x, w16))
+            fixed.append(lambda x, tiles, w16=w16: fg.launch(x, w16, None, None, None, x.dtype, tiles))
+            continue
+        wq, ws = quantize_weight(w, scheme)
         s_in = torch.tensor(4.0 / 448, device="cuda") if scheme == "tensor" else None
         plain.append(Fp8Linear(wq, ws, s_in, scheme=scheme, policy=Policy()))
-        fixed.append(Fp8Linear(wq, ws, s_in, scheme=scheme, policy=Policy(deterministic=True)))
+        fixed.append(_tiled(Fp8Linear(wq, ws, s_in, scheme=scheme, policy=Policy(deterministic=True))))
     return plain, fixed
 
 
-def _tiled(layer: Fp8Linear, x: torch.Tensor, tiles: fg.FixedTiles):  # type: ignore[no-untyped-def]
+def _tiled(layer: Fp8Linear) -> Callable:
     backend = get_backend("triton_fixed")  # what the deterministic plan runs each layer with
 
-    def call() -> torch.Tensor:
+    def call(x: torch.Tensor, tiles: fg.FixedTiles) -> torch.Tensor:
         backend._tiles = list(astuple(tiles))  # the tiling its custom op call passes
         return layer(x)
 
@@ -62,23 +76,23 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--schemes", default="tensor,block")
-    parser.add_argument("--shapes", default="tp1_qkv,tp1_o,tp1_gate_up,tp1_down")
+    parser.add_argument("--shapes", default="tp1_qkv,tp1_o,tp1_gate_up,tp1_down", help="the float scheme: lm_head")
     parser.add_argument("--ms", default=",".join(map(str, MS)))
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     default, first = fg.TILINGS["triton_fixed"], next(iter(CANDIDATES))
     rows = []
     for scheme in args.schemes.split(","):
-        for name in args.shapes.split(","):
+        for name in ["lm_head"] if scheme == "float" else args.shapes.split(","):
             n, k = SHAPES[name]
-            copies = copies_for(n * k)
+            copies = copies_for(n * k * (2 if scheme == "float" else 1))
             plain, fixed = _layers(n, k, scheme, copies, gen)
             for m in map(int, args.ms.split(",")):
                 xs = [torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(copies)]
                 ref = plain[0](xs[0]).float()
-                arms = {"default plan": [lambda layer=layer, x=x: layer(x) for layer, x in zip(plain, xs, strict=True)]}
+                arms = {"default plan": [functools.partial(layer, x) for layer, x in zip(plain, xs, strict=True)]}
                 for label, tiles in CANDIDATES.items():
-                    arms[label] = [_tiled(fixed[i], xs[i], tiles) for i in range(copies)]
+                    arms[label] = [functools.partial(fixed[i], xs[i], tiles) for i in range(copies)]
                     try:
                         got = arms[label][0]().float()
                     except OutOfResources as exc:  # a tiling too large for this GPU's shared memory

@@ -3,7 +3,8 @@
 # then on random Llama-3.1-8B FP8 checkpoints (one per SCHEMES) the equality check (8 probes alone and
 # inside batches of 16, 64, 256: how many differ, mode on and off), and the mode's cost on bench e2e
 # (routed vs deterministic arms, batch 1 and 16, inputs 1024 and 4096). PHASES picks: tests equal e2e sweep
-# serve; sweep times the fixed-tile GEMM's tilings per layer (fixed_gemm_sweep.py); serve runs bench serve's
+# serve; sweep times the fixed-tile GEMM's tilings per layer (fixed_gemm_sweep.py; SWEEP_SCHEMES, e.g. "tensor,float"
+# for the lm_head too, SWEEP_MS); serve runs bench serve's
 # decode-heavy and prefill-heavy loads with and without --deterministic.
 set -u -o pipefail
 log="$OUT/gpu.txt"
@@ -40,11 +41,11 @@ for phase in $PHASES; do
             timeout "${ARM_TIMEOUT:-240}" python3 -m fp8route bench e2e "$(checkpoint "$scheme")" --batch 1,16 \
                 --input 1024,4096 --output 64 --policy routed,deterministic --out "$OUT" > "$OUT/e2e-$scheme.log" 2>&1
             echo "== e2e $scheme (rc $?)" | tee -a "$log"
-            grep -E "^(arm|routed|deterministic)" "$OUT/e2e-$scheme.log" | tee -a "$log"
+            sed -n '/^arm /,$p' "$OUT/e2e-$scheme.log" | tee -a "$log"  # the table, the step by kernel
         done ;;
     sweep)
         timeout "${ARM_TIMEOUT:-240}" python3 benchmarks/scripts/fixed_gemm_sweep.py --out "$OUT" \
-            --schemes "${SCHEMES// /,}" --ms "${SWEEP_MS:-1,16,256,4096}" > "$OUT/sweep.log" 2>&1
+            --schemes "${SWEEP_SCHEMES:-${SCHEMES// /,}}" --ms "${SWEEP_MS:-1,16,256,4096}" > "$OUT/sweep.log" 2>&1
         echo "== sweep (rc $?)" | tee -a "$log"
         grep -A 20 "^scheme" "$OUT/sweep.log" | tee -a "$log" ;;
     serve)
