@@ -10,6 +10,7 @@ import torch
 from fp8route.backends import custom_ops
 from fp8route.backends.base import Backend, LinearOperands, bias_as, first_reason, needs_fp8_gpu, needs_scheme
 from fp8route.backends.problem import GemmProblem
+from fp8route.kernels import quantize as triton_quantize
 from fp8route.kernels.fixed_gemm import FixedTiles
 from fp8route.kernels.split_counters import reserve_counters
 from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
@@ -47,17 +48,15 @@ class FixedTilesBackend(Backend):
     def run(self, x: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
         """x quantized by fp8route's Triton quantizers at every dtype (each computes a row from that row
         alone; torch's fp32 path reduces in an order that may follow M), then the GEMM."""
-        from fp8route.kernels import quantize as kernels
-
         x, o = x.contiguous(), operands
         if o.scheme == "block":
-            x_q, x_scale = kernels.quantize_per_group(x)
+            x_q, x_scale = triton_quantize.quantize_per_group(x)
         elif o.scheme == "channel" or o.input_scale is None:
             # A dynamic per-tensor scale is the amax of the whole batch; each row's own amax is not. The
             # GEMM takes per-token x scales beside a scalar weight scale as they are.
-            x_q, x_scale = kernels.quantize_per_token(x)
+            x_q, x_scale = triton_quantize.quantize_per_token(x)
         else:
-            x_q, x_scale = kernels.quantize_fp8(x, o.input_scale), o.input_scale
+            x_q, x_scale = triton_quantize.quantize_fp8(x, o.input_scale), o.input_scale
         return self.run_quantized(x_q, x_scale, o, x.dtype)
 
     def run_quantized(

@@ -200,12 +200,14 @@ def make_plan(
     }
     routes: dict[bool, dict[torch.dtype, tuple[Backend, ...]]] = {False: {}, True: {}}
     fallbacks: list[Fallback] = []
+    measured_every_m = False  # the deterministic mode's pick came from a table's timings for some input
     # x handed over quantized needs a static input scale: the dynamic schemes have no such route.
     for x_quantized in (False, True) if problem.static_input_scale else (False,):
         for dtype in FLOAT_DTYPES:
             route: list[Backend] = []
             # x handed over quantized takes the same pick: the same e4m3 x, the same bits, whichever way it came.
             every_m = _pick_for_every_m(problem.with_bucket(dtype, None), policy, preference)
+            measured_every_m |= every_m is not None
             for lo, hi in _bucket_ranges(M_BOUNDS):
                 bucket = problem.with_bucket(dtype, hi).with_input(x_quantized)
                 why = {n: _why_not(BACKENDS[n], bucket, policy) for n in BACKENDS if n not in policy.disable}
@@ -227,7 +229,7 @@ def make_plan(
     ranked = sorted(reasons.items(), key=lambda item: order.index(item[0][0]))
     excluded = tuple(Exclusion(name, reason, tuple(dtypes)) for (name, reason), dtypes in ranked)
     merged = tuple(_merge(fallbacks))
-    source = source if source is not None else _source(problem, policy, preference)
+    source = source if source is not None else _source(problem, policy, preference, measured_every_m)
     plan = Plan(layer, problem, M_BOUNDS, routes[False], excluded, merged, source, routes[True] or routes[False])
     _check_forced(plan, policy)
     if policy.deterministic:
@@ -271,14 +273,19 @@ def _check_invariant(plan: Plan) -> None:
     )
 
 
-def _source(problem: GemmProblem, policy: Policy, preference: Preference | None) -> str:
+def _source(problem: GemmProblem, policy: Policy, preference: Preference | None, measured_every_m: bool) -> str:
     """Where a plan's choices come from, as Plan.source says it."""
     describe = getattr(preference, "describe", None)
+    default = f"default priority for {problem.device.label}"
     if policy.force:
         return f"forced by FP8ROUTE_FORCE={policy.force}"
+    if policy.deterministic and callable(describe):
+        if measured_every_m:
+            return f"deterministic mode: the batch-invariant backend timed fastest over every M, {describe(problem)}"
+        return f"deterministic mode: the table timed no batch-invariant backend at every M here, so the {default}"
     if callable(describe):
         return str(describe(problem))
-    return f"default priority for {problem.device.label}"
+    return default
 
 
 def _pick(why: dict[str, str | None], wanted: str | None, priority: list[str]) -> tuple[str, str | None]:

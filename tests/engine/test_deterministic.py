@@ -119,6 +119,11 @@ def test_a_routing_table_chooses_the_tiling_per_layer_for_every_m_by_its_timings
     problem = replace(_problem(), device=H200)
     plan = make_plan("layer", problem, Policy(deterministic=True, strict=True), preference=tuned)
     assert {b.name for b in plan.routes[torch.bfloat16]} == {"triton_fixed_wide"} and plan.batch_invariant
+    assert plan.source.startswith("deterministic mode: the batch-invariant backend timed fastest over every M")
+    untimed = table(shape(256, 512, ["cublas"] * 4, times={"cublas": [5.0, 10.0, 50.0]}))
+    plan = make_plan("layer", problem, Policy(deterministic=True), preference=untimed)
+    assert {b.name for b in plan.backends} == {"triton_fixed"}
+    assert plan.source.startswith("deterministic mode: the table timed no batch-invariant backend at every M here")
     assert {b.name for b in plan.routes[torch.float16]} == {"triton_fixed"}  # untuned: the default priority
     assert {b.name for b in make_plan("layer", problem, preference=tuned).routes[torch.bfloat16]} == {"cublas"}
     times["triton_fixed"] = [8.0, 20.0, 130.0]  # now within reach at large M and faster below
