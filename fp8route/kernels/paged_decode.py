@@ -10,17 +10,18 @@ SMs idle at small batch; splitting the sequence puts cdiv(len, SPLIT) programs o
 CUDA-graph safe: the lengths, table rows and tables are device tensors read inside the kernel, and
 the grid is fixed (at most 64 splits a row). Each row's split length is computed in the kernel from
 its own length: the tuned length for the batch's (row, KV head) pairs, or longer where the row would
-need more than 64 splits. So a cache of 128k positions costs a short row nothing, splits past a
-row's length store nothing, and the combine kernel counts each row's valid splits from its length
-the same way, never reading a stale partial. Offsets are int64: a pool of many blocks passes 2^31
-elements.
+need more than 64 splits. A program runs every P-th split of its row from its own index (P programs
+a row and KV head: by default as many as the table's width allows splits, so one split each), so a
+cache of 128k positions costs a short row no work, only programs that find no split of theirs, and
+the combine kernel counts each row's valid splits from its length the same way, never reading a
+stale partial. Offsets are int64: a pool of many blocks passes 2^31 elements.
 
-Kernel 1, grid (B, Hkv, num_splits): the program loads the G = H / Hkv query heads that share
-its KV head (GQA, padded to 16 rows for tl.dot), streams its split in BLOCK_N-position tiles with
-an fp32 online softmax, and writes the split's normalized output and log-sum-exp. Given the step's
-new token (`NewToken`), it also applies RoPE to the query heads it loads, and the program whose
-split holds the row's last position rotates the new key and writes it and the new value there
-first: what the RoPE and cache-write kernels would do, at no extra launch.
+Kernel 1, grid (B, Hkv, P): the program loads the G = H / Hkv query heads that share its KV head
+(GQA, padded to 16 rows for tl.dot), and for each of its splits streams the split in BLOCK_N-position
+tiles with an fp32 online softmax and writes the split's normalized output and log-sum-exp. Given
+the step's new token (`NewToken`), it also applies RoPE to the query heads it loads, and the program
+one of whose splits holds the row's last position rotates the new key and writes it and the new
+value there first: what the RoPE and cache-write kernels would do, at no extra launch.
 Kernel 2, grid (B, H): combines a row's valid splits weighted by exp(lse - max lse).
 
 An fp8 cache (float8_e4m3fn blocks, kv_cache_dtype "fp8") is dequantized inside kernel 1: each K/V
@@ -139,12 +140,10 @@ if TRITON_IMPORT_ERROR is None:
         wait_for_inputs(USE_PDL)
         b = tl.program_id(0)
         kvh = tl.program_id(1)
-        split = tl.program_id(2)
+        first, programs = tl.program_id(2), tl.num_programs(2)  # this program runs splits first, + programs, ...
         length = tl.load(len_ptr + b).to(tl.int32)
         table = tab_ptr + tl.load(row_ptr + b).to(tl.int64) * stride_tab
         size = _row_split(length, SPLIT, MAX_SPLITS, BLOCK)
-        start = split * size
-        end = tl.minimum(start + size, length)
 
         g = tl.arange(0, G_PAD)
         d = tl.arange(0, D_PAD)
@@ -162,7 +161,7 @@ if TRITON_IMPORT_ERROR is None:
             q_pair = tl.load(q_rows + partner[None, :], mask=g_mask[:, None], other=0.0)
             q = (q.to(tl.float32) * cos + sign * q_pair.to(tl.float32) * sin).to(q_ptr.dtype.element_ty)
             pos = length - 1
-            if (pos >= start) & (pos < start + size):  # this program's split holds the new position
+            if (pos // size) % programs == first:  # one of this program's splits holds the new position
                 block = tl.load(table + pos // PAGE).to(tl.int64)
                 k_row = nk_ptr + b * stride_nkb + kvh * stride_nkh
                 k_new = tl.load(k_row + d).to(tl.float32) * cos + sign * tl.load(k_row + partner).to(tl.float32) * sin
@@ -183,11 +182,28 @@ if TRITON_IMPORT_ERROR is None:
             qk_scale = qk_scale * k_scale
         if F16:
             q = q.to(tl.float16)
+        k_head = k_ptr + kvh * stride_kh
+        v_head = v_ptr + kvh * stride_vh
+        for split in range(first, (length + size - 1) // size, programs):
+            _attend_split(
+                q, table, k_head, v_head, o_ptr, lse_ptr, b, heads, g_mask, d, d_mask, split * size,
+                tl.minimum(split * size + size, length), split, qk_scale, v_scale,
+                stride_kblk, stride_ks, stride_vblk, stride_vs, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+                G_PAD, D_PAD, PAGE, BLOCK, PRECISION, FP8,
+            )  # fmt: skip
+
+    @triton.jit
+    def _attend_split(
+        q, table, k_head, v_head, o_ptr, lse_ptr, b, heads, g_mask, d, d_mask, start, end, split, qk_scale, v_scale,
+        stride_kblk, stride_ks, stride_vblk, stride_vs, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+        G_PAD: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr,
+        PRECISION: tl.constexpr, FP8: tl.constexpr,
+    ):  # fmt: skip
+        """One split of a row's positions [start, end) for its KV head's query heads: the online softmax
+        over its tiles, then its normalized output and log-sum-exp stored at index split."""
         m = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
         s_sum = tl.zeros([G_PAD], dtype=tl.float32)
         acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
-        k_head = k_ptr + kvh * stride_kh
-        v_head = v_ptr + kvh * stride_vh
         for n0 in range(start, end, BLOCK):
             n = n0 + tl.arange(0, BLOCK)
             n_mask = n < end
@@ -210,8 +226,6 @@ if TRITON_IMPORT_ERROR is None:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             s_sum = s_sum * alpha + tl.sum(p, 1)
             m = m_new
-        # A split past the row's length ran no tile; it stores nothing and the combine skips it.
-        live = g_mask & ((g * 0 + start) < length)  # a vector: a scalar i1 mask broadcasts unreliably
         out = acc / s_sum[:, None]
         if FP8:
             out = out * v_scale
@@ -219,9 +233,9 @@ if TRITON_IMPORT_ERROR is None:
         tl.store(
             o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :],
             out,
-            mask=live[:, None] & d_mask[None, :],
+            mask=g_mask[:, None] & d_mask[None, :],
         )
-        tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=live)
+        tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=g_mask)
 
     @triton.jit
     def _combine_kernel(
@@ -271,12 +285,15 @@ def decode_attention(
     split: int | None = None,
     new: NewToken | None = None,
     launch: Launch | None = None,
+    programs: int | None = None,
 ) -> torch.Tensor:
     """q [B, H, D] (one token per row) over the first lengths[b] positions (each 1..the table's
     reach) of the row pages.rows[b] -> [B, H, D] in q's dtype. split (the least positions per
-    program, a multiple of BLOCK_N and of the launch's tile; default split_len) and launch (default
-    LAUNCH) are for benchmarks. With `new` (fuses_new_token), q is before RoPE, and the new key
-    (rotated) and value are written at position lengths[b] - 1 first."""
+    split, a multiple of BLOCK_N and of the launch's tile; default split_len), launch (default
+    LAUNCH) and programs (per row and KV head, each running every programs-th split of its row;
+    default one per split the table's width allows) are for benchmarks: none changes the result.
+    With `new` (fuses_new_token), q is before RoPE, and the new key (rotated) and value are written
+    at position lengths[b] - 1 first."""
     if TRITON_IMPORT_ERROR is not None:
         raise RuntimeError(TRITON_IMPORT_ERROR)
     fp8 = _check_pages(q, pages)
@@ -288,9 +305,12 @@ def decode_attention(
             f"decode_attention: split {split} must be a positive multiple of {BLOCK_N} and of the tile, {launch.block}"
         )
     num_splits = min(_MAX_SPLITS, triton.cdiv(pages.max_len, split))
+    programs = programs or num_splits
+    if not 1 <= programs <= num_splits:
+        raise Fp8InputError(f"decode_attention: programs {programs} must be 1 to a row's splits here, {num_splits}")
     if new is not None and (not fuses_new_token(q, new) or new.k.shape[1] != hkv):
         raise Fp8InputError("decode_attention: this new token cannot be fused (see fuses_new_token)")
-    partial, lse = _split_pass(q, pages, lengths, scale, split, num_splits, new, launch)
+    partial, lse = _split_pass(q, pages, lengths, scale, split, num_splits, programs, new, launch)
     return _combine_pass(q, partial, lse, lengths, split, launch)
 
 
@@ -322,7 +342,7 @@ def _pad(n: int) -> int:
 
 def _split_pass(
     q: torch.Tensor, pages: Pages, lengths: torch.Tensor, scale: float | None, split: int, num_splits: int,
-    new: NewToken | None, launch: Launch,
+    programs: int, new: NewToken | None, launch: Launch,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Kernel 1: each split's normalized output [B, H, num_splits, D] and log-sum-exp [B, H, num_splits], fp32."""
     b, h, d = q.shape
@@ -333,7 +353,7 @@ def _split_pass(
     partial = torch.empty((b, h, num_splits, d), dtype=torch.float32, device=q.device)
     lse = torch.empty((b, h, num_splits), dtype=torch.float32, device=q.device)
     nk, nv, cos, sin = new if new is not None else (q, q, lse, lse)  # unread without NEW
-    _split_kernel[(b, hkv, num_splits)](
+    _split_kernel[(b, hkv, programs)](
         q, k, v, tables, rows, lengths, partial, lse, nk, nv, cos, sin,
         q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), k.stride(2),

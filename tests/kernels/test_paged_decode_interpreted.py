@@ -13,6 +13,7 @@ import torch
 from helpers import paged
 
 from fp8route.engine.attention import decode_attention_torch
+from fp8route.errors import Fp8InputError
 from fp8route.kernels import paged_decode as da
 from fp8route.kernels.fused import rope, rope_into_cache
 from fp8route.models.llama import LlamaConfig, rope_tables
@@ -86,3 +87,27 @@ def test_with_a_fixed_split_a_rows_output_does_not_depend_on_its_batch():
         pages = da.Pages(k_blocks, v_blocks, tables, torch.tensor([b]))
         alone = da.decode_attention(q[b : b + 1], pages, lengths[b : b + 1], split=128)
         assert torch.equal(alone[0], batch[b]), b
+
+
+@pytest.mark.parametrize("programs", [1, 3, 8])
+def test_programs_that_each_run_several_splits_give_the_same_bits(programs):
+    """With fewer programs than splits each runs every programs-th split of its row (issue 47: a grid
+    that need not grow with the table's width): the same splits, the same partial sums, the same bits;
+    the fused new token too, written by the program one of whose splits holds it."""
+    b, h, hkv, d, s, page = 3, 4, 2, 32, 1024, 16
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(b, h, d, generator=g)
+    k, v = torch.randn(b, hkv, s, d, generator=g), torch.randn(b, hkv, s, d, generator=g)
+    new = da.NewToken(*(torch.randn(b, hkv, d, generator=g) for _ in range(2)), *torch.randn(2, b, d, generator=g))
+    lengths = torch.tensor([1000, 1, 333])
+    (k_blocks, tables), (v_blocks, v_tables) = paged(k, page), paged(v, page)
+    assert torch.equal(tables, v_tables)
+    outs = {}
+    for each in (None, programs):
+        pages = da.Pages(k_blocks.clone(), v_blocks.clone(), tables, torch.arange(b))
+        outs[each] = (da.decode_attention(q, pages, lengths, split=64, new=new, programs=each), pages.k, pages.v)
+    pairs = zip(outs[None], outs[programs], strict=True)
+    same = [torch.allclose(x, y, rtol=0, atol=0, equal_nan=True) for x, y in pairs]
+    assert same == [True, True, True]  # the output, and the new key and value written (block 0 holds NaN)
+    with pytest.raises(Fp8InputError, match="programs 17 must be 1 to a row's splits here, 16"):
+        da.decode_attention(q, pages, lengths, split=64, programs=17)
