@@ -184,3 +184,16 @@ def test_engine_graphs_and_triton_match_eager_torch_decode(kv_heads):
     tokens, logits = generate_with_logits(lm, ids, 24, prompt_lengths=lengths)
     torch.testing.assert_close(results[True][1], logits, rtol=1e-3, atol=1e-3)
     assert torch.equal(results[True][0], tokens)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("programs", [1, 5])
+def test_programs_running_several_splits_each_give_the_default_bits(fp8, programs):
+    """Fewer programs than splits (issue 47's grid sized by the batch, not the table): the same bits."""
+    q, _, _, pages, lengths = make(5, 64, 8, 128, 32768, [1, 9000, 16385, 32768, 100], 128, torch.bfloat16)
+    if fp8:
+        pages = pages._replace(k=pages.k.to(torch.float8_e4m3fn), v=pages.v.to(torch.float8_e4m3fn), k_scale=0.5)
+    default = da.decode_attention(q, pages, lengths)
+    assert torch.equal(da.decode_attention(q, pages, lengths, programs=programs), default)
