@@ -200,14 +200,13 @@ def make_plan(
     }
     routes: dict[bool, dict[torch.dtype, tuple[Backend, ...]]] = {False: {}, True: {}}
     fallbacks: list[Fallback] = []
-    measured_every_m = False  # the deterministic mode's pick came from a table's timings for some input
+    # The deterministic mode's one backend for every M, per activation dtype; x handed over quantized takes
+    # the same pick: the same e4m3 x, the same bits, whichever way it came.
+    every_m = {dtype: _pick_for_every_m(problem.with_bucket(dtype, None), policy, preference) for dtype in FLOAT_DTYPES}
     # x handed over quantized needs a static input scale: the dynamic schemes have no such route.
     for x_quantized in (False, True) if problem.static_input_scale else (False,):
         for dtype in FLOAT_DTYPES:
             route: list[Backend] = []
-            # x handed over quantized takes the same pick: the same e4m3 x, the same bits, whichever way it came.
-            every_m = _pick_for_every_m(problem.with_bucket(dtype, None), policy, preference)
-            measured_every_m |= every_m is not None
             for lo, hi in _bucket_ranges(M_BOUNDS):
                 bucket = problem.with_bucket(dtype, hi).with_input(x_quantized)
                 why = {n: _why_not(BACKENDS[n], bucket, policy) for n in BACKENDS if n not in policy.disable}
@@ -216,7 +215,7 @@ def make_plan(
                         reasons.setdefault((name, reason), {})[dtype] = None
                 # The deterministic mode: one backend for every M from the table's timings (its per-M picks
                 # are for speed alone).
-                preferred = every_m if policy.deterministic else (preference(bucket) if preference else None)
+                preferred = every_m[dtype] if policy.deterministic else (preference(bucket) if preference else None)
                 used, wanted = _pick(why, policy.force or (preferred if preferred in why else None), priority)
                 if wanted is not None and used != wanted and (policy.force or preferred or used in resorts):
                     fallback = Fallback(dtype, lo, hi, wanted, used, why[wanted] or "", x_quantized)
@@ -229,7 +228,7 @@ def make_plan(
     ranked = sorted(reasons.items(), key=lambda item: order.index(item[0][0]))
     excluded = tuple(Exclusion(name, reason, tuple(dtypes)) for (name, reason), dtypes in ranked)
     merged = tuple(_merge(fallbacks))
-    source = source if source is not None else _source(problem, policy, preference, measured_every_m)
+    source = source if source is not None else _source(problem, policy, preference, any(every_m.values()))
     plan = Plan(layer, problem, M_BOUNDS, routes[False], excluded, merged, source, routes[True] or routes[False])
     _check_forced(plan, policy)
     if policy.deterministic:
