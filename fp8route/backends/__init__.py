@@ -78,6 +78,17 @@ def default_priority(device: DeviceInfo) -> tuple[str, ...]:
     )  # fmt: skip
 
 
+def deterministic_default(device: DeviceInfo, m: int | None) -> str | None:
+    """The deterministic mode's backend for M up to m (None: any M) until a routing table measures the
+    layer: on SM90 the fixed-tile tiling whose time summed over Llama-3.1-8B's projections was least in
+    that range (benchmarks/results/h100/deterministic); elsewhere None, the default priority's first."""
+    if device.type != "cuda" or device.capability is None or device.capability < (9, 0):
+        return None
+    if m is not None and m <= 16:
+        return "triton_fixed"
+    return "triton_fixed_narrow" if m is not None and m <= 64 else "triton_fixed_wide"
+
+
 __all__ = [
     "BACKENDS",
     "BLOCK_KMAJOR",
@@ -88,6 +99,7 @@ __all__ = [
     "Backend",
     "LinearOperands",
     "default_priority",
+    "deterministic_default",
     "get_backend",
     "last_resorts",
 ]

@@ -89,6 +89,9 @@ class Backend(ABC):
     layouts: frozenset[str] = frozenset({TENSOR})
     schemes: frozenset[str] = frozenset({"tensor"})  # the FP8 schemes (fp8route.schemes) it computes
     fuses_silu_mul: bool = False  # run_silu_mul takes a down projection's gate_up input
+    # Backends of one family give a row the same bits as each other at every M (each batch-invariant):
+    # a batch-invariant route may change among them with M. None: a family of its own.
+    bits_family: str | None = None
 
     @abstractmethod
     def why_not(self, problem: GemmProblem) -> str | None:

@@ -19,7 +19,7 @@ from fp8route.schemes import SCHEMES
 
 class FixedTilesBackend(Backend):
     """One tiling of the fixed-tile GEMM: each tiling is a backend of its own, so that the deterministic
-    mode can choose per layer, by measurement, the tiling that runs it at every M."""
+    mode can choose per layer and M bucket, by measurement, among the tilings that sum K alike."""
 
     schemes = frozenset(SCHEMES)
 
@@ -31,6 +31,8 @@ class FixedTilesBackend(Backend):
             "taken per token: a row's result does not depend on M"
         )
         self._tiles = list(astuple(tiles))
+        # What orders a row's sum: the K steps and chunks, not the tile's rows, columns or pipeline.
+        self.bits_family = f"fixed-tile GEMM, {tiles.block_k}-wide K steps in chunks of {tiles.chunk_steps}"
 
     def why_not(self, problem: GemmProblem) -> str | None:
         reason = first_reason(needs_scheme(problem, self.schemes), needs_fp8_gpu(problem), TRITON_IMPORT_ERROR)

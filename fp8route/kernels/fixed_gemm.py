@@ -53,15 +53,17 @@ class FixedTiles:
 
 
 TILES = FixedTiles()
-# The tilings the deterministic mode chooses from per layer, by measurement (a backend each, by these
-# names): the best of benchmarks/scripts/fixed_gemm_sweep.py's candidates summed over a model's
+# The tilings the deterministic mode chooses from per layer and M bucket, by measurement (a backend each,
+# by these names): the best of benchmarks/scripts/fixed_gemm_sweep.py's candidates summed over a model's
 # projections at small M, the best at large M, and a narrow one that won on the shorter projections
-# at M <= 256.
+# at M <= 256. They share the K chunking, so a row gets the same bits from each: the mode may change
+# tiling with M (tests/kernels/test_fixed_gemm.py).
 TILINGS = {
     "triton_fixed": TILES,
-    "triton_fixed_wide": FixedTiles(128, 128, 128, 8, 8, 8, 3, 1),
+    "triton_fixed_wide": FixedTiles(128, 128, 128, 8, 8, 8, 4, 1),
     "triton_fixed_narrow": FixedTiles(64, 64, 128, 8, 8, 4, 4),
 }
+_SMEM = 227 * 1024  # Hopper: the shared memory one program may take
 
 
 if triton is not None:
@@ -167,6 +169,13 @@ def programs_per_tile(m: int, n: int, k: int, sms: int, tiles: FixedTiles = TILE
     return max(1, min(chunks, tiles.programs_per_sm * sms // count))
 
 
+def stages_that_fit(tiles: FixedTiles, element_size: int) -> int:
+    """tiles.num_stages, fewer where 16-bit operands' tiles would not fit shared memory (the stages
+    pipeline the loads; they do not touch the order of the sum)."""
+    per_stage = (tiles.block_m + tiles.block_n) * tiles.block_k * element_size
+    return max(1, min(tiles.num_stages, _SMEM // per_stage))
+
+
 def fixed_gemm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -218,7 +227,7 @@ def launch(
     meta: dict[str, Any] = dict(
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, CHUNK_STEPS=tiles.chunk_steps,
         GROUP_M=tiles.group_m, MODE=mode, HAS_BIAS=bias is not None, SPLIT=split > 1,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        num_warps=tiles.num_warps, num_stages=stages_that_fit(tiles, x.element_size()),
     )  # fmt: skip
     args = (
         x, weight, out, part, cnt, bias_arg, xs, ws,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from fp8route.backends import BACKENDS, Backend, default_priority, last_resorts
+from fp8route.backends import BACKENDS, Backend, default_priority, deterministic_default, last_resorts
 from fp8route.backends.base import LAYOUT_TEXT, layout_bytes
 from fp8route.backends.problem import GemmProblem
 from fp8route.errors import BackendUnavailableError, StrictModeError
@@ -111,20 +111,25 @@ class Plan:
         return "; ".join(parts)
 
     @property
+    def _all_routes(self) -> tuple[tuple[Backend, ...], ...]:
+        return (*self.routes.values(), *self.quantized_routes.values())
+
+    @property
     def _switches(self) -> bool:
-        """Whether some input's route changes backend with M."""
-        return any(len(set(route)) > 1 for route in (*self.routes.values(), *self.quantized_routes.values()))
+        """Whether some input's route changes with M to a backend that may give a row other bits."""
+        return any(len({b.bits_family or b.name for b in route}) > 1 for route in self._all_routes)
 
     @property
     def batch_invariant(self) -> bool:
-        """Whether each row's result is the same bits whatever M is: one backend for every M of each
-        input, whose rows do not depend on M."""
+        """Whether each row's result is the same bits whatever M is: each input's route keeps to one
+        backend, or to one bits family, for every M, and no backend's rows depend on M."""
         return not self._switches and all(b.batch_variance(self.problem) is None for b in self.backends)
 
     def invariance_text(self) -> str:
         """batch_invariant as explain says it: yes, or no and why."""
         if self.batch_invariant:
-            return "yes"
+            families = {b.bits_family for route in self._all_routes if len(set(route)) > 1 for b in route}
+            return "yes" + "".join(f" (the tiling changes with M within one family: {f})" for f in sorted(families))
         varying = {b.name: b.batch_variance(self.problem) for b in self.backends}
         reasons = [f"{name}: {why}" for name, why in sorted(varying.items()) if why is not None]
         return "no (" + "; ".join(reasons + (["the backend changes with M"] if self._switches else [])) + ")"
@@ -200,8 +205,8 @@ def make_plan(
     }
     routes: dict[bool, dict[torch.dtype, tuple[Backend, ...]]] = {False: {}, True: {}}
     fallbacks: list[Fallback] = []
-    # The deterministic mode's one backend for every M, per activation dtype; x handed over quantized takes
-    # the same pick: the same e4m3 x, the same bits, whichever way it came.
+    # The deterministic mode's route per activation dtype, one bits family for every M; x handed over
+    # quantized takes the same: the same e4m3 x, the same bits, whichever way it came.
     every_m = {dtype: _pick_for_every_m(problem.with_bucket(dtype, None), policy, preference) for dtype in FLOAT_DTYPES}
     # x handed over quantized needs a static input scale: the dynamic schemes have no such route.
     for x_quantized in (False, True) if problem.static_input_scale else (False,):
@@ -213,9 +218,13 @@ def make_plan(
                 for name, reason in why.items():
                     if reason is not None:
                         reasons.setdefault((name, reason), {})[dtype] = None
-                # The deterministic mode: one backend for every M from the table's timings (its per-M picks
-                # are for speed alone).
-                preferred = every_m[dtype] if policy.deterministic else (preference(bucket) if preference else None)
+                # The deterministic mode: its route from the table's timings (its per-M picks are for speed
+                # alone), else the device's default for the mode.
+                if policy.deterministic:
+                    measured = every_m[dtype]
+                    preferred = _at(measured, hi) if measured else deterministic_default(problem.device, hi)
+                else:
+                    preferred = preference(bucket) if preference else None
                 used, wanted = _pick(why, policy.force or (preferred if preferred in why else None), priority)
                 if wanted is not None and used != wanted and (policy.force or preferred or used in resorts):
                     fallback = Fallback(dtype, lo, hi, wanted, used, why[wanted] or "", x_quantized)
@@ -237,15 +246,23 @@ def make_plan(
     return plan
 
 
-def _pick_for_every_m(problem: GemmProblem, policy: Policy, preference: Preference | None) -> str | None:
-    """The deterministic mode's measured choice for one input: the batch-invariant backend a routing
-    table's timings favour over all its M buckets (RoutingTable.pick_for_every_m), or None."""
+RouteByM = tuple[tuple[int | None, str], ...]  # (a bucket's largest M, None: no limit; its backend), by M
+
+
+def _pick_for_every_m(problem: GemmProblem, policy: Policy, preference: Preference | None) -> RouteByM | None:
+    """The deterministic mode's measured route for one input, a backend per M bucket, all of one bits
+    family: what a routing table's timings favour over all its buckets (RoutingTable.pick_for_every_m), or None."""
     pick = getattr(preference, "pick_for_every_m", None) if policy.deterministic else None
     if pick is None:
         return None
     invariant = [n for n, b in BACKENDS.items() if n not in policy.disable and b.batch_variance(problem) is None]
     chosen = pick(problem, invariant)
-    return chosen if isinstance(chosen, str) else None
+    return tuple(chosen) if chosen else None
+
+
+def _at(route: RouteByM, m: int | None) -> str:
+    """route's backend for M up to m (None: beyond every bound)."""
+    return next(name for bound, name in route if bound is None or (m is not None and m <= bound))
 
 
 def _why_not(backend: Backend, bucket: GemmProblem, policy: Policy) -> str | None:
@@ -259,16 +276,16 @@ def _why_not(backend: Backend, bucket: GemmProblem, policy: Policy) -> str | Non
 
 
 def _check_invariant(plan: Plan) -> None:
-    """Deterministic mode: one batch-invariant backend for every M of each input, or a clear refusal
-    (a route that changed backend with M would change a row's bits with its batch)."""
+    """Deterministic mode: batch-invariant backends of one bits family for every M of each input, or a
+    clear refusal (a route that changed family with M would change a row's bits with its batch)."""
     if plan.batch_invariant:
         return
     p = plan.problem
     reasons = "; ".join(f"{e.backend}: {e.reason}" for e in plan.excluded)
     raise BackendUnavailableError(
         f"layer {plan.layer} (N={p.n}, K={p.k}, {DESCRIPTION[p.scheme]}) on {p.device.label}: deterministic "
-        f"mode needs one batch-invariant backend for every M, and none runs it here ({reasons}). Run without "
-        "deterministic mode, or on a CPU."
+        f"mode needs batch-invariant backends of one family for every M, and none runs it here ({reasons}). "
+        "Run without deterministic mode, or on a CPU."
     )
 
 
@@ -280,8 +297,16 @@ def _source(problem: GemmProblem, policy: Policy, preference: Preference | None,
         return f"forced by FP8ROUTE_FORCE={policy.force}"
     if policy.deterministic and callable(describe):
         if measured_every_m:
-            return f"deterministic mode: the batch-invariant backend timed fastest over every M, {describe(problem)}"
-        return f"deterministic mode: the table timed no batch-invariant backend at every M here, so the {default}"
+            return (
+                "deterministic mode: the batch-invariant backends timed fastest over every M, one family, "
+                f"{describe(problem)}"
+            )
+        return (
+            "deterministic mode: the table timed no batch-invariant backend at every M here, so the mode's "
+            f"default for {problem.device.label}"
+        )
+    if policy.deterministic:
+        return f"deterministic mode: the mode's default for {problem.device.label}"
     if callable(describe):
         return str(describe(problem))
     return default

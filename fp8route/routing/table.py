@@ -176,11 +176,16 @@ class RoutingTable:
         }
         return choose(runnable, priority_order(problem.device), self.min_tie)
 
-    def pick_for_every_m(self, problem: GemmProblem, candidates: Sequence[str]) -> str | None:
-        """The one candidate to run this layer at every M (the deterministic mode's choice): of those
-        measured at every bucket of the tuned (or nearest) shape and runnable here, the least time summed
-        over the buckets, each bucket's time relative to its fastest candidate (so a decode bucket
-        weighs as much as a prefill one); None without such a measurement."""
+    def pick_for_every_m(
+        self, problem: GemmProblem, candidates: Sequence[str]
+    ) -> tuple[tuple[int | None, str], ...] | None:
+        """The deterministic mode's route, (the bucket's largest M or None, candidate) per M bucket of the
+        table, all of one bits family (backends
+        that give a row the same bits as each other; a backend without one is a family alone). Of those
+        measured at every bucket of the tuned (or nearest) shape and runnable here, the family whose
+        fastest member per bucket sums to the least time, each bucket's time relative to its fastest
+        candidate (so a decode bucket weighs as much as a prefill one), then that member per bucket;
+        None without such a measurement."""
         if not self.applies_to(problem.device):
             return None
         found = self.lookup(problem.n, problem.k, problem.out_dtype, problem.x_quantized, problem.scheme)
@@ -198,14 +203,22 @@ class RoutingTable:
             return None
         fastest = [min(t[name].median_us for name in names) for t in buckets]
         rank = {name: i for i, name in enumerate(priority_order(problem.device))}
+        families: dict[str, list[str]] = {}
+        for name in names:
+            families.setdefault(BACKENDS[name].bits_family or name, []).append(name)
 
-        def cost(name: str) -> tuple[float, int]:
+        def route(members: list[str]) -> tuple[str, ...]:
+            return tuple(min(members, key=lambda n: (t[n].median_us, rank.get(n, len(rank)))) for t in buckets)
+
+        def cost(members: list[str]) -> tuple[float, int]:
+            chosen = route(members)
             relative = sum(
-                t[name].median_us / best if best > 0 else 1.0 for t, best in zip(buckets, fastest, strict=True)
+                t[name].median_us / best if best > 0 else 1.0
+                for t, best, name in zip(buckets, fastest, chosen, strict=True)
             )
-            return round(relative, 6), rank.get(name, len(rank))
+            return round(relative, 6), min(rank.get(n, len(rank)) for n in members)
 
-        return min(names, key=cost)
+        return tuple(zip((*self.m_bounds, None), route(min(families.values(), key=cost)), strict=True))
 
     def describe(self, problem: GemmProblem) -> str:
         """Where a layer's routes come from, per activation dtype (the plan's source); routes for

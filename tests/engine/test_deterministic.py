@@ -16,7 +16,7 @@ import torch
 from helpers import run_arrivals
 
 from fp8route import LLM, Fp8InputError, SamplingParams
-from fp8route.backends import BACKENDS
+from fp8route.backends import BACKENDS, deterministic_default
 from fp8route.backends.cpu_dequant import CpuTilesBackend
 from fp8route.backends.problem import GemmProblem
 from fp8route.checkpoint.smollm2 import packaged_gguf
@@ -24,7 +24,8 @@ from fp8route.device import DeviceInfo
 from fp8route.engine.config import EngineConfig
 from fp8route.engine.request import TokenLogprobs
 from fp8route.errors import BackendUnavailableError
-from fp8route.linear.plan import M_BOUNDS, make_plan
+from fp8route.linear import plan as plan_module
+from fp8route.linear.plan import M_BOUNDS, _bucket_ranges, make_plan
 from fp8route.linear.policy import Policy
 from fp8route.models.llama import FloatLinear
 from fp8route.row_tiles import ROW_TILE, by_row_tiles
@@ -94,7 +95,7 @@ def test_a_route_whose_backend_changes_with_m_is_refused(monkeypatch: pytest.Mon
         return "M > 64" if problem.m_max is None or problem.m_max > 64 else None
 
     monkeypatch.setattr(CpuTilesBackend, "why_not", small_only)
-    with pytest.raises(BackendUnavailableError, match="one batch-invariant backend for every M"):
+    with pytest.raises(BackendUnavailableError, match="batch-invariant backends of one family for every M"):
         make_plan("model.layers.0.mlp.down_proj", _problem(), Policy(deterministic=True))
 
 
@@ -108,29 +109,55 @@ def test_only_cpu_tiles_and_the_triton_fixed_tilings_claim_batch_invariance() ->
     assert invariant == {"cpu_tiles", "triton_fixed", "triton_fixed_wide", "triton_fixed_narrow"}
 
 
-def test_a_routing_table_chooses_the_tiling_per_layer_for_every_m_by_its_timings() -> None:
-    """The mode's choice by measurement: the tiling with the least time over every bucket, each relative
-    to its bucket's fastest (the wide one here: slower at small M, far faster at large M); the variant
-    backends the table timed faster are passed over without a fallback."""
-    from routing_helpers import H200, shape, table
+def test_a_routing_table_chooses_the_tiling_per_layer_and_m_bucket_by_its_timings() -> None:
+    """The mode's choice by measurement: the tilings sum K alike (one bits family), so each bucket takes
+    the fastest of them; the variant backends the table timed faster are passed over without a fallback."""
+    from routing_helpers import BOUNDS, H200, shape, table
 
     times = {"cublas": [5.0, 10.0, 50.0], "triton_fixed": [8.0, 20.0, 200.0], "triton_fixed_wide": [12.0, 25.0, 120.0]}
     tuned = table(shape(256, 512, ["cublas"] * 4, times=times))
     problem = replace(_problem(), device=H200)
     plan = make_plan("layer", problem, Policy(deterministic=True, strict=True), preference=tuned)
-    assert {b.name for b in plan.routes[torch.bfloat16]} == {"triton_fixed_wide"} and plan.batch_invariant
-    assert plan.source.startswith("deterministic mode: the batch-invariant backend timed fastest over every M")
+    route = plan.routes[torch.bfloat16]
+    for (lo, hi), backend in zip(_bucket_ranges(plan.bounds), route, strict=True):
+        assert backend.name == ("triton_fixed_wide" if hi is None or hi > BOUNDS[1] else "triton_fixed"), (lo, hi)
+    assert plan.batch_invariant and "yes (the tiling changes with M within one family" in plan.invariance_text()
+    assert plan.source.startswith("deterministic mode: the batch-invariant backends timed fastest over every M")
     untimed = table(shape(256, 512, ["cublas"] * 4, times={"cublas": [5.0, 10.0, 50.0]}))
     plan = make_plan("layer", problem, Policy(deterministic=True), preference=untimed)
-    assert {b.name for b in plan.backends} == {"triton_fixed"}
+    assert plan.routes[torch.bfloat16] == tuple(
+        BACKENDS[deterministic_default(H200, hi)] for _, hi in _bucket_ranges(plan.bounds)
+    )
     assert plan.source.startswith("deterministic mode: the table timed no batch-invariant backend at every M here")
-    assert {b.name for b in plan.routes[torch.float16]} == {"triton_fixed"}  # untuned: the default priority
     assert {b.name for b in make_plan("layer", problem, preference=tuned).routes[torch.bfloat16]} == {"cublas"}
-    times["triton_fixed"] = [8.0, 20.0, 130.0]  # now within reach at large M and faster below
-    retuned = table(shape(256, 512, ["cublas"] * 4, times=times))
-    assert retuned.pick_for_every_m(
-        problem.with_bucket(torch.bfloat16, None), ["triton_fixed", "triton_fixed_wide"]
-    ) == ("triton_fixed")
+
+
+def test_tilings_of_different_families_are_never_mixed_in_one_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Were the wide tiling to sum K otherwise, the route keeps to one family: the one whose per-bucket
+    times, each relative to the bucket's fastest, sum least (the table's last two buckets hold the same
+    timings: triton_fixed 1 + 1 + 2 x 130/120 against 1.5 + 1.25 + 1 + 1)."""
+    from routing_helpers import H200, shape, table
+
+    monkeypatch.setattr(BACKENDS["triton_fixed_wide"], "bits_family", "another order")
+    monkeypatch.setattr(plan_module, "deterministic_default", lambda device, m: None)  # the untimed dtypes
+    times = {"triton_fixed": [8.0, 20.0, 130.0], "triton_fixed_wide": [12.0, 25.0, 120.0]}
+    problem = replace(_problem(), device=H200)
+
+    def route() -> set[str]:
+        tuned = table(shape(256, 512, ["cublas"] * 4, times=times))
+        plan = make_plan("layer", problem, Policy(deterministic=True, strict=True), preference=tuned)
+        assert plan.batch_invariant
+        return {b.name for b in plan.routes[torch.bfloat16]}
+
+    assert route() == {"triton_fixed"}
+    times["triton_fixed"] = [8.0, 20.0, 400.0]  # now 1 + 1 + 2 x 400/120
+    assert route() == {"triton_fixed_wide"}
+    plan = make_plan(
+        "layer", problem, Policy(deterministic=True), preference=table(shape(256, 512, ["cublas"] * 4, times=times))
+    )
+    route = (BACKENDS["triton_fixed"], *plan.routes[torch.bfloat16][1:])
+    mixed = replace(plan, routes={**plan.routes, torch.bfloat16: route})
+    assert not mixed.batch_invariant and "the backend changes with M" in mixed.invariance_text()
 
 
 @pytest.mark.parametrize("scheme", ["tensor", "channel", "block"])
@@ -141,9 +168,13 @@ def test_on_an_h200_the_mode_routes_every_m_to_the_fixed_tile_gemm(scheme: str) 
 
     problem = replace(_problem(scheme), device=H200)
     plan = make_plan("layer", problem, Policy(deterministic=True, strict=True), preference=lambda bucket: "cublas")
-    assert {b.name for b in plan.backends} == {"triton_fixed"} and not plan.fallbacks
+    assert not plan.fallbacks
+    assert plan.routes[torch.bfloat16] == tuple(
+        BACKENDS[deterministic_default(H200, hi)] for _, hi in _bucket_ranges(plan.bounds)
+    )  # the mode's default tiling per M: the three tilings
+    assert len(plan.backends) == 3
     text = plan.explain()
-    assert "batch-invariant (a row's bits whatever its batch): yes" in text
+    assert "batch-invariant (a row's bits whatever its batch): yes (the tiling changes with M" in text
     assert "deterministic mode: a row's result can change with M" in text
     assert "triton_fixed" not in {b.name for b in make_plan("layer", problem).backends}
 

@@ -7,6 +7,8 @@ programs share its tile's chunks. On a CPU under Triton's interpreter (small til
 
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import pytest
 import torch
 from helpers import GPU_OR_INTERPRETER
@@ -133,3 +135,30 @@ def test_the_backend_quantizes_each_row_alone_and_matches_the_reference(gpu_conv
         assert torch.equal(alone[0], together[row]), row
         ref = reference.run(x[row : row + 1], ops).float()
         assert ((alone - ref).norm() / ref.norm()).item() < 4e-3, row
+
+
+# Tilings that differ in everything but their K chunking (block_k, chunk_steps): the tile's rows and
+# columns, warps, stages and grouping. The interpreter's stand-ins keep that contrast at small sizes.
+SAME_CHUNKING = (
+    [*fg.TILINGS.values(), fg.FixedTiles(128, 256, 128, 8, 8, 8, 2, 1)]
+    if CUDA
+    else [SMALL, fg.FixedTiles(32, 16, 32, 2, 1, 4, 1), fg.FixedTiles(16, 16, 32, 2, 4, 4, 3, 1)]
+)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_tilings_that_share_the_k_chunking_give_a_row_the_same_bits(gpu_conversions, monkeypatch, scheme):
+    """What lets the deterministic mode change the tiling with M: a row's sum is ordered by K alone."""
+    k = 3200 if CUDA else 1100
+    ops = operands(scheme, 300 if CUDA else 40, 520 if CUDA else 72, k, seed=5)
+    first = None
+    for tiles in SAME_CHUNKING:
+        if scheme == "block":
+            tiles = fg.FixedTiles(tiles.block_m, tiles.block_n, 128, *astuple(tiles)[3:])
+        ops = (*ops[:6], tiles)
+        whole = run(ops, out_dtype=torch.float32)
+        alone = run(ops, slice(7, 8), out_dtype=torch.float32)
+        if first is None:
+            first = whole
+        assert torch.equal(alone[0].view(torch.int32), whole[7].view(torch.int32)), f"{tiles}: M=1 vs M={len(whole)}"
+        assert torch.equal(whole.view(torch.int32), first.view(torch.int32)), f"{tiles} vs {SAME_CHUNKING[0]}"
