@@ -1,5 +1,5 @@
 """The block scheme's decode GEMM at small M on one GPU, against the per-tensor one on the same weights'
-shape: the configuration it runs today (the per-tensor table's, made block-legal), and every candidate
+shape: the configuration it runs today (configs.choose_block_config, made block-legal), and every candidate
 CUDA-core configuration, so the fastest can become the block scheme's measured entry (issue 45: batch-1
 decode of a block checkpoint within 1.10x of per-tensor). Timed as bench decode times: cold L2 by
 rotating weight copies, CUDA events and inside one CUDA graph, each arm checked against the scheme's
@@ -20,7 +20,7 @@ import torch
 
 from fp8route.bench.decode import SHAPES, _cuda_core_configs, rel_err
 from fp8route.device import DeviceInfo
-from fp8route.kernels.decode_gemm.configs import DecodeConfig, choose_config
+from fp8route.kernels.decode_gemm.configs import DecodeConfig, choose_block_config
 from fp8route.kernels.decode_gemm.launch import block_config, decode_gemm
 from fp8route.routing.fingerprint import Fingerprint
 from fp8route.schemes import quantize_activation, quantize_weight, scaled_matmul
@@ -71,7 +71,7 @@ def main() -> None:
             def calls(scheme: str, cfg: DecodeConfig | None, xs=xs, weights=weights) -> list:  # noqa: ANN001
                 return _calls(xs, *weights[scheme], scheme, cfg)
 
-            today = block_config(choose_config(m, n, k, device))
+            today = block_config(choose_block_config(m, n, k, device))
             best, best_us = today, float("inf")
             for cfg in _cuda_core_configs(m, n, k, device.sm_count or 132, BLOCKS):
                 try:

@@ -89,3 +89,15 @@ def test_a_dynamic_scheme_refuses_a_static_scale_and_a_scale_of_another_shape():
         decode.decode_gemm(x, wq, ws[:, :4].contiguous(), None, None, torch.bfloat16, scheme="block")
     with pytest.raises(TypeError, match="channel scheme"):
         decode.decode_gemm(x.to(torch.float8_e4m3fn), wq, torch.ones(192), None, None, torch.bfloat16, scheme="channel")
+
+
+def test_the_block_scheme_runs_its_own_one_token_tiles_and_the_per_tensor_choice_above() -> None:
+    from fp8route.device import DeviceInfo
+    from fp8route.kernels.decode_gemm.configs import choose_block_config, choose_config
+
+    device = DeviceInfo.of("cpu")
+    for (n, k), split in {(6144, 4096): 1, (4096, 4096): 1, (28672, 4096): 1, (4096, 14336): 2, (256, 300): 1}.items():
+        cfg = choose_block_config(1, n, k, device)
+        assert (cfg.block_n, cfg.block_m, cfg.split_k, cfg.num_warps, cfg.cuda_core) == (8, 1, split, 2, True)
+        assert cfg.block_k % 128 == 0 and decode.block_config(cfg) == cfg, "not block-legal as chosen"
+        assert choose_block_config(2, n, k, device) == choose_config(2, n, k, device)

@@ -15,6 +15,7 @@ M_MAX = 128  # decode sizes; the library GEMMs win above (benchmarks/DECODE.md)
 CUDA_CORE_M_MAX = 8  # the CUDA-core kernel's FMAs grow with M; from 16 on the tensor cores win
 K_ALIGN = 16  # 16-byte rows of the fp8 weight: cp.async / wgmma operand alignment
 _SMEM_PER_SM = 227 * 1024  # Hopper: shared memory one SM can give its CTAs
+_GROUP = 128  # the block scheme's K group: a step holds whole groups
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,19 @@ def choose_config(m: int, n: int, k: int, device: DeviceInfo) -> DecodeConfig:
     tiles = cdiv(n, block_n) * cdiv(m, block_m)
     split = max(1, min(slots // tiles, cdiv(k, block_k)))
     return DecodeConfig(block_n, block_k, block_m, split, num_warps=warps, num_stages=stages)
+
+
+def choose_block_config(m: int, n: int, k: int, device: DeviceInfo) -> DecodeConfig:
+    """choose_config for 128x128 block weights (launch.block_config makes it block-legal). At M=1 the
+    block kernel's per-group scale loads want their own tiles: 8 rows of two warps, 512-wide steps (four
+    groups) in three stages, split in two past 16 steps (the 8B down projection). Within 3% of the best
+    of 12 swept configurations on each 8B shape, 1.03x per-tensor's summed over a layer, against 1.21x
+    for the per-tensor rule made block-legal (an H100: benchmarks/results/h100/schemes_decode; no H200
+    has measured it). Larger M: the per-tensor choice, which the same sweep found best at M=2."""
+    if m > 1:
+        return choose_config(m, n, k, device)
+    block_k = max(_GROUP, min(512, next_power_of_2(k)))
+    return DecodeConfig(8, block_k, 1, cdiv(cdiv(k, block_k), 16), num_warps=2, num_stages=3, cuda_core=True)
 
 
 def _one_token_config(n: int, k: int, num_sms: int) -> DecodeConfig:

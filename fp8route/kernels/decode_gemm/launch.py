@@ -11,7 +11,14 @@ import torch
 
 from fp8route.device import DeviceInfo
 from fp8route.errors import Fp8InputError, Fp8TypeError
-from fp8route.kernels.decode_gemm.configs import DecodeConfig, cdiv, choose_config, next_power_of_2, why_not
+from fp8route.kernels.decode_gemm.configs import (
+    DecodeConfig,
+    cdiv,
+    choose_block_config,
+    choose_config,
+    next_power_of_2,
+    why_not,
+)
 from fp8route.kernels.decode_gemm.kernels import decode_cuda_core_kernel, decode_mma_kernel
 from fp8route.kernels.launcher import DirectLauncher
 from fp8route.kernels.split_counters import counters
@@ -138,9 +145,10 @@ _SCHEMES = {"tensor": 0, "channel": 1, "block": 2}  # the kernels' SCHEME conste
 
 def _plan_launch(m: int, n: int, k: int, device: torch.device, x_fp8: bool, has_bias: bool,
                  config: DecodeConfig | None, gated: bool, scheme: str) -> _Launch:  # fmt: skip
-    cfg = config or choose_config(m, n, k, _device(device))
     if scheme == "block":
-        cfg = block_config(cfg)
+        cfg = block_config(config or choose_block_config(m, n, k, _device(device)))
+    else:
+        cfg = config or choose_config(m, n, k, _device(device))
     if cfg.cuda_core and m > cfg.block_m:
         raise Fp8InputError(f"decode_gemm: {cfg} takes at most {cfg.block_m} tokens, got M={m}")
     k_iters = cdiv(k, cfg.block_k)
