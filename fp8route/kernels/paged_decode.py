@@ -34,6 +34,7 @@ or fp32 cache compiles the same code as before (FP8 is a constexpr).
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -112,6 +113,20 @@ def split_len(pairs: int = 1) -> int:
     while scale * scale * 8 < pairs:
         scale *= 2
     return 2 * BLOCK_N * scale
+
+
+def programs_for(pairs: int, num_splits: int, sms: int) -> int:
+    """Programs per (row, KV head): enough for four waves of the SMs over all `pairs`, each running
+    every programs-th split of its row, at most one per split. The grid then follows the batch, not
+    the table's width: tables 131072 positions wide cost the e4m3 cache 1.5x at batch 256 with one
+    program per split, and nothing with these (an H100, rows of 512-2048:
+    benchmarks/results/h100/long_context)."""
+    return min(num_splits, max(1, -(-4 * sms // pairs)))
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
 if TRITON_IMPORT_ERROR is None:
@@ -291,7 +306,7 @@ def decode_attention(
     reach) of the row pages.rows[b] -> [B, H, D] in q's dtype. split (the least positions per
     split, a multiple of BLOCK_N and of the launch's tile; default split_len), launch (default
     LAUNCH) and programs (per row and KV head, each running every programs-th split of its row;
-    default one per split the table's width allows) are for benchmarks: none changes the result.
+    default programs_for) are for benchmarks: none changes the result.
     With `new` (fuses_new_token), q is before RoPE, and the new key (rotated) and value are written
     at position lengths[b] - 1 first."""
     if TRITON_IMPORT_ERROR is not None:
@@ -305,7 +320,7 @@ def decode_attention(
             f"decode_attention: split {split} must be a positive multiple of {BLOCK_N} and of the tile, {launch.block}"
         )
     num_splits = min(_MAX_SPLITS, triton.cdiv(pages.max_len, split))
-    programs = programs or num_splits
+    programs = programs or programs_for(q.shape[0] * hkv, num_splits, _sm_count(q.device))
     if not 1 <= programs <= num_splits:
         raise Fp8InputError(f"decode_attention: programs {programs} must be 1 to a row's splits here, {num_splits}")
     if new is not None and (not fuses_new_token(q, new) or new.k.shape[1] != hkv):

@@ -189,11 +189,13 @@ def test_engine_graphs_and_triton_match_eager_torch_decode(kv_heads):
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("fp8", [False, True])
-@pytest.mark.parametrize("programs", [1, 5])
-def test_programs_running_several_splits_each_give_the_default_bits(fp8, programs):
-    """Fewer programs than splits (issue 47's grid sized by the batch, not the table): the same bits."""
+@pytest.mark.parametrize("programs", [1, 5, None])
+def test_programs_running_several_splits_each_give_one_per_splits_bits(fp8, programs):
+    """Fewer programs than splits (issue 47's grid sized by the batch, not the table; None: the
+    default's programs_for): the same bits as one program per split."""
     q, _, _, pages, lengths = make(5, 64, 8, 128, 32768, [1, 9000, 16385, 32768, 100], 128, torch.bfloat16)
     if fp8:
         pages = pages._replace(k=pages.k.to(torch.float8_e4m3fn), v=pages.v.to(torch.float8_e4m3fn), k_scale=0.5)
-    default = da.decode_attention(q, pages, lengths)
-    assert torch.equal(da.decode_attention(q, pages, lengths, programs=programs), default)
+    splits = min(64, -(-pages.max_len // da.split_len(5 * 8)))
+    one_per_split = da.decode_attention(q, pages, lengths, programs=splits)
+    assert torch.equal(da.decode_attention(q, pages, lengths, programs=programs), one_per_split)

@@ -103,11 +103,19 @@ def test_programs_that_each_run_several_splits_give_the_same_bits(programs):
     (k_blocks, tables), (v_blocks, v_tables) = paged(k, page), paged(v, page)
     assert torch.equal(tables, v_tables)
     outs = {}
-    for each in (None, programs):
+    for each in (16, programs):  # 16: one program per split of the table's 1024 positions
         pages = da.Pages(k_blocks.clone(), v_blocks.clone(), tables, torch.arange(b))
         outs[each] = (da.decode_attention(q, pages, lengths, split=64, new=new, programs=each), pages.k, pages.v)
-    pairs = zip(outs[None], outs[programs], strict=True)
+    pairs = zip(outs[16], outs[programs], strict=True)
     same = [torch.allclose(x, y, rtol=0, atol=0, equal_nan=True) for x, y in pairs]
     assert same == [True, True, True]  # the output, and the new key and value written (block 0 holds NaN)
     with pytest.raises(Fp8InputError, match="programs 17 must be 1 to a row's splits here, 16"):
         da.decode_attention(q, pages, lengths, split=64, programs=17)
+
+
+def test_the_default_programs_follow_the_batch_not_the_tables_width():
+    sms = 132
+    assert da.programs_for(8, 64, sms) == 64  # one row: a program per split, as many as the table allows
+    assert da.programs_for(16 * 8, 64, sms) == 5  # batch 16: four waves' worth, each program 13 splits
+    assert da.programs_for(256 * 8, 64, sms) == 1
+    assert da.programs_for(16 * 8, 2, sms) == 2  # never more than the splits
