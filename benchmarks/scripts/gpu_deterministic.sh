@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 49's GPU half in one device call, output under $OUT: the deterministic mode's tests on the GPU,
-# then on random Llama-3.1-8B FP8 checkpoints (one per SCHEMES) the equality check (8 probes alone and
-# inside batches of 16, 64, 256: how many differ, mode on and off), and the mode's cost on bench e2e
-# (routed vs deterministic arms, batch 1 and 16, inputs 1024 and 4096). PHASES picks: tests equal e2e sweep
-# serve; sweep times the fixed-tile GEMM's tilings per layer (fixed_gemm_sweep.py; SWEEP_SCHEMES, e.g. "tensor,float"
-# for the lm_head too, SWEEP_MS); serve runs bench serve's
-# decode-heavy and prefill-heavy loads with and without --deterministic.
+# Issue 49's GPU half in one device call, output under $OUT: the deterministic mode's tests on the GPU
+# (TESTS_EXTRA: more test files), then on random Llama-3.1-8B FP8 checkpoints (one per SCHEMES) the
+# equality check (8 probes alone and inside batches of 16, 64, 256: how many differ, mode on and off),
+# and the mode's cost on bench e2e (routed vs deterministic arms, batch 1 and 16, inputs E2E_INPUTS,
+# default 1024,4096). PHASES picks: tests equal e2e sweep serve; sweep times the fixed-tile GEMM's
+# tilings per layer (fixed_gemm_sweep.py; SWEEP_SCHEMES, e.g. "tensor,float" for the lm_head too,
+# SWEEP_MS); serve runs bench serve's decode-heavy and prefill-heavy loads with and without --deterministic.
 set -u -o pipefail
 log="$OUT/gpu.txt"
 echo "# PHASES='${PHASES:=tests equal e2e}' SCHEMES='${SCHEMES:=tensor}' bash benchmarks/scripts/gpu_deterministic.sh ($(date -u +%FT%TZ))" | tee "$log"
@@ -26,7 +26,7 @@ for phase in $PHASES; do
     tests)
         timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider \
             tests/kernels/test_fixed_gemm.py tests/engine/test_deterministic_kernels.py \
-            tests/engine/test_deterministic.py tests/engine/test_scheduler.py > "$OUT/tests.log" 2>&1
+            tests/engine/test_deterministic.py tests/engine/test_scheduler.py ${TESTS_EXTRA:-} > "$OUT/tests.log" 2>&1
         echo "== tests (rc $?)" | tee -a "$log"
         tail -1 "$OUT/tests.log" | tee -a "$log"; grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | tee -a "$log" ;;
     equal)
@@ -39,7 +39,8 @@ for phase in $PHASES; do
     e2e)
         for scheme in $SCHEMES; do
             timeout "${ARM_TIMEOUT:-240}" python3 -m fp8route bench e2e "$(checkpoint "$scheme")" --batch 1,16 \
-                --input 1024,4096 --output 64 --policy routed,deterministic --out "$OUT" > "$OUT/e2e-$scheme.log" 2>&1
+                --input "${E2E_INPUTS:-1024,4096}" --output 64 --policy routed,deterministic --out "$OUT" \
+                > "$OUT/e2e-$scheme.log" 2>&1
             echo "== e2e $scheme (rc $?)" | tee -a "$log"
             sed -n '/^arm /,$p' "$OUT/e2e-$scheme.log" | tee -a "$log"  # the table, the step by kernel
         done ;;
