@@ -162,3 +162,11 @@ def test_tilings_that_share_the_k_chunking_give_a_row_the_same_bits(gpu_conversi
             first = whole
         assert torch.equal(alone[0].view(torch.int32), whole[7].view(torch.int32)), f"{tiles}: M=1 vs M={len(whole)}"
         assert torch.equal(whole.view(torch.int32), first.view(torch.int32)), f"{tiles} vs {SAME_CHUNKING[0]}"
+
+
+def test_the_stages_shrink_to_what_fits_shared_memory_and_never_below_one():
+    wide = fg.TILINGS["triton_fixed_wide"]
+    assert fg.stages_that_fit(wide, 1, split=True) == wide.num_stages == 4  # e4m3: 32 KiB a stage
+    assert fg.stages_that_fit(wide, 2, split=False) == 3  # bf16: 64 KiB a stage
+    assert fg.stages_that_fit(wide, 2, split=True) == 2  # and a 64 KiB fp32 tile for the chunk sums
+    assert fg.stages_that_fit(fg.FixedTiles(256, 256, 256, 8, 8, 8, 4), 2, split=True) == 1
