@@ -180,12 +180,11 @@ class RoutingTable:
         self, problem: GemmProblem, candidates: Sequence[str]
     ) -> tuple[tuple[int | None, str], ...] | None:
         """The deterministic mode's route, (the bucket's largest M or None, candidate) per M bucket of the
-        table, all of one bits family (backends
-        that give a row the same bits as each other; a backend without one is a family alone). Of those
-        measured at every bucket of the tuned (or nearest) shape and runnable here, the family whose
-        fastest member per bucket sums to the least time, each bucket's time relative to its fastest
-        candidate (so a decode bucket weighs as much as a prefill one), then that member per bucket;
-        None without such a measurement."""
+        table, all of one bits family (backends that give a row the same bits as each other; a backend
+        without one is a family alone). Of the candidates measured at every bucket of the tuned (or
+        nearest) shape and runnable here, the family whose fastest member per bucket sums to the least
+        time, each bucket's time relative to its fastest candidate (so a decode bucket weighs as much as
+        a prefill one), then that member per bucket; None without such a measurement."""
         if not self.applies_to(problem.device):
             return None
         found = self.lookup(problem.n, problem.k, problem.out_dtype, problem.x_quantized, problem.scheme)
