@@ -8,7 +8,8 @@
 # SWEEP_MS); serve runs bench serve's decode-heavy and prefill-heavy loads with and without --deterministic.
 set -u -o pipefail
 log="$OUT/gpu.txt"
-echo "# PHASES='${PHASES:=tests equal e2e}' SCHEMES='${SCHEMES:=tensor}' bash benchmarks/scripts/gpu_deterministic.sh ($(date -u +%FT%TZ))" | tee "$log"
+: "${PHASES:=tests equal e2e}" "${SCHEMES:=tensor}"  # here, not inside the pipeline below (a subshell)
+echo "# PHASES='$PHASES' SCHEMES='$SCHEMES' bash benchmarks/scripts/gpu_deterministic.sh ($(date -u +%FT%TZ))" | tee "$log"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$log"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$log"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
