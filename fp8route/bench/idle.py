@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -54,15 +56,26 @@ def _steady(llm: LLM, batch: int, steps: int, arrivals: int, sampling: str) -> N
         engine.add_request(torch.randint(0, vocab, (512,)).tolist(), SamplingParams(max_tokens=8, ignore_eos=True))
 
 
-def measure(llm: LLM, batch: int, steps: int, arrivals: int, sampling: str = "greedy") -> dict[str, float]:
-    """Profile `steps` steps from steady state; the requests are aborted after."""
+# Host calls that wait for the GPU, or allocate what a step should have had already: any of them in a
+# step the host prepares while the GPU runs the step before stalls it (issue 47's mixed steps).
+BLOCKING = ("Synchronize", "aten::item", "aten::_local_scalar_dense", "cudaMemcpy", "cudaHostAlloc", "cudaFreeHost",
+            "cudaMalloc", "cudaFree", "aten::nonzero")  # fmt: skip
+
+
+def measure(
+    llm: LLM, batch: int, steps: int, arrivals: int, sampling: str = "greedy", host: Path | None = None
+) -> dict[str, Any]:
+    """Profile `steps` steps from steady state; the requests are aborted after. host: also record the
+    host's side (torch ops and CUDA runtime calls, with shapes), write its Chrome trace there and name
+    what holds the host (host_holders)."""
     from torch.profiler import ProfilerActivity, profile
 
     engine = llm.engine
     _steady(llm, batch, steps, arrivals, sampling)
     engine.stats.clear()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if host is not None else [])
+    with profile(activities=activities, record_shapes=host is not None) as trace:
         for _ in range(steps):
             engine.step()
         torch.cuda.synchronize()
@@ -72,11 +85,37 @@ def measure(llm: LLM, batch: int, steps: int, arrivals: int, sampling: str = "gr
     engine.drain()
     cuda = torch.autograd.DeviceType.CUDA
     idle, span_us = idle_share((e.time_range.start, e.time_range.end) for e in trace.events() if e.device_type == cuda)
-    return {
+    row: dict[str, Any] = {
         "batch": batch, "steps": len(stats), "mixed_steps": sum(1 for s in stats if s.prefill_tokens), "idle": idle,
         "step_ms": span_us / 1e3 / len(stats), "host_us": 1e6 * statistics.median(s.host_s for s in stats),
         "wall_us": 1e6 * statistics.median(s.wall_s for s in stats),
     }  # fmt: skip
+    if host is not None:
+        host.mkdir(parents=True, exist_ok=True)
+        trace.export_chrome_trace(str(host / f"idle-b{batch}-{arrivals}-{sampling}.json"))
+        row["holders"] = host_holders(trace.key_averages(), len(stats))
+    return row
+
+
+def host_holders(averages: Iterable[Any], steps: int, most: int = 12) -> list[tuple[str, int, float, bool]]:
+    """What the host spent a step on: (name, calls a step, self ms a step, whether it can wait for the
+    GPU) of the host-side ops and runtime calls with the most self time, every BLOCKING one included."""
+    rows = []
+    for event in averages:
+        if event.device_type != torch.autograd.DeviceType.CPU or event.self_cpu_time_total <= 0:
+            continue
+        blocking = any(b in event.key for b in BLOCKING)
+        rows.append((event.key, event.count / steps, event.self_cpu_time_total / 1e3 / steps, blocking))
+    rows.sort(key=lambda r: -r[2])
+    return [r for i, r in enumerate(rows) if i < most or r[3]]
+
+
+def holders_text(row: dict[str, Any]) -> str:
+    """host_holders of one measurement as lines, the ones that can wait for the GPU marked."""
+    lines = [f"host per step, {row['kind']} {row['sampling']} batch {row['batch']} (self ms; * can wait for the GPU):"]
+    for name, calls, ms, blocking in row["holders"]:
+        lines.append(f"  {'*' if blocking else ' '} {ms:8.3f} ms  {calls:7.1f} calls  {name}")
+    return "\n".join(lines)
 
 
 def table(rows: list[dict]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from fp8route.cli.sweep_args import cuda_device, int_list
 from fp8route.engine.config import Flag, add_engine_args
@@ -20,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise Fp8InputError(f"--steps must be at least 1, got {args.steps}")
     device = cuda_device(argparse.Namespace(device="cuda"))
-    from fp8route.bench.idle import MIXED_ARRIVALS, measure, table
+    from fp8route.bench.idle import MIXED_ARRIVALS, holders_text, measure, table
     from fp8route.engine.llm import LLM
     from fp8route.routing.fingerprint import Fingerprint
 
@@ -31,8 +32,11 @@ def run(args: argparse.Namespace) -> int:
     for sampling in samplings:
         for batch in batches:
             for kind, arrivals in (("decode", 0), ("mixed", MIXED_ARRIVALS)):
-                rows.append(measure(llm, batch, args.steps, arrivals, sampling) | {"kind": kind, "sampling": sampling})
+                row = measure(llm, batch, args.steps, arrivals, sampling, args.host_profile)
+                rows.append(row | {"kind": kind, "sampling": sampling})
     print(table(rows))
+    for row in rows if args.host_profile else ():
+        print(holders_text(row))
     return 0
 
 
@@ -48,6 +52,13 @@ def register(kinds: argparse._SubParsersAction) -> None:
         "--sampling",
         default="greedy",
         help=f"what each request asks for, comma-separated: {', '.join(IDLE_SAMPLINGS)} (bench serve's arms)",
+    )
+    parser.add_argument(
+        "--host-profile",
+        type=Path,
+        default=None,
+        help="also profile the host's side of each measurement (torch ops and CUDA runtime calls): write its "
+        "Chrome trace into this folder and print what the host spent each step on (default: off)",
     )
     add_engine_args(parser, ["max_model_len"], max_model_len=Flag(default=8192))
     parser.set_defaults(run=run)
