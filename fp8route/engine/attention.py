@@ -117,7 +117,8 @@ class StepAttention:
     attends over its own K/V with SDPA, cuDNN's kernel on a GPU, which runs a long causal prefill
     faster than the paged kernel. alone: for the deterministic mode, without triton each query by itself
     through the torch path (paged_attention_rows); with it the paged kernel, whose rows depend on their
-    own sequence only (the scheduler sends a prompt's one-token piece through its multi-query grid)."""
+    own sequence only, its decode rows through the decode kernel at its fixed split as in a decode step
+    (the scheduler sends a prompt's one-token piece through the multi-query grid)."""
 
     def __init__(
         self,
@@ -155,6 +156,8 @@ class StepAttention:
         cache = PagedKV(k_blocks, v_blocks, pool.tables, *pool.layer_scales(layer))
         if self.alone and not self.triton:
             return paged_attention_rows(q, cache, self.seqs).transpose(0, 1)[None]
+        if self.alone:  # decode rows as a decode step runs them: the decode kernel at its fixed split
+            return paged_attention(q, cache, self.seqs, decode_split=kernel.FIXED_SPLIT).transpose(0, 1)[None]
         attend = paged_attention if self.triton else paged_attention_reference
         return attend(q, cache, self.seqs).transpose(0, 1)[None]
 
@@ -165,8 +168,9 @@ class DecodeAttention:
     host bound on positions + 1 that lets the torch path gather less (a captured step passes none).
     With a FlashInfer attention (planned for this step by the caller), FlashInfer's decode runs.
     alone: for the deterministic mode, without the Triton kernels each row by itself through the torch
-    path (decode_attention_rows); with them paged attention's one-query grid, the path a decode row
-    takes in a mixed step too (its segments sized from its own length)."""
+    path (decode_attention_rows); with them the decode kernel at a fixed split (paged_decode.FIXED_SPLIT:
+    a row's splits from its own length, its programs from the batch), RoPE and the cache write before
+    it: the path a decode row takes in a mixed step too."""
 
     def __init__(
         self,
@@ -223,7 +227,7 @@ class DecodeAttention:
             self._seqs = Sequences(cu_q, self.lengths.to(torch.int32), self.rows.to(torch.int32), count)
         k_blocks, v_blocks = self.pool.layer(layer)
         cache = PagedKV(k_blocks, v_blocks, self.pool.tables, *self.pool.layer_scales(layer))
-        return paged_attention(q, cache, self._seqs)[:, :, None]
+        return paged_attention(q, cache, self._seqs, decode_split=kernel.FIXED_SPLIT)[:, :, None]
 
     def _write_new_token(
         self, layer: int, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor

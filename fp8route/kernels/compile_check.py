@@ -290,11 +290,13 @@ def _attention(model: Model, dtype: torch.dtype) -> None:
 
 def _paged_attention(model: Model, dtype: torch.dtype) -> None:
     from fp8route.kernels import paged_attention as pa
+    from fp8route.kernels import paged_decode as pd
     from fp8route.quant import FP8_DTYPE
 
     heads, kv, dim = model.heads, model.kv_heads, model.head_dim
     page, max_blocks = 16, 8192 // 16
-    # Decode rows alone (a decode graph's bucket), and a mixed step: decode rows then chunks.
+    # Decode rows alone (a decode graph's bucket), and a mixed step: decode rows then chunks; the decode
+    # rows through the one-query grid, and through the decode kernel at the deterministic mode's split.
     for singles, queries in ((64, [1] * 64), (3, [1, 1, 1, 2048, 17])):
         q = torch.empty((sum(queries), heads, dim), dtype=dtype)
         cu = torch.tensor([0, *torch.tensor(queries).cumsum(0).tolist()], dtype=torch.int32)
@@ -302,7 +304,9 @@ def _paged_attention(model: Model, dtype: torch.dtype) -> None:
         tables = torch.zeros((len(queries) + 1, max_blocks), dtype=torch.int32)
         for cache_dtype, scales in ((dtype, (1.0, 1.0)), (FP8_DTYPE, (0.5, 0.25))):
             blocks = torch.empty((len(queries) * max_blocks, page, kv, dim), dtype=cache_dtype)
-            pa.paged_attention(q, pa.PagedKV(blocks, torch.empty_like(blocks), tables, *scales), seqs)
+            for decode_split in (None, pd.FIXED_SPLIT):
+                cache = pa.PagedKV(blocks, torch.empty_like(blocks), tables, *scales)
+                pa.paged_attention(q, cache, seqs, decode_split=decode_split)
 
 
 def _argmax(model: Model, dtype: torch.dtype) -> None:

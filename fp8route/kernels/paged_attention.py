@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from fp8route.kernels import paged_decode
 from fp8route.kernels.launcher import DirectLauncher, int_key
 from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
 
@@ -112,11 +113,14 @@ def paged_attention(
     scale: float | None = None,
     out: torch.Tensor | None = None,
     launch: Launch = MULTI,
+    decode_split: int | None = None,
 ) -> torch.Tensor:
     """q [T, H, D] (after RoPE; unit stride on D) attending causally over its sequences' cached
     positions -> [T, H, D] in q's dtype (into out when given), by the Triton kernels (on CUDA, or on
     a CPU under Triton's interpreter; paged_attention_reference is the torch path). launch: the
-    multi-query grid's tiling (for benchmarks)."""
+    multi-query grid's tiling (for benchmarks). decode_split: the one-query sequences through the
+    decode kernel (fp8route.kernels.paged_decode) with this many positions per split instead of the
+    one-query grid: a split fixed by no batch, so a row's result still depends on its own length alone."""
     if TRITON_IMPORT_ERROR is not None:
         raise RuntimeError(TRITON_IMPORT_ERROR)
     t, h, d = q.shape
@@ -133,7 +137,12 @@ def paged_attention(
         "PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
     }  # fmt: skip
     singles, rest = seqs.singles, seqs.count - seqs.singles
-    if singles:
+    if singles and decode_split is not None:
+        pages = paged_decode.Pages(k, v, tables, seqs.rows[:singles], k_scale, v_scale)
+        out[:singles] = paged_decode.decode_attention(
+            q[:singles], pages, seqs.lengths[:singles], scale, split=decode_split
+        )
+    elif singles:
         _singles(q, cache, seqs, out, qk_scale, v_scale, common)
     if rest:
         block_m = block_m_for(group, q.dtype, launch)

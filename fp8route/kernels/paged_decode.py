@@ -103,6 +103,11 @@ class Pages(NamedTuple):
         return self.tables.shape[1] * self.k.shape[1]
 
 
+# The deterministic mode's positions per split (paged_attention's decode_split): fixed, where split_len
+# follows the batch; a multiple of every LAUNCH tile. Rows longer than 64 splits of it take longer ones.
+FIXED_SPLIT = 256
+
+
 def split_len(pairs: int = 1) -> int:
     """Positions per program for `pairs` (row, KV head) pairs, at least: 128 for up to 8 pairs (one
     row of Llama-3.1-8B), twice that for each 4x more pairs (sqrt(pairs / 8), rounded up to a power

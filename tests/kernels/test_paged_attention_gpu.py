@@ -1,6 +1,7 @@
 """The paged attention kernel on a GPU against the float64 reference, at Llama-3.1-8B's head shapes:
 decode rows and chunks in one call, bf16 and fp16 queries over 16-bit and fp8 caches, long rows of
-many segments, a row's result bitwise the same alone and in a batch, and a CUDA graph's replay."""
+many segments, a row's result bitwise the same alone and in a batch (decode rows through the one-query
+grid, and through the decode kernel at the deterministic mode's fixed split), and a CUDA graph's replay."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from paged_cases import MIXED, make_batch, reference, relative
 
 from fp8route.kernels import paged_attention as pa
+from fp8route.kernels import paged_decode as pd
 
 pytestmark = [
     pytest.mark.gpu,
@@ -29,29 +31,32 @@ def on_gpu(q, cache, seqs):
 @pytest.mark.parametrize("case", [MIXED, LONG], ids=["mixed", "long"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("fp8", [False, True], ids=["16-bit cache", "fp8 cache"])
-def test_the_kernel_is_the_reference(case, dtype, fp8):
+@pytest.mark.parametrize("decode_split", [None, pd.FIXED_SPLIT], ids=["one-query grid", "decode kernel"])
+def test_the_kernel_is_the_reference(case, dtype, fp8, decode_split):
     queries, lengths, singles = case
     cache_dtype = torch.float8_e4m3fn if fp8 else (dtype if dtype != torch.float32 else torch.bfloat16)
     scales = (0.05, 0.02) if fp8 else (1.0, 1.0)
     batch = make_batch(queries, lengths, singles, 32, 8, 128, 16, dtype, cache_dtype, seed=1, scales=scales)
     q, cache, seqs = on_gpu(*batch[:3])
-    out = pa.paged_attention(q, cache, seqs)
+    out = pa.paged_attention(q, cache, seqs, decode_split=decode_split)
     torch.cuda.synchronize()
     ref = reference(batch[0], queries, lengths, batch[3], 8)
     assert out.isfinite().all()
     assert relative(out.cpu(), ref) < (1e-5 if dtype == torch.float32 else 1e-2)
 
 
-def test_a_rows_result_is_bitwise_the_same_alone_and_in_a_batch():
+@pytest.mark.parametrize("decode_split", [None, pd.FIXED_SPLIT], ids=["one-query grid", "decode kernel"])
+def test_a_rows_result_is_bitwise_the_same_alone_and_in_a_batch(decode_split):
     queries, lengths, singles = LONG
     batch = make_batch(queries, lengths, singles, 32, 8, 128, 16, torch.bfloat16, torch.bfloat16, seed=3)
     q, cache, seqs = on_gpu(*batch[:3])
-    together = pa.paged_attention(q, cache, seqs)
+    together = pa.paged_attention(q, cache, seqs, decode_split=decode_split)
     for i in range(len(queries)):
         start, n = int(seqs.cu_q[i]), queries[i]
         cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
         alone = pa.Sequences(cu, seqs.lengths[i : i + 1], seqs.rows[i : i + 1], int(i < singles))
-        assert torch.equal(pa.paged_attention(q[start : start + n].clone(), cache, alone), together[start : start + n])
+        out = pa.paged_attention(q[start : start + n].clone(), cache, alone, decode_split=decode_split)
+        assert torch.equal(out, together[start : start + n])
 
 
 def test_a_captured_call_replays_new_lengths():

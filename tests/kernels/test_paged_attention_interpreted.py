@@ -74,3 +74,24 @@ def test_a_prompt_tokens_output_does_not_depend_on_its_chunk_in_the_multi_query_
         seqs = pa.Sequences(torch.tensor([0, n]).int(), torch.tensor([length]).int(), torch.tensor([0]).int(), 0)
         last[n] = pa.paged_attention(q[length - n :].contiguous(), cache, seqs)[-1]
     assert all(torch.equal(out, last[2]) for out in last.values())
+
+
+@pytest.mark.parametrize(
+    ("cache_dtype", "scales", "split"), [(torch.float32, (1.0, 1.0), 64), (torch.float8_e4m3fn, (0.05, 0.02), 128)]
+)
+def test_decode_rows_through_the_decode_kernel_at_a_fixed_split_keep_to_their_own_length(cache_dtype, scales, split):
+    """decode_split (the deterministic mode's): the one-query rows through paged_decode's kernel, split by
+    their own length alone (rows of 300 and 1000 positions in several splits): the reference's result,
+    and each row's bits alone as in the mixed batch, whatever else shares it."""
+    queries, lengths, singles = MIXED
+    q, cache, seqs, dense = make_batch(
+        queries, lengths, singles, 4, 2, 32, 16, torch.float32, cache_dtype, seed=7, scales=scales
+    )
+    together = pa.paged_attention(q, cache, seqs, decode_split=split)
+    assert relative(together, reference(q, queries, lengths, dense, 2)) < 1e-5
+    for i in range(singles):
+        alone = pa.Sequences(torch.tensor([0, 1], dtype=torch.int32), seqs.lengths[i : i + 1], seqs.rows[i : i + 1], 1)
+        out = pa.paged_attention(q[i : i + 1].clone(), cache, alone, decode_split=split)
+        assert torch.equal(out, together[i : i + 1]), f"decode row {i} (length {lengths[i]})"
+    rest = pa.Sequences(seqs.cu_q[singles:] - singles, seqs.lengths[singles:], seqs.rows[singles:], 0)
+    assert torch.equal(pa.paged_attention(q[singles:].clone(), cache, rest), together[singles:])
