@@ -7,6 +7,7 @@ decided here (default_device).
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -58,6 +59,15 @@ class DeviceInfo:
 
 
 CPU = DeviceInfo(type="cpu", name="cpu")
+
+
+@functools.cache
+def launch_sms(device: torch.device) -> int:
+    """The SMs a kernel's grid is sized for: the CUDA device's, else an H100/H200's 132 (what Triton's
+    interpreter and the sm_90 compile check launch for)."""
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def usable_cores() -> int:

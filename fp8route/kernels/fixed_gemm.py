@@ -21,12 +21,12 @@ quantized: its quantizer computes each row from that row alone (fp8route.kernels
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from fp8route.device import launch_sms
 from fp8route.errors import Fp8InputError
 from fp8route.kernels.launcher import DirectLauncher, int_key
 from fp8route.kernels.split_counters import counters
@@ -150,13 +150,6 @@ if triton is not None:
     _GEMM = DirectLauncher(fixed_gemm_kernel, pointers=8, pdl=True)
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132  # an H100/H200's: what the sm_90 compile check launches for
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def programs_per_tile(m: int, n: int, k: int, sms: int, tiles: FixedTiles = TILES, element_size: int = 1) -> int:
     """How many programs share each output tile's chunks. Where the tiles leave SMs idle, a split
     spreads a tile's chunks over up to tiles.programs_per_sm programs per SM (rounded down), while the
@@ -219,7 +212,7 @@ def launch(
     stride_xs = 0 if mode == NONE or xs.numel() == 1 else xs.stride(0)
     stride_ws = 0 if mode == NONE or ws.numel() == 1 else ws.stride(0)
     bias_arg = bias if bias is not None else out
-    split = programs_per_tile(m, n, k, _sm_count(x.device), tiles, weight.element_size())
+    split = programs_per_tile(m, n, k, launch_sms(x.device), tiles, weight.element_size())
     chunks = cdiv(k, tiles.block_k * tiles.chunk_steps)
     chunks_each = cdiv(chunks, split)
     split = cdiv(chunks, chunks_each)

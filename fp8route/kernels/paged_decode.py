@@ -11,7 +11,7 @@ CUDA-graph safe: the lengths, table rows and tables are device tensors read insi
 the grid is fixed (at most 64 splits a row). Each row's split length is computed in the kernel from
 its own length: the tuned length for the batch's (row, KV head) pairs, or longer where the row would
 need more than 64 splits. A program runs every P-th split of its row from its own index (P programs
-a row and KV head: by default as many as the table's width allows splits, so one split each), so a
+a row and KV head: by default programs_for's, sized from the batch, not the table's width), so a
 cache of 128k positions costs a short row no work, only programs that find no split of theirs, and
 the combine kernel counts each row's valid splits from its length the same way, never reading a
 stale partial. Offsets are int64: a pool of many blocks passes 2^31 elements.
@@ -34,11 +34,11 @@ or fp32 cache compiles the same code as before (FP8 is a constexpr).
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 
+from fp8route.device import launch_sms
 from fp8route.errors import Fp8InputError
 from fp8route.kernels.pdl import launch_options
 from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
@@ -127,11 +127,6 @@ def programs_for(pairs: int, num_splits: int, sms: int) -> int:
     program per split, and nothing with these (an H100, rows of 512-2048:
     benchmarks/results/h100/long_context)."""
     return min(num_splits, max(1, -(-4 * sms // pairs)))
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
 if TRITON_IMPORT_ERROR is None:
@@ -325,7 +320,7 @@ def decode_attention(
             f"decode_attention: split {split} must be a positive multiple of {BLOCK_N} and of the tile, {launch.block}"
         )
     num_splits = min(_MAX_SPLITS, triton.cdiv(pages.max_len, split))
-    programs = programs or programs_for(q.shape[0] * hkv, num_splits, _sm_count(q.device))
+    programs = programs or programs_for(q.shape[0] * hkv, num_splits, launch_sms(q.device))
     if not 1 <= programs <= num_splits:
         raise Fp8InputError(f"decode_attention: programs {programs} must be 1 to a row's splits here, {num_splits}")
     if new is not None and (not fuses_new_token(q, new) or new.k.shape[1] != hkv):

@@ -55,7 +55,7 @@ def run(ops, rows=None, sms=None, monkeypatch=None, out_dtype=torch.bfloat16):  
         x = x[rows]
         xs = xs[rows] if xs is not None and xs.numel() > 1 else xs
     if sms is not None:
-        monkeypatch.setattr(fg, "_sm_count", lambda device: sms)
+        monkeypatch.setattr(fg, "launch_sms", lambda device: sms)
     dev = [t.to(DEVICE) if t is not None else None for t in (x, w, xs, ws, bias)]
     return fg.fixed_gemm(*dev, out_dtype, tiles).cpu()
 

@@ -169,10 +169,8 @@ def choose_config(m: int, n: int, k: int, device: DeviceInfo) -> DecodeConfig:
 def choose_block_config(m: int, n: int, k: int, device: DeviceInfo) -> DecodeConfig:
     """choose_config for 128x128 block weights (launch.block_config makes it block-legal). At M=1 the
     block kernel's per-group scale loads want their own tiles: 8 rows of two warps, 512-wide steps (four
-    groups) in three stages, split in two past 16 steps (the 8B down projection). Within 3% of the best
-    of 12 swept configurations on each 8B shape, 1.03x per-tensor's summed over a layer, against 1.21x
-    for the per-tensor rule made block-legal (an H100: benchmarks/results/h100/schemes_decode; no H200
-    has measured it). Larger M: the per-tensor choice, which the same sweep found best at M=2."""
+    groups) in three stages, split in two past 16 steps (the 8B down projection), the per-tensor rule
+    being a fifth slower there (benchmarks/results/h100/schemes_decode). Larger M: the per-tensor choice."""
     if m > 1:
         return choose_config(m, n, k, device)
     block_k = max(_GROUP, min(512, next_power_of_2(k)))
