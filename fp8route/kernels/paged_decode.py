@@ -227,8 +227,7 @@ if TRITON_IMPORT_ERROR is None:
             kv_mask = n_mask[:, None] & d_mask[None, :]
             k_at = k_head + blocks * stride_kblk + within * stride_ks
             k = tl.load(k_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            if FP8:
-                k = k.to(q.dtype)
+            k = k.to(q.dtype)  # e4m3, or a 16-bit cache under fp32 queries (a no-op when they match)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
             s = tl.where(n_mask[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
@@ -236,8 +235,7 @@ if TRITON_IMPORT_ERROR is None:
             alpha = tl.exp2(m - m_new)
             v_at = v_head + blocks * stride_vblk + within * stride_vs
             v = tl.load(v_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            if FP8:
-                v = v.to(q.dtype)
+            v = v.to(q.dtype)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             s_sum = s_sum * alpha + tl.sum(p, 1)
             m = m_new
