@@ -243,8 +243,9 @@ def _run(llm: LLM, prompts: Sequence[list[int]], arrivals: Sequence[tuple[int, i
 
 def _scenarios(model: str, kv_cache_dtype: str, device: str) -> dict[str, Callable[[], list[Result]]]:
     # A budget of 24 tokens a step chunks every longer prompt, at places that depend on what else runs.
+    # Two engines at once: a pool of a fixed size each, not each its share of the GPU's memory.
     settings = {"device": device, "dtype": "bfloat16", "deterministic": True, "max_num_seqs": 8,
-                "kv_cache_dtype": kv_cache_dtype}  # fmt: skip
+                "kv_cache_dtype": kv_cache_dtype, "num_kv_blocks": 512}  # fmt: skip
     fresh = LLM(model, enable_prefix_caching=False, max_num_batched_tokens=24, **settings)
     cached = LLM(model, enable_prefix_caching=True, max_num_batched_tokens=64, **settings)
     prompts = [fresh.encode(PREFIX + t) if i % 2 else fresh.encode(t) for i, t in enumerate(TEXTS)]
