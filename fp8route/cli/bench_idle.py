@@ -26,7 +26,8 @@ def run(args: argparse.Namespace) -> int:
     from fp8route.routing.fingerprint import Fingerprint
 
     print(f"bench idle on {Fingerprint.of(device).summary()}")
-    llm = LLM(args.path, max_num_seqs=max(batches) + MIXED_ARRIVALS, max_model_len=args.max_model_len, skip_tokenizer_init=True,
+    rows_needed = max(batches) + MIXED_ARRIVALS  # the mixed stretch's arrivals beside the batch
+    llm = LLM(args.path, max_num_seqs=rows_needed, max_model_len=args.max_model_len, skip_tokenizer_init=True,
               record_stats=True)  # fmt: skip
     rows = []
     for sampling in samplings:
