@@ -19,6 +19,7 @@ seen it) and copied back to pinned host memory behind the step. Nothing in a ste
 
 from __future__ import annotations
 
+import bisect
 import logging
 import sys
 import time
@@ -144,6 +145,7 @@ class ModelRunner:
         assert config.max_model_len is not None and config.max_num_batched_tokens is not None, "an unresolved config"
         self.config, self.model, self.device, self.dtype = config, model, device, config.torch_dtype
         self.block_size, self.max_rows = config.block_size, config.max_num_seqs
+        self.lm_head_rows = buckets(self.max_rows)  # a mixed step's sampled rows, padded on a GPU (padded_to)
         self.max_seq_len, self.max_num_batched_tokens = config.max_model_len, config.max_num_batched_tokens
         self.kv_scales, self.attention = kv_scales, config.attention
         self.use_cuda_graphs = config.use_cuda_graphs and device.type == "cuda"
@@ -404,10 +406,12 @@ class ModelRunner:
             seqs, self.blocks, self.block_size
         )
         total = int(offsets[-1])
+        sampled = len(sample_at)
         parts = upload_parts(
-            [ids, pending, positions, slots, token_rows, offsets, starts + counts, token_rows[offsets[:-1]], sample_at],
+            [ids, pending, positions, slots, token_rows, offsets, starts + counts, token_rows[offsets[:-1]],
+             padded_to(sample_at, self.lm_head_rows) if self.device.type == "cuda" else sample_at],
             self.device,
-        )
+        )  # fmt: skip
         ids_d, pending_d, pos_d, slots_d, token_rows_d, cu_q, lengths, rows, sample_d = parts
         if pending.any():
             ids_d = torch.where(pending_d.bool(), self.last_token[token_rows_d], ids_d)
@@ -426,7 +430,8 @@ class ModelRunner:
             normed = graphs.run(h, cos, sin, context)
         else:
             normed = self.model.model.run_layers(h[None], cos, sin, context)[0]
-        return self.model.lm_head(normed[sample_d]), self._prompt_logprobs(seqs, offsets[:-1].tolist(), normed)
+        logits = self.model.lm_head(normed[sample_d])[:sampled]
+        return logits, self._prompt_logprobs(seqs, offsets[:-1].tolist(), normed)
 
     def _prompt_logprobs(
         self, seqs: Sequence[ScheduledSeq], firsts: list[int], normed: torch.Tensor
@@ -512,6 +517,10 @@ class ModelRunner:
             for chunks in (1, 3, 16):
                 for extra in (0, 1):
                     self.dummy_forward(singles + 2 * chunks + extra, singles, chunks)
+        if self.device.type == "cuda":
+            hidden = self.model.model.norm.weight.shape[0]
+            for size in self.lm_head_rows:
+                self.model.lm_head(torch.zeros(size, hidden, dtype=self.dtype, device=self.device))
         self.sampler.warm_up(self.dtype, self.eos_token_ids)
 
 
@@ -566,6 +575,16 @@ def step_inputs(seqs: Sequence[ScheduledSeq], blocks: Mapping[int, Sequence[int]
         slots[first : first + s.num_tokens] = table[where // page] * page + where % page
     sample_at = (offsets[1:] - 1)[[i for i, s in enumerate(seqs) if s.samples]]
     return StepInputs(starts, counts, offsets, positions, ids, pending, token_rows, slots, sample_at)
+
+
+def padded_to(sample_at: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
+    """A mixed step's sampled positions padded (repeating the last) to the smallest of sizes that holds
+    them, so that lm_head meets only the row counts warm_up ran: on the H100 lm_head's eager cuBLAS GEMM
+    at row counts it had not met held the host about as long as the mixed step's GPU work (issue 47)."""
+    if not len(sample_at):
+        return sample_at
+    size = sizes[bisect.bisect_left(sizes, len(sample_at))]
+    return np.pad(sample_at, (0, size - len(sample_at)), mode="edge")
 
 
 def decode_inputs(seqs: Sequence[ScheduledSeq]) -> np.ndarray:

@@ -4,7 +4,9 @@ which tokens sample). The forward itself is tests/engine/test_mixed_step.py's an
 
 from __future__ import annotations
 
-from fp8route.engine.runner import decode_inputs, step_inputs
+import numpy as np
+
+from fp8route.engine.runner import decode_inputs, padded_to, step_inputs
 from fp8route.engine.scheduler_output import ScheduledSeq
 
 BLOCK = 4
@@ -49,3 +51,11 @@ def test_a_decode_step_reads_each_rows_token_or_marks_it_pending():
     read = piece(3, 2, [52], 1)  # its token is on the host
     pending = piece(0, 2, [], 1)  # sampled, not read back
     assert decode_inputs([read, pending]).tolist() == [[52, 0], [0, 1], [2, 2], [3, 0]]
+
+
+def test_a_mixed_steps_sampled_rows_pad_to_the_buckets_warm_up_ran():
+    sizes = [1, 2, 4, 8, 32, 64, 70]
+    assert padded_to(np.array([5, 9, 11]), sizes).tolist() == [5, 9, 11, 11]
+    assert padded_to(np.arange(33), sizes).tolist() == [*range(33), *[32] * 31]
+    assert padded_to(np.arange(70), sizes).tolist() == list(range(70))
+    assert padded_to(np.array([], dtype=np.int64), sizes).tolist() == []
