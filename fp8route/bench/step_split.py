@@ -1,15 +1,17 @@
 """Where a decode step's GPU time goes: every kernel of a few graph-replayed steps, read through
 torch.profiler (CUPTI) and summed by what it does (GEMMs, attention, the rest), per step.
 
-A generate of 1 + STEPS tokens less a generate of 1 token on the same prompts leaves the STEPS decode
-steps' kernels (the prefill and the first token's are in both). Their sum against the measured step
+A generate of 1 + STEPS tokens launches as many kernels more than a generate of 1 token on the same
+prompts as its STEPS decode steps do, and launches them last: the longer call's last kernels, that many,
+are the steps' (taken by count, not by subtracting the shorter call's times per kernel, whose prefill
+of a long prompt varies run to run by more than a step lasts). Their sum against the measured step
 time also says how long the GPU sat idle in a step (launches between graphs, host work in the way).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -55,38 +57,31 @@ class StepSplit:
         return sum(self.ms.values())
 
 
-def kernel_times(fn: Callable[[], object]) -> dict[str, tuple[float, int]] | None:
-    """Device ms and launches per kernel name of one call of fn; None where the profiler cannot see
-    the GPU's kernels (no CUDA, no CUPTI)."""
+def kernel_times(fn: Callable[[], object]) -> list[tuple[str, float]] | None:
+    """(kernel name, device ms) of every kernel one call of fn ran, in the order they started; None
+    where the profiler cannot see the GPU's kernels (no CUDA, no CUPTI)."""
     if not cupti_available():
         return None
     cuda = torch.autograd.DeviceType.CUDA
     with profiling() as prof:
         fn()
         torch.cuda.synchronize()
-    times: dict[str, tuple[float, int]] = {}
-    for event in prof.events():
-        if event.device_type == cuda:
-            ms, launches = times.get(event.name, (0.0, 0))
-            times[event.name] = (ms + (event.time_range.end - event.time_range.start) / 1e3, launches + 1)
-    return times
+    kernels = sorted((e.time_range.start, e.name, e.time_range.end) for e in prof.events() if e.device_type == cuda)
+    return [(name, (end - start) / 1e3) for start, name, end in kernels]
 
 
-def split_of(
-    without: Mapping[str, tuple[float, int]], with_steps: Mapping[str, tuple[float, int]], steps: int
-) -> StepSplit:
-    """Per step: the kernels of a call with `steps` more decode steps less those of the call without."""
+def split_of(without: Sequence[tuple[str, float]], with_steps: Sequence[tuple[str, float]], steps: int) -> StepSplit:
+    """Per step: the last kernels of the call with `steps` more decode steps, as many as it ran more
+    than the call without."""
+    extra = len(with_steps) - len(without)
     per_kernel: dict[str, float] = {}
-    launches = 0
-    for name, (ms, count) in with_steps.items():
-        base_ms, base_count = without.get(name, (0.0, 0))
-        per_kernel[name] = max(ms - base_ms, 0.0) / steps
-        launches += count - base_count
+    for name, ms in with_steps[len(with_steps) - extra :] if extra > 0 else ():
+        per_kernel[name] = per_kernel.get(name, 0.0) + ms / steps
     ms_by_kind = dict.fromkeys(KINDS, 0.0)
     for name, ms in per_kernel.items():
         ms_by_kind[kind_of(name)] += ms
     top = sorted(per_kernel.items(), key=lambda item: -item[1])[:TOP]
-    return StepSplit(ms_by_kind, max(launches, 0) / steps, tuple(top))
+    return StepSplit(ms_by_kind, max(extra, 0) / steps, tuple(top))
 
 
 def measure(generate: Callable[[int], object]) -> StepSplit | None:

@@ -36,20 +36,19 @@ def test_each_kernel_is_sorted_by_what_it_does(kernel, kind):
     assert step_split.kind_of(kernel) == kind
 
 
-def test_a_step_is_the_longer_call_less_the_shorter_divided_by_its_steps():
-    without = {"_attention_kernel": (2.0, 4), "nvjet_a": (10.0, 40), "_rms_norm_kernel": (0.5, 10)}
-    with_steps = {
-        "_attention_kernel": (2.0, 4),  # the prefill's only
-        "nvjet_a": (14.0, 72),
-        "decode_cuda_core_kernel": (8.0, 64),
-        "_split_kernel": (1.6, 16),
-        "_rms_norm_kernel": (0.9, 26),
-    }
-    split = step_split.split_of(without, with_steps, 8)
-    assert split.ms == pytest.approx({"gemm": 1.5, "attention": 0.2, "rest": 0.05})
-    assert split.kernels == pytest.approx((32 + 64 + 16 + 16) / 8)
+def test_a_step_is_the_longer_calls_last_kernels_as_many_as_it_ran_more():
+    prefill = [("nvjet_a", 5.0), ("_attention_kernel", 2.0), ("nvjet_a", 5.0), ("_rms_norm_kernel", 0.5)]
+    step = [("_rms_norm_kernel", 0.05), ("decode_cuda_core_kernel", 1.0), ("_split_kernel", 0.2), ("nvjet_a", 0.5)]
+    end = [("_copy_kernel", 0.01)]
+    without = prefill + end
+    # The longer call's prefill ran slower (its attention 2.0 -> 2.8 ms): no part of that is a step's.
+    slower = [(name, ms * 1.4) if name == "_attention_kernel" else (name, ms) for name, ms in prefill]
+    split = step_split.split_of(without, slower + step * 8 + end, 8)
+    assert split.kernels == len(step)
+    # The tail holds the end's copy in place of the first step's first kernel: one kernel in 32 moved.
+    assert split.ms == pytest.approx({"gemm": 1.5, "attention": 0.2, "rest": 0.05 * 7 / 8 + 0.01 / 8})
     assert [name for name, _ in split.top][:2] == ["decode_cuda_core_kernel", "nvjet_a"]
-    assert split.total_ms == pytest.approx(1.75)
+    assert step_split.split_of(without, without, 8).total_ms == 0
 
 
 def test_without_a_gpu_the_profiler_records_nothing_and_says_so():
