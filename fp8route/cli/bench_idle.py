@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"bench idle on {Fingerprint.of(device).summary()}")
     rows_needed = max(batches) + MIXED_ARRIVALS  # the mixed stretch's arrivals beside the batch
     llm = LLM(args.path, max_num_seqs=rows_needed, max_model_len=args.max_model_len, skip_tokenizer_init=True,
-              record_stats=True)  # fmt: skip
+              record_stats=True, deterministic=args.deterministic)  # fmt: skip
     rows = []
     for sampling in samplings:
         for batch in batches:
@@ -61,5 +61,5 @@ def register(kinds: argparse._SubParsersAction) -> None:
         help="also profile the host's side of each measurement (torch ops and CUDA runtime calls): write its "
         "Chrome trace into this folder and print what the host spent each step on (default: off)",
     )
-    add_engine_args(parser, ["max_model_len"], max_model_len=Flag(default=8192))
+    add_engine_args(parser, ["max_model_len", "deterministic"], max_model_len=Flag(default=8192))
     parser.set_defaults(run=run)
