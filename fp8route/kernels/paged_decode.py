@@ -125,7 +125,7 @@ def programs_for(pairs: int, num_splits: int, sms: int) -> int:
     every programs-th split of its row, at most one per split. The grid then follows the batch, not
     the table's width: tables 131072 positions wide cost the e4m3 cache 1.5x at batch 256 with one
     program per split, and nothing with these (an H100, rows of 512-2048:
-    benchmarks/results/h100/long_context)."""
+    benchmarks/results/h100/serve_bound)."""
     return min(num_splits, max(1, -(-4 * sms // pairs)))
 
 
