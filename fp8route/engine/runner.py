@@ -145,7 +145,10 @@ class ModelRunner:
         assert config.max_model_len is not None and config.max_num_batched_tokens is not None, "an unresolved config"
         self.config, self.model, self.device, self.dtype = config, model, device, config.torch_dtype
         self.block_size, self.max_rows = config.block_size, config.max_num_seqs
-        self.lm_head_rows = buckets(self.max_rows)  # a mixed step's sampled rows, padded on a GPU (padded_to)
+        # lm_head's rows outside the graphs, a mixed step's sampled rows and a prompt's scored positions,
+        # padded to these counts (padded_to) on a GPU, where warm_up runs each.
+        self.pad_lm_head = device.type == "cuda"
+        self.lm_head_rows = sorted({*buckets(self.max_rows), *range(128, _LOGPROB_SLICE + 1, 128)})
         self.max_seq_len, self.max_num_batched_tokens = config.max_model_len, config.max_num_batched_tokens
         self.kv_scales, self.attention = kv_scales, config.attention
         self.use_cuda_graphs = config.use_cuda_graphs and device.type == "cuda"
@@ -409,7 +412,7 @@ class ModelRunner:
         sampled = len(sample_at)
         parts = upload_parts(
             [ids, pending, positions, slots, token_rows, offsets, starts + counts, token_rows[offsets[:-1]],
-             padded_to(sample_at, self.lm_head_rows) if self.device.type == "cuda" else sample_at],
+             padded_to(sample_at, self.lm_head_rows) if self.pad_lm_head else sample_at],
             self.device,
         )  # fmt: skip
         ids_d, pending_d, pos_d, slots_d, token_rows_d, cu_q, lengths, rows, sample_d = parts
@@ -453,13 +456,16 @@ class ModelRunner:
             ks += [request.params.prompt_logprobs or 0] * (last - s.start)
         if not entries:
             return None
-        where, tokens = upload(torch.tensor([flat, targets]), self.device)
-        parts = [
-            token_logprobs(
-                self.model.lm_head(normed[where[i : i + _LOGPROB_SLICE]]), tokens[i : i + _LOGPROB_SLICE], max(ks)
-            )
-            for i in range(0, len(entries), _LOGPROB_SLICE)
-        ]
+        count = len(flat)
+        if self.pad_lm_head:  # the last slice's rows padded as a mixed step's sampled rows are
+            tail = (count - 1) // _LOGPROB_SLICE * _LOGPROB_SLICE
+            flat = flat[:tail] + padded_to(np.array(flat[tail:]), self.lm_head_rows).tolist()
+        where, tokens = upload(torch.tensor([flat, targets + [0] * (len(flat) - count)]), self.device)
+        parts = []
+        for i in range(0, count, _LOGPROB_SLICE):
+            real = min(_LOGPROB_SLICE, count - i)
+            logits = self.model.lm_head(normed[where[i : i + _LOGPROB_SLICE]])[:real]
+            parts.append(token_logprobs(logits, tokens[i : i + real], max(ks)))
         return PromptLogprobs(entries, ks, [torch.cat(column) for column in zip(*parts, strict=True)])
 
     def _scores_prompt(self, piece: ScheduledSeq) -> bool:
@@ -517,7 +523,7 @@ class ModelRunner:
             for chunks in (1, 3, 16):
                 for extra in (0, 1):
                     self.dummy_forward(singles + 2 * chunks + extra, singles, chunks)
-        if self.device.type == "cuda":
+        if self.pad_lm_head:
             hidden = self.model.model.norm.weight.shape[0]
             for size in self.lm_head_rows:
                 self.model.lm_head(torch.zeros(size, hidden, dtype=self.dtype, device=self.device))
@@ -577,14 +583,15 @@ def step_inputs(seqs: Sequence[ScheduledSeq], blocks: Mapping[int, Sequence[int]
     return StepInputs(starts, counts, offsets, positions, ids, pending, token_rows, slots, sample_at)
 
 
-def padded_to(sample_at: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
-    """A mixed step's sampled positions padded (repeating the last) to the smallest of sizes that holds
-    them, so that lm_head meets only the row counts warm_up ran: on the H100 lm_head's eager cuBLAS GEMM
-    at row counts it had not met held the host about as long as the mixed step's GPU work (issue 47)."""
-    if not len(sample_at):
-        return sample_at
-    size = sizes[bisect.bisect_left(sizes, len(sample_at))]
-    return np.pad(sample_at, (0, size - len(sample_at)), mode="edge")
+def padded_to(rows: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
+    """Positions whose logits lm_head computes, padded (repeating the last) to the smallest of sizes
+    that holds them, so that lm_head meets only the row counts warm_up ran: on the H100 lm_head's eager
+    cuBLAS GEMM at row counts it had not met held the host about as long as a mixed step's GPU work
+    (issue 47)."""
+    if not len(rows):
+        return rows
+    size = sizes[bisect.bisect_left(sizes, len(rows))]
+    return np.pad(rows, (0, size - len(rows)), mode="edge")
 
 
 def decode_inputs(seqs: Sequence[ScheduledSeq]) -> np.ndarray:

@@ -63,13 +63,16 @@ def test_logprobs_are_the_log_softmax_of_the_logits_each_token_was_chosen_from(l
         assert entry[token].decoded_token == llm.tokenizer.decode([token])
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["rows as they are", "rows padded"])
 @pytest.mark.parametrize("budget", [16, 512])
 @pytest.mark.parametrize("device", DEVICES)
-def test_prompt_logprobs_equal_the_full_forward_chunked_and_after_a_cache_hit(tmp_path, budget, device):
+def test_prompt_logprobs_equal_the_full_forward_chunked_and_after_a_cache_hit(tmp_path, budget, device, padded):
+    """padded: lm_head's rows padded to the warmed-up counts, as on a GPU (a CPU can check the slicing)."""
     folder = text_model_folder(tmp_path / "tiny")
     llm = LLM(
         folder, max_num_seqs=4, max_num_batched_tokens=budget, device=device, dtype=torch.float32, num_kv_blocks=64
     )
+    llm.engine.runner.pad_lm_head = padded
     ids = llm.encode(PROMPT)
     expected = full_logprobs(llm, ids)
     params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=2)
