@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Issue 47's mixed-step host time (and issue 49's cost beside it) in one device call, output under $OUT.
-# PHASES, in order: profile (mixed_host_profile.py on the working tree: where the host's time goes in steps
-# with prefill chunks), tests (TESTS: GPU test files; test_step_split_gpu.py last, it keeps most of the memory), decode and prefill (bench serve's decode-heavy and
-# prefill-heavy loads with the tree before the change, BEFORE, a commit whose fp8route comes from git
-# archive; the working tree; the working tree in deterministic mode), e2e (bench e2e, routed against
-# deterministic, batch 1 and 16 at 4096 in). Each phase under its own timeout; a short table last.
+# PHASES, in order: profile (mixed_host_profile.py on the working tree: where the host's time goes in
+# steps with prefill chunks), tests (TESTS: GPU test files; test_step_split_gpu.py last, it keeps most of
+# the memory), decode and prefill (bench serve's decode-heavy and prefill-heavy loads with the tree
+# before the change, BEFORE, a commit whose fp8route comes from git archive; the working tree; the
+# working tree in deterministic mode), e2e (bench e2e, routed against deterministic, batch 1 and 16 at
+# 4096 in). Each phase under its own timeout; a short table last.
 set -u -o pipefail
 : "${PHASES:=profile tests decode e2e prefill}" "${BEFORE:=f26d1a8}" "${TESTS:=tests/gpu/test_engine_gpu.py tests/gpu/test_fp8_kv_gpu.py tests/engine/test_client_controls.py tests/engine/test_mixed_step.py tests/gpu/test_step_split_gpu.py}"
 : "${DECODE_PROMPTS:=256}" "${PREFILL_PROMPTS:=64}" "${ARM_TIMEOUT:=100}"
