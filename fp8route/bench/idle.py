@@ -97,7 +97,7 @@ def measure(
     return row
 
 
-def host_holders(averages: Iterable[Any], steps: int, most: int = 12) -> list[tuple[str, int, float, bool]]:
+def host_holders(averages: Iterable[Any], steps: int, most: int = 12) -> list[tuple[str, float, float, bool]]:
     """What the host spent a step on: (name, calls a step, self ms a step, whether it can wait for the
     GPU) of the host-side ops and runtime calls with the most self time, every BLOCKING one included."""
     rows = []

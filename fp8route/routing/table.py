@@ -209,15 +209,16 @@ class RoutingTable:
         def route(members: list[str]) -> tuple[str, ...]:
             return tuple(min(members, key=lambda n: (t[n].median_us, rank.get(n, len(rank)))) for t in buckets)
 
-        def cost(members: list[str]) -> tuple[float, int]:
-            chosen = route(members)
+        routes = {family: route(members) for family, members in families.items()}
+
+        def cost(family: str) -> tuple[float, int]:
             relative = sum(
                 t[name].median_us / best if best > 0 else 1.0
-                for t, best, name in zip(buckets, fastest, chosen, strict=True)
+                for t, best, name in zip(buckets, fastest, routes[family], strict=True)
             )
-            return round(relative, 6), min(rank.get(n, len(rank)) for n in members)
+            return round(relative, 6), min(rank.get(n, len(rank)) for n in families[family])
 
-        return tuple(zip((*self.m_bounds, None), route(min(families.values(), key=cost)), strict=True))
+        return tuple(zip((*self.m_bounds, None), routes[min(routes, key=cost)], strict=True))
 
     def describe(self, problem: GemmProblem) -> str:
         """Where a layer's routes come from, per activation dtype (the plan's source); routes for
