@@ -14,6 +14,8 @@ Without it (on a CPU, where nothing would overlap) each step's tokens are read b
 
 from __future__ import annotations
 
+import functools
+import gc
 import itertools
 import random
 import time
@@ -40,6 +42,17 @@ from fp8route.linear.policy import Policy
 from fp8route.models.llama import FloatLinear, LlamaConfig, LlamaForCausalLM
 
 DEFAULT_CONTEXT = 8192  # for a config without max_position_embeddings
+
+
+@functools.cache
+def freeze_startup_heap() -> None:
+    """Once per process, before its first engine loads: what the process holds by then (the imported
+    libraries, most of its objects) is put out of the cyclic garbage collector's reach, so a full
+    collection under load walks what serving allocated, not the libraries (docs/engine.md: the pause
+    it removes). Only once: an engine still referenced when a later one loads would, frozen, never be
+    collected from its reference cycles."""
+    gc.collect()
+    gc.freeze()
 
 
 @dataclass
@@ -192,6 +205,7 @@ class LLMEngine:
     def from_config(cls, config: EngineConfig, policy: Policy | None = None, quiet: bool = False) -> LLMEngine:
         """An engine over the checkpoint config.model names (fp8route.engine.load.load_weights), its
         FP8 layers planned by policy."""
+        freeze_startup_heap()
         loaded = load_weights(config.model, config, policy)
         if loaded.device.type == "cpu":
             config.use_cpu_threads()

@@ -318,3 +318,31 @@ def test_an_itl_target_measures_the_step_cost_and_changes_no_output(itl):
     for rid, ids in requests.items():
         assert outputs[rid] == alone(ids, 6), rid
     assert eng.leaked() is None
+
+
+HEAP_PROBE = """
+import gc, sys
+from fp8route import LLM
+first = LLM(sys.argv[1], skip_tokenizer_init=True, max_model_len=64)
+frozen = gc.get_freeze_count()
+second = LLM(sys.argv[1], skip_tokenizer_init=True, max_model_len=64)
+tracked = {id(o) for o in gc.get_objects()}
+print(frozen, gc.get_freeze_count(), *(id(o) in tracked for o in (first.engine, first.engine.model, second.engine)))
+"""
+
+
+def test_the_first_engine_freezes_the_heap_it_found_and_no_engine_is_frozen(tmp_path):
+    import subprocess
+    import sys
+
+    from fp8route.checkpoint.random import write_random
+
+    folder = write_random(tmp_path / "m", TINY, fp8=True, device="cpu")
+    out = subprocess.run([sys.executable, "-c", HEAP_PROBE, str(folder)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    frozen, frozen_after, *engines_tracked = out.stdout.split()
+    # The libraries imported before the first engine (torch alone holds far more than this) ...
+    assert int(frozen) > 20_000
+    # ... frozen once: a second engine freezes nothing more, and no engine or model is out of reach.
+    assert frozen_after == frozen
+    assert engines_tracked == ["True", "True", "True"]
