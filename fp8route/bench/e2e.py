@@ -221,7 +221,7 @@ def _measure(model: CausalLM, ids: torch.Tensor, run: _ArmRun) -> E2ERow:
     fulls, generated = timed_calls(functools.partial(model.generate, ids, run.output), run.repeats)
     assert isinstance(generated, torch.Tensor)
     ttft, full = statistics.median(ttfts), statistics.median(fulls)
-    split = step_split.measure(lambda tokens: model.generate(ids, tokens))
+    split = step_split.measure(model.engine, ids.tolist())
     step = (full - ttft) / (run.output - 1)
     # The timed steps attend to tokens + 1 ... tokens + output - 1 positions: tokens + output / 2 on average.
     kv = batch * (tokens + run.output / 2) * model.engine.kv_cache.bytes_per_token

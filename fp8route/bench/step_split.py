@@ -1,11 +1,11 @@
 """Where a decode step's GPU time goes: every kernel of a few graph-replayed steps, read through
 torch.profiler (CUPTI) and summed by what it does (GEMMs, attention, the rest), per step.
 
-A generate of 1 + STEPS tokens launches as many kernels more than a generate of 1 token on the same
-prompts as its STEPS decode steps do, and launches them last: the longer call's last kernels, that many,
-are the steps' (taken by count, not by subtracting the shorter call's times per kernel, whose prefill
-of a long prompt varies run to run by more than a step lasts). Their sum against the measured step
-time also says how long the GPU sat idle in a step (launches between graphs, host work in the way).
+The prompts run as requests of the engine until every one of them is prefilled, then STEPS engine
+steps are profiled: decode steps only. (Comparing a generate of more tokens with one of fewer does not
+isolate them: with a batch of long prompts the first rows decode while the last are still prefilling,
+so the longer call's extra kernels include prefill work.) Their sum against the measured step time
+also says how long the GPU sat idle in a step (launches between graphs, host work in the way).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fp8route.engine.llm_engine import LLMEngine
+from fp8route.engine.sampling import SamplingParams
 from fp8route.tuning.cupti import cupti_available, profiling
 
 STEPS = 8  # decode steps profiled
@@ -70,24 +72,36 @@ def kernel_times(fn: Callable[[], object]) -> list[tuple[str, float]] | None:
     return [(name, (end - start) / 1e3) for start, name, end in kernels]
 
 
-def split_of(without: Sequence[tuple[str, float]], with_steps: Sequence[tuple[str, float]], steps: int) -> StepSplit:
-    """Per step: the last kernels of the call with `steps` more decode steps, as many as it ran more
-    than the call without."""
-    extra = len(with_steps) - len(without)
+def split_of(kernels: Sequence[tuple[str, float]], steps: int) -> StepSplit:
+    """Per step: the kernels of `steps` steps, summed by name and by kind."""
     per_kernel: dict[str, float] = {}
-    for name, ms in with_steps[len(with_steps) - extra :] if extra > 0 else ():
+    for name, ms in kernels:
         per_kernel[name] = per_kernel.get(name, 0.0) + ms / steps
     ms_by_kind = dict.fromkeys(KINDS, 0.0)
     for name, ms in per_kernel.items():
         ms_by_kind[kind_of(name)] += ms
     top = sorted(per_kernel.items(), key=lambda item: -item[1])[:TOP]
-    return StepSplit(ms_by_kind, max(extra, 0) / steps, tuple(top))
+    return StepSplit(ms_by_kind, len(kernels) / steps, tuple(top))
 
 
-def measure(generate: Callable[[int], object]) -> StepSplit | None:
-    """The split of one decode step of generate(tokens): one call for 1 token, one for 1 + STEPS."""
-    without = kernel_times(lambda: generate(1))
-    with_steps = kernel_times(lambda: generate(1 + STEPS))
-    if without is None or with_steps is None:
+def measure(engine: LLMEngine, prompts: Sequence[Sequence[int]]) -> StepSplit | None:
+    """The split of one decode step of these prompts run together on an idle engine; None where the
+    profiler cannot see the GPU's kernels, or where the engine's context left a prompt too few tokens
+    to decode through the profiled steps."""
+    if not cupti_available():
         return None
-    return split_of(without, with_steps, STEPS)
+    params = SamplingParams(temperature=0, ignore_eos=True)  # each up to the engine's context
+    requests = [engine.add_request(ids, params, request_id=f"step-split-{i}") for i, ids in enumerate(prompts)]
+    try:
+        while engine.has_unfinished and any(r.num_output_tokens == 0 for r in requests):
+            engine.step()
+        # Every prompt has a token read back, so every step from the one in flight on is decode only;
+        # the one in flight finishes before the profiled ones start.
+        torch.cuda.synchronize()
+        kernels = kernel_times(lambda: [engine.step() for _ in range(STEPS)])
+        whole = not any(r.finished for r in requests)
+    finally:
+        for r in requests:
+            engine.abort(r.request_id)
+        engine.drain()
+    return split_of(kernels, STEPS) if kernels is not None and whole else None

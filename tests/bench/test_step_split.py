@@ -36,19 +36,25 @@ def test_each_kernel_is_sorted_by_what_it_does(kernel, kind):
     assert step_split.kind_of(kernel) == kind
 
 
-def test_a_step_is_the_longer_calls_last_kernels_as_many_as_it_ran_more():
-    prefill = [("nvjet_a", 5.0), ("_attention_kernel", 2.0), ("nvjet_a", 5.0), ("_rms_norm_kernel", 0.5)]
+def test_a_steps_split_is_its_kernels_summed_by_name_and_kind_per_step():
     step = [("_rms_norm_kernel", 0.05), ("decode_cuda_core_kernel", 1.0), ("_split_kernel", 0.2), ("nvjet_a", 0.5)]
-    end = [("_copy_kernel", 0.01)]
-    without = prefill + end
-    # The longer call's prefill ran slower (its attention 2.0 -> 2.8 ms): no part of that is a step's.
-    slower = [(name, ms * 1.4) if name == "_attention_kernel" else (name, ms) for name, ms in prefill]
-    split = step_split.split_of(without, slower + step * 8 + end, 8)
+    split = step_split.split_of(step * 8, 8)
     assert split.kernels == len(step)
-    # The tail holds the end's copy in place of the first step's first kernel: one kernel in 32 moved.
-    assert split.ms == pytest.approx({"gemm": 1.5, "attention": 0.2, "rest": 0.05 * 7 / 8 + 0.01 / 8})
+    assert split.ms == pytest.approx({"gemm": 1.5, "attention": 0.2, "rest": 0.05})
     assert [name for name, _ in split.top][:2] == ["decode_cuda_core_kernel", "nvjet_a"]
-    assert step_split.split_of(without, without, 8).total_ms == 0
+    assert step_split.split_of([], 8).total_ms == 0
+
+
+def tiny_engine(**settings):  # type: ignore[no-untyped-def]
+    from checkpoint_helpers import TINY, llama_tensors
+    from helpers import build_lm
+
+    from fp8route.engine import EngineConfig
+    from fp8route.models import LlamaConfig
+
+    tensors = {k: v.float() for k, v in llama_tensors().items()}
+    config = EngineConfig(dtype="float32", max_model_len=64, **settings)
+    return build_lm(LlamaConfig.from_hf(TINY), {}, tensors, config).engine
 
 
 def test_without_a_gpu_the_profiler_records_nothing_and_says_so():
@@ -56,9 +62,34 @@ def test_without_a_gpu_the_profiler_records_nothing_and_says_so():
 
     if torch.cuda.is_available():
         pytest.skip("a GPU here: tests/gpu profiles a real step")
-    assert step_split.measure(lambda tokens: None) is None
+    assert step_split.measure(tiny_engine(), [[1, 2, 3]]) is None
     row = E2ERow("routed", 1, 1024, 26.0, 39384.0, 3.078, 324.9, 8.03, 2609.0, 0.612)
     assert split_table([row]).startswith("decode step by kernel: not recorded")
+
+
+@pytest.mark.parametrize("ahead", [False, True], ids=["sync", "async"])
+def test_the_profiled_steps_are_decode_steps_of_every_prompt_after_every_prefill(monkeypatch, ahead):
+    # Prompts chunked by a 16-token budget: the first decode while the others still prefill. The
+    # profiler is stood in for by the engine's own record of each step it launched.
+    engine = tiny_engine(max_num_batched_tokens=16, max_num_seqs=8, enable_prefix_caching=False, record_stats=True,
+                         async_scheduling=ahead)  # fmt: skip
+    profiled = []
+
+    def kernel_times(fn):  # type: ignore[no-untyped-def]
+        before = len(engine.stats)
+        fn()
+        profiled.extend(engine.stats[before:])
+        return [("decode_cuda_core_kernel", 1.0)] * len(profiled)
+
+    monkeypatch.setattr(step_split, "cupti_available", lambda: True)
+    monkeypatch.setattr(step_split.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(step_split, "kernel_times", kernel_times)
+    prompts = [list(range(1, 1 + n)) for n in (30, 20, 10, 25)]
+    split = step_split.measure(engine, prompts)
+    assert len(profiled) == step_split.STEPS
+    assert all(s.prefill_tokens == 0 and s.decodes == len(prompts) for s in profiled), profiled
+    assert split is not None and split.kernels == 1
+    assert not engine.has_unfinished  # the requests it added are gone
 
 
 def test_the_table_gives_each_kind_its_share_of_the_measured_step_and_the_gpus_busy_time():

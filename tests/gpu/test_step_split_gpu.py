@@ -17,12 +17,21 @@ def test_a_decode_steps_kernels_are_recorded_and_sorted_by_kind(tmp_path):
 
     config = {**TINY, "hidden_size": 256}
     folder = write_random(tmp_path / "m", config, fp8=True, device="cuda")
-    model = load_model(folder, device="cuda", max_model_len=128, max_num_seqs=2, quiet=True)
+    model = load_model(folder, device="cuda", max_model_len=128, max_num_seqs=4, max_num_batched_tokens=32, quiet=True)
     ids = torch.randint(0, config["vocab_size"], (2, 24), device="cuda")
     model.generate(ids, 4)  # the kernels' first calls
-    split = step_split.measure(lambda tokens: model.generate(ids, tokens))
+    split = step_split.measure(model.engine, ids.tolist())
     assert split is not None
     assert split.ms["gemm"] > 0 and split.ms["attention"] > 0 and split.ms["rest"] > 0, split
     # Per layer at least qkv, o, gate_up, down and the attention: every step's kernels, not the prefill's.
     assert split.kernels >= 5 * config["num_hidden_layers"], split
     assert split.top and all(ms > 0 for _, ms in split.top)
+    # Four prompts a 32-token budget chunks (the first decode while the last prefill) against four
+    # short ones: the same decode steps, so as many kernels a step.
+    long = torch.randint(0, config["vocab_size"], (4, 60), device="cuda").tolist()
+    short = [row[:8] for row in long]
+    model.generate(torch.tensor(short, device="cuda"), 4)
+    chunked, whole = step_split.measure(model.engine, long), step_split.measure(model.engine, short)
+    assert chunked is not None and whole is not None
+    assert chunked.kernels == whole.kernels, (chunked, whole)
+    assert not model.engine.has_unfinished
