@@ -74,7 +74,8 @@ def default_priority(device: DeviceInfo) -> tuple[str, ...]:
     # after weight_only, so that without the mode nothing changes until a routing table measures them.
     return (
         "cublas", "flashinfer", "rowwise", "cublas_block", "triton_block", "weight_only", "triton_fixed",
-        "triton_fixed_wide", "triton_fixed_narrow", "reference",
+        "triton_fixed_wide", "triton_fixed_narrow", "triton_fixed_quantize", "triton_fixed_narrow_quantize",
+        "reference",
     )  # fmt: skip
 
 

@@ -3,7 +3,7 @@ whose every output row is the same bits whatever M is, for each FP8 scheme."""
 
 from __future__ import annotations
 
-from dataclasses import astuple
+from dataclasses import astuple, replace
 
 import torch
 
@@ -25,12 +25,15 @@ class FixedTilesBackend(Backend):
 
     def __init__(self, name: str, tiles: FixedTiles) -> None:
         self.name, self.tiles = name, tiles
+        inside = ", x quantized inside" if tiles.quantize_x else ""
         self.summary = (
             f"fp8route's fixed-tile Triton GEMM ({tiles.block_m}x{tiles.block_n} tiles, K summed in "
-            f"{tiles.block_k * tiles.chunk_steps}-wide chunks in order), a dynamic per-tensor input scale "
-            "taken per token: a row's result does not depend on M"
+            f"{tiles.block_k * tiles.chunk_steps}-wide chunks in order{inside}), a dynamic per-tensor input "
+            "scale taken per token: a row's result does not depend on M"
         )
-        self._tiles = list(astuple(tiles))
+        self._tiles = [int(v) for v in astuple(tiles)]  # the custom op's list[int]
+        # x handed over quantized: the same tiles reading it as it is (the same e4m3 x, the same bits).
+        self._tiles_quantized = [int(v) for v in astuple(replace(tiles, quantize_x=False))]
         # What orders a row's sum: the K steps and chunks, not the tile's rows, columns or pipeline.
         self.bits_family = f"fixed-tile GEMM, {tiles.block_k}-wide K steps in chunks of {tiles.chunk_steps}"
 
@@ -38,6 +41,8 @@ class FixedTilesBackend(Backend):
         reason = first_reason(needs_scheme(problem, self.schemes), needs_fp8_gpu(problem), TRITON_IMPORT_ERROR)
         if reason is None and problem.k % 16:
             return f"K={problem.k} is not a multiple of 16 (16-byte fp8 rows)"
+        if reason is None and self.tiles.quantize_x and not (problem.scheme == "block" or problem.static_input_scale):
+            return "quantizes x inside with a static scale or per 1x128 group; a per-token scale needs the row's amax first"
         return reason
 
     def batch_variance(self, problem: GemmProblem) -> str | None:
@@ -51,6 +56,9 @@ class FixedTilesBackend(Backend):
         """x quantized by fp8route's Triton quantizers at every dtype (each computes a row from that row
         alone; torch's fp32 path reduces in an order that may follow M), then the GEMM."""
         x, o = x.contiguous(), operands
+        if self.tiles.quantize_x:
+            x_scale = None if o.scheme == "block" else o.input_scale
+            return custom_ops.fixed_gemm(x, o.weight, x_scale, o.weight_scale, bias_as(o, x.dtype), x.dtype, self._tiles)
         if o.scheme == "block":
             x_q, x_scale = triton_quantize.quantize_per_group(x)
         elif o.scheme == "channel" or o.input_scale is None:
@@ -66,4 +74,4 @@ class FixedTilesBackend(Backend):
     ) -> torch.Tensor:
         o = operands
         bias = bias_as(o, out_dtype)
-        return custom_ops.fixed_gemm(x_q, o.weight, x_scale, o.weight_scale, bias, out_dtype, self._tiles)
+        return custom_ops.fixed_gemm(x_q, o.weight, x_scale, o.weight_scale, bias, out_dtype, self._tiles_quantized)

@@ -365,6 +365,11 @@ def _fixed_gemm(model: Model, dtype: torch.dtype) -> None:
         groups = cdiv(k, BLOCK)
         for tiles in TILINGS.values():
             for m in (1, 8192):
+                if tiles.quantize_x:  # 16-bit x: a static scale, or per 1x128 group beside weight blocks
+                    x = torch.empty((m, k), dtype=dtype)
+                    fixed_gemm(x, weight, torch.ones(()), torch.ones(()), None, dtype, tiles)
+                    fixed_gemm(x, weight, None, torch.ones(cdiv(n, BLOCK), groups), None, dtype, tiles)
+                    continue
                 x = torch.empty((m, k), dtype=FP8_DTYPE)
                 fixed_gemm(x, weight, torch.ones(()), torch.ones(()), None, dtype, tiles)
                 fixed_gemm(x, weight, torch.ones(m), torch.ones(n), None, dtype, tiles)

@@ -16,7 +16,10 @@ Three ways of scaling (MODE): none (16-bit x and weight: a model's float linears
 after the sum (the tensor and channel schemes: x's scale a scalar or [M], the weight's a scalar or
 [N], each passed with stride 0 when scalar); per 128-wide group inside the sum (the block scheme: x's
 [M, ceil(K/128)] and the weight's [ceil(N/128), ceil(K/128)] scales, BLOCK_K = 128). x comes
-quantized: its quantizer computes each row from that row alone (fp8route.kernels.quantize).
+quantized (its quantizer computes each row from that row alone: fp8route.kernels.quantize), or, for
+tilings with quantize_x, in 16 bits to be quantized inside, with a static per-tensor scale or per
+1x128 group by the quantizers' own device functions: the same e4m3 codes, so the same bits, without
+a kernel of their own and x's round trip through memory.
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ class FixedTiles:
     # Where the tiles are too few, a split aims for this many programs per SM (0: never split). It costs
     # the chunk sums' round trip through memory, and changes no bits.
     programs_per_sm: int = 2
+    # x arrives in 16 bits and each program quantizes its tiles (a static scale, or per 1x128 group):
+    # no quantizer launch, but x is converted again by every column of tiles, so it pays at small M.
+    quantize_x: bool = False
 
 
 TILES = FixedTiles()
@@ -62,12 +68,15 @@ TILINGS = {
     "triton_fixed": TILES,
     "triton_fixed_wide": FixedTiles(128, 128, 128, 8, 8, 8, 4, 1),
     "triton_fixed_narrow": FixedTiles(64, 64, 128, 8, 8, 4, 4),
+    "triton_fixed_quantize": FixedTiles(quantize_x=True),
+    "triton_fixed_narrow_quantize": FixedTiles(64, 64, 128, 8, 8, 4, 4, quantize_x=True),
 }
 _SMEM = 227 * 1024  # Hopper: the shared memory one program may take
 
 
 if triton is not None:
     from fp8route.kernels.pdl import wait_for_inputs
+    from fp8route.kernels.quantize import dynamic_scale, quantize_e4m3
     from fp8route.kernels.tile_order import grouped_tile
 
     @triton.jit
@@ -92,7 +101,7 @@ if triton is not None:
         M, N, K, stride_xm, stride_wn, stride_om, stride_xs, stride_ws, chunks_each,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK_STEPS: tl.constexpr,
         GROUP_M: tl.constexpr, MODE: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-        USE_PDL: tl.constexpr,
+        QUANT_X: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         wait_for_inputs(USE_PDL)
         pid, pid_k = tl.program_id(0), tl.program_id(1)
@@ -111,16 +120,25 @@ if triton is not None:
         first = pid_k * chunks_each * CHUNK_STEPS
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if QUANT_X and MODE == 1:  # the static per-tensor scale, as fp8route.kernels.quantize applies it
+            static = tl.load(x_scale_ptr)
+            static_rcp = tl.math.div_rn(1.0, static)
         for step in range(first, tl.minimum(first + chunks_each * CHUNK_STEPS, steps)):
             k = step * BLOCK_K + offs_k
             k_mask = k < K
             x = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
             w = tl.load(w_cols + k[:, None], mask=n_mask[None, :] & k_mask[:, None], other=0.0)
             if MODE == 2:
-                x_scale = tl.load(x_scale_ptr + offs_m * stride_xs + step, mask=m_mask, other=0.0)
+                if QUANT_X:  # this step's group, each row by its own amax
+                    x_scale = dynamic_scale(tl.max(tl.abs(x.to(tl.float32)), axis=1))
+                    x = quantize_e4m3(x, x_scale[:, None], tl.math.div_rn(1.0, x_scale)[:, None])
+                else:
+                    x_scale = tl.load(x_scale_ptr + offs_m * stride_xs + step, mask=m_mask, other=0.0)
                 w_scale = tl.load(w_scale_ptr + (offs_n // 128) * stride_ws + step, mask=n_mask, other=0.0)
                 acc += tl.dot(x, w) * (x_scale[:, None] * w_scale[None, :])
             else:
+                if QUANT_X:
+                    x = quantize_e4m3(x, static, static_rcp)
                 acc = tl.dot(x, w, acc)
             if (step + 1) % CHUNK_STEPS == 0 or step + 1 == steps:
                 if SPLIT:
@@ -209,7 +227,7 @@ def launch(
         return out
     xs = x_scale if x_scale is not None else out  # an unread pointer where there is no scale
     ws = weight_scale if weight_scale is not None else out
-    stride_xs = 0 if mode == NONE or xs.numel() == 1 else xs.stride(0)
+    stride_xs = 0 if x_scale is None or xs.numel() == 1 else xs.stride(0)
     stride_ws = 0 if mode == NONE or ws.numel() == 1 else ws.stride(0)
     bias_arg = bias if bias is not None else out
     split = programs_per_tile(m, n, k, launch_sms(x.device), tiles, weight.element_size())
@@ -221,7 +239,7 @@ def launch(
     cnt = counters(x.device, tiles_count, "fixed_gemm") if split > 1 else out
     meta: dict[str, Any] = dict(
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, CHUNK_STEPS=tiles.chunk_steps,
-        GROUP_M=tiles.group_m, MODE=mode, HAS_BIAS=bias is not None, SPLIT=split > 1,
+        GROUP_M=tiles.group_m, MODE=mode, HAS_BIAS=bias is not None, SPLIT=split > 1, QUANT_X=tiles.quantize_x,
         num_warps=tiles.num_warps, num_stages=stages_that_fit(tiles, x.element_size(), split > 1),
     )  # fmt: skip
     args = (
@@ -246,12 +264,16 @@ def _check(
         raise Fp8InputError(
             f"fixed_gemm: x [M, K] and weight [N, K] expected, got {tuple(x.shape)}, {tuple(weight.shape)}"
         )
-    if x.dtype != weight.dtype:
+    if tiles.quantize_x:
+        _check_quantized_inside(x, weight, x_scale, weight_scale, tiles)
+    elif x.dtype != weight.dtype:
         raise Fp8InputError(f"fixed_gemm: x ({x.dtype}) and weight ({weight.dtype}) must share a dtype")
     if x.stride(1) != 1 or weight.stride(1) != 1:
         raise Fp8InputError("fixed_gemm: x and weight need a contiguous last (K) dimension")
     if bias is not None and (bias.shape != (weight.shape[0],) or not bias.is_contiguous()):
         raise Fp8InputError(f"fixed_gemm: bias must be a contiguous [{weight.shape[0]}] tensor")
+    if tiles.quantize_x:
+        return
     if x.element_size() == 2:
         if x_scale is not None or weight_scale is not None:
             raise Fp8InputError("fixed_gemm: 16-bit operands take no scales")
@@ -273,3 +295,31 @@ def _check(
     for name, s, rows in (("x_scale", x_scale, m), ("weight_scale", weight_scale, n)):
         if s.numel() != 1 and tuple(s.shape) != (rows,):
             raise Fp8InputError(f"fixed_gemm: {name} must be a scalar or [{rows}], got {tuple(s.shape)}")
+
+
+def _check_quantized_inside(
+    x: torch.Tensor, weight: torch.Tensor, x_scale: torch.Tensor | None, weight_scale: torch.Tensor | None,
+    tiles: FixedTiles,
+) -> None:
+    """Tiles that quantize x inside: 16-bit x, an e4m3 weight with its fp32 scale, and x's scale static
+    (one fp32 scalar) beside a weight scale per tensor or channel, or none beside 128x128 weight blocks."""
+    if x.element_size() != 2 or weight.dtype != torch.float8_e4m3fn or weight_scale is None:
+        raise Fp8InputError(
+            f"fixed_gemm: tiles with quantize_x take 16-bit x and an e4m3 weight with its scale, got {x.dtype} "
+            f"and {weight.dtype}"
+        )
+    if weight_scale.dtype != torch.float32:
+        raise Fp8InputError(f"fixed_gemm: weight_scale must be fp32, got {weight_scale.dtype}")
+    if weight_scale.dim() == 2:
+        n, k = weight.shape
+        shape = (cdiv(n, BLOCK), cdiv(k, BLOCK))
+        if x_scale is not None:
+            raise Fp8InputError("fixed_gemm: beside 128x128 weight blocks x's group scales are computed inside")
+        if tiles.block_k != BLOCK:
+            raise Fp8InputError(f"fixed_gemm: 128x128 weight blocks need block_k={BLOCK}, got {tiles.block_k}")
+        if tuple(weight_scale.shape) != shape or weight_scale.stride(1) != 1:
+            raise Fp8InputError(f"fixed_gemm: weight_scale must be {shape} with contiguous rows")
+    elif x_scale is None or x_scale.numel() != 1 or x_scale.dtype != torch.float32:
+        raise Fp8InputError("fixed_gemm: tiles with quantize_x need x's static scale, one fp32 scalar")
+    elif weight_scale.numel() != 1 and tuple(weight_scale.shape) != (weight.shape[0],):
+        raise Fp8InputError(f"fixed_gemm: weight_scale must be a scalar or [{weight.shape[0]}]")

@@ -114,8 +114,15 @@ def test_mismatched_operands_are_refused_with_the_reason():
         fg.fixed_gemm(xq, w, torch.ones(2), torch.ones(3), None, torch.bfloat16)
 
 
-@pytest.mark.parametrize("name", ["triton_fixed", "triton_fixed_wide", "triton_fixed_narrow"])
-@pytest.mark.parametrize("scheme,static", [("tensor", True), ("tensor", False), ("channel", False), ("block", False)])
+INPUTS = [("tensor", True), ("tensor", False), ("channel", False), ("block", False)]
+QUANTIZE_INSIDE = [("tensor", True), ("block", False)]  # a static scale or per 1x128 group
+
+
+@pytest.mark.parametrize(
+    "name,scheme,static",
+    [(name, *inputs) for name in ("triton_fixed", "triton_fixed_wide", "triton_fixed_narrow") for inputs in INPUTS]
+    + [(name, *inputs) for name in ("triton_fixed_quantize", "triton_fixed_narrow_quantize") for inputs in QUANTIZE_INSIDE],
+)
 def test_the_backend_quantizes_each_row_alone_and_matches_the_reference(gpu_conversions, name, scheme, static):
     """Each tiling's backend as a layer runs it (on CPU tensors under the interpreter): the reference backend's
     numbers (a dynamic per-tensor scale taken per token, as each row alone would have it), and a row's
@@ -162,6 +169,42 @@ def test_tilings_that_share_the_k_chunking_give_a_row_the_same_bits(gpu_conversi
             first = whole
         assert torch.equal(alone[0].view(torch.int32), whole[7].view(torch.int32)), f"{tiles}: M=1 vs M={len(whole)}"
         assert torch.equal(whole.view(torch.int32), first.view(torch.int32)), f"{tiles} vs {SAME_CHUNKING[0]}"
+
+
+@pytest.mark.parametrize("scheme", ["tensor", "block"])
+@pytest.mark.parametrize("m", [1, 37])
+def test_x_quantized_inside_gives_the_bits_of_x_quantized_by_its_kernel(gpu_conversions, scheme, m):
+    """Tiles with quantize_x read 16-bit x and quantize each tile with the quantizers' own device functions:
+    the same e4m3 codes and scales as the quantizer's kernel, so the same bits after the GEMM."""
+    from fp8route.kernels import quantize as triton_quantize
+
+    g = torch.Generator().manual_seed(m)
+    k = 3200 if CUDA else 1100 if scheme == "block" else 1000
+    x = (torch.randn(m, k, generator=g) * torch.logspace(-1, 1, m)[:, None]).to(torch.bfloat16).to(DEVICE)
+    wq, ws = (t.to(DEVICE) for t in quantize_weight(torch.randn(72, k, generator=g) * 0.1, scheme))
+    tiles = SMALL_BLOCK if scheme == "block" else SMALL
+    inside = fg.FixedTiles(*astuple(tiles)[:-1], quantize_x=True)
+    if scheme == "block":
+        x_q, x_scale = triton_quantize.quantize_per_group(x)
+        fused = fg.fixed_gemm(x, wq, None, ws, None, torch.float32, inside)
+    else:
+        x_scale = (x.float().abs().max() / 300).reshape(())  # some of x saturates at 448
+        x_q = triton_quantize.quantize_fp8(x, x_scale)
+        fused = fg.fixed_gemm(x, wq, x_scale, ws, None, torch.float32, inside)
+    apart = fg.fixed_gemm(x_q, wq, x_scale, ws, None, torch.float32, tiles)
+    assert torch.equal(fused.cpu().view(torch.int32), apart.cpu().view(torch.int32))
+
+
+def test_tiles_that_quantize_inside_refuse_what_they_cannot_quantize():
+    weight = torch.zeros(64, 256, dtype=torch.float8_e4m3fn)
+    inside = fg.TILINGS["triton_fixed_quantize"]
+    x = torch.zeros(2, 256, dtype=torch.bfloat16)
+    with pytest.raises(Fp8InputError, match="static scale"):  # per token: the row's amax first
+        fg.fixed_gemm(x, weight, torch.ones(2), torch.ones(()), None, torch.bfloat16, inside)
+    with pytest.raises(Fp8InputError, match="16-bit x"):
+        fg.fixed_gemm(x.to(torch.float8_e4m3fn), weight, torch.ones(()), torch.ones(()), None, torch.bfloat16, inside)
+    with pytest.raises(Fp8InputError, match="computed inside"):
+        fg.fixed_gemm(x, weight, torch.ones(2, 2), torch.ones(1, 2), None, torch.bfloat16, inside)
 
 
 def test_the_stages_shrink_to_what_fits_shared_memory_and_never_below_one():
