@@ -106,7 +106,10 @@ def test_forcing_a_backend_that_is_not_batch_invariant_is_refused() -> None:
 
 def test_only_cpu_tiles_and_the_triton_fixed_tilings_claim_batch_invariance() -> None:
     invariant = {name for name, b in BACKENDS.items() if b.batch_variance(_problem()) is None}
-    assert invariant == {"cpu_tiles", "triton_fixed", "triton_fixed_wide", "triton_fixed_narrow"}
+    assert invariant == {
+        "cpu_tiles", "triton_fixed", "triton_fixed_wide", "triton_fixed_narrow", "triton_fixed_quantize",
+        "triton_fixed_narrow_quantize",
+    }  # fmt: skip
 
 
 def test_a_routing_table_chooses_the_tiling_per_layer_and_m_bucket_by_its_timings() -> None:
