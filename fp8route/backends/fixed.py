@@ -25,11 +25,14 @@ class FixedTilesBackend(Backend):
 
     def __init__(self, name: str, tiles: FixedTiles) -> None:
         self.name, self.tiles = name, tiles
-        inside = ", x quantized inside" if tiles.quantize_x else ""
+        x = (
+            "x quantized inside, with a static scale or per 1x128 group"
+            if tiles.quantize_x
+            else "a dynamic per-tensor input scale taken per token"
+        )
         self.summary = (
             f"fp8route's fixed-tile Triton GEMM ({tiles.block_m}x{tiles.block_n} tiles, K summed in "
-            f"{tiles.block_k * tiles.chunk_steps}-wide chunks in order{inside}), a dynamic per-tensor input "
-            "scale taken per token: a row's result does not depend on M"
+            f"{tiles.block_k * tiles.chunk_steps}-wide chunks in order), {x}: a row's result does not depend on M"
         )
         self._tiles = [int(v) for v in astuple(tiles)]  # the custom op's list[int]
         # x handed over quantized: the same tiles reading it as it is (the same e4m3 x, the same bits).
