@@ -41,6 +41,22 @@ def triton_decode_available() -> bool:
     return kernel.TRITON_IMPORT_ERROR is None and torch.cuda.is_available()
 
 
+def fixed_split_rows(
+    q: torch.Tensor, new: kernel.NewToken, pool: KVPool, layer: int, rows: torch.Tensor, lengths: torch.Tensor
+) -> torch.Tensor | None:
+    """The deterministic mode's decode rows, in decode and mixed steps alike: q [B, H, D] before RoPE
+    and the rows' new tokens through the decode kernel at its fixed split, RoPE and the cache write
+    inside it -> [B, H, D]; None where the kernel cannot fuse them (then both kinds of step rotate and
+    write first). Both step kinds take the same path for a model (the test is its head size, the
+    operands made unit-stride), so a decode row's stored key and its output are the same bits in either."""
+    q, new = q.contiguous(), kernel.NewToken(*(t.contiguous() for t in new))
+    if not kernel.fuses_new_token(q, new):
+        return None
+    k_blocks, v_blocks = pool.layer(layer)
+    pages = kernel.Pages(k_blocks, v_blocks, pool.tables, rows, *pool.layer_scales(layer))
+    return kernel.decode_attention(q, pages, lengths, split=kernel.FIXED_SPLIT, new=new)
+
+
 def decode_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """The reference: q [B, H, D] over the first lengths[b] positions of k/v [B, Hkv, S, D]."""
     visible = torch.arange(k.shape[2], device=q.device)[None, :] < lengths[:, None]
@@ -151,15 +167,37 @@ class StepAttention:
         rope_into_cache(
             k[0][:, None], v[0][:, None], cos[0][:, None], sin[0][:, None], k_flat, v_flat, self.slots, scales
         )
+        raw = q[0]  # [T, H, D] before RoPE: the deterministic decode rows rotate inside the decode kernel
         q = rope(q, cos, sin, token_major=True)[0].transpose(0, 1)  # [T, H, D]
         k_blocks, v_blocks = pool.layer(layer)
         cache = PagedKV(k_blocks, v_blocks, pool.tables, *pool.layer_scales(layer))
         if self.alone and not self.triton:
             return paged_attention_rows(q, cache, self.seqs).transpose(0, 1)[None]
-        if self.alone:  # decode rows as a decode step runs them: the decode kernel at its fixed split
-            return paged_attention(q, cache, self.seqs, decode_split=kernel.FIXED_SPLIT).transpose(0, 1)[None]
+        if self.alone:  # decode rows as a decode step runs them
+            return self._alone(layer, raw, q, k, v, cos, sin, cache).transpose(0, 1)[None]
         attend = paged_attention if self.triton else paged_attention_reference
         return attend(q, cache, self.seqs).transpose(0, 1)[None]
+
+    def _alone(
+        self, layer: int, raw: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+        sin: torch.Tensor, cache: PagedKV,
+    ) -> torch.Tensor:  # fmt: skip
+        """The deterministic mode's step on the Triton kernels: decode rows through the decode kernel at its
+        fixed split (fixed_split_rows; their keys, written above too, written again by it), the
+        rest through the paged kernel's multi-query grid."""
+        seqs, singles = self.seqs, self.seqs.singles
+        if not singles:
+            return paged_attention(q, cache, seqs)
+        new = kernel.NewToken(k[0, :singles], v[0, :singles], cos[0, :singles], sin[0, :singles])
+        rows = fixed_split_rows(raw[:singles], new, self.pool, layer, seqs.rows[:singles], seqs.lengths[:singles])
+        if rows is None:
+            return paged_attention(q, cache, seqs, decode_split=kernel.FIXED_SPLIT)
+        out = torch.empty_like(q)
+        out[:singles] = rows
+        if seqs.count > singles:
+            rest = Sequences(seqs.cu_q[singles:], seqs.lengths[singles:], seqs.rows[singles:], 0)
+            paged_attention(q, cache, rest, out=out)
+        return out
 
 
 class DecodeAttention:
@@ -219,6 +257,10 @@ class DecodeAttention:
     def _one_query_grid(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
+        new = kernel.NewToken(k[:, 0], v[:, 0], cos[:, 0], sin[:, 0])
+        out = fixed_split_rows(q[:, 0], new, self.pool, layer, self.rows, self.lengths)
+        if out is not None:
+            return out[:, :, None]
         self._write_new_token(layer, k, v, cos, sin)
         q = rope(q, cos, sin)[:, :, 0].contiguous()  # [B, H, D]
         if self._seqs is None:

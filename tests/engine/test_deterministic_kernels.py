@@ -46,14 +46,14 @@ def _folder(scheme: str, root: Path) -> Path:
     )
 
 
-def _engine(device: str, budget: int, prefix_caching: bool, folder: Path | None) -> LLMEngine:
+def _engine(device: str, budget: int, prefix_caching: bool, folder: Path | None, kv: str = "auto") -> LLMEngine:
     """The tiny model in float (folder None) or from an FP8 folder, in the deterministic mode, its
     attention through the Triton kernels."""
     dtype = "bfloat16" if device == "cuda" else "float32"  # the interpreter's tl.dot misreads bf16
     config = EngineConfig(
         dtype=dtype, device=device, max_num_seqs=6, max_model_len=96, num_kv_blocks=64, block_size=4,
         max_num_batched_tokens=budget, enable_prefix_caching=prefix_caching, deterministic=True,
-        skip_tokenizer_init=True, model=str(folder) if folder else None,
+        skip_tokenizer_init=True, model=str(folder) if folder else None, kv_cache_dtype=kv,
     )  # fmt: skip
     if folder is not None:
         engine = LLMEngine.from_config(config, quiet=True)
@@ -75,14 +75,16 @@ def _run(engine: LLMEngine, prompts: Sequence[list[int]], arrivals: Sequence[tup
     return run_arrivals(engine, prompts, _params, arrivals)
 
 
-@pytest.mark.parametrize("scheme", ["float", "tensor", "channel", "block"])
+@pytest.mark.parametrize(("scheme", "kv"), [("float", "auto"), ("tensor", "auto"), ("channel", "auto"),
+                                           ("block", "auto"), ("float", "fp8")])  # fmt: skip
 @pytest.mark.parametrize(
     "device", [pytest.param("cpu", marks=interpreted), pytest.param("cuda", marks=pytest.mark.gpu)]
 )
 def test_tokens_and_logprobs_through_the_kernels_do_not_depend_on_the_batch(
-    device: str, scheme: str, tmp_path: Path
+    device: str, scheme: str, kv: str, tmp_path: Path
 ) -> None:
-    """On a GPU the FP8 linears run the fixed-tile GEMM; on a CPU cpu_tiles."""
+    """On a GPU the FP8 linears run the fixed-tile GEMM; on a CPU cpu_tiles. kv fp8: the e4m3 cache, its
+    decode rows' keys written by the decode kernel in decode and mixed steps alike."""
     g = torch.Generator().manual_seed(0)
     vocab = CONFIG["vocab_size"]
     shared = torch.randint(0, vocab, (13,), generator=g).tolist()  # 13: a cache hit leaves one token
@@ -93,7 +95,7 @@ def test_tokens_and_logprobs_through_the_kernels_do_not_depend_on_the_batch(
     every = range(len(prompts))
     # A budget of 7 tokens chunks the longer prompts where the load around them says.
     folder = None if scheme == "float" else _folder(scheme, tmp_path)
-    fresh, cached = _engine(device, 7, False, folder), _engine(device, 64, True, folder)
+    fresh, cached = _engine(device, 7, False, folder, kv), _engine(device, 64, True, folder, kv)
     alone = [_run(fresh, prompts, [(i, 0)])[0] for i in every]
     scenarios = {
         "together": lambda: _run(fresh, prompts, [(i, 0) for i in every]),
