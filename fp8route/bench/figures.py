@@ -121,6 +121,19 @@ def schemes_vs_tensor(path: Path) -> str:
     return "; ".join(parts) + " per-tensor's in the same run"
 
 
+def deterministic_cost(path: Path) -> str:
+    """The deterministic mode's decode step (batch 1 and 16) and TTFT (batch 1) as a multiple of the
+    routed arm's in the same run."""
+    rows = {(r["arm"], r["batch"]): r for r in _json(path)["rows"]}
+    step = [rows["deterministic", b]["decode_step_ms"] / rows["routed", b]["decode_step_ms"] for b in (1, 16)]
+    ttft = rows["deterministic", 1]["ttft_ms"] / rows["routed", 1]["ttft_ms"]
+    tokens = rows["routed", 1]["input_tokens"]
+    return (
+        f"decode step {step[0]:.2f}x at batch 1, {step[1]:.2f}x at 16; TTFT {ttft:.2f}x at {tokens} tokens, "
+        "against routed in the same run"
+    )
+
+
 FIGURES = (
     Figure("GEMMs, layer sum at M=1", ("h200/routing/retuned3/gemm-llama-3.1-8b-tp1.json",), gemm_layer_sum),
     Figure(
@@ -145,6 +158,7 @@ FIGURES = (
     ),
     Figure("Sampling controls, decode-heavy load", ("h200/sampling/serve-ckpt-8b.json",), sampling_cost),
     Figure("Channel and block FP8, batch 1 and TTFT 4096", ("h200/schemes/e2e.json",), schemes_vs_tensor),
+    Figure("Deterministic mode (batch-invariant tokens)", ("h200/deterministic/e2e.json",), deterministic_cost),
 )
 
 
