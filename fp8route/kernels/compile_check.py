@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -304,9 +304,12 @@ def _paged_attention(model: Model, dtype: torch.dtype) -> None:
         tables = torch.zeros((len(queries) + 1, max_blocks), dtype=torch.int32)
         for cache_dtype, scales in ((dtype, (1.0, 1.0)), (FP8_DTYPE, (0.5, 0.25))):
             blocks = torch.empty((len(queries) * max_blocks, page, kv, dim), dtype=cache_dtype)
+            cache = pa.PagedKV(blocks, torch.empty_like(blocks), tables, *scales)
             for decode_split in (None, pd.FIXED_SPLIT):
-                cache = pa.PagedKV(blocks, torch.empty_like(blocks), tables, *scales)
                 pa.paged_attention(q, cache, seqs, decode_split=decode_split)
+            # The counts on the device, the grids from bounds (a captured step's form).
+            counts = torch.tensor([singles, len(queries)], dtype=torch.int32)
+            pa.paged_attention(q, cache, replace(seqs, counts=counts))
 
 
 def _argmax(model: Model, dtype: torch.dtype) -> None:

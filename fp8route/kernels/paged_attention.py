@@ -18,7 +18,9 @@ sequence only, never on the rest of the batch:
 Cached K and V meet q in q's dtype for tl.dot: an fp8 cache (float8_e4m3fn blocks, one scale per
 tensor) is converted exactly, the key's scale folded into the score scale and the value's into the
 output. Offsets into the cache are int64. Every length is read on the device and the grids follow
-from the token and sequence counts: a CUDA graph can capture a call of fixed counts.
+from the token and sequence counts: a CUDA graph can capture a call of fixed counts. With the counts
+on the device too (Sequences.counts), the grids follow from bounds and the programs past the step's
+sequences exit: a graph captured once serves every step within the bounds.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from fp8route.errors import Fp8InputError
 from fp8route.kernels import paged_decode
 from fp8route.kernels.launcher import DirectLauncher, int_key
 from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
@@ -68,12 +71,16 @@ class PagedKV(NamedTuple):
 class Sequences:
     """How q's tokens split into sequences. On q's device: cu_q [S + 1] (int32, query offsets),
     lengths [S] (int32, positions each sequence has after this step), rows [S] (table rows). On the
-    host: how many sequences lead with one query each."""
+    host: how many sequences lead with one query each.
+
+    counts (int32 [2] on q's device: the one-query sequences, then all of them): the step's counts are
+    read there, and S and singles are bounds (a captured graph's): entries past counts[1] are never read."""
 
     cu_q: torch.Tensor
     lengths: torch.Tensor
     rows: torch.Tensor
     singles: int
+    counts: torch.Tensor | None = None
 
     @property
     def count(self) -> int:
@@ -137,6 +144,11 @@ def paged_attention(
         "PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
     }  # fmt: skip
     singles, rest = seqs.singles, seqs.count - seqs.singles
+    counted = seqs.counts is not None
+    if counted:
+        if decode_split is not None:
+            raise Fp8InputError("paged_attention: decode_split takes the step's counts on the host, not in Sequences.counts")
+        rest = seqs.count  # a bound: every sequence may be a multi-query one
     if singles and decode_split is not None:
         pages = paged_decode.Pages(k, v, tables, seqs.rows[:singles], k_scale, v_scale)
         out[:singles] = paged_decode.decode_attention(
@@ -147,9 +159,13 @@ def paged_attention(
     if rest:
         block_m = block_m_for(group, q.dtype, launch)
         block_q = block_m // group
-        grid = ((t - singles) // block_q + rest, hkv, 1)
-        args = _args(q, cache, seqs.cu_q[singles:], seqs.lengths[singles:], seqs.rows[singles:], out, out, out, rest)
-        meta = {**common, "TILE": launch.tile, "BLOCK_M": block_m, "BLOCK_Q": block_q, "SPLITS": 1}
+        if counted:  # the kernel finds where the multi-query sequences start, and how many
+            grid = (t // block_q + rest, hkv, 1)
+            args = _args(q, cache, seqs.cu_q, seqs.lengths, seqs.rows, out, out, out, rest, seqs.counts)
+        else:
+            grid = ((t - singles) // block_q + rest, hkv, 1)
+            args = _args(q, cache, seqs.cu_q[singles:], seqs.lengths[singles:], seqs.rows[singles:], out, out, out, rest)
+        meta = {**common, "TILE": launch.tile, "BLOCK_M": block_m, "BLOCK_Q": block_q, "SPLITS": 1, "COUNTED": counted}
         _ATTENTION(grid, _key(args), (*args, qk_scale, v_scale), {**meta, "num_warps": launch.warps,
                                                                   "num_stages": launch.stages})  # fmt: skip
     return out
@@ -166,21 +182,28 @@ def _singles(
     partial = torch.empty((n, h, MAX_SPLITS, d), dtype=torch.float32, device=q.device)
     lse = torch.empty((n, h, MAX_SPLITS), dtype=torch.float32, device=q.device)
     cu_q = seqs.cu_q[: n + 1]
-    args = _args(q, cache, cu_q, seqs.lengths[:n], seqs.rows[:n], out, partial, lse, n)
-    meta = {**common, "TILE": TILE, "BLOCK_M": block_m, "BLOCK_Q": block_m // group, "SPLITS": MAX_SPLITS}
+    counted = seqs.counts is not None
+    args = _args(q, cache, cu_q, seqs.lengths[:n], seqs.rows[:n], out, partial, lse, n, seqs.counts)
+    meta = {**common, "TILE": TILE, "BLOCK_M": block_m, "BLOCK_Q": block_m // group, "SPLITS": MAX_SPLITS,
+            "COUNTED": counted}  # fmt: skip
     grid = (n, cache.k.shape[2], MAX_SPLITS)
     _ATTENTION(grid, _key(args), (*args, qk_scale, v_scale), {**meta, "num_warps": 4, "num_stages": 3})
-    merge = (partial, lse, cu_q, seqs.lengths[:n], out, *partial.stride()[:3], *lse.stride()[:2], *out.stride()[:2])
-    meta = {"D": d, "D_PAD": common["D_PAD"], "TILE": TILE, "SPLIT_MIN": SPLIT_MIN, "SPLITS": MAX_SPLITS}
-    _MERGE((n, h), _key(merge, pointers=5), merge, {**meta, "num_warps": 4})
+    counts = seqs.counts if counted else lse  # unread when not counted
+    merge = (partial, lse, cu_q, seqs.lengths[:n], out, counts,
+             *partial.stride()[:3], *lse.stride()[:2], *out.stride()[:2])  # fmt: skip
+    meta = {"D": d, "D_PAD": common["D_PAD"], "TILE": TILE, "SPLIT_MIN": SPLIT_MIN, "SPLITS": MAX_SPLITS,
+            "COUNTED": counted}  # fmt: skip
+    _MERGE((n, h), _key(merge, pointers=6), merge, {**meta, "num_warps": 4})
 
 
 def _args(q: torch.Tensor, cache: PagedKV, cu_q: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor,
-          out: torch.Tensor, partial: torch.Tensor, lse: torch.Tensor, count: int) -> tuple:  # fmt: skip
-    """The kernel's arguments in its order: pointers, the sequence count, strides."""
+          out: torch.Tensor, partial: torch.Tensor, lse: torch.Tensor, count: int,
+          counts: torch.Tensor | None = None) -> tuple:  # fmt: skip
+    """The kernel's arguments in its order: pointers (counts: the device counts, else an unread one),
+    the sequence count (a bound with counts), strides."""
     k, v, tables = cache.k, cache.v, cache.tables
     return (
-        q, k, v, tables, rows, cu_q, lengths, out, partial, lse,
+        q, k, v, tables, rows, cu_q, lengths, out, partial, lse, counts if counts is not None else lengths,
         count,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         tables.stride(0), out.stride(0), out.stride(1),
@@ -189,7 +212,7 @@ def _args(q: torch.Tensor, cache: PagedKV, cu_q: torch.Tensor, lengths: torch.Te
     )  # fmt: skip
 
 
-def _key(args: tuple, pointers: int = 10) -> tuple:
+def _key(args: tuple, pointers: int = 11) -> tuple:
     """What the kernel is specialized on: the tensors' dtypes and the integers' classes."""
     return (*(a.dtype for a in args[:pointers]), *int_key(*args[pointers:]))
 
@@ -316,17 +339,30 @@ if TRITON_IMPORT_ERROR is None:
 
     @triton.jit
     def _attention_kernel(
-        q_ptr, k_ptr, v_ptr, tab_ptr, row_ptr, cu_ptr, len_ptr, o_ptr, part_ptr, lse_ptr,
+        q_ptr, k_ptr, v_ptr, tab_ptr, row_ptr, cu_ptr, len_ptr, o_ptr, part_ptr, lse_ptr, counts_ptr,
         count,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_tab, stride_ot, stride_oh, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
         qk_scale, v_scale,
         G: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr, TILE: tl.constexpr,
         SPLIT_MIN: tl.constexpr, FP8: tl.constexpr, PRECISION: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, SPLITS: tl.constexpr, COUNTED: tl.constexpr,
+        USE_PDL: tl.constexpr,
     ):  # fmt: skip
         wait_for_inputs(USE_PDL)
         kvh = tl.program_id(1)
+        if COUNTED:  # count is a bound: the step's counts are on the device
+            singles = tl.load(counts_ptr)
+            if SPLITS == 1:  # the multi-query sequences follow the one-query ones
+                cu_ptr += singles
+                len_ptr += singles
+                row_ptr += singles
+                count = tl.load(counts_ptr + 1) - singles
+                if count <= 0:
+                    return
+            else:
+                if tl.program_id(0) >= singles:
+                    return
         if SPLITS == 1:
             # The last blocks first: under the causal mask they see the most positions, so the grid's
             # longest programs start in its first wave rather than trail in its last.
@@ -397,13 +433,16 @@ if TRITON_IMPORT_ERROR is None:
 
     @triton.jit
     def _merge_kernel(
-        part_ptr, lse_ptr, cu_ptr, len_ptr, o_ptr,
+        part_ptr, lse_ptr, cu_ptr, len_ptr, o_ptr, counts_ptr,
         stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, stride_ot, stride_oh,
         D: tl.constexpr, D_PAD: tl.constexpr, TILE: tl.constexpr, SPLIT_MIN: tl.constexpr, SPLITS: tl.constexpr,
-        USE_PDL: tl.constexpr,
+        COUNTED: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         wait_for_inputs(USE_PDL)
         seq = tl.program_id(0)
+        if COUNTED:
+            if seq >= tl.load(counts_ptr):
+                return
         h = tl.program_id(1)
         segments, _ = _segments(tl.load(len_ptr + seq), SPLIT_MIN, SPLITS, TILE)
         if segments == 1:  # the attention kernel wrote it
@@ -420,5 +459,5 @@ if TRITON_IMPORT_ERROR is None:
         token = tl.load(cu_ptr + seq).to(tl.int64)
         tl.store(o_ptr + token * stride_ot + h * stride_oh + d, result.to(o_ptr.dtype.element_ty), mask=d < D)
 
-    _ATTENTION = DirectLauncher(_attention_kernel, pointers=10, pdl=True)
-    _MERGE = DirectLauncher(_merge_kernel, pointers=5, pdl=True)
+    _ATTENTION = DirectLauncher(_attention_kernel, pointers=11, pdl=True)
+    _MERGE = DirectLauncher(_merge_kernel, pointers=6, pdl=True)

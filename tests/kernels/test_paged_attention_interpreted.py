@@ -95,3 +95,42 @@ def test_decode_rows_through_the_decode_kernel_at_a_fixed_split_keep_to_their_ow
         assert torch.equal(out, together[i : i + 1]), f"decode row {i} (length {lengths[i]})"
     rest = pa.Sequences(seqs.cu_q[singles:] - singles, seqs.lengths[singles:], seqs.rows[singles:], 0)
     assert torch.equal(pa.paged_attention(q[singles:].clone(), cache, rest), together[singles:])
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float8_e4m3fn])
+def test_counts_on_the_device_with_grids_from_bounds_give_the_same_bits(cache_dtype):
+    """A captured step's form: the sequence arrays padded past the step's sequences with stale entries,
+    q and out padded past its tokens, the counts read on the device; every real token's output the
+    same bits as the call with the counts on the host, and the padding's rows untouched."""
+    queries, lengths, singles = MIXED
+    scales = (0.05, 0.02) if cache_dtype == torch.float8_e4m3fn else (1.0, 1.0)
+    q, cache, seqs, _ = make_batch(queries, lengths, singles, 4, 2, 32, 16, torch.float32, cache_dtype, seed=7, scales=scales)
+    want = pa.paged_attention(q, cache, seqs)
+    t, pad = q.shape[0], 40
+    stale = 3  # entries past the step's sequences: a longer earlier step's, never read
+    cu_q = torch.cat([seqs.cu_q, torch.full((stale,), t + pad, dtype=torch.int32)])
+    lens = torch.cat([seqs.lengths, torch.full((stale,), 999, dtype=torch.int32)])
+    rows = torch.cat([seqs.rows, torch.zeros(stale, dtype=seqs.rows.dtype)])
+    q_padded = torch.cat([q, torch.randn(pad, *q.shape[1:])])
+    for counted_singles, bound in ((singles, singles + 2), (singles, len(queries) + stale)):
+        counts = torch.tensor([counted_singles, len(queries)], dtype=torch.int32)
+        graph = pa.Sequences(cu_q, lens, rows, bound, counts)
+        out = torch.full_like(q_padded, 7.0)
+        pa.paged_attention(q_padded, cache, graph, out=out)
+        assert torch.equal(out[:t], want), bound
+        assert (out[t:] == 7.0).all(), "a padded token's row was written"
+
+
+def test_counts_with_no_multi_query_sequences_or_no_single_ones():
+    queries, lengths = [1, 1, 5, 9], [40, 300, 60, 9]
+    q, cache, seqs, _ = make_batch(queries, lengths, 2, 4, 2, 32, 16, torch.float32, torch.float32, seed=8)
+    for singles, count in ((2, 2), (0, 0)):  # the decode rows alone; nothing at all
+        sub = pa.Sequences(seqs.cu_q[: count + 1], seqs.lengths[:count], seqs.rows[:count], singles)
+        want = pa.paged_attention(q, cache, sub) if count else None
+        out = torch.full_like(q, 7.0)
+        graph = pa.Sequences(seqs.cu_q, seqs.lengths, seqs.rows, 4, torch.tensor([singles, count], dtype=torch.int32))
+        pa.paged_attention(q, cache, graph, out=out)
+        real = int(seqs.cu_q[count])
+        if want is not None:
+            assert torch.equal(out[:real], want[:real])
+        assert (out[real:] == 7.0).all()
