@@ -44,8 +44,9 @@ class FixedTilesBackend(Backend):
         reason = first_reason(needs_scheme(problem, self.schemes), needs_fp8_gpu(problem), TRITON_IMPORT_ERROR)
         if reason is None and problem.k % 16:
             return f"K={problem.k} is not a multiple of 16 (16-byte fp8 rows)"
-        if reason is None and self.tiles.quantize_x and not (problem.scheme == "block" or problem.static_input_scale):
-            return "quantizes x inside with a static scale or per 1x128 group; a per-token scale needs the row's amax first"
+        inside = problem.scheme == "block" or problem.static_input_scale
+        if reason is None and self.tiles.quantize_x and not inside:
+            return "quantizes x inside with a static scale or per 1x128 group (a per-token scale needs its row's amax)"
         return reason
 
     def batch_variance(self, problem: GemmProblem) -> str | None:
@@ -61,7 +62,8 @@ class FixedTilesBackend(Backend):
         x, o = x.contiguous(), operands
         if self.tiles.quantize_x:
             x_scale = None if o.scheme == "block" else o.input_scale
-            return custom_ops.fixed_gemm(x, o.weight, x_scale, o.weight_scale, bias_as(o, x.dtype), x.dtype, self._tiles)
+            bias = bias_as(o, x.dtype)
+            return custom_ops.fixed_gemm(x, o.weight, x_scale, o.weight_scale, bias, x.dtype, self._tiles)
         if o.scheme == "block":
             x_q, x_scale = triton_quantize.quantize_per_group(x)
         elif o.scheme == "channel" or o.input_scale is None:

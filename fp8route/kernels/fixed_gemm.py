@@ -298,7 +298,10 @@ def _check(
 
 
 def _check_quantized_inside(
-    x: torch.Tensor, weight: torch.Tensor, x_scale: torch.Tensor | None, weight_scale: torch.Tensor | None,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    x_scale: torch.Tensor | None,
+    weight_scale: torch.Tensor | None,
     tiles: FixedTiles,
 ) -> None:
     """Tiles that quantize x inside: 16-bit x, an e4m3 weight with its fp32 scale, and x's scale static

@@ -147,7 +147,9 @@ def paged_attention(
     counted = seqs.counts is not None
     if counted:
         if decode_split is not None:
-            raise Fp8InputError("paged_attention: decode_split takes the step's counts on the host, not in Sequences.counts")
+            raise Fp8InputError(
+                "paged_attention: decode_split takes the step's counts on the host, not in Sequences.counts"
+            )
         rest = seqs.count  # a bound: every sequence may be a multi-query one
     if singles and decode_split is not None:
         pages = paged_decode.Pages(k, v, tables, seqs.rows[:singles], k_scale, v_scale)
@@ -164,8 +166,11 @@ def paged_attention(
             args = _args(q, cache, seqs.cu_q, seqs.lengths, seqs.rows, out, out, out, rest, seqs.counts)
         else:
             grid = ((t - singles) // block_q + rest, hkv, 1)
-            args = _args(q, cache, seqs.cu_q[singles:], seqs.lengths[singles:], seqs.rows[singles:], out, out, out, rest)
-        meta = {**common, "TILE": launch.tile, "BLOCK_M": block_m, "BLOCK_Q": block_q, "SPLITS": 1, "COUNTED": counted}
+            tail = seqs.cu_q[singles:], seqs.lengths[singles:], seqs.rows[singles:]
+            args = _args(q, cache, *tail, out, out, out, rest)
+        meta = {
+            **common, "TILE": launch.tile, "BLOCK_M": block_m, "BLOCK_Q": block_q, "SPLITS": 1, "COUNTED": counted,
+        }  # fmt: skip
         _ATTENTION(grid, _key(args), (*args, qk_scale, v_scale), {**meta, "num_warps": launch.warps,
                                                                   "num_stages": launch.stages})  # fmt: skip
     return out
@@ -440,7 +445,7 @@ if TRITON_IMPORT_ERROR is None:
     ):  # fmt: skip
         wait_for_inputs(USE_PDL)
         seq = tl.program_id(0)
-        if COUNTED:
+        if COUNTED:  # noqa: SIM102 (a static branch: without it counts_ptr is not a count)
             if seq >= tl.load(counts_ptr):
                 return
         h = tl.program_id(1)

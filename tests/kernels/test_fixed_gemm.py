@@ -115,13 +115,13 @@ def test_mismatched_operands_are_refused_with_the_reason():
 
 
 INPUTS = [("tensor", True), ("tensor", False), ("channel", False), ("block", False)]
-QUANTIZE_INSIDE = [("tensor", True), ("block", False)]  # a static scale or per 1x128 group
+INSIDE = [("tensor", True), ("block", False)]  # what x quantized inside takes: a static scale or 1x128 groups
 
 
 @pytest.mark.parametrize(
     "name,scheme,static",
     [(name, *inputs) for name in ("triton_fixed", "triton_fixed_wide", "triton_fixed_narrow") for inputs in INPUTS]
-    + [(name, *inputs) for name in ("triton_fixed_quantize", "triton_fixed_narrow_quantize") for inputs in QUANTIZE_INSIDE],
+    + [(name, *inputs) for name in ("triton_fixed_quantize", "triton_fixed_narrow_quantize") for inputs in INSIDE],
 )
 def test_the_backend_quantizes_each_row_alone_and_matches_the_reference(gpu_conversions, name, scheme, static):
     """Each tiling's backend as a layer runs it (on CPU tensors under the interpreter): the reference backend's

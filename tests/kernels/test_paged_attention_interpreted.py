@@ -104,7 +104,9 @@ def test_counts_on_the_device_with_grids_from_bounds_give_the_same_bits(cache_dt
     same bits as the call with the counts on the host, and the padding's rows untouched."""
     queries, lengths, singles = MIXED
     scales = (0.05, 0.02) if cache_dtype == torch.float8_e4m3fn else (1.0, 1.0)
-    q, cache, seqs, _ = make_batch(queries, lengths, singles, 4, 2, 32, 16, torch.float32, cache_dtype, seed=7, scales=scales)
+    q, cache, seqs, _ = make_batch(
+        queries, lengths, singles, 4, 2, 32, 16, torch.float32, cache_dtype, seed=7, scales=scales
+    )
     want = pa.paged_attention(q, cache, seqs)
     t, pad = q.shape[0], 40
     stale = 3  # entries past the step's sequences: a longer earlier step's, never read
