@@ -305,6 +305,9 @@ def split_table(rows: Sequence[E2ERow]) -> str:
             f"{r.label:<22}{r.batch:>6}{r.input_tokens:>7}{r.decode_step_ms:>9.3f}{kinds}"
             f"{r.kernels_per_step:>9.0f}{100 * busy:>9.0f}%"
         )
+    missed = [f"{r.label} {r.batch}x{r.input_tokens}" for r in rows if not r.kernels_per_step]
+    if missed:  # step_split.measure found too few positions left to decode through its steps
+        lines.append(f"not recorded for {', '.join(missed)}: the context left too few tokens (raise --output)")
     lines.append("largest kernels (ms a step):")
     for r in profiled:
         top = ", ".join(f"{name[:48]} {ms:.3f}" for name, ms in r.top_kernels[:4])

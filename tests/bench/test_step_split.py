@@ -103,3 +103,13 @@ def test_the_table_gives_each_kind_its_share_of_the_measured_step_and_the_gpus_b
     assert " ".join(lines[2].split()) == "routed 16 1024 5.000 3.500 70% 0.500 10% 0.500 10% 420 90%"
     assert "nvjet_sm90_qqtst_64x8_128x16_4x1_v_bz_algo2_TNT 1.200, _split_kernel 0.500" in lines[-1]
     assert as_json([row])[0]["gemm_ms"] == 3.5
+
+
+def test_the_table_names_the_rows_it_could_not_profile():
+    profiled = E2ERow(
+        "routed", 1, 1024, 26.0, 39384.0, 3.0, 324.9, 8.03, 2609.0, 0.612,
+        gemm_ms=2.4, attention_ms=0.4, rest_ms=0.2, kernels_per_step=308.0, top_kernels=(("nvjet_a", 1.0),),
+    )  # fmt: skip
+    missed = E2ERow("routed", 64, 4096, 900.0, 291000.0, 9.0, 7100.0, 8.03, 2000.0, 0.5)
+    line = next(line for line in split_table([profiled, missed]).splitlines() if line.startswith("not recorded"))
+    assert line.startswith("not recorded for routed 64x4096:") and "1x1024" not in line
