@@ -47,11 +47,13 @@ def fixed_split_rows(
     """The deterministic mode's decode rows, in decode and mixed steps alike: q [B, H, D] before RoPE
     and the rows' new tokens through the decode kernel at its fixed split, RoPE and the cache write
     inside it -> [B, H, D]; None where the kernel cannot fuse them (then both kinds of step rotate and
-    write first). Both step kinds take the same path for a model (the test is its head size, the
-    operands made unit-stride), so a decode row's stored key and its output are the same bits in either."""
-    q, new = q.contiguous(), kernel.NewToken(*(t.contiguous() for t in new))
-    if not kernel.fuses_new_token(q, new):
+    write first). Both step kinds take the same path for a model (the test is its head size alone, the
+    operands made unit-stride; decode_attention checks the rest), so a decode row's stored key and its
+    output are the same bits in either."""
+    d = q.shape[-1]
+    if d < 16 or d & (d - 1):  # what fuses_new_token asks of a head beyond unit strides and shapes
         return None
+    q, new = q.contiguous(), kernel.NewToken(*(t.contiguous() for t in new))
     k_blocks, v_blocks = pool.layer(layer)
     pages = kernel.Pages(k_blocks, v_blocks, pool.tables, rows, *pool.layer_scales(layer))
     return kernel.decode_attention(q, pages, lengths, split=kernel.FIXED_SPLIT, new=new)
