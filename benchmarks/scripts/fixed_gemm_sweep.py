@@ -14,14 +14,13 @@ import argparse
 import functools
 import json
 from collections.abc import Callable
-from dataclasses import astuple
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from triton.runtime.errors import OutOfResources
 
-from fp8route.backends import get_backend
+from fp8route.backends.fixed import FixedTilesBackend
 from fp8route.bench.decode import SHAPES as PROJECTIONS
 from fp8route.kernels import fixed_gemm as fg
 from fp8route.linear.layer import Fp8Linear
@@ -35,6 +34,12 @@ CANDIDATES = {  # the library's tilings by backend name, then tilings not yet in
     "128x256 k1024 s2": fg.FixedTiles(128, 256, 128, 8, 8, 8, 2, 1),
     "128x128 k1024 s4": fg.FixedTiles(128, 128, 128, 8, 8, 8, 4, 1),
     "64x128 k2048": fg.FixedTiles(64, 128, 128, 16, 8, 4, 3),
+    # small M (decode): a 16-row tile (mma.sync, not wgmma), more and smaller programs streaming the weight
+    "16x64 s4": fg.FixedTiles(16, 64, 128, 8, 8, 4, 4),
+    "16x64 s4 q": fg.FixedTiles(16, 64, 128, 8, 8, 4, 4, quantize_x=True),
+    "16x128 s4 q": fg.FixedTiles(16, 128, 128, 8, 8, 4, 4, quantize_x=True),
+    "16x64 s6 p4 q": fg.FixedTiles(16, 64, 128, 8, 8, 4, 6, 4, quantize_x=True),
+    "32x64 s4 q": fg.FixedTiles(32, 64, 128, 8, 8, 4, 4, quantize_x=True),
 }
 MS = (1, 16, 64, 256, 1024, 4096)
 SHAPES = {**PROJECTIONS, "lm_head": (128256, 4096)}
@@ -44,8 +49,8 @@ Call = Callable[[torch.Tensor], torch.Tensor]
 
 
 def _layers(n: int, k: int, scheme: str, copies: int, gen: torch.Generator) -> tuple[list[Call], list[Callable]]:
-    """copies of the layer as the default plan runs it, and each copy's call with a given tiling in
-    the deterministic mode: (x) -> out, and (x, tiles) -> out."""
+    """copies of the layer as the default plan runs it, and each copy's call with a given tiling as the
+    deterministic mode runs a tiling backend: (x) -> out, and (x, label) -> out."""
     plain: list[Call] = []
     fixed: list[Callable] = []
     for _ in range(copies):
@@ -53,23 +58,24 @@ def _layers(n: int, k: int, scheme: str, copies: int, gen: torch.Generator) -> t
         if scheme == "float":
             w16 = w.to(torch.bfloat16)
             plain.append(lambda x, w16=w16: F.linear(x, w16))
-            fixed.append(lambda x, tiles, w16=w16: fg.launch(x, w16, None, None, None, x.dtype, tiles))
+            fixed.append(lambda x, label, w16=w16: fg.launch(x, w16, None, None, None, x.dtype, CANDIDATES[label]))
             continue
         wq, ws = quantize_weight(w, scheme)
         s_in = torch.tensor(4.0 / 448, device="cuda") if scheme == "tensor" else None
         plain.append(Fp8Linear(wq, ws, s_in, scheme=scheme, policy=Policy()))
-        fixed.append(_tiled(Fp8Linear(wq, ws, s_in, scheme=scheme, policy=Policy(deterministic=True))))
+        operands = Fp8Linear(wq, ws, s_in, scheme=scheme, policy=Policy(deterministic=True)).prepared
+        fixed.append(lambda x, label, operands=operands: BACKENDS_BY_LABEL[label].run(x, operands))
     return plain, fixed
 
 
-def _tiled(layer: Fp8Linear) -> Callable:
-    backend = get_backend("triton_fixed")  # what the deterministic plan runs each layer with
+# Each candidate as a backend of its own, as the library makes its tilings' (quantizer and all).
+BACKENDS_BY_LABEL = {label: FixedTilesBackend(label, tiles) for label, tiles in CANDIDATES.items()}
 
-    def call(x: torch.Tensor, tiles: fg.FixedTiles) -> torch.Tensor:
-        backend._tiles = list(astuple(tiles))  # the tiling its custom op call passes
-        return layer(x)
 
-    return call
+def _runs(label: str, scheme: str) -> bool:
+    """Whether the candidate applies: x quantized inside needs a static scale (the tensor scheme here)
+    or 1x128 groups, and a float layer has nothing to quantize."""
+    return not CANDIDATES[label].quantize_x or scheme in ("tensor", "block")
 
 
 def main() -> None:
@@ -80,7 +86,9 @@ def main() -> None:
     parser.add_argument("--ms", default=",".join(map(str, MS)))
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    default, first = fg.TILINGS["triton_fixed"], next(iter(CANDIDATES))
+    first = next(iter(CANDIDATES))
+    for backend in BACKENDS_BY_LABEL.values():
+        backend.prepare(torch.device("cuda"))
     rows = []
     for scheme in args.schemes.split(","):
         for name in ["lm_head"] if scheme == "float" else args.shapes.split(","):
@@ -91,8 +99,10 @@ def main() -> None:
                 xs = [torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(copies)]
                 ref = plain[0](xs[0]).float()
                 arms = {"default plan": [functools.partial(layer, x) for layer, x in zip(plain, xs, strict=True)]}
-                for label, tiles in CANDIDATES.items():
-                    arms[label] = [functools.partial(fixed[i], xs[i], tiles) for i in range(copies)]
+                for label in CANDIDATES:
+                    if not _runs(label, scheme):
+                        continue
+                    arms[label] = [functools.partial(fixed[i], xs[i], label) for i in range(copies)]
                     try:
                         got = arms[label][0]().float()
                     except OutOfResources as exc:  # a tiling too large for this GPU's shared memory
@@ -112,7 +122,6 @@ def main() -> None:
                 print(f"{scheme:6s} {name:12s} M={m:<5d} default {base:8.1f} us  {first} "
                       f"{row[first]:.3f}x  best {best} {row[best]:.3f}x  spread {row['spread']:.3f}",
                       flush=True)  # fmt: skip
-                get_backend("triton_fixed")._tiles = list(astuple(default))
             del plain, fixed
             torch.cuda.empty_cache()
     result = {"fingerprint": Fingerprint.of("cuda").to_json(), "rows": rows}
