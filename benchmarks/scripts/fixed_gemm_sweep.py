@@ -3,7 +3,8 @@ to 4096, the layer as the default plan runs it (quantizer included) against the 
 deterministic mode (triton_fixed) with each candidate tiling of fp8route.kernels.fixed_gemm, per scheme;
 scheme "float" times the 16-bit lm_head (F.linear against the fixed-tile GEMM, as FloatLinear runs them).
 Cold L2 (rotating weight copies), interleaved arms, two repetitions (spread reported); every arm
-checked against the default's output first.
+checked against the default's output first, and its bits against triton_fixed's (a tiling the mode may
+take must give them: a 16-row tile runs another MMA instruction, so the sweep says whether it does).
 
     PYTHONPATH=$PWD python3 benchmarks/scripts/fixed_gemm_sweep.py --out $OUT [--schemes tensor,block,float]
 """
@@ -99,28 +100,33 @@ def main() -> None:
                 xs = [torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(copies)]
                 ref = plain[0](xs[0]).float()
                 arms = {"default plan": [functools.partial(layer, x) for layer, x in zip(plain, xs, strict=True)]}
+                family = fixed[0](xs[0], first)  # the bits every tiling of the mode's family must give
+                differ = []  # candidates whose rows are not those bits (another K order, another MMA)
                 for label in CANDIDATES:
                     if not _runs(label, scheme):
                         continue
                     arms[label] = [functools.partial(fixed[i], xs[i], label) for i in range(copies)]
                     try:
-                        got = arms[label][0]().float()
+                        got = arms[label][0]()
                     except OutOfResources as exc:  # a tiling too large for this GPU's shared memory
                         print(f"{label}: {exc}", flush=True)
                         del arms[label]
                         continue
-                    err = ((got - ref).norm() / ref.norm()).item()
+                    if not torch.equal(got, family):
+                        differ.append(label)
+                    err = ((got.float() - ref).norm() / ref.norm()).item()
                     assert err < 1e-2, f"{scheme} {name} M={m} {label}: relative error {err:.2e}"
                 timed = time_arms(arms, repeats=20 if m <= 256 else 10)
                 base = timed["default plan"].median_us
                 row = {"scheme": scheme, "shape": name, "m": m, "default_us": base,
-                       "spread": max(t.spread for t in timed.values()),
+                       "spread": max(t.spread for t in timed.values()), "bits_differ": differ,
                        **{label: timed[label].median_us / base if label in timed else float("inf")
                           for label in CANDIDATES}}  # fmt: skip
                 rows.append(row)
                 best = min(CANDIDATES, key=lambda label: row[label])
                 print(f"{scheme:6s} {name:12s} M={m:<5d} default {base:8.1f} us  {first} "
-                      f"{row[first]:.3f}x  best {best} {row[best]:.3f}x  spread {row['spread']:.3f}",
+                      f"{row[first]:.3f}x  best {best} {row[best]:.3f}x  spread {row['spread']:.3f}  "
+                      f"bits differ: {differ}",
                       flush=True)  # fmt: skip
             del plain, fixed
             torch.cuda.empty_cache()
