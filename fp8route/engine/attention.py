@@ -136,7 +136,8 @@ class StepAttention:
     faster than the paged kernel. alone: for the deterministic mode, without triton each query by itself
     through the torch path (paged_attention_rows); with it the paged kernel, whose rows depend on their
     own sequence only, its decode rows through the decode kernel at its fixed split as in a decode step
-    (the scheduler sends a prompt's one-token piece through the multi-query grid)."""
+    (the scheduler sends a prompt's one-token piece through the multi-query grid). counts: the step's
+    [one-query sequences, sequences] on the device, for a captured step (PrefillGraphs) to copy."""
 
     def __init__(
         self,
@@ -147,15 +148,30 @@ class StepAttention:
         flashinfer: FlashInferAttention | None = None,
         solo: bool = False,
         alone: bool = False,
+        counts: torch.Tensor | None = None,
     ) -> None:
         self.pool, self.slots, self.seqs, self.triton, self.flashinfer = pool, slots, seqs, triton, flashinfer
         self.solo = solo and not pool.quantized and flashinfer is None and not alone
-        self.alone = alone
+        self.alone, self.counts = alone, counts
+
+    @property
+    def graphable(self) -> bool:
+        """Whether a captured step can run this attention: the paged kernel over the step's counts read on
+        the device (not SDPA's solo path, FlashInfer's planned call, or the deterministic mode's host split)."""
+        return self.triton and self.flashinfer is None and not self.solo and not self.alone and self.counts is not None
 
     def attend(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q [1, T, H, D], k and v [1, T, Hkv, D], cos/sin [1, T, D] -> [1, H, T, D]."""
+        """q [1, T, H, D], k and v [1, T, Hkv, D], cos/sin [1, T, D] -> [1, H, T, D]. out [T, H, D]: where
+        the paged kernel writes (rows of no sequence untouched), else new."""
         pool = self.pool
         if self.flashinfer is not None:
             pool.store(layer, self.slots, rope(k, cos, sin, token_major=True)[0].transpose(0, 1), v[0])
@@ -178,7 +194,7 @@ class StepAttention:
         if self.alone:  # decode rows as a decode step runs them
             return self._alone(layer, raw, q, k, v, cos, sin, cache).transpose(0, 1)[None]
         attend = paged_attention if self.triton else paged_attention_reference
-        return attend(q, cache, self.seqs).transpose(0, 1)[None]
+        return attend(q, cache, self.seqs, out=out).transpose(0, 1)[None]
 
     def _alone(
         self, layer: int, raw: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,

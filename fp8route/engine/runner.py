@@ -180,6 +180,11 @@ class ModelRunner:
         if graphs is not None:  # before the pool is sized, which then counts their memory as taken
             graphs.capture_all()
         self.set_pool(self.config.num_kv_blocks or self.fit_blocks())
+        if graphs is not None and self.triton and not self.config.deterministic:
+            # The whole-step graphs hold the pool's addresses: captured now, into the pieces' memory pool,
+            # whose activations the pool's sizing left room for.
+            graphs.attach(self.pool, self.max_rows, self.rope_cos.dtype)
+            graphs.capture_all()
         if self.use_cuda_graphs:
             self.capture_decode_graphs(self.max_rows)
             self.warm_up()
@@ -258,6 +263,8 @@ class ModelRunner:
         captured the old pool's addresses, so they go; the old pool's memory goes before the new one."""
         self.graphs: DecodeGraphs | None = None
         self.flashinfer: FlashInferAttention | None = None
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.detach()
         if hasattr(self, "pool"):
             del self.pool
         cfg = self.model.cfg
@@ -412,10 +419,11 @@ class ModelRunner:
         sampled = len(sample_at)
         parts = upload_parts(
             [ids, pending, positions, slots, token_rows, offsets, starts + counts, token_rows[offsets[:-1]],
-             padded_to(sample_at, self.lm_head_rows) if self.pad_lm_head else sample_at],
+             padded_to(sample_at, self.lm_head_rows) if self.pad_lm_head else sample_at,
+             np.array([out.singles, len(seqs)])],
             self.device,
         )  # fmt: skip
-        ids_d, pending_d, pos_d, slots_d, token_rows_d, cu_q, lengths, rows, sample_d = parts
+        ids_d, pending_d, pos_d, slots_d, token_rows_d, cu_q, lengths, rows, sample_d, seq_counts = parts
         if pending.any():
             ids_d = torch.where(pending_d.bool(), self.last_token[token_rows_d], ids_d)
         if self.flashinfer is not None:
@@ -424,7 +432,7 @@ class ModelRunner:
         solo = len(seqs) == 1 and seqs[0].start == 0  # a lone prompt's first chunk
         layout = Sequences(cu_q, lengths, rows, out.singles)
         context = StepAttention(
-            self.pool, slots_d, layout, self.triton, self.flashinfer, solo, alone=self.config.deterministic
+            self.pool, slots_d, layout, self.triton, self.flashinfer, solo, self.config.deterministic, seq_counts
         )
         h = self.model.model.embed_tokens(ids_d).to(self.dtype)
         cos, sin = self.rope_cos[pos_d][None], self.rope_sin[pos_d][None]

@@ -146,3 +146,54 @@ def test_graphs_first_made_under_inference_mode_serve_a_forward_outside_it():
     with torch.no_grad():
         again = forward(lm, [(r, 0, 17)])
     torch.testing.assert_close(first, again)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["fp32", "fp8-dynamic-scale"])
+@pytest.mark.parametrize(
+    "device",
+    [
+        pytest.param("cpu", marks=[pytest.mark.interpreter, pytest.mark.gpu]),  # the kernels under the interpreter
+        pytest.param("cuda", marks=pytest.mark.gpu),
+    ],
+)
+def test_whole_step_graphs_run_the_attention_inside_and_give_the_eager_forward(device, fp8):
+    """Attached to the pool, a step's attention runs inside its bucket's graph from the static inputs (the
+    paged kernel reading the step's counts on the device): the same logits and K/V as the eager forward
+    through the kernels, for falling sizes (a larger step's slots must not take the padded rows' K/V), a
+    continuation, decode rows beside a chunk; a lone prompt's first chunk (SDPA) runs the pieces."""
+    g = torch.Generator().manual_seed(1)
+    vocab = CONFIG["vocab_size"]
+    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (37, 21, 12, 9, 30)]
+    graphed, eager = model(device, fp8), model(device, fp8)
+    for lm in (graphed, eager):
+        lm.engine.runner.use_triton = True
+    runner = graphed.engine.runner
+    runner.prefill_graphs = PrefillGraphs(
+        graphed.module.model, 64, torch.device(device), torch.float32, capture=device == "cuda"
+    )
+    runner.prefill_graphs.attach(runner.pool, runner.max_rows, runner.rope_cos.dtype)
+    eager.engine.runner.use_prefill_graphs = False
+    held = {lm: [request(lm, row, p) for row, p in enumerate(prompts)] for lm in (graphed, eager)}
+    forwards = [
+        lambda r: [(r[0], 0, 37), (r[1], 0, 21)],
+        lambda r: [(r[4], 0, 24)],  # alone and fresh: SDPA, through the pieces
+        lambda r: [(r[4], 24, 6), (r[2], 0, 12)],
+        lambda r: [(r[0], 36, 1), (r[1], 20, 1), (r[2], 11, 1), (r[3], 0, 9)],
+    ]
+    with torch.no_grad():
+        for i, pieces in enumerate(forwards):
+            ours, theirs = forward(graphed, pieces(held[graphed])), forward(eager, pieces(held[eager]))
+            torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4, msg=lambda m, i=i: f"forward {i}: {m}")
+    assert runner.prefill_graphs.steps.keys() == {64, 32, 16} and runner.prefill_graphs.pieces.keys() == {32}
+    ours, theirs = runner.pool, eager.engine.runner.pool
+    torch.testing.assert_close(ours.k, theirs.k, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ours.v, theirs.v, rtol=1e-4, atol=1e-4)
+
+
+def test_a_new_pool_detaches_the_whole_step_graphs():
+    lm = model("cpu", False)
+    runner = lm.engine.runner
+    runner.prefill_graphs = PrefillGraphs(lm.module.model, 32, torch.device("cpu"), torch.float32, capture=False)
+    runner.prefill_graphs.attach(runner.pool, runner.max_rows, runner.rope_cos.dtype)
+    runner.set_pool(8)
+    assert runner.prefill_graphs.inputs is None and not runner.prefill_graphs.steps
