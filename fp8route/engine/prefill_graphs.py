@@ -11,7 +11,7 @@ step: the attention's inputs (every token's slot and rotary cos/sin, the sequenc
 table rows and counts) are static buffers copied in before a replay, and the paged attention kernel
 reads the step's counts on the device, its grids sized from bounds (Sequences.counts). Steps whose
 attention cannot run so (a lone prompt's first chunk through SDPA, the deterministic mode's host
-split, FlashInfer's planned call, more sequences than the bound) run the pieces: one graph per gap
+split, more sequences than the bound) run the pieces: one graph per gap
 between attentions, the first taking the embeddings to layer 0's q/k/v, each next one an attention's
 output to the next layer's q/k/v, the last ending at the final norm, the attention eager between them.
 
