@@ -91,7 +91,7 @@ class StepBuffers:
             self.slots = torch.full((top,), self.scratch, dtype=index, device=device)
             self.cos, self.sin = zeros(top, head_size, dtype=rope_dtype), zeros(top, head_size, dtype=rope_dtype)
             self.cu_q, self.lengths, self.rows = zeros(max_seqs + 1), zeros(max_seqs), zeros(max_seqs)
-            self.counts = zeros(2)
+            self.counts = zeros(2, dtype=torch.int32)  # what the kernel's loop bounds compile for
 
     def clear(self) -> None:
         """No sequences and every slot scratch: what a capture's first, eager run may write through."""

@@ -4,6 +4,8 @@ continuations, decode rows, forwards of falling sizes (the rows a larger one lef
 reach a dynamic input scale). On a CPU the pieces run eagerly over the same buffers; on CUDA they
 are captured graphs."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -18,6 +20,10 @@ from fp8route.engine.request import Request, RequestMetrics
 from fp8route.engine.scheduler_output import NewRequest, ScheduledSeq, SchedulerOutput
 from fp8route.models import LlamaConfig
 
+INTERPRETED = [
+    pytest.mark.interpreter,
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1 on a CPU"),
+]
 CONFIG = {**TINY, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
 BLOCK = 4
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -152,7 +158,7 @@ def test_graphs_first_made_under_inference_mode_serve_a_forward_outside_it():
 @pytest.mark.parametrize(
     "device",
     [
-        pytest.param("cpu", marks=[pytest.mark.interpreter, pytest.mark.gpu]),  # the kernels under the interpreter
+        pytest.param("cpu", marks=INTERPRETED),  # the kernels under Triton's interpreter
         pytest.param("cuda", marks=pytest.mark.gpu),
     ],
 )
