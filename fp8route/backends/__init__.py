@@ -9,7 +9,6 @@ from fp8route.backends.cublas import CublasBackend
 from fp8route.backends.fixed import FixedTilesBackend
 from fp8route.backends.flashinfer import FlashinferBackend
 from fp8route.backends.fp8_gemv import Fp8GemvBackend
-from fp8route.backends.problem import GemmProblem
 from fp8route.backends.reference import ReferenceBackend
 from fp8route.backends.rowwise import RowwiseBackend
 from fp8route.backends.weight_only import WeightOnlyBackend
@@ -80,20 +79,15 @@ def default_priority(device: DeviceInfo) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def deterministic_default(problem: GemmProblem, m: int | None) -> str | None:
+def deterministic_default(device: DeviceInfo, m: int | None) -> str | None:
     """The deterministic mode's backend for M up to m (None: any M) until a routing table measures the
     layer: on SM90 the fixed-tile tiling whose time summed over Llama-3.1-8B's projections was least in
-    that range (benchmarks/results/h100/deterministic), quantizing x inside where the scheme lets it (a
-    static input scale, or 1x128 groups: no quantizer launch of its own); elsewhere None, the default
-    priority's first."""
-    device = problem.device
+    that range (benchmarks/results/h100/deterministic); elsewhere None, the default priority's first."""
     if device.type != "cuda" or device.capability is None or device.capability < (9, 0):
         return None
-    if m is None or m > 64:
-        return "triton_fixed_wide"
-    tiling = "triton_fixed" if m <= 16 else "triton_fixed_narrow"
-    inside = f"{tiling}_quantize"
-    return inside if BACKENDS[inside].why_not(problem) is None else tiling
+    if m is not None and m <= 16:
+        return "triton_fixed"
+    return "triton_fixed_narrow" if m is not None and m <= 64 else "triton_fixed_wide"
 
 
 __all__ = [

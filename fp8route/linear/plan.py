@@ -222,7 +222,7 @@ def make_plan(
                 # alone), else the device's default for the mode.
                 if policy.deterministic:
                     measured = every_m[dtype]
-                    preferred = _at(measured, hi) if measured else deterministic_default(bucket, hi)
+                    preferred = _at(measured, hi) if measured else deterministic_default(problem.device, hi)
                 else:
                     preferred = preference(bucket) if preference else None
                 used, wanted = _pick(why, policy.force or (preferred if preferred in why else None), priority)

@@ -129,7 +129,7 @@ def test_a_routing_table_chooses_the_tiling_per_layer_and_m_bucket_by_its_timing
     untimed = table(shape(256, 512, ["cublas"] * 4, times={"cublas": [5.0, 10.0, 50.0]}))
     plan = make_plan("layer", problem, Policy(deterministic=True), preference=untimed)
     assert plan.routes[torch.bfloat16] == tuple(
-        BACKENDS[deterministic_default(problem, hi)] for _, hi in _bucket_ranges(plan.bounds)
+        BACKENDS[deterministic_default(H200, hi)] for _, hi in _bucket_ranges(plan.bounds)
     )
     assert plan.source.startswith("deterministic mode: the table timed no batch-invariant backend at every M here")
     assert {b.name for b in make_plan("layer", problem, preference=tuned).routes[torch.bfloat16]} == {"cublas"}
@@ -142,7 +142,7 @@ def test_tilings_of_different_families_are_never_mixed_in_one_route(monkeypatch:
     from routing_helpers import H200, shape, table
 
     monkeypatch.setattr(BACKENDS["triton_fixed_wide"], "bits_family", "another order")
-    monkeypatch.setattr(plan_module, "deterministic_default", lambda problem, m: None)  # the untimed dtypes
+    monkeypatch.setattr(plan_module, "deterministic_default", lambda device, m: None)  # the untimed dtypes
     times = {"triton_fixed": [8.0, 20.0, 130.0], "triton_fixed_wide": [12.0, 25.0, 120.0]}
     problem = replace(_problem(), device=H200)
 
@@ -169,16 +169,13 @@ def test_on_an_h200_the_mode_routes_every_m_to_the_fixed_tile_gemm(scheme: str) 
     strict mode, which forbids fallbacks, plans it."""
     from routing_helpers import H200
 
-    problem = replace(_problem(scheme, static=scheme == "tensor"), device=H200)  # channel: per-token x scales
+    problem = replace(_problem(scheme), device=H200)
     plan = make_plan("layer", problem, Policy(deterministic=True, strict=True), preference=lambda bucket: "cublas")
     assert not plan.fallbacks
     assert plan.routes[torch.bfloat16] == tuple(
-        BACKENDS[deterministic_default(problem, hi)] for _, hi in _bucket_ranges(plan.bounds)
+        BACKENDS[deterministic_default(H200, hi)] for _, hi in _bucket_ranges(plan.bounds)
     )  # the mode's default tiling per M: the three tilings
     assert len(plan.backends) == 3
-    # x quantized inside the GEMM where the scheme's input scale allows it (not a per-token amax)
-    small_m = {b.name for b in plan.backends} - {"triton_fixed_wide"}
-    assert all(name.endswith("_quantize") == (scheme != "channel") for name in small_m), small_m
     text = plan.explain()
     assert "batch-invariant (a row's bits whatever its batch): yes (the tiling changes with M" in text
     assert "deterministic mode: a row's result can change with M" in text
