@@ -98,8 +98,10 @@ class StepBuffers:
         self.slots.fill_(self.scratch)
         self.counts.zero_()
 
-    def holds(self, context: StepAttention) -> bool:
+    def holds(self, context: AttentionContext) -> bool:
         """Whether this step's attention can run from these buffers."""
+        if not isinstance(context, StepAttention):
+            return False
         return context.graphable and context.pool is self.pool and context.seqs.count <= self.max_seqs
 
     def load(self, context: StepAttention, cos: torch.Tensor, sin: torch.Tensor, size: int) -> None:
@@ -191,22 +193,24 @@ class PrefillGraphs:
         self._check_epoch()
         t = h.shape[0]
         size = self.bucket(t)
+        inputs = self.inputs if self.inputs is not None and self.inputs.holds(context) else None
+        # A graph made now runs once first (_captured), before this step's rows are in: over rows it keeps
+        # zero where they were, and, for a whole step, over cleared inputs (K/V to the scratch block).
+        if inputs is not None and size not in self.steps:
+            inputs.clear()
+            self.steps[size] = self._make_step(size)
+        if inputs is None and size not in self.pieces:
+            self.pieces[size] = self._make(size)
         if self.used > t:
             self.residual[t : self.used].zero_()
             self.attn[t : self.used].zero_()
         self.used = size
         self.residual[:t].copy_(h)
-        if self.inputs is not None and isinstance(context, StepAttention) and self.inputs.holds(context):
-            # The inputs first: a graph made now runs this very step once eagerly before its capture.
-            self.inputs.load(context, cos, sin, size)
-            step = self.steps.get(size)
-            if step is None:
-                step = self.steps[size] = self._make_step(size)
-            step()
+        if inputs is not None:
+            inputs.load(cast("StepAttention", context), cos, sin, size)
+            self.steps[size]()
             return self.normed[:t]
-        pieces = self.pieces.get(size)
-        if pieces is None:
-            pieces = self.pieces[size] = self._make(size)
+        pieces = self.pieces[size]
         pieces[0]()
         heads = self.attn.view(1, self.attn.shape[0], -1, self.head_size).transpose(1, 2)  # [1, H, top, D]
         for i in range(len(self.layers)):
@@ -264,12 +268,14 @@ class PrefillGraphs:
         return self._captured([functools.partial(self._step, size)])[0]
 
     def _captured(self, calls: list[Callable[[], None]]) -> list[Callable[[], None]]:
-        """Each call as a captured graph's replay, or as it is when capture is off."""
-        if not self.capture:
+        """Each call as a captured graph's replay, or as it is when capture is off. Either way each runs
+        once now (eagerly, on a side stream as capture wants): kernels that compile or pick a
+        configuration on their first call for a shape do it outside the graph. What it writes, the
+        forward that follows rewrites (a step's K/V: the cleared inputs send them to the scratch block)."""
+        if not self.capture:  # the same first run and its writes, so that a CPU test meets them too
+            for call in calls:
+                call()
             return calls
-        # Each call runs once eagerly first, on a side stream as capture wants: kernels that compile
-        # or pick a configuration on their first call for a shape do it outside the graph. The
-        # buffers it writes are rewritten by the forward that follows (a step's padded K/V: scratch).
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
