@@ -59,6 +59,31 @@ def forward(lm: CausalLM, pieces: list[tuple[Request, int, int]]) -> torch.Tenso
     return lm.engine.runner._forward(SchedulerOutput(seqs))[0]
 
 
+def falling_sizes_match(graphed: CausalLM, eager: CausalLM, seed: int) -> None:
+    """Forwards of falling sizes through graphed's PrefillGraphs and eager's eager forward: the same
+    logits, and the same K/V in the pools after. 58 tokens, then 24 (a prompt alone), then 18 (a
+    continuation after a cached head, and a fresh chunk), then three decoding rows and a fresh chunk
+    (12 tokens), into falling buckets: the rows a larger forward left must not reach a smaller one."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = CONFIG["vocab_size"]
+    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (37, 21, 12, 9, 30)]
+    eager.engine.runner.use_prefill_graphs = False
+    held = {lm: [request(lm, row, p) for row, p in enumerate(prompts)] for lm in (graphed, eager)}
+    forwards = [
+        lambda r: [(r[0], 0, 37), (r[1], 0, 21)],
+        lambda r: [(r[4], 0, 24)],
+        lambda r: [(r[4], 24, 6), (r[2], 0, 12)],
+        lambda r: [(r[0], 36, 1), (r[1], 20, 1), (r[2], 11, 1), (r[3], 0, 9)],
+    ]
+    with torch.no_grad():
+        for i, pieces in enumerate(forwards):
+            ours, theirs = forward(graphed, pieces(held[graphed])), forward(eager, pieces(held[eager]))
+            torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4, msg=lambda m, i=i: f"forward {i}: {m}")
+    ours, theirs = graphed.engine.runner.pool, eager.engine.runner.pool
+    torch.testing.assert_close(ours.k, theirs.k, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ours.v, theirs.v, rtol=1e-4, atol=1e-4)
+
+
 def test_token_buckets_step_by_128_above_64_and_end_at_the_maximum():
     assert token_buckets(2048)[:5] == [16, 32, 64, 128, 256] and token_buckets(2048)[-1] == 2048
     assert token_buckets(300) == [16, 32, 64, 128, 256, 300]
@@ -70,31 +95,12 @@ def test_token_buckets_step_by_128_above_64_and_end_at_the_maximum():
 @pytest.mark.parametrize("fp8", [False, True], ids=["fp32", "fp8-dynamic-scale"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_graphed_pieces_give_the_eager_forward(device, fp8):
-    g = torch.Generator().manual_seed(0)
-    vocab = CONFIG["vocab_size"]
-    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (37, 21, 12, 9, 30)]
     graphed, eager = model(device, fp8), model(device, fp8)
     graphed.engine.runner.prefill_graphs = PrefillGraphs(
         graphed.module.model, 64, torch.device(device), torch.float32, capture=device == "cuda"
     )
-    eager.engine.runner.use_prefill_graphs = False
-    held = {lm: [request(lm, row, p) for row, p in enumerate(prompts)] for lm in (graphed, eager)}
-    # Falling sizes: 58 tokens, then 24, then 33 (a continuation after a cached head, and a fresh chunk),
-    # then three decoding rows and a fresh chunk (12 tokens), each into a smaller bucket.
-    forwards = [
-        lambda r: [(r[0], 0, 37), (r[1], 0, 21)],
-        lambda r: [(r[4], 0, 24)],
-        lambda r: [(r[4], 24, 6), (r[2], 0, 12)],
-        lambda r: [(r[0], 36, 1), (r[1], 20, 1), (r[2], 11, 1), (r[3], 0, 9)],
-    ]
-    with torch.no_grad():
-        for i, pieces in enumerate(forwards):
-            ours, theirs = forward(graphed, pieces(held[graphed])), forward(eager, pieces(held[eager]))
-            torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4, msg=lambda m, i=i: f"forward {i}: {m}")
+    falling_sizes_match(graphed, eager, seed=0)
     assert graphed.engine.runner.prefill_graphs.pieces.keys() == {64, 32, 16}
-    ours, theirs = graphed.engine.runner.pool, eager.engine.runner.pool
-    torch.testing.assert_close(ours.k, theirs.k, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(ours.v, theirs.v, rtol=1e-4, atol=1e-4)
 
 
 def test_a_forward_past_the_largest_bucket_runs_eagerly():
@@ -167,9 +173,6 @@ def test_whole_step_graphs_run_the_attention_inside_and_give_the_eager_forward(d
     paged kernel reading the step's counts on the device): the same logits and K/V as the eager forward
     through the kernels, for falling sizes (a larger step's slots must not take the padded rows' K/V), a
     continuation, decode rows beside a chunk; a lone prompt's first chunk (SDPA) runs the pieces."""
-    g = torch.Generator().manual_seed(1)
-    vocab = CONFIG["vocab_size"]
-    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (37, 21, 12, 9, 30)]
     graphed, eager = model(device, fp8), model(device, fp8)
     for lm in (graphed, eager):
         lm.engine.runner.use_triton = True
@@ -178,22 +181,9 @@ def test_whole_step_graphs_run_the_attention_inside_and_give_the_eager_forward(d
         graphed.module.model, 64, torch.device(device), torch.float32, capture=device == "cuda"
     )
     runner.prefill_graphs.attach(runner.pool, runner.max_rows, runner.rope_cos.dtype)
-    eager.engine.runner.use_prefill_graphs = False
-    held = {lm: [request(lm, row, p) for row, p in enumerate(prompts)] for lm in (graphed, eager)}
-    forwards = [
-        lambda r: [(r[0], 0, 37), (r[1], 0, 21)],
-        lambda r: [(r[4], 0, 24)],  # alone and fresh: SDPA, through the pieces
-        lambda r: [(r[4], 24, 6), (r[2], 0, 12)],
-        lambda r: [(r[0], 36, 1), (r[1], 20, 1), (r[2], 11, 1), (r[3], 0, 9)],
-    ]
-    with torch.no_grad():
-        for i, pieces in enumerate(forwards):
-            ours, theirs = forward(graphed, pieces(held[graphed])), forward(eager, pieces(held[eager]))
-            torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4, msg=lambda m, i=i: f"forward {i}: {m}")
+    falling_sizes_match(graphed, eager, seed=1)
+    # The second forward, a prompt alone and fresh, attends through SDPA: the pieces.
     assert runner.prefill_graphs.steps.keys() == {64, 32, 16} and runner.prefill_graphs.pieces.keys() == {32}
-    ours, theirs = runner.pool, eager.engine.runner.pool
-    torch.testing.assert_close(ours.k, theirs.k, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(ours.v, theirs.v, rtol=1e-4, atol=1e-4)
 
 
 def test_a_new_pool_detaches_the_whole_step_graphs():
