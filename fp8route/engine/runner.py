@@ -181,8 +181,8 @@ class ModelRunner:
             graphs.capture_all()
         self.set_pool(self.config.num_kv_blocks or self.fit_blocks())
         if graphs is not None and self.triton and not self.config.deterministic:
-            # The whole-step graphs hold the pool's addresses: captured now, into the pieces' memory pool,
-            # whose activations the pool's sizing left room for.
+            # The whole-step graphs hold the pool's addresses, so they are captured after it, into the
+            # pieces' memory pool (the same activations, which the pool's sizing counted as taken).
             graphs.attach(self.pool, self.max_rows, self.rope_cos.dtype)
             graphs.capture_all()
         if self.use_cuda_graphs:
