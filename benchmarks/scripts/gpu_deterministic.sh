@@ -3,8 +3,9 @@
 # (TESTS_EXTRA: more test files), then on random Llama-3.1-8B FP8 checkpoints (one per SCHEMES) the
 # equality check (8 probes alone and inside batches of 16, 64, 256: how many differ, mode on and off),
 # and the mode's cost on bench e2e (routed vs deterministic arms, batch 1 and 16, inputs E2E_INPUTS,
-# default 1024,4096). PHASES picks: tune tests equal e2e sweep serve; tune re-times SCHEMES' routes into a
-# copy of the shipped table ($OUT/routing-h200.json; the later phases route by it), so that tilings the
+# default 1024,4096; E2E_OUTPUT tokens out, default 64: raise it where the step split says the context left
+# too few tokens, as at 16x4096). PHASES picks: tune tests equal e2e sweep serve; tune re-times SCHEMES'
+# routes into a copy of the shipped table ($OUT/routing-h200.json; the later phases route by it), so that tilings the
 # shipped table never timed (the quantize-inside ones) can be chosen; sweep times the fixed-tile GEMM's
 # tilings per layer (fixed_gemm_sweep.py; SWEEP_SCHEMES, e.g. "tensor,float" for the lm_head too,
 # SWEEP_MS); serve runs bench serve's decode-heavy and prefill-heavy loads with and without --deterministic.
@@ -51,8 +52,8 @@ for phase in $PHASES; do
     e2e)
         for scheme in $SCHEMES; do
             timeout "${ARM_TIMEOUT:-240}" python3 -m fp8route bench e2e "$(checkpoint "$scheme")" --batch 1,16 \
-                --input "${E2E_INPUTS:-1024,4096}" --output 64 --policy routed,deterministic --out "$OUT" \
-                > "$OUT/e2e-$scheme.log" 2>&1
+                --input "${E2E_INPUTS:-1024,4096}" --output "${E2E_OUTPUT:-64}" --policy routed,deterministic \
+                --out "$OUT" > "$OUT/e2e-$scheme.log" 2>&1
             echo "== e2e $scheme (rc $?)" | tee -a "$log"
             sed -n '/^arm /,$p' "$OUT/e2e-$scheme.log" | tee -a "$log"  # the table, the step by kernel
         done ;;
