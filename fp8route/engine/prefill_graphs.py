@@ -11,9 +11,9 @@ step: the attention's inputs (every token's slot and rotary cos/sin, the sequenc
 table rows and counts) are static buffers copied in before a replay, and the paged attention kernel
 reads the step's counts on the device, its grids sized from bounds (Sequences.counts). Steps whose
 attention cannot run so (a lone prompt's first chunk through SDPA, the deterministic mode's host
-split, more sequences than the bound) run the pieces: one graph per gap
-between attentions, the first taking the embeddings to layer 0's q/k/v, each next one an attention's
-output to the next layer's q/k/v, the last ending at the final norm, the attention eager between them.
+split, more sequences than the bound) run the pieces: one graph per gap between attentions, the first
+taking the embeddings to layer 0's q/k/v, each next one an attention's output to the next layer's
+q/k/v, the last ending at the final norm, the attention eager between them.
 
 Graphs talk through static buffers sized for the largest bucket. T tokens run in the smallest
 bucket >= T; the rows past T are zero before every forward, and every linear's input stays zero

@@ -54,7 +54,8 @@ class FixedTiles:
     # the chunk sums' round trip through memory, and changes no bits.
     programs_per_sm: int = 2
     # x arrives in 16 bits and each program quantizes its tiles (a static scale, or per 1x128 group):
-    # no quantizer launch, but x is converted again by every column of tiles, so it pays at small M.
+    # no quantizer launch, but every program converts all BLOCK_M rows of its x tile, padding included,
+    # at every K step: at M=1 that doubled the GEMM (benchmarks/results/h100/deterministic).
     quantize_x: bool = False
 
 
