@@ -11,6 +11,7 @@ from types import ModuleType
 import torch
 
 from fp8route.backends.problem import GemmProblem
+from fp8route.kernels.fused_quantize import XQuant
 from fp8route.quant import dynamic_scale, quantize
 from fp8route.schemes import BLOCK, DESCRIPTION, Scheme, cdiv, dequantize_weight, quantize_activation
 
@@ -114,6 +115,12 @@ class Backend(ABC):
         """x_q is 2-D [M, K] e4m3, quantized with the fp32 x_scale (by run, or upstream of the layer):
         a scalar, [M] per token (channel) or [M, ceil(K/128)] per group (block); the result is [M, N]
         in out_dtype."""
+
+    def x_quant(self, scheme: Scheme) -> XQuant | None:
+        """How run_quantized reads an x of a dynamic scheme (per token or per 1x128 group) quantized
+        by the kernel that made x (fp8route.kernels.fused_quantize), the bits run's own quantizer would
+        give; None where the backend quantizes x inside or the scheme's scale is not per row."""
+        return None
 
     def run_silu_mul(self, gate_up: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
         """The layer on SiLU(gate) * up for gate_up [M, 2K] (gate, then up, in x's dtype), the product

@@ -21,7 +21,9 @@ from fp8route.backends.base import (
 )
 from fp8route.backends.flashinfer import flashinfer_installed
 from fp8route.backends.problem import GemmProblem
+from fp8route.kernels.fused_quantize import XQuant
 from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
+from fp8route.schemes import Scheme
 
 _BLOCK = frozenset({"block"})
 _HALF = (torch.bfloat16, torch.float16)
@@ -54,6 +56,9 @@ class CublasBlockBackend(Backend):
         if problem.out_dtype != torch.bfloat16:
             return "writes bfloat16 output only"
         return None
+
+    def x_quant(self, scheme: Scheme) -> XQuant | None:
+        return XQuant("block", m_major=True, rows=4)
 
     def run(self, x: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
         m = x.shape[0]
@@ -94,6 +99,9 @@ class TritonBlockBackend(Backend):
         if reason is None and problem.out_dtype not in _HALF:
             return "writes bfloat16 or float16 output only"
         return reason
+
+    def x_quant(self, scheme: Scheme) -> XQuant | None:
+        return None if self.fused else XQuant("block")
 
     def run(self, x: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
         if self.fused and x.dtype in _HALF:

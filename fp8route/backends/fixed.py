@@ -12,9 +12,10 @@ from fp8route.backends.base import Backend, LinearOperands, bias_as, first_reaso
 from fp8route.backends.problem import GemmProblem
 from fp8route.kernels import quantize as triton_quantize
 from fp8route.kernels.fixed_gemm import FixedTiles
+from fp8route.kernels.fused_quantize import XQuant
 from fp8route.kernels.split_counters import reserve_counters
 from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
-from fp8route.schemes import SCHEMES
+from fp8route.schemes import SCHEMES, Scheme
 
 
 class FixedTilesBackend(Backend):
@@ -55,6 +56,11 @@ class FixedTilesBackend(Backend):
     def prepare(self, device: torch.device) -> None:
         if device.type == "cuda":
             reserve_counters(device)
+
+    def x_quant(self, scheme: Scheme) -> XQuant | None:
+        if self.tiles.quantize_x or scheme == "tensor":
+            return None
+        return XQuant("block" if scheme == "block" else "channel")
 
     def run(self, x: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
         """x quantized by fp8route's Triton quantizers at every dtype (each computes a row from that row

@@ -18,6 +18,8 @@ from fp8route.backends.base import (
     needs_scheme,
 )
 from fp8route.backends.problem import GemmProblem
+from fp8route.kernels.fused_quantize import XQuant
+from fp8route.schemes import Scheme
 
 # torch builds its rowwise FP8 CUTLASS kernel for SM89, SM90 and SM100 only.
 _BUILT_FOR = ((8, 9), (9, 0), (10, 0))
@@ -40,6 +42,9 @@ class RowwiseBackend(Backend):
         if problem.out_dtype != torch.bfloat16:
             return "writes bfloat16 output only"
         return None
+
+    def x_quant(self, scheme: Scheme) -> XQuant | None:
+        return XQuant("channel") if scheme == "channel" else None
 
     def run_quantized(
         self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype

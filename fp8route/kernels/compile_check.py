@@ -152,11 +152,11 @@ def compile_only_sm90() -> Iterator[None]:
     import triton
 
     from fp8route.device import DeviceInfo
-    from fp8route.kernels import fused, launcher, options
+    from fp8route.kernels import fused, fused_quantize, launcher, options
     from fp8route.kernels.decode_gemm import launch
 
     h200 = DeviceInfo(type="cuda", capability=(9, 0), name="NVIDIA H200", sm_count=132, l2_bytes=60 * 2**20)
-    saved = (launcher._no_launch_hooks, launch._device, fused._use_kernel, options._current[0])
+    saved = (launcher._no_launch_hooks, launch._device, fused._use_kernel, fused_quantize.fusable, options._current[0])
     config = triton.runtime.driver  # its active driver: `_active` from Triton 3.5 on (None until used), `active` before
     field = "_active" if "_active" in vars(config) else "active"
     active = vars(config)[field]
@@ -166,10 +166,13 @@ def compile_only_sm90() -> Iterator[None]:
     launcher._no_launch_hooks = lambda: False
     launch._device = lambda device: h200
     fused._use_kernel = lambda x: x.dtype in (torch.bfloat16, torch.float16) and not torch.compiler.is_compiling()
+    fused_quantize.fusable = fused._use_kernel
     try:
         yield
     finally:
-        launcher._no_launch_hooks, launch._device, fused._use_kernel, options._current[0] = saved
+        launcher._no_launch_hooks, launch._device, fused._use_kernel, fused_quantize.fusable, options._current[0] = (
+            saved
+        )
         setattr(config, field, active)
         # Nothing compiled here may be launched later: its launcher launches nothing.
         launch._LAUNCHES.clear()
@@ -241,17 +244,25 @@ def _schemes(model: Model, dtype: torch.dtype) -> None:
 
 def _fused(model: Model, dtype: torch.dtype) -> None:
     from fp8route.kernels import fused
+    from fp8route.kernels import fused_quantize as fq
     from fp8route.kernels.quantize import quantize_fp8
     from fp8route.quant import FP8_DTYPE
 
     hidden, heads, kv, dim = model.hidden, model.heads, model.kv_heads, model.head_dim
     w, one = torch.empty(hidden, dtype=dtype), torch.ones((), dtype=torch.float32)
+    specs = (fq.XQuant("block"), fq.XQuant("block", m_major=True, rows=4), fq.XQuant("channel"))
     for rows in (1, 64, 8192):
         x = torch.empty((rows, hidden), dtype=dtype)
+        gate_up = torch.empty((rows, 2 * model.inter), dtype=dtype)
         fused.rms_norm(x, w, 1e-5)
         fused.add_rms_norm(x, torch.empty_like(x), w, 1e-5)
-        fused.silu_mul(torch.empty((rows, 2 * model.inter), dtype=dtype), model.inter)
+        fused.silu_mul(gate_up, model.inter)
         quantize_fp8(x, one)
+        for spec in specs:  # the norms and SiLU-up quantizing for a dynamic scheme's GEMM
+            fq.rms_norm_quantized(x, w, 1e-5, spec)
+            fq.add_rms_norm_quantized(x, torch.empty_like(x), w, 1e-5, spec)
+            if spec.scheme == "block":
+                fq.silu_mul_quantized(gate_up, model.inter, spec)
     # A prefill chunk past 2^31 elements takes 64-bit offsets (never touched: nothing launches).
     quantize_fp8(torch.empty((2**31 // hidden + 1, hidden), dtype=dtype), one)
     for b, t in ((1, 4096), (4, 2048), (64, 1)):

@@ -12,6 +12,7 @@ from fp8route.backends.base import LAYOUTS, LinearOperands
 from fp8route.backends.problem import GemmProblem
 from fp8route.device import DeviceInfo
 from fp8route.errors import Fp8InputError, Fp8TypeError
+from fp8route.kernels.fused_quantize import QuantizedX, XQuant
 from fp8route.kernels.options import kernel_options, launch_generation
 from fp8route.linear.plan import Plan, Preference, make_plan
 from fp8route.linear.policy import Policy
@@ -31,7 +32,7 @@ from fp8route.schemes import BLOCK, DESCRIPTION, Scheme, check_scheme, check_wei
 ScaleLike = torch.Tensor | float
 
 _epoch = [0]  # bumped by every replan or move of any Fp8Linear
-_GATED_DTYPES = (torch.bfloat16, torch.float16)  # what a fused SiLU * up reads (fp8_gemv's x dtypes)
+_HALF_DTYPES = (torch.bfloat16, torch.float16)  # what the kernels fused before or into a GEMM read
 
 
 def plans_epoch() -> int:
@@ -202,7 +203,12 @@ class Fp8Linear(nn.Module):
         that runs every backend on this layer needs)."""
         return LinearOperands.prepare(self.weight, self.weight_scale, self.input_scale, self.bias, layouts, self.scheme)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | QuantizedX) -> torch.Tensor:
+        """x [..., K] -> [..., N]. x may come quantized by the kernel that made it, as x_quant asked."""
+        if isinstance(x, QuantizedX):
+            backend = self._plan.backend_for(x.rows, x.dtype)
+            out = backend.run_quantized(x.q, x.scale, self.prepared, x.dtype)[: x.rows]
+            return out.reshape(*x.shape[:-1], self.out_features)
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise Fp8InputError(
                 f"{self.name}: x's last dim must be K={self.in_features}, got x of shape {tuple(x.shape)}"
@@ -215,12 +221,20 @@ class Fp8Linear(nn.Module):
         out = self._plan.backend_for(x2d.shape[0], x.dtype).run(x2d, self.prepared)
         return out.reshape(*x.shape[:-1], self.out_features)
 
+    def x_quant(self, m: int, dtype: torch.dtype) -> XQuant | None:
+        """How the backend this layer runs for M rows of dtype x reads an x of its dynamic scheme (per
+        token or per 1x128 group) quantized by the kernel before it (forward takes the QuantizedX), or
+        None where that backend quantizes x itself."""
+        if self.scheme == "tensor" or m < 1 or dtype not in _HALF_DTYPES:
+            return None
+        return self._plan.backend_for(m, dtype).x_quant(self.scheme)
+
     def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor | None:
         """This layer on SiLU(gate) * up for gate_up [..., 2K] (gate, then up), the product computed
         inside the GEMM: when the kernel option silu_in_down is on and the backend the plan runs at
         this M does that (fp8route.kernels.options). None otherwise: the caller computes
         the product and calls the layer, as it would without this."""
-        if not kernel_options().silu_in_down or gate_up.dtype not in _GATED_DTYPES:
+        if not kernel_options().silu_in_down or gate_up.dtype not in _HALF_DTYPES:
             return None
         if gate_up.dim() == 0 or gate_up.shape[-1] != 2 * self.in_features:
             raise Fp8InputError(

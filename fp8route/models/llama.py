@@ -10,7 +10,7 @@ the cache is fp8route.engine.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -21,6 +21,14 @@ from torch import nn
 from fp8route.backends import custom_ops
 from fp8route.errors import CheckpointError
 from fp8route.kernels.fused import add_rms_norm, rms_norm, rope, silu_mul
+from fp8route.kernels.fused_quantize import (
+    QuantizedX,
+    XQuant,
+    add_rms_norm_quantized,
+    fusable,
+    rms_norm_quantized,
+    silu_mul_quantized,
+)
 from fp8route.kernels.split_counters import reserve_counters
 from fp8route.models.token_ids import check_token_ids
 from fp8route.row_tiles import by_row_tiles
@@ -119,14 +127,37 @@ def rope_tables(cfg: LlamaConfig, positions: torch.Tensor) -> tuple[torch.Tensor
     return emb.cos().float(), emb.sin().float()
 
 
+XQuantOf = Callable[[int, torch.dtype], XQuant | None]  # a reading linear's x_quant: rows, dtype -> its ask
+
+
 class RMSNorm(nn.Module):
     def __init__(self, weight: torch.Tensor, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.eps = eps
+        # The x_quant of the one FP8 linear that reads this norm's output, if any (set by the layer):
+        # a dynamic scheme's backend may take it quantized here, by the norm's own kernel.
+        self.reader: XQuantOf | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor) -> torch.Tensor | QuantizedX:
+        spec = x_quant_for(self.reader, x)
+        return (
+            rms_norm(x, self.weight, self.eps) if spec is None else rms_norm_quantized(x, self.weight, self.eps, spec)
+        )
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor | QuantizedX, torch.Tensor]:
+        """(self(x + residual), x + residual) in one kernel."""
+        spec = x_quant_for(self.reader, x)
+        if spec is None:
+            return add_rms_norm(x, residual, self.weight, self.eps)
+        return add_rms_norm_quantized(x, residual, self.weight, self.eps, spec)
+
+
+def x_quant_for(reader: XQuantOf | None, x: torch.Tensor) -> XQuant | None:
+    """What the reading linear asks of x (None: x as it is)."""
+    if reader is None or not fusable(x):
+        return None
+    return reader(x.numel() // x.shape[-1], x.dtype)
 
 
 class FloatLinear(nn.Module):
@@ -219,7 +250,7 @@ class Attention(nn.Module):
         row-parallel o_proj's own product, before its sum over the ranks (see DecoderLayer)."""
         return self.output(self.attend(x, cos, sin, context), partial)
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(self, x: torch.Tensor | QuantizedX) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, T, hidden] -> q [B, T, H, D], k and v [B, T, Hkv, D], before RoPE."""
         b, t, _ = x.shape
         if hasattr(self, "qkv_proj"):
@@ -234,7 +265,11 @@ class Attention(nn.Module):
         return q, k, v.reshape(b, t, -1, hd)
 
     def attend(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: AttentionContext | None = None
+        self,
+        x: torch.Tensor | QuantizedX,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        context: AttentionContext | None = None,
     ) -> torch.Tensor:
         """The attention's output for x [B, T, hidden], before o_proj: [B, H, T, D]."""
         q, k, v = self.project(x)
@@ -260,14 +295,20 @@ class Mlp(nn.Module):
             self.gate_proj, self.up_proj = parts.linear(f"{prefix}.gate_proj"), parts.linear(f"{prefix}.up_proj")
         self.down_proj = parts.linear(f"{prefix}.down_proj")
 
-    def forward(self, x: torch.Tensor, partial: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | QuantizedX, partial: bool = False) -> torch.Tensor:
         """partial: a row-parallel down_proj's own product, before its sum over the ranks."""
         down = cast(nn.Module, self.down_proj.linear) if partial else self.down_proj
         if hasattr(self, "gate_up_proj"):
             gate_up = self.gate_up_proj(x)
             fused = getattr(down, "forward_silu_mul", None)  # an Fp8Linear's: SiLU * up inside its GEMM
             out = fused(gate_up) if fused is not None else None
-            return out if out is not None else down(silu_mul(gate_up, self.intermediate))
+            if out is not None:
+                return out
+            spec = x_quant_for(getattr(down, "x_quant", None), gate_up)
+            if spec is not None and spec.scheme == "block":  # per token, no pass would be saved
+                return down(silu_mul_quantized(gate_up, self.intermediate, spec))
+            return down(silu_mul(gate_up, self.intermediate))
+        assert isinstance(x, torch.Tensor), "a norm quantizes only for a fused gate_up_proj"
         return down(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -280,6 +321,8 @@ class DecoderLayer(nn.Module):
             parts.tensor(f"{prefix}.post_attention_layernorm.weight"), cfg.rms_norm_eps
         )
         self.mlp = Mlp(cfg, parts, f"{prefix}.mlp")
+        self.input_layernorm.reader = getattr(getattr(self.self_attn, "qkv_proj", None), "x_quant", None)
+        self.post_attention_layernorm.reader = getattr(getattr(self.mlp, "gate_up_proj", None), "x_quant", None)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: AttentionContext | None = None
@@ -289,13 +332,13 @@ class DecoderLayer(nn.Module):
 
     def forward_normed(
         self,
-        normed: torch.Tensor,
+        normed: torch.Tensor | QuantizedX,
         residual: torch.Tensor,
         next_norm: RMSNorm,
         cos: torch.Tensor,
         sin: torch.Tensor,
         context: AttentionContext | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor | QuantizedX, torch.Tensor]:
         """forward with each residual add fused into the norm after it: takes
         (input_layernorm(x), x), returns (next_norm(out), out) where out is forward(x).
 
@@ -305,16 +348,16 @@ class DecoderLayer(nn.Module):
 
     def after_attention(
         self, out: torch.Tensor, residual: torch.Tensor, next_norm: RMSNorm
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor | QuantizedX, torch.Tensor]:
         """The rest of forward_normed from the attention's output [B, H, T, D]: o_proj, the residual
         add and norm, the MLP, its add and next_norm -> (next_norm(out), out)."""
         attn_add_norm = getattr(self.self_attn.o_proj, "add_rms_norm", None)
         attn = self.self_attn.output(out, partial=attn_add_norm is not None)
         post = self.post_attention_layernorm
-        normed, h = (attn_add_norm or add_rms_norm)(attn, residual, post.weight, post.eps)
+        normed, h = attn_add_norm(attn, residual, post.weight, post.eps) if attn_add_norm else post.add(attn, residual)
         mlp_add_norm = getattr(self.mlp.down_proj, "add_rms_norm", None)
         mlp = self.mlp(normed, partial=mlp_add_norm is not None)
-        return (mlp_add_norm or add_rms_norm)(mlp, h, next_norm.weight, next_norm.eps)
+        return mlp_add_norm(mlp, h, next_norm.weight, next_norm.eps) if mlp_add_norm else next_norm.add(mlp, h)
 
 
 class LlamaModel(nn.Module):
@@ -335,6 +378,7 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(layers):
             next_norm = self.norm if i == len(layers) - 1 else layers[i + 1].input_layernorm
             normed, h = layer.forward_normed(normed, h, next_norm, cos, sin, context)
+        assert isinstance(normed, torch.Tensor), "the final norm feeds no FP8 linear"
         return normed
 
 

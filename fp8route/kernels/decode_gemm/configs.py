@@ -116,12 +116,20 @@ _H200: dict[tuple[int, int], tuple[tuple[int, DecodeConfig], ...]] = {
         (128, C(128, 128, 64, 4, 8, 4)),
     ),
 }  # fmt: skip
+# The block scheme's measured entries, as _H200 (benchmarks/scripts/block_decode_sweep.py): its per-group
+# scale loads make the per-tensor scheme's tiles the wrong ones at M=1.
+_H200_BLOCK: dict[tuple[int, int], tuple[tuple[int, DecodeConfig], ...]] = {}
 # Measured tables by device identity (the routing fingerprint's device fields): another GPU with as
 # many SMs (an H100 SXM has 132 too) has other clocks and memory, so it takes the heuristic.
 MEASURED: dict[
     tuple[str, tuple[int, int] | None, int, int], dict[tuple[int, int], tuple[tuple[int, DecodeConfig], ...]]
 ] = {
     ("NVIDIA H200", (9, 0), 132, 60 * 2**20): _H200,
+}
+MEASURED_BLOCK: dict[
+    tuple[str, tuple[int, int] | None, int, int], dict[tuple[int, int], tuple[tuple[int, DecodeConfig], ...]]
+] = {
+    ("NVIDIA H200", (9, 0), 132, 60 * 2**20): _H200_BLOCK,
 }
 
 
@@ -170,7 +178,11 @@ def choose_block_config(m: int, n: int, k: int, device: DeviceInfo) -> DecodeCon
     """choose_config for 128x128 block weights (launch.block_config makes it block-legal). At M=1 the
     block kernel's per-group scale loads want their own tiles: 8 rows of two warps, 512-wide steps (four
     groups) in three stages, split in two past 16 steps (the 8B down projection), the per-tensor rule
-    being a fifth slower there (benchmarks/results/h100/schemes_decode). Larger M: the per-tensor choice."""
+    being a fifth slower there (benchmarks/results/h100/schemes_decode). Larger M: the per-tensor choice.
+    A measured entry for the device and shape comes first."""
+    for m_max, cfg in MEASURED_BLOCK.get(device.identity, {}).get((n, k), ()):
+        if m <= m_max:
+            return cfg
     if m > 1:
         return choose_config(m, n, k, device)
     block_k = max(_GROUP, min(512, next_power_of_2(k)))

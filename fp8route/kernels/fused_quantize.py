@@ -1,0 +1,212 @@
+"""The kernels before a GEMM that hand it x already quantized: RMSNorm (after the residual add or
+alone) and SiLU-times-up, each writing e4m3 x and its scales per token or per 1x128 group, as the
+next layer's dynamic scheme reads them (fp8route.schemes), instead of a bf16 x that a quantizer
+kernel reads again. The bits are those of the unfused pair: the value is rounded to the activation
+dtype first, then quantized by the same device functions as fp8route.kernels.quantize's.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from fp8route.kernels.fused import add_rms_norm, rms_norm, silu_mul
+from fp8route.kernels.launcher import DirectLauncher, int_key
+from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
+from fp8route.quant import FP8_DTYPE
+from fp8route.schemes import BLOCK, Scheme, cdiv, quantize_activation
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class XQuant:
+    """How a GEMM reads an x quantized ahead of it: per token (channel) or per 1x128 group (block);
+    m_major: the group scales stored M-contiguous; rows: x's rows padded with zeros to a multiple of
+    this (cuBLASLt's 1x128 recipe wants both)."""
+
+    scheme: Scheme
+    m_major: bool = False
+    rows: int = 1
+
+
+@dataclass(frozen=True)
+class QuantizedX:
+    """An activation x [..., K] quantized for the GEMM after it: q [R, K] e4m3 with R the rows of x
+    padded as its XQuant says, scale [R] per token or [R, ceil(K/128)] per group; shape and dtype are
+    x's (the GEMM's output dtype)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    shape: torch.Size
+    dtype: torch.dtype
+
+    @property
+    def rows(self) -> int:
+        return self.shape.numel() // self.shape[-1] if len(self.shape) else 0
+
+
+def fusable(x: torch.Tensor) -> bool:
+    """Whether the fused kernels run on x (else the caller runs the unfused pair)."""
+    return x.is_cuda and x.dtype in _HALF and TRITON_IMPORT_ERROR is None and not torch.compiler.is_compiling()
+
+
+def _outputs(rows: int, k: int, spec: XQuant, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    padded = cdiv(rows, spec.rows) * spec.rows
+    q = torch.empty((padded, k), dtype=FP8_DTYPE, device=device)
+    if spec.scheme == "channel":
+        return q, torch.empty((padded,), dtype=torch.float32, device=device)
+    groups = cdiv(k, BLOCK)
+    if spec.m_major:
+        stored = cdiv(padded, 4) * 4
+        return q, torch.empty((groups, stored), dtype=torch.float32, device=device)[:, :padded].t()
+    return q, torch.empty((padded, groups), dtype=torch.float32, device=device)
+
+
+def _scale_strides(spec: XQuant, scale: torch.Tensor) -> tuple[int, int]:
+    return (scale.stride(0), 0) if spec.scheme == "channel" else (scale.stride(0), scale.stride(1))
+
+
+def quantize_reference(x: torch.Tensor, spec: XQuant) -> QuantizedX:
+    """x quantized as spec says by the torch reference (fp8route.schemes.quantize_activation), padded."""
+    rows = x.reshape(-1, x.shape[-1])
+    padded = cdiv(rows.shape[0], spec.rows) * spec.rows
+    q, scale = quantize_activation(F.pad(rows, (0, 0, 0, padded - rows.shape[0])), spec.scheme)
+    if spec.m_major:
+        stored = scale.new_zeros(scale.shape[1], cdiv(padded, 4) * 4)
+        stored[:, :padded] = scale.t()
+        scale = stored[:, :padded].t()
+    return QuantizedX(q, scale, x.shape, x.dtype)
+
+
+def rms_norm_quantized(x: torch.Tensor, weight: torch.Tensor, eps: float, spec: XQuant) -> QuantizedX:
+    """rms_norm(x, weight, eps) quantized as spec says, in one kernel on a GPU."""
+    if not fusable(x) or not x.is_contiguous():
+        return quantize_reference(rms_norm(x, weight, eps), spec)
+    width = x.shape[-1]
+    rows = x.reshape(-1, width)
+    q, scale = _outputs(rows.shape[0], width, spec, x.device)
+    args = (rows, rows, weight, q, scale, rows, rows.shape[0], width, *_scale_strides(spec, scale), eps)
+    _launch_norm(spec, q.shape[0], args, add=False)
+    return QuantizedX(q, scale, x.shape, x.dtype)
+
+
+def add_rms_norm_quantized(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, spec: XQuant
+) -> tuple[QuantizedX, torch.Tensor]:
+    """add_rms_norm(x, residual, weight, eps) with the normalized sum quantized as spec says: (that,
+    x + residual), in one kernel on a GPU."""
+    ok = fusable(x) and x.is_contiguous() and residual.is_contiguous() and x.dtype == residual.dtype
+    if not ok:
+        normed, total = add_rms_norm(x, residual, weight, eps)
+        return quantize_reference(normed, spec), total
+    width = x.shape[-1]
+    rows = x.reshape(-1, width)
+    total = torch.empty_like(rows)
+    q, scale = _outputs(rows.shape[0], width, spec, x.device)
+    args = (rows, residual.reshape(-1, width), weight, q, scale, total, rows.shape[0], width,
+            *_scale_strides(spec, scale), eps)  # fmt: skip
+    _launch_norm(spec, q.shape[0], args, add=True)
+    return QuantizedX(q, scale, x.shape, x.dtype), total.reshape(x.shape)
+
+
+def silu_mul_quantized(gate_up: torch.Tensor, width: int, spec: XQuant) -> QuantizedX:
+    """silu_mul(gate_up, width) quantized per 1x128 group (spec.scheme "block" only), in one kernel on
+    a GPU. Per token a row's scale needs the whole product row first: no pass is saved there."""
+    if spec.scheme != "block":
+        raise ValueError(f"silu_mul_quantized quantizes per 1x128 group only, not as {spec.scheme}")
+    shape = torch.Size((*gate_up.shape[:-1], width))
+    if not fusable(gate_up) or gate_up.stride(-1) != 1:
+        return quantize_reference(silu_mul(gate_up, width), spec)
+    rows = gate_up.reshape(-1, 2 * width)
+    q, scale = _outputs(rows.shape[0], width, spec, gate_up.device)
+    args = (rows, q, scale, rows.shape[0], rows.stride(0), width, scale.stride(0), scale.stride(1))
+    key = (gate_up.dtype, spec, *int_key(*args[3:]))
+    grid = (q.shape[0], cdiv(width, _SILU_GROUPS * BLOCK))
+    _SILU_MUL_GROUPS(grid, key, args, _SILU_META)
+    return QuantizedX(q, scale, shape, gate_up.dtype)
+
+
+def _launch_norm(spec: XQuant, padded: int, args: tuple, add: bool) -> None:
+    x = args[0]
+    width = args[7]
+    key = (x.dtype, args[2].dtype, spec, add, *int_key(args[6], width, args[8], args[9]), args[10])
+    _NORM((padded,), key, args, _norm_meta(width, spec.scheme == "block", add))
+
+
+@functools.cache
+def _norm_meta(width: int, groups: bool, add: bool) -> dict[str, int | bool]:
+    return {"BLOCK": max(BLOCK, triton.next_power_of_2(width)), "GROUPED": groups, "ADD": add, "num_warps": 8}
+
+
+if triton is not None:
+    from fp8route.kernels.pdl import wait_for_inputs
+    from fp8route.kernels.quantize import dynamic_scale, quantize_e4m3
+
+    BLOCK_GROUP: tl.constexpr = tl.constexpr(BLOCK)
+
+    @triton.jit
+    def _norm_quant_kernel(
+        x_ptr, r_ptr, w_ptr, q_ptr, scale_ptr, sum_ptr, M, width, stride_sm, stride_sg, eps,
+        BLOCK: tl.constexpr, GROUPED: tl.constexpr, ADD: tl.constexpr, USE_PDL: tl.constexpr,
+    ):  # fmt: skip
+        """One program a row (rows past M: padding, quantized as zeros): the row (plus its residual,
+        the sum stored), normalized, weighted, rounded to x's dtype, quantized."""
+        wait_for_inputs(USE_PDL)
+        row = tl.program_id(0).to(tl.int64)  # row * width passes 2^31 in a large prefill
+        offs = tl.arange(0, BLOCK)
+        mask = offs < tl.where(row < M, width, 0)
+        x = tl.load(x_ptr + row * width + offs, mask=mask, other=0.0).to(tl.float32)
+        if ADD:
+            total = (x + tl.load(r_ptr + row * width + offs, mask=mask, other=0.0).to(tl.float32)).to(
+                x_ptr.dtype.element_ty
+            )
+            tl.store(sum_ptr + row * width + offs, total, mask=mask)
+            x = total.to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / width + eps)
+        normed = (x * inv).to(x_ptr.dtype.element_ty).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=offs < width, other=0.0).to(x_ptr.dtype.element_ty).to(tl.float32)
+        v = (w * normed).to(x_ptr.dtype.element_ty).to(tl.float32)
+        v = tl.where(mask, v, 0.0)  # padded rows: +0, as a zero row quantizes
+        q_row = q_ptr + row * width
+        if GROUPED:
+            v2 = tl.reshape(v, (BLOCK // BLOCK_GROUP, BLOCK_GROUP))
+            s = dynamic_scale(tl.max(tl.abs(v2), axis=1))
+            q = quantize_e4m3(v2, s[:, None], tl.math.div_rn(1.0, s)[:, None])
+            cols = tl.reshape(offs, (BLOCK // BLOCK_GROUP, BLOCK_GROUP))
+            tl.store(q_row + cols, q, mask=cols < width)
+            groups = tl.arange(0, BLOCK // BLOCK_GROUP)
+            tl.store(scale_ptr + row * stride_sm + groups * stride_sg, s, mask=groups * BLOCK_GROUP < width)
+        else:
+            s = dynamic_scale(tl.max(tl.abs(v), axis=0))
+            tl.store(q_row + offs, quantize_e4m3(v, s, tl.math.div_rn(1.0, s)), mask=offs < width)
+            tl.store(scale_ptr + row * stride_sm, s)
+
+    @triton.jit
+    def _silu_mul_groups_kernel(
+        x_ptr, q_ptr, scale_ptr, M, stride_row, width, stride_sm, stride_sg,
+        GROUPS: tl.constexpr, USE_PDL: tl.constexpr,
+    ):  # fmt: skip
+        """One program per row and GROUPS groups of 128 columns: silu(gate) * up rounded to the
+        activation dtype as silu_mul rounds it, quantized per group (rows past M: zeros)."""
+        wait_for_inputs(USE_PDL)
+        row = tl.program_id(0).to(tl.int64)
+        groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+        cols = groups[:, None] * BLOCK_GROUP + tl.arange(0, BLOCK_GROUP)[None, :]
+        mask = cols < tl.where(row < M, width, 0)
+        gate = tl.load(x_ptr + row * stride_row + cols, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + row * stride_row + width + cols, mask=mask, other=0.0).to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)
+        v = (silu * up).to(x_ptr.dtype.element_ty).to(tl.float32)
+        s = dynamic_scale(tl.max(tl.abs(v), axis=1))
+        q = quantize_e4m3(v, s[:, None], tl.math.div_rn(1.0, s)[:, None])
+        tl.store(q_ptr + row * width + cols, q, mask=cols < width)
+        tl.store(scale_ptr + row * stride_sm + groups * stride_sg, s, mask=groups * BLOCK_GROUP < width)
+
+    _NORM = DirectLauncher(_norm_quant_kernel, pointers=6, pdl=True)
+    _SILU_MUL_GROUPS = DirectLauncher(_silu_mul_groups_kernel, pointers=3, pdl=True)
+    _SILU_GROUPS = 8  # 1024 columns a program, as silu_mul's block
+    _SILU_META = {"GROUPS": _SILU_GROUPS, "num_warps": 4}

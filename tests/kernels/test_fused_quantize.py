@@ -1,0 +1,127 @@
+"""The norm and SiLU-up kernels that quantize their output for the next GEMM, bit for bit against the
+unfused pair they replace (the norm or SiLU-up kernel, then the scheme's quantizer): codes, scales,
+the residual sum, padded rows and the M-major scale layout. On a CPU under Triton's interpreter with
+the GPU's conversions (conftest's gpu_conversions).
+
+    TRITON_INTERPRET=1 python -m pytest -q tests/kernels/test_fused_quantize.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checkpoint_helpers import TINY, scheme_llama, write_checkpoint
+from helpers import GPU_OR_INTERPRETER
+
+from fp8route import Fp8Linear
+from fp8route.checkpoint.formats import compressed_tensors
+from fp8route.engine import load_model
+from fp8route.kernels import fused, fused_quantize
+from fp8route.kernels.fused_quantize import (
+    XQuant,
+    add_rms_norm_quantized,
+    quantize_reference,
+    rms_norm_quantized,
+    silu_mul_quantized,
+)
+from fp8route.kernels.launcher import DirectLauncher
+from fp8route.models import llama
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+pytestmark = GPU_OR_INTERPRETER
+SPECS = [XQuant("block"), XQuant("block", m_major=True, rows=4), XQuant("channel")]
+SHAPES = [(1, 1, 256), (1, 5, 320), (2, 3, 4096)] + ([(1, 37, 14336)] if CUDA else [])
+
+
+@pytest.fixture(autouse=True)
+def kernels_on_cpu_tensors(monkeypatch: pytest.MonkeyPatch, gpu_conversions):
+    """Under the interpreter the tensors are on the CPU, where every function takes its torch path:
+    send them to the kernels (the unfused pair's too), and fail a test whose fused call ran none."""
+    if CUDA:
+        yield
+        return
+    half = lambda x: x.dtype in (torch.bfloat16, torch.float16)  # noqa: E731
+    monkeypatch.setattr(fused_quantize, "fusable", half)
+    monkeypatch.setattr(llama, "fusable", half)
+    monkeypatch.setattr(fused, "_use_kernel", half)
+    ran = []
+    launch = DirectLauncher.__call__
+    monkeypatch.setattr(DirectLauncher, "__call__", lambda self, *a: ran.append(self.fn) or launch(self, *a))
+    yield
+    assert any(fn.__name__ != "_quantize_groups_kernel" for fn in ran), "no fused kernel ran"
+
+
+def same(got: fused_quantize.QuantizedX, want: fused_quantize.QuantizedX) -> None:
+    assert got.shape == want.shape and got.q.shape == want.q.shape
+    assert torch.equal(got.q.view(torch.uint8), want.q.view(torch.uint8))
+    assert torch.equal(got.scale, want.scale) and got.scale.stride() == want.scale.stride()
+
+
+def make(shape: tuple[int, ...], seed: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * 3).to(DEVICE, dtype)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_the_norm_quantized_is_the_norm_then_the_quantizer(spec, shape):
+    x, w = make(shape, 1), make(shape[-1:], 2)
+    same(rms_norm_quantized(x, w, 1e-5, spec), quantize_reference(fused.rms_norm(x, w, 1e-5), spec))
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_the_add_and_norm_quantized_is_the_add_the_norm_then_the_quantizer(spec, shape):
+    x, r, w = make(shape, 1), make(shape, 3), make(shape[-1:], 2)
+    got, total = add_rms_norm_quantized(x, r, w, 1e-5, spec)
+    normed, want_total = fused.add_rms_norm(x, r, w, 1e-5)
+    assert torch.equal(total, want_total)
+    same(got, quantize_reference(normed, spec))
+
+
+@pytest.mark.parametrize("spec", SPECS[:2], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_silu_up_quantized_per_group_is_silu_up_then_the_quantizer(spec, shape):
+    width = shape[-1]
+    gate_up = make((*shape[:-1], 2 * width), 4)
+    same(silu_mul_quantized(gate_up, width, spec), quantize_reference(fused.silu_mul(gate_up, width), spec))
+
+
+def test_padded_rows_are_zero_codes_with_the_smallest_scale():
+    x, w = make((1, 5, 256), 1), make((256,), 2)
+    got = rms_norm_quantized(x, w, 1e-5, XQuant("block", m_major=True, rows=4))
+    assert got.q.shape == (8, 256) and got.rows == 5
+    assert not got.q[5:].view(torch.uint8).any()
+    assert torch.all(got.scale[5:] == 1e-12)
+    assert got.scale.stride() == (1, 8)  # M-contiguous
+
+
+# Whole 128-column groups and a 128-wide head, as the block scheme's real checkpoints have.
+BLOCKY = {**TINY, "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 384}
+PROMPT = torch.tensor([[5, 17, 3, 99, 42], [8, 1, 250, 30, 2]])
+
+
+@pytest.mark.parametrize(
+    ("scheme", "spec"),
+    [("block", XQuant("block", m_major=True, rows=4)), ("block", XQuant("block")), ("channel", XQuant("channel"))],
+    ids=str,
+)
+def test_a_model_whose_linears_read_x_quantized_upstream_gives_the_same_logits(tmp_path, monkeypatch, scheme, spec):
+    """The norms before qkv and gate_up, and SiLU-up before down (per group), hand their linears x
+    quantized when the linears' backends ask for it (Fp8Linear.x_quant): the logits are the bits of the
+    model whose linears quantize x themselves."""
+    qc = compressed_tensors.quantization_config(["lm_head"], scheme=scheme)
+    folder = write_checkpoint(tmp_path / scheme, scheme_llama(scheme, BLOCKY), {**BLOCKY, "quantization_config": qc})
+
+    def logits() -> torch.Tensor:
+        model = load_model(folder, device=DEVICE, dtype=torch.bfloat16, max_num_seqs=2, max_model_len=16, quiet=True)
+        return model(PROMPT.to(DEVICE))
+
+    unfused = logits()
+    asked = []
+    monkeypatch.setattr(Fp8Linear, "x_quant", lambda self, m, dtype: asked.append(self.name) or spec)
+    fused_run = logits()
+    assert any("qkv_proj" in n for n in asked) and any("gate_up_proj" in n for n in asked)
+    assert any("down_proj" in n for n in asked)
+    assert torch.equal(fused_run, unfused)
