@@ -117,9 +117,9 @@ class Backend(ABC):
         in out_dtype."""
 
     def x_quant(self, scheme: Scheme) -> XQuant | None:
-        """How run_quantized reads an x of a dynamic scheme (per token or per 1x128 group) quantized
-        by the kernel that made x (fp8route.kernels.fused_quantize), the bits run's own quantizer would
-        give; None where the backend quantizes x inside or the scheme's scale is not per row."""
+        """How run_quantized reads an x of scheme quantized by the kernel that made x
+        (fp8route.kernels.fused_quantize) to the bits run's own quantizer would give (per tensor: with a
+        static input scale, which the layer adds); None where the backend quantizes x inside."""
         return None
 
     def run_silu_mul(self, gate_up: torch.Tensor, operands: LinearOperands) -> torch.Tensor:

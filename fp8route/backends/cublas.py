@@ -15,6 +15,8 @@ from fp8route.backends.base import (
     needs_scheme,
 )
 from fp8route.backends.problem import GemmProblem
+from fp8route.kernels.fused_quantize import XQuant
+from fp8route.schemes import Scheme
 
 
 class CublasBackend(Backend):
@@ -28,6 +30,9 @@ class CublasBackend(Backend):
 
     def why_not(self, problem: GemmProblem) -> str | None:
         return first_reason(needs_scheme(problem, self.schemes), needs_fp8_gpu(problem), needs_aligned(problem))
+
+    def x_quant(self, scheme: Scheme) -> XQuant | None:
+        return XQuant("tensor")
 
     def run_quantized(
         self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype

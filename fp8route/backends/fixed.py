@@ -58,9 +58,7 @@ class FixedTilesBackend(Backend):
             reserve_counters(device)
 
     def x_quant(self, scheme: Scheme) -> XQuant | None:
-        if self.tiles.quantize_x or scheme == "tensor":
-            return None
-        return XQuant("block" if scheme == "block" else "channel")
+        return None if self.tiles.quantize_x else XQuant(scheme)
 
     def run(self, x: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
         """x quantized by fp8route's Triton quantizers at every dtype (each computes a row from that row

@@ -17,6 +17,8 @@ from fp8route.backends.base import (
     needs_scheme,
 )
 from fp8route.backends.problem import GemmProblem
+from fp8route.kernels.fused_quantize import XQuant
+from fp8route.schemes import Scheme
 
 
 def flashinfer_installed() -> bool:
@@ -34,6 +36,9 @@ class FlashinferBackend(Backend):
         if reason is None and problem.out_dtype not in (torch.bfloat16, torch.float16):
             return "writes bfloat16 or float16 output only"
         return reason
+
+    def x_quant(self, scheme: Scheme) -> XQuant | None:
+        return XQuant("tensor")
 
     def run_quantized(
         self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype

@@ -44,7 +44,7 @@ class RowwiseBackend(Backend):
         return None
 
     def x_quant(self, scheme: Scheme) -> XQuant | None:
-        return XQuant("channel") if scheme == "channel" else None
+        return XQuant("channel" if scheme == "channel" else "tensor")
 
     def run_quantized(
         self, x_q: torch.Tensor, x_scale: torch.Tensor, operands: LinearOperands, out_dtype: torch.dtype

@@ -250,7 +250,12 @@ def _fused(model: Model, dtype: torch.dtype) -> None:
 
     hidden, heads, kv, dim = model.hidden, model.heads, model.kv_heads, model.head_dim
     w, one = torch.empty(hidden, dtype=dtype), torch.ones((), dtype=torch.float32)
-    specs = (fq.XQuant("block"), fq.XQuant("block", m_major=True, rows=4), fq.XQuant("channel"))
+    specs = (
+        fq.XQuant("tensor", input_scale=one),
+        fq.XQuant("block"),
+        fq.XQuant("block", m_major=True, rows=4),
+        fq.XQuant("channel"),
+    )
     for rows in (1, 64, 8192):
         x = torch.empty((rows, hidden), dtype=dtype)
         gate_up = torch.empty((rows, 2 * model.inter), dtype=dtype)
@@ -261,7 +266,7 @@ def _fused(model: Model, dtype: torch.dtype) -> None:
         for spec in specs:  # the norms and SiLU-up quantizing for a dynamic scheme's GEMM
             fq.rms_norm_quantized(x, w, 1e-5, spec)
             fq.add_rms_norm_quantized(x, torch.empty_like(x), w, 1e-5, spec)
-            if spec.scheme == "block":
+            if spec.scheme != "channel":
                 fq.silu_mul_quantized(gate_up, model.inter, spec)
     # A prefill chunk past 2^31 elements takes 64-bit offsets (never touched: nothing launches).
     quantize_fp8(torch.empty((2**31 // hidden + 1, hidden), dtype=dtype), one)

@@ -1,14 +1,15 @@
 """The kernels before a GEMM that hand it x already quantized: RMSNorm (after the residual add or
-alone) and SiLU-times-up, each writing e4m3 x and its scales per token or per 1x128 group, as the
-next layer's dynamic scheme reads them (fp8route.schemes), instead of a bf16 x that a quantizer
-kernel reads again. The bits are those of the unfused pair: the value is rounded to the activation
-dtype first, then quantized by the same device functions as fp8route.kernels.quantize's.
+alone) and SiLU-times-up, each writing e4m3 x as the next layer's scheme reads it (fp8route.schemes:
+with its static per-tensor scale, or per token or per 1x128 group with the scales it writes),
+instead of a bf16 x that a quantizer kernel reads again. The bits are those of the unfused pair: the
+value is rounded to the activation dtype first, then quantized by the same device functions as
+fp8route.kernels.quantize's.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from fp8route.kernels.fused import add_rms_norm, rms_norm, silu_mul
 from fp8route.kernels.launcher import DirectLauncher, int_key
 from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
-from fp8route.quant import FP8_DTYPE
+from fp8route.quant import FP8_DTYPE, quantize
 from fp8route.schemes import BLOCK, Scheme, cdiv, quantize_activation
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -24,20 +25,23 @@ _HALF = (torch.bfloat16, torch.float16)
 
 @dataclass(frozen=True)
 class XQuant:
-    """How a GEMM reads an x quantized ahead of it: per token (channel) or per 1x128 group (block);
-    m_major: the group scales stored M-contiguous; rows: x's rows padded with zeros to a multiple of
-    this (cuBLASLt's 1x128 recipe wants both)."""
+    """How a GEMM reads an x quantized ahead of it: with the layer's static input_scale (tensor), per
+    token (channel) or per 1x128 group (block); m_major: the group scales stored M-contiguous; rows:
+    x's rows padded with zeros to a multiple of this (cuBLASLt's 1x128 recipe wants both). input_scale:
+    the layer's, which a backend's ask leaves to the layer (Fp8Linear.x_quant); not part of a kernel's
+    key, so that every layer's launches share one compiled kernel."""
 
     scheme: Scheme
     m_major: bool = False
     rows: int = 1
+    input_scale: torch.Tensor | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
 class QuantizedX:
     """An activation x [..., K] quantized for the GEMM after it: q [R, K] e4m3 with R the rows of x
-    padded as its XQuant says, scale [R] per token or [R, ceil(K/128)] per group; shape and dtype are
-    x's (the GEMM's output dtype)."""
+    padded as its XQuant says; scale the static one (per tensor), [R] per token or [R, ceil(K/128)] per
+    group; shape and dtype are x's (the GEMM's output dtype)."""
 
     q: torch.Tensor
     scale: torch.Tensor
@@ -57,6 +61,9 @@ def fusable(x: torch.Tensor) -> bool:
 def _outputs(rows: int, k: int, spec: XQuant, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     padded = cdiv(rows, spec.rows) * spec.rows
     q = torch.empty((padded, k), dtype=FP8_DTYPE, device=device)
+    if spec.scheme == "tensor":
+        assert spec.input_scale is not None, "a static per-tensor quantization takes the layer's input_scale"
+        return q, spec.input_scale
     if spec.scheme == "channel":
         return q, torch.empty((padded,), dtype=torch.float32, device=device)
     groups = cdiv(k, BLOCK)
@@ -67,18 +74,23 @@ def _outputs(rows: int, k: int, spec: XQuant, device: torch.device) -> tuple[tor
 
 
 def _scale_strides(spec: XQuant, scale: torch.Tensor) -> tuple[int, int]:
-    return (scale.stride(0), 0) if spec.scheme == "channel" else (scale.stride(0), scale.stride(1))
+    return (scale.stride(0), scale.stride(1)) if spec.scheme == "block" else (scale.stride(0) if scale.dim() else 0, 0)
 
 
 def quantize_reference(x: torch.Tensor, spec: XQuant) -> QuantizedX:
-    """x quantized as spec says by the torch reference (fp8route.schemes.quantize_activation), padded."""
+    """x quantized as spec says by the torch reference (fp8route.quant.quantize with a static scale,
+    else fp8route.schemes.quantize_activation), padded."""
     rows = x.reshape(-1, x.shape[-1])
-    padded = cdiv(rows.shape[0], spec.rows) * spec.rows
-    q, scale = quantize_activation(F.pad(rows, (0, 0, 0, padded - rows.shape[0])), spec.scheme)
+    padded = F.pad(rows, (0, 0, 0, cdiv(rows.shape[0], spec.rows) * spec.rows - rows.shape[0]))
+    if spec.scheme == "tensor":
+        assert spec.input_scale is not None, "a static per-tensor quantization takes the layer's input_scale"
+        return QuantizedX(quantize(padded, spec.input_scale), spec.input_scale, x.shape, x.dtype)
+    q, scale = quantize_activation(padded, spec.scheme)
     if spec.m_major:
-        stored = scale.new_zeros(scale.shape[1], cdiv(padded, 4) * 4)
-        stored[:, :padded] = scale.t()
-        scale = stored[:, :padded].t()
+        m = padded.shape[0]
+        stored = scale.new_zeros(scale.shape[1], cdiv(m, 4) * 4)
+        stored[:, :m] = scale.t()
+        scale = stored[:, :m].t()
     return QuantizedX(q, scale, x.shape, x.dtype)
 
 
@@ -114,19 +126,19 @@ def add_rms_norm_quantized(
 
 
 def silu_mul_quantized(gate_up: torch.Tensor, width: int, spec: XQuant) -> QuantizedX:
-    """silu_mul(gate_up, width) quantized per 1x128 group (spec.scheme "block" only), in one kernel on
-    a GPU. Per token a row's scale needs the whole product row first: no pass is saved there."""
-    if spec.scheme != "block":
-        raise ValueError(f"silu_mul_quantized quantizes per 1x128 group only, not as {spec.scheme}")
+    """silu_mul(gate_up, width) quantized with a static scale or per 1x128 group, in one kernel on a
+    GPU. Not per token: a row's scale needs the whole product row first, so no pass is saved there."""
+    if spec.scheme == "channel":
+        raise ValueError("silu_mul_quantized quantizes with a static scale or per 1x128 group, not per token")
     shape = torch.Size((*gate_up.shape[:-1], width))
     if not fusable(gate_up) or gate_up.stride(-1) != 1:
         return quantize_reference(silu_mul(gate_up, width), spec)
     rows = gate_up.reshape(-1, 2 * width)
     q, scale = _outputs(rows.shape[0], width, spec, gate_up.device)
-    args = (rows, q, scale, rows.shape[0], rows.stride(0), width, scale.stride(0), scale.stride(1))
+    args = (rows, q, scale, rows.shape[0], rows.stride(0), width, *_scale_strides(spec, scale))
     key = (gate_up.dtype, spec, *int_key(*args[3:]))
     grid = (q.shape[0], cdiv(width, _SILU_GROUPS * BLOCK))
-    _SILU_MUL_GROUPS(grid, key, args, _SILU_META)
+    _SILU_MUL_QUANT(grid, key, args, _silu_meta(spec.scheme))
     return QuantizedX(q, scale, shape, gate_up.dtype)
 
 
@@ -134,12 +146,21 @@ def _launch_norm(spec: XQuant, padded: int, args: tuple, add: bool) -> None:
     x = args[0]
     width = args[7]
     key = (x.dtype, args[2].dtype, spec, add, *int_key(args[6], width, args[8], args[9]), args[10])
-    _NORM((padded,), key, args, _norm_meta(width, spec.scheme == "block", add))
+    _NORM((padded,), key, args, _norm_meta(width, spec.scheme, add))
+
+
+_SILU_GROUPS = 8  # 1024 columns a program, as silu_mul's block
+_QUANT = {"tensor": 0, "channel": 1, "block": 2}  # the kernels' QUANT: a static scale, per token, per group
 
 
 @functools.cache
-def _norm_meta(width: int, groups: bool, add: bool) -> dict[str, int | bool]:
-    return {"BLOCK": max(BLOCK, triton.next_power_of_2(width)), "GROUPED": groups, "ADD": add, "num_warps": 8}
+def _silu_meta(scheme: Scheme) -> dict[str, int]:
+    return {"GROUPS": _SILU_GROUPS, "QUANT": _QUANT[scheme], "num_warps": 4}
+
+
+@functools.cache
+def _norm_meta(width: int, scheme: Scheme, add: bool) -> dict[str, int | bool]:
+    return {"BLOCK": max(BLOCK, triton.next_power_of_2(width)), "QUANT": _QUANT[scheme], "ADD": add, "num_warps": 8}
 
 
 if triton is not None:
@@ -151,10 +172,11 @@ if triton is not None:
     @triton.jit
     def _norm_quant_kernel(
         x_ptr, r_ptr, w_ptr, q_ptr, scale_ptr, sum_ptr, M, width, stride_sm, stride_sg, eps,
-        BLOCK: tl.constexpr, GROUPED: tl.constexpr, ADD: tl.constexpr, USE_PDL: tl.constexpr,
+        BLOCK: tl.constexpr, QUANT: tl.constexpr, ADD: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         """One program a row (rows past M: padding, quantized as zeros): the row (plus its residual,
-        the sum stored), normalized, weighted, rounded to x's dtype, quantized."""
+        the sum stored), normalized, weighted, rounded to x's dtype, quantized (QUANT 0: with the
+        static scale at scale_ptr; 1: per token, 2: per group, the scales stored there)."""
         wait_for_inputs(USE_PDL)
         row = tl.program_id(0).to(tl.int64)  # row * width passes 2^31 in a large prefill
         offs = tl.arange(0, BLOCK)
@@ -172,7 +194,10 @@ if triton is not None:
         v = (w * normed).to(x_ptr.dtype.element_ty).to(tl.float32)
         v = tl.where(mask, v, 0.0)  # padded rows: +0, as a zero row quantizes
         q_row = q_ptr + row * width
-        if GROUPED:
+        if QUANT == 0:
+            s = tl.load(scale_ptr)
+            tl.store(q_row + offs, quantize_e4m3(v, s, tl.math.div_rn(1.0, s)), mask=offs < width)
+        elif QUANT == 2:
             v2 = tl.reshape(v, (BLOCK // BLOCK_GROUP, BLOCK_GROUP))
             s = dynamic_scale(tl.max(tl.abs(v2), axis=1))
             q = quantize_e4m3(v2, s[:, None], tl.math.div_rn(1.0, s)[:, None])
@@ -186,12 +211,13 @@ if triton is not None:
             tl.store(scale_ptr + row * stride_sm, s)
 
     @triton.jit
-    def _silu_mul_groups_kernel(
+    def _silu_mul_quant_kernel(
         x_ptr, q_ptr, scale_ptr, M, stride_row, width, stride_sm, stride_sg,
-        GROUPS: tl.constexpr, USE_PDL: tl.constexpr,
+        GROUPS: tl.constexpr, QUANT: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         """One program per row and GROUPS groups of 128 columns: silu(gate) * up rounded to the
-        activation dtype as silu_mul rounds it, quantized per group (rows past M: zeros)."""
+        activation dtype as silu_mul rounds it, quantized with the static scale at scale_ptr (QUANT 0)
+        or per group (2), rows past M as zeros."""
         wait_for_inputs(USE_PDL)
         row = tl.program_id(0).to(tl.int64)
         groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
@@ -201,12 +227,14 @@ if triton is not None:
         up = tl.load(x_ptr + row * stride_row + width + cols, mask=mask, other=0.0).to(tl.float32)
         silu = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)
         v = (silu * up).to(x_ptr.dtype.element_ty).to(tl.float32)
-        s = dynamic_scale(tl.max(tl.abs(v), axis=1))
-        q = quantize_e4m3(v, s[:, None], tl.math.div_rn(1.0, s)[:, None])
-        tl.store(q_ptr + row * width + cols, q, mask=cols < width)
-        tl.store(scale_ptr + row * stride_sm + groups * stride_sg, s, mask=groups * BLOCK_GROUP < width)
+        if QUANT == 0:
+            s = tl.load(scale_ptr)
+            tl.store(q_ptr + row * width + cols, quantize_e4m3(v, s, tl.math.div_rn(1.0, s)), mask=cols < width)
+        else:
+            s = dynamic_scale(tl.max(tl.abs(v), axis=1))
+            q = quantize_e4m3(v, s[:, None], tl.math.div_rn(1.0, s)[:, None])
+            tl.store(q_ptr + row * width + cols, q, mask=cols < width)
+            tl.store(scale_ptr + row * stride_sm + groups * stride_sg, s, mask=groups * BLOCK_GROUP < width)
 
     _NORM = DirectLauncher(_norm_quant_kernel, pointers=6, pdl=True)
-    _SILU_MUL_GROUPS = DirectLauncher(_silu_mul_groups_kernel, pointers=3, pdl=True)
-    _SILU_GROUPS = 8  # 1024 columns a program, as silu_mul's block
-    _SILU_META = {"GROUPS": _SILU_GROUPS, "num_warps": 4}
+    _SILU_MUL_QUANT = DirectLauncher(_silu_mul_quant_kernel, pointers=3, pdl=True)

@@ -4,11 +4,12 @@ whatever its plan says."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import torch
 from torch import nn
 
-from fp8route.backends.base import LAYOUTS, LinearOperands
+from fp8route.backends.base import LAYOUTS, Backend, LinearOperands
 from fp8route.backends.problem import GemmProblem
 from fp8route.device import DeviceInfo
 from fp8route.errors import Fp8InputError, Fp8TypeError
@@ -194,9 +195,16 @@ class Fp8Linear(nn.Module):
         self._plan = make_plan(self.name, problem, self.policy, self.preference)
         for backend in self._plan.backends:
             backend.prepare(self.weight.device)
+        self._x_quants = {b.name: self._x_quant_of(b) for b in self._plan.backends}
         self.prepared = self.operands(self._plan.layouts)
         _epoch[0] += 1
         return self._plan
+
+    def _x_quant_of(self, backend: Backend) -> XQuant | None:
+        spec = backend.x_quant(self.scheme)
+        if spec is None or self.scheme != "tensor":
+            return spec
+        return None if self.input_scale is None else replace(spec, input_scale=self.input_scale)
 
     def operands(self, layouts: frozenset[str] = LAYOUTS) -> LinearOperands:
         """What a backend reads, in the layouts named (every layout by default: what a benchmark
@@ -222,12 +230,13 @@ class Fp8Linear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def x_quant(self, m: int, dtype: torch.dtype) -> XQuant | None:
-        """How the backend this layer runs for M rows of dtype x reads an x of its dynamic scheme (per
-        token or per 1x128 group) quantized by the kernel before it (forward takes the QuantizedX), or
-        None where that backend quantizes x itself."""
-        if self.scheme == "tensor" or m < 1 or dtype not in _HALF_DTYPES:
+        """How the backend this layer runs for M rows of dtype x reads an x quantized by the kernel
+        before it (forward takes the QuantizedX): with the static input_scale, per token or per 1x128
+        group as the scheme says; None where that backend quantizes x itself, or where the scale is a
+        dynamic per-tensor one (the whole batch's amax, which no row's kernel knows)."""
+        if m < 1 or dtype not in _HALF_DTYPES:
             return None
-        return self._plan.backend_for(m, dtype).x_quant(self.scheme)
+        return self._x_quants[self._plan.backend_for(m, dtype).name]
 
     def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor | None:
         """This layer on SiLU(gate) * up for gate_up [..., 2K] (gate, then up), the product computed
@@ -288,6 +297,7 @@ class Fp8Linear(nn.Module):
         if self.weight.device != device:
             self.replan()
         else:
+            self._x_quants = {b.name: self._x_quant_of(b) for b in self._plan.backends}
             self.prepared = self.operands(self._plan.layouts)
             _epoch[0] += 1
         return self

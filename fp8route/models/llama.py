@@ -305,7 +305,7 @@ class Mlp(nn.Module):
             if out is not None:
                 return out
             spec = x_quant_for(getattr(down, "x_quant", None), gate_up)
-            if spec is not None and spec.scheme == "block":  # per token, no pass would be saved
+            if spec is not None and spec.scheme != "channel":  # per token, no pass would be saved
                 return down(silu_mul_quantized(gate_up, self.intermediate, spec))
             return down(silu_mul(gate_up, self.intermediate))
         assert isinstance(x, torch.Tensor), "a norm quantizes only for a fused gate_up_proj"

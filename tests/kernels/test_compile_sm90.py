@@ -54,7 +54,7 @@ def test_every_kernel_compiles_for_sm90_in_every_variant_the_sweep_reaches(compi
         "_process_kernel", "_mask_kernel", "_max_key_kernel", "_kth_kernel", "_gather_kernel", "_search_kernel",
         "_draw_kernel", "_draw_top_k_kernel", "_stats_kernel", "_stats_sum_kernel",
         "_quantize_rows_kernel", "_quantize_groups_kernel", "block_gemm_kernel",
-        "fixed_gemm_kernel", "_norm_quant_kernel", "_silu_mul_groups_kernel",
+        "fixed_gemm_kernel", "_norm_quant_kernel", "_silu_mul_quant_kernel",
     }  # fmt: skip
     for r in rows:
         assert r.shared <= compile_check.H200_SHARED, r

@@ -8,9 +8,11 @@ the GPU's conversions (conftest's gpu_conversions).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
-from checkpoint_helpers import TINY, scheme_llama, write_checkpoint
+from checkpoint_helpers import MODELOPT_HF_QUANT, TINY, fp8_llama, scheme_llama, write_checkpoint
 from helpers import GPU_OR_INTERPRETER
 
 from fp8route import Fp8Linear
@@ -30,7 +32,8 @@ from fp8route.models import llama
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 pytestmark = GPU_OR_INTERPRETER
-SPECS = [XQuant("block"), XQuant("block", m_major=True, rows=4), XQuant("channel")]
+SCALE = torch.tensor(0.02, device=DEVICE)  # a static per-tensor input scale
+SPECS = [XQuant("tensor", input_scale=SCALE), XQuant("block"), XQuant("block", m_major=True, rows=4), XQuant("channel")]
 SHAPES = [(1, 1, 256), (1, 5, 320), (2, 3, 4096)] + ([(1, 37, 14336)] if CUDA else [])
 
 
@@ -80,9 +83,9 @@ def test_the_add_and_norm_quantized_is_the_add_the_norm_then_the_quantizer(spec,
     same(got, quantize_reference(normed, spec))
 
 
-@pytest.mark.parametrize("spec", SPECS[:2], ids=str)
+@pytest.mark.parametrize("spec", SPECS[:3], ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_silu_up_quantized_per_group_is_silu_up_then_the_quantizer(spec, shape):
+def test_silu_up_quantized_statically_or_per_group_is_silu_up_then_the_quantizer(spec, shape):
     width = shape[-1]
     gate_up = make((*shape[:-1], 2 * width), 4)
     same(silu_mul_quantized(gate_up, width, spec), quantize_reference(fused.silu_mul(gate_up, width), spec))
@@ -104,15 +107,25 @@ PROMPT = torch.tensor([[5, 17, 3, 99, 42], [8, 1, 250, 30, 2]])
 
 @pytest.mark.parametrize(
     ("scheme", "spec"),
-    [("block", XQuant("block", m_major=True, rows=4)), ("block", XQuant("block")), ("channel", XQuant("channel"))],
+    [
+        ("tensor", XQuant("tensor")),
+        ("block", XQuant("block", m_major=True, rows=4)),
+        ("block", XQuant("block")),
+        ("channel", XQuant("channel")),
+    ],
     ids=str,
 )
 def test_a_model_whose_linears_read_x_quantized_upstream_gives_the_same_logits(tmp_path, monkeypatch, scheme, spec):
-    """The norms before qkv and gate_up, and SiLU-up before down (per group), hand their linears x
+    """The norms before qkv and gate_up, and SiLU-up before down (not per token), hand their linears x
     quantized when the linears' backends ask for it (Fp8Linear.x_quant): the logits are the bits of the
     model whose linears quantize x themselves."""
-    qc = compressed_tensors.quantization_config(["lm_head"], scheme=scheme)
-    folder = write_checkpoint(tmp_path / scheme, scheme_llama(scheme, BLOCKY), {**BLOCKY, "quantization_config": qc})
+    if scheme == "tensor":  # static input scales (ModelOpt's FP8)
+        folder = write_checkpoint(
+            tmp_path, fp8_llama(config=BLOCKY), BLOCKY, **{"hf_quant_config.json": MODELOPT_HF_QUANT}
+        )
+    else:
+        qc = compressed_tensors.quantization_config(["lm_head"], scheme=scheme)
+        folder = write_checkpoint(tmp_path, scheme_llama(scheme, BLOCKY), {**BLOCKY, "quantization_config": qc})
 
     def logits() -> torch.Tensor:
         model = load_model(folder, device=DEVICE, dtype=torch.bfloat16, max_num_seqs=2, max_model_len=16, quiet=True)
@@ -120,7 +133,12 @@ def test_a_model_whose_linears_read_x_quantized_upstream_gives_the_same_logits(t
 
     unfused = logits()
     asked = []
-    monkeypatch.setattr(Fp8Linear, "x_quant", lambda self, m, dtype: asked.append(self.name) or spec)
+
+    def ask(self: Fp8Linear, m: int, dtype: torch.dtype) -> XQuant:
+        asked.append(self.name)
+        return replace(spec, input_scale=self.input_scale) if scheme == "tensor" else spec
+
+    monkeypatch.setattr(Fp8Linear, "x_quant", ask)
     fused_run = logits()
     assert any("qkv_proj" in n for n in asked) and any("gate_up_proj" in n for n in asked)
     assert any("down_proj" in n for n in asked)
