@@ -34,7 +34,8 @@ def explain(model: nn.Module | HasLinears) -> str:
         layers = list(getattr(model, "linears", {}).items())
     text = "no Fp8Linear layers in this model"
     if layers:
-        text = f"{plan_groups(layers)}\n\n{options_line()}\n{prepared_total(m for _, m in layers)}"
+        linears = [m for _, m in layers]
+        text = f"{plan_groups(layers)}\n\n{options_line()}\n{upstream_line(linears)}\n{prepared_total(linears)}"
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         text = f"rank {dist.get_rank()} of {dist.get_world_size()}: N and K as this rank holds them\n\n{text}"
     return text
@@ -49,6 +50,18 @@ def options_line() -> str:
         f"kernel options: pdl {'on' if options.pdl else 'off'}, silu_in_down "
         f"{'on' + where if options.silu_in_down else 'off'}"
     )
+
+
+def upstream_line(layers: list[Fp8Linear]) -> str:
+    """One line: where x reaches a layer quantized by the norm or SiLU-up kernel before it."""
+    counts: dict[str, int] = {}
+    for layer in layers:
+        for name in layer.upstream_quantized:
+            counts[name] = counts.get(name, 0) + 1
+    if not counts:
+        return "x quantized upstream: nowhere (every route quantizes x itself or inside its GEMM)"
+    where = ", ".join(f"{name} ({n} layers)" for name, n in sorted(counts.items()))
+    return f"x quantized upstream, by the norm or SiLU-up before a fused qkv, gate_up or down, on routes to: {where}"
 
 
 def prepared_total(layers: Iterable[Fp8Linear]) -> str:

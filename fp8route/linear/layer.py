@@ -200,6 +200,11 @@ class Fp8Linear(nn.Module):
         _epoch[0] += 1
         return self._plan
 
+    @property
+    def upstream_quantized(self) -> tuple[str, ...]:
+        """The plan's backends that take x quantized by the kernel before the layer (x_quant)."""
+        return tuple(name for name, spec in self._x_quants.items() if spec is not None)
+
     def _x_quant_of(self, backend: Backend) -> XQuant | None:
         spec = backend.x_quant(self.scheme)
         if spec is None or self.scheme != "tensor":

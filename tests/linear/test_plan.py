@@ -193,3 +193,29 @@ def test_moving_a_layer_replans_it_and_keeps_fp8():
     assert layer.weight.dtype == torch.float8_e4m3fn
     assert layer.weight_scale.dtype == torch.float32 and layer.input_scale.dtype == torch.float32
     assert layer.bias.dtype == torch.bfloat16
+
+
+def test_a_layer_asks_for_x_quantized_upstream_only_where_its_backend_reads_it_so():
+    """Fp8Linear.x_quant: a static per-tensor scale handed over with the ask (cublas reads it), the
+    dynamic per-tensor one never (the batch's amax); per group for the block GEMMs; none on a CPU, whose
+    backends quantize x themselves. explain names the routes that take it."""
+    from routing_helpers import H200
+
+    from fp8route.kernels.fused_quantize import XQuant
+    from fp8route.linear.explain import upstream_line
+
+    static = Fp8Linear.from_float(torch.randn(256, 256), input_scale=0.02, name="qkv")
+    dynamic = Fp8Linear.from_float(torch.randn(256, 256), name="o")
+    block = Fp8Linear.from_float(torch.randn(256, 256), scheme="block", name="gate_up")
+    assert static.x_quant(16, torch.bfloat16) is None  # a CPU plan: cpu_dequant
+    for layer in (static, dynamic, block):
+        layer.replan(device=H200)
+    spec = static.x_quant(16, torch.bfloat16)
+    assert spec == XQuant("tensor") and spec.input_scale is static.input_scale
+    assert static.x_quant(16, torch.float32) is None  # the fused kernels read 16-bit x
+    assert dynamic.x_quant(16, torch.bfloat16) is None
+    # cublas_block (scales M-major, rows padded to 4) where this torch runs its recipe, else triton_block.
+    route = block.plan.backend_for(4096, torch.bfloat16).name
+    want = XQuant("block", m_major=True, rows=4) if route == "cublas_block" else XQuant("block")
+    assert route in ("cublas_block", "triton_block") and block.x_quant(4096, torch.bfloat16) == want
+    assert f"cublas (1 layers), {route} (1 layers)" in upstream_line([static, dynamic, block])
