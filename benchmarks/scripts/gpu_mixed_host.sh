@@ -28,7 +28,8 @@ serve() {  # name, then bench serve's load arguments
         tree=$PWD; flag=
         [ "$arm" = before ] && tree=$before
         [ "$arm" = after-det ] && flag=--deterministic
-        PYTHONPATH=$tree timeout "$ARM_TIMEOUT" python3 -m fp8route bench serve "$ckpt" --max-model-len 8192 $flag "$@" \
+        # -P: python3 -m would put this directory (the working tree) ahead of PYTHONPATH, before arm included
+        PYTHONPATH=$tree timeout "$ARM_TIMEOUT" python3 -P -m fp8route bench serve "$ckpt" --max-model-len 8192 $flag "$@" \
             --out "$OUT/serve-$name-$arm" > "$OUT/serve-$name-$arm.log" 2>&1
         echo "== serve $name $arm (rc $?)" | tee -a "$log"
         grep -E "^routed  |prefill chunks" "$OUT/serve-$name-$arm.log" | tee -a "$log"

@@ -60,6 +60,7 @@ class E2ERow:
     kv_gb: float = 0.0  # KV bytes a decode step reads, mean over the steps (the context grows by one a step)
     pdl: bool = False  # fp8route.kernels.options: fp8route's kernels launched with PDL
     silu_in_down: bool = False  # and SiLU(gate) * up computed inside down's decode GEMM
+    quantize_upstream: bool = False  # and x quantized by the norm or SiLU-up kernel before a layer
     scheme: str = "tensor"  # the FP8 scheme of the checkpoint's linears (fp8route.schemes); bf16: none
     # One decode step's kernels by kind (fp8route.bench.step_split), device ms; zeros where not profiled.
     gemm_ms: float = 0.0
@@ -74,6 +75,7 @@ class E2ERow:
         label += "" if self.attention == "builtin" else f" {self.attention}"
         label += " pdl" if self.pdl else ""
         label += " silu-in-down" if self.silu_in_down else ""
+        label += " quantize-upstream" if self.quantize_upstream else ""
         return label if self.tp == 1 else f"{label} tp{self.tp} {self.all_reduce}"
 
 
@@ -125,11 +127,11 @@ def bench_arm(
     """One arm's rows; the FP8ROUTE_FORCE it needs is set for its load only, and the kernel options
     for the arm. With tp > 1 this runs in every rank (fp8route.models.spawn.run_ranks), load_model
     joining the group."""
-    set_kernel_options(pdl=options.pdl, silu_in_down=options.silu_in_down)
+    set_kernel_options(pdl=options.pdl, silu_in_down=options.silu_in_down, quantize_upstream=options.quantize_upstream)
     try:
         return _bench_arm(arm, folder, batches, inputs, output, copy_gbs, repeats, tp, all_reduce, attention, options)
     finally:
-        set_kernel_options(pdl=False, silu_in_down=False)
+        set_kernel_options(pdl=False, silu_in_down=False, quantize_upstream=False)
 
 
 def _bench_arm(
@@ -250,6 +252,7 @@ def _measure(model: CausalLM, ids: torch.Tensor, run: _ArmRun) -> E2ERow:
         kv / 1e9,
         run.options.pdl,
         run.options.silu_in_down,
+        run.options.quantize_upstream,
         run.scheme,
         *_split_fields(split),
     )  # fmt: skip
@@ -368,7 +371,11 @@ def options_summary(rows: Sequence[E2ERow]) -> str:
     """Each row with kernel options on against the row with none of the same arm and shape: decode
     step and TTFT speed-up, and whether the tokens match (neither option changes what is computed:
     PDL changes when kernels start, the fused SiLU rounds as the kernel it replaces)."""
-    plain = {(r.arm, r.attention, r.tp, r.batch, r.input_tokens): r for r in rows if not (r.pdl or r.silu_in_down)}
+    plain = {
+        (r.arm, r.attention, r.tp, r.batch, r.input_tokens): r
+        for r in rows
+        if not (r.pdl or r.silu_in_down or r.quantize_upstream)
+    }
     lines = [f"{'':<34}{'batch':>6}{'input':>7}{'decode x':>10}{'TTFT x':>8}  tokens"]
     for r in rows:
         base = plain.get((r.arm, r.attention, r.tp, r.batch, r.input_tokens))

@@ -152,6 +152,10 @@ class EngineConfig:
     silu_in_down: bool | None = _setting(
         None, "SiLU(gate) * up inside the down projection's decode GEMM (default: as set_kernel_options left it, off)"
     )
+    quantize_upstream: bool | None = _setting(
+        None, "x quantized by the norm or SiLU-up kernel before a layer whose backend reads it quantized "
+        "(default: as set_kernel_options left it, off)",
+    )  # fmt: skip
     deterministic: bool = _setting(
         False, "a request's tokens and logprobs do not depend on what shares its batch or how its prompt is "
         "chunked or cached: batch-invariant GEMMs and attention, at a cost (docs/engine.md)"
@@ -243,9 +247,9 @@ class EngineConfig:
             torch.set_num_threads(threads)
 
     def apply_kernel_options(self) -> None:
-        """Set the process's kernel options to pdl and silu_in_down where given (None keeps one as it
-        is); Fp8InputError where PDL cannot run on the current CUDA device."""
-        set_kernel_options(pdl=self.pdl, silu_in_down=self.silu_in_down)
+        """Set the process's kernel options to pdl, silu_in_down and quantize_upstream where given (None
+        keeps one as it is); Fp8InputError where PDL cannot run on the current CUDA device."""
+        set_kernel_options(pdl=self.pdl, silu_in_down=self.silu_in_down, quantize_upstream=self.quantize_upstream)
 
     def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)

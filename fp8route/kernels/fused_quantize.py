@@ -160,7 +160,7 @@ def _silu_meta(scheme: Scheme) -> dict[str, int]:
 
 @functools.cache
 def _norm_meta(width: int, scheme: Scheme, add: bool) -> dict[str, int | bool]:
-    return {"BLOCK": max(BLOCK, triton.next_power_of_2(width)), "QUANT": _QUANT[scheme], "ADD": add, "num_warps": 8}
+    return {"BLOCK": max(BLOCK, triton.next_power_of_2(width)), "QUANT": _QUANT[scheme], "ADD": add, "num_warps": 4}
 
 
 if triton is not None:

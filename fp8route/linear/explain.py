@@ -48,7 +48,8 @@ def options_line() -> str:
     where = f": down projections on {', '.join(fused)} take gate_up and compute SiLU * up inside" if fused else ""
     return (
         f"kernel options: pdl {'on' if options.pdl else 'off'}, silu_in_down "
-        f"{'on' + where if options.silu_in_down else 'off'}"
+        f"{'on' + where if options.silu_in_down else 'off'}, quantize_upstream "
+        f"{'on' if options.quantize_upstream else 'off'}"
     )
 
 
@@ -58,6 +59,8 @@ def upstream_line(layers: list[Fp8Linear]) -> str:
     for layer in layers:
         for name in layer.upstream_quantized:
             counts[name] = counts.get(name, 0) + 1
+    if not kernel_options().quantize_upstream:
+        return "x quantized upstream: nowhere (kernel option quantize_upstream off)"
     if not counts:
         return "x quantized upstream: nowhere (every route quantizes x itself or inside its GEMM)"
     where = ", ".join(f"{name} ({n} layers)" for name, n in sorted(counts.items()))

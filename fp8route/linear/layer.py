@@ -238,8 +238,9 @@ class Fp8Linear(nn.Module):
         """How the backend this layer runs for M rows of dtype x reads an x quantized by the kernel
         before it (forward takes the QuantizedX): with the static input_scale, per token or per 1x128
         group as the scheme says; None where that backend quantizes x itself, or where the scale is a
-        dynamic per-tensor one (the whole batch's amax, which no row's kernel knows)."""
-        if m < 1 or dtype not in _HALF_DTYPES:
+        dynamic per-tensor one (the whole batch's amax, which no row's kernel knows); None too while the
+        kernel option quantize_upstream is off."""
+        if not kernel_options().quantize_upstream or m < 1 or dtype not in _HALF_DTYPES:
             return None
         return self._x_quants[self._plan.backend_for(m, dtype).name]
 

@@ -195,14 +195,18 @@ def test_moving_a_layer_replans_it_and_keeps_fp8():
     assert layer.bias.dtype == torch.bfloat16
 
 
-def test_a_layer_asks_for_x_quantized_upstream_only_where_its_backend_reads_it_so():
-    """Fp8Linear.x_quant: a static per-tensor scale handed over with the ask (cublas reads it), the
-    dynamic per-tensor one never (the batch's amax); per group for the block GEMMs; none on a CPU, whose
-    backends quantize x themselves. explain names the routes that take it."""
+def test_a_layer_asks_for_x_quantized_upstream_only_where_its_backend_reads_it_so(monkeypatch):
+    """Fp8Linear.x_quant, with the kernel option quantize_upstream on: a static per-tensor scale handed
+    over with the ask (cublas reads it), the dynamic per-tensor one never (the batch's amax); per group for
+    the block GEMMs; none on a CPU, whose backends quantize x themselves. explain names the routes that
+    take it. With the option off (the default) no layer asks."""
     from routing_helpers import H200
 
+    from fp8route.kernels import options
     from fp8route.kernels.fused_quantize import XQuant
     from fp8route.linear.explain import upstream_line
+
+    monkeypatch.setattr(options, "_current", [options.KernelOptions(quantize_upstream=True)])
 
     static = Fp8Linear.from_float(torch.randn(256, 256), input_scale=0.02, name="qkv")
     dynamic = Fp8Linear.from_float(torch.randn(256, 256), name="o")
@@ -219,3 +223,6 @@ def test_a_layer_asks_for_x_quantized_upstream_only_where_its_backend_reads_it_s
     want = XQuant("block", m_major=True, rows=4) if route == "cublas_block" else XQuant("block")
     assert route in ("cublas_block", "triton_block") and block.x_quant(4096, torch.bfloat16) == want
     assert f"cublas (1 layers), {route} (1 layers)" in upstream_line([static, dynamic, block])
+    options._current[0] = options.KernelOptions()
+    assert static.x_quant(16, torch.bfloat16) is None
+    assert upstream_line([static]) == "x quantized upstream: nowhere (kernel option quantize_upstream off)"
