@@ -26,6 +26,7 @@ from fp8route.kernels.fused_quantize import (
     silu_mul_quantized,
 )
 from fp8route.kernels.launcher import DirectLauncher
+from fp8route.kernels.options import set_kernel_options
 from fp8route.kernels.quantize import quantize_fp8, quantize_per_group, quantize_per_token
 from fp8route.models import llama
 
@@ -128,9 +129,11 @@ PROMPT = torch.tensor([[5, 17, 3, 99, 42], [8, 1, 250, 30, 2]])
     ids=str,
 )
 def test_a_model_whose_linears_read_x_quantized_upstream_gives_the_same_logits(tmp_path, monkeypatch, scheme, spec):
-    """The norms before qkv and gate_up, and SiLU-up before down (not per token), hand their linears x
-    quantized when the linears' backends ask for it (Fp8Linear.x_quant): the logits are the bits of the
-    model whose linears quantize x themselves."""
+    """With the kernel option quantize_upstream on, the norms before qkv and gate_up, and SiLU-up before
+    down (not per token), hand their linears x quantized where the linears' backends ask for it
+    (Fp8Linear.x_quant): the logits are the bits of the model whose linears quantize x themselves. On a
+    GPU the backends' own asks; on a CPU, whose backends quantize x themselves, every layer asks for spec
+    (cpu_dequant reads any quantized x)."""
     if scheme == "tensor":  # static input scales (ModelOpt's FP8)
         folder = write_checkpoint(
             tmp_path, fp8_llama(config=BLOCKY), BLOCKY, **{"hf_quant_config.json": MODELOPT_HF_QUANT}
@@ -139,19 +142,27 @@ def test_a_model_whose_linears_read_x_quantized_upstream_gives_the_same_logits(t
         qc = compressed_tensors.quantization_config(["lm_head"], scheme=scheme)
         folder = write_checkpoint(tmp_path, scheme_llama(scheme, BLOCKY), {**BLOCKY, "quantization_config": qc})
 
-    def logits() -> torch.Tensor:
-        model = load_model(folder, device=DEVICE, dtype=torch.bfloat16, max_num_seqs=2, max_model_len=16, quiet=True)
+    def logits(upstream: bool) -> torch.Tensor:
+        model = load_model(
+            folder, device=DEVICE, dtype=torch.bfloat16, max_num_seqs=2, max_model_len=16, quiet=True,
+            quantize_upstream=upstream,
+        )  # fmt: skip
         return model(PROMPT.to(DEVICE))
 
-    unfused = logits()
+    unfused = logits(False)
     asked = []
+    if not CUDA:
 
-    def ask(self: Fp8Linear, m: int, dtype: torch.dtype) -> XQuant:
-        asked.append(self.name)
-        return replace(spec, input_scale=self.input_scale) if scheme == "tensor" else spec
+        def ask(self: Fp8Linear, m: int, dtype: torch.dtype) -> XQuant:
+            asked.append(self.name)
+            return replace(spec, input_scale=self.input_scale) if scheme == "tensor" else spec
 
-    monkeypatch.setattr(Fp8Linear, "x_quant", ask)
-    fused_run = logits()
-    assert any("qkv_proj" in n for n in asked) and any("gate_up_proj" in n for n in asked)
-    assert any("down_proj" in n for n in asked)
+        monkeypatch.setattr(Fp8Linear, "x_quant", ask)
+    try:
+        fused_run = logits(True)
+    finally:
+        set_kernel_options(quantize_upstream=False)
+    if not CUDA:
+        assert any("qkv_proj" in n for n in asked) and any("gate_up_proj" in n for n in asked)
+        assert any("down_proj" in n for n in asked)
     assert torch.equal(fused_run, unfused)
