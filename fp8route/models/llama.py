@@ -135,8 +135,8 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.eps = eps
-        # The x_quant of the one FP8 linear that reads this norm's output, if any (set by the layer):
-        # a dynamic scheme's backend may take it quantized here, by the norm's own kernel.
+        # The x_quant of the one FP8 linear that reads this norm's output, if any (set by the layer): its
+        # backend may take x quantized here, by the norm's own kernel (the kernel option quantize_upstream).
         self.reader: XQuantOf | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | QuantizedX:
