@@ -12,13 +12,11 @@ import functools
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
-from fp8route.kernels.fused import add_rms_norm, rms_norm, silu_mul
 from fp8route.kernels.launcher import DirectLauncher, int_key
 from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
-from fp8route.quant import FP8_DTYPE, quantize
-from fp8route.schemes import BLOCK, Scheme, cdiv, quantize_activation
+from fp8route.quant import FP8_DTYPE
+from fp8route.schemes import BLOCK, Scheme, cdiv
 
 _HALF = (torch.bfloat16, torch.float16)
 
@@ -54,8 +52,15 @@ class QuantizedX:
 
 
 def fusable(x: torch.Tensor) -> bool:
-    """Whether the fused kernels run on x (else the caller runs the unfused pair)."""
-    return x.is_cuda and x.dtype in _HALF and TRITON_IMPORT_ERROR is None and not torch.compiler.is_compiling()
+    """Whether the fused kernels run on x: a contiguous 16-bit CUDA tensor outside torch.compile (else
+    the caller runs the unfused pair and asks for nothing)."""
+    return (
+        x.is_cuda
+        and x.dtype in _HALF
+        and x.is_contiguous()
+        and TRITON_IMPORT_ERROR is None
+        and not torch.compiler.is_compiling()
+    )
 
 
 def _outputs(rows: int, k: int, spec: XQuant, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,76 +82,49 @@ def _scale_strides(spec: XQuant, scale: torch.Tensor) -> tuple[int, int]:
     return (scale.stride(0), scale.stride(1)) if spec.scheme == "block" else (scale.stride(0) if scale.dim() else 0, 0)
 
 
-def quantize_reference(x: torch.Tensor, spec: XQuant) -> QuantizedX:
-    """x quantized as spec says by the torch reference (fp8route.quant.quantize with a static scale,
-    else fp8route.schemes.quantize_activation), padded."""
-    rows = x.reshape(-1, x.shape[-1])
-    padded = F.pad(rows, (0, 0, 0, cdiv(rows.shape[0], spec.rows) * spec.rows - rows.shape[0]))
-    if spec.scheme == "tensor":
-        assert spec.input_scale is not None, "a static per-tensor quantization takes the layer's input_scale"
-        return QuantizedX(quantize(padded, spec.input_scale), spec.input_scale, x.shape, x.dtype)
-    q, scale = quantize_activation(padded, spec.scheme)
-    if spec.m_major:
-        m = padded.shape[0]
-        stored = scale.new_zeros(scale.shape[1], cdiv(m, 4) * 4)
-        stored[:, :m] = scale.t()
-        scale = stored[:, :m].t()
-    return QuantizedX(q, scale, x.shape, x.dtype)
-
-
 def rms_norm_quantized(x: torch.Tensor, weight: torch.Tensor, eps: float, spec: XQuant) -> QuantizedX:
-    """rms_norm(x, weight, eps) quantized as spec says, in one kernel on a GPU."""
-    if not fusable(x) or not x.is_contiguous():
-        return quantize_reference(rms_norm(x, weight, eps), spec)
-    width = x.shape[-1]
-    rows = x.reshape(-1, width)
-    q, scale = _outputs(rows.shape[0], width, spec, x.device)
-    args = (rows, rows, weight, q, scale, rows, rows.shape[0], width, *_scale_strides(spec, scale), eps)
-    _launch_norm(spec, q.shape[0], args, add=False)
-    return QuantizedX(q, scale, x.shape, x.dtype)
+    """rms_norm(x, weight, eps) quantized as spec says, in one kernel; x fusable."""
+    return _norm(x, None, weight, eps, spec)[0]
 
 
 def add_rms_norm_quantized(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, spec: XQuant
 ) -> tuple[QuantizedX, torch.Tensor]:
     """add_rms_norm(x, residual, weight, eps) with the normalized sum quantized as spec says: (that,
-    x + residual), in one kernel on a GPU."""
-    ok = fusable(x) and x.is_contiguous() and residual.is_contiguous() and x.dtype == residual.dtype
-    if not ok:
-        normed, total = add_rms_norm(x, residual, weight, eps)
-        return quantize_reference(normed, spec), total
+    x + residual), in one kernel; x fusable, residual contiguous in x's dtype."""
+    quantized, total = _norm(x, residual, weight, eps, spec)
+    assert total is not None
+    return quantized, total
+
+
+def _norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, spec: XQuant
+) -> tuple[QuantizedX, torch.Tensor | None]:
     width = x.shape[-1]
     rows = x.reshape(-1, width)
-    total = torch.empty_like(rows)
     q, scale = _outputs(rows.shape[0], width, spec, x.device)
-    args = (rows, residual.reshape(-1, width), weight, q, scale, total, rows.shape[0], width,
-            *_scale_strides(spec, scale), eps)  # fmt: skip
-    _launch_norm(spec, q.shape[0], args, add=True)
-    return QuantizedX(q, scale, x.shape, x.dtype), total.reshape(x.shape)
+    total = None if residual is None else torch.empty_like(rows)
+    m = rows.shape[0]
+    stride_sm, stride_sg = _scale_strides(spec, scale)
+    args = (rows, rows if residual is None else residual.reshape(-1, width), weight, q, scale,
+            rows if total is None else total, m, width, stride_sm, stride_sg, eps)  # fmt: skip
+    key = (x.dtype, weight.dtype, spec, residual is not None, *int_key(m, width, stride_sm, stride_sg), eps)
+    _NORM((q.shape[0],), key, args, _norm_meta(width, spec.scheme, residual is not None))
+    return QuantizedX(q, scale, x.shape, x.dtype), None if total is None else total.reshape(x.shape)
 
 
 def silu_mul_quantized(gate_up: torch.Tensor, width: int, spec: XQuant) -> QuantizedX:
-    """silu_mul(gate_up, width) quantized with a static scale or per 1x128 group, in one kernel on a
-    GPU. Not per token: a row's scale needs the whole product row first, so no pass is saved there."""
+    """silu_mul(gate_up, width) quantized with a static scale or per 1x128 group, in one kernel; gate_up
+    fusable. Not per token: a row's scale needs the whole product row first, so no pass is saved there."""
     if spec.scheme == "channel":
         raise ValueError("silu_mul_quantized quantizes with a static scale or per 1x128 group, not per token")
-    shape = torch.Size((*gate_up.shape[:-1], width))
-    if not fusable(gate_up) or gate_up.stride(-1) != 1:
-        return quantize_reference(silu_mul(gate_up, width), spec)
     rows = gate_up.reshape(-1, 2 * width)
     q, scale = _outputs(rows.shape[0], width, spec, gate_up.device)
     args = (rows, q, scale, rows.shape[0], rows.stride(0), width, *_scale_strides(spec, scale))
     key = (gate_up.dtype, spec, *int_key(*args[3:]))
     grid = (q.shape[0], cdiv(width, _SILU_GROUPS * BLOCK))
     _SILU_MUL_QUANT(grid, key, args, _silu_meta(spec.scheme))
-    return QuantizedX(q, scale, shape, gate_up.dtype)
-
-
-def _launch_norm(spec: XQuant, padded: int, args: tuple, add: bool) -> None:
-    x = args[0]
-    width = args[7]
-    key = (x.dtype, args[2].dtype, spec, add, *int_key(args[6], width, args[8], args[9]), args[10])
-    _NORM((padded,), key, args, _norm_meta(width, spec.scheme, add))
+    return QuantizedX(q, scale, torch.Size((*gate_up.shape[:-1], width)), gate_up.dtype)
 
 
 _SILU_GROUPS = 8  # 1024 columns a program, as silu_mul's block

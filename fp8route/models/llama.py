@@ -148,16 +148,15 @@ class RMSNorm(nn.Module):
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor | QuantizedX, torch.Tensor]:
         """(self(x + residual), x + residual) in one kernel."""
         spec = x_quant_for(self.reader, x)
-        if spec is None:
+        if spec is None or not (residual.is_contiguous() and residual.dtype == x.dtype):
             return add_rms_norm(x, residual, self.weight, self.eps)
         return add_rms_norm_quantized(x, residual, self.weight, self.eps, spec)
 
 
 def x_quant_for(reader: XQuantOf | None, x: torch.Tensor) -> XQuant | None:
-    """What the reading linear asks of x (None: x as it is)."""
-    if reader is None or not fusable(x):
-        return None
-    return reader(x.numel() // x.shape[-1], x.dtype)
+    """What the reading linear asks of x where the fused kernels can run on it (None: x as it is)."""
+    spec = None if reader is None else reader(x.numel() // x.shape[-1], x.dtype)
+    return spec if spec is not None and fusable(x) else None
 
 
 class FloatLinear(nn.Module):
