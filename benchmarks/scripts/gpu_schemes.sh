@@ -5,9 +5,12 @@
 #   tests:  the GPU tests of the schemes' kernels and backends (TESTS overrides which)
 #   tune:   fp8route tune for Llama-3.1-8B TP1 in each of SCHEMES (default channel block), into a copy
 #           of the shipped table ($OUT/routing-h200.json)
+#   sweep:  the block decode GEMM's configs at SWEEP_MS (default 1) on the 8B shapes; the winners written
+#           into this tree's configs._H200_BLOCK (block_table_entries.py --write), so later phases use them
 #   bench:  fp8route bench gemm per scheme at the issue's M values, routed by that table
 #   e2e:    bench e2e on random Llama-3.1-8B checkpoints of tensor, channel and block (routed by that
 #           table): batch-1 decode and TTFT at 1x4096, each scheme against per-tensor in the same run
+#           (E2E_POLICY, E2E_BATCH and E2E_ARGS widen it, e.g. E2E_ARGS="--quantize-upstream off,on")
 #   serve:  bench serve's prefill-heavy (PREFILL_PROMPTS of 1024-4096, 32 out) and decode-heavy
 #           (DECODE_PROMPTS of 512-1536, 128-512 out) loads, one arm per scheme
 set -u -o pipefail
@@ -21,6 +24,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$log"
 [ -f "$table" ] || cp fp8route/routing/defaults/h200.json "$table"
 for phase in $PHASES; do
+    echo "-- $phase $(date -u +%T)" | tee -a "$log"
     case $phase in
     probe)
         if ls .whl/*deep_gemm*.whl >/dev/null 2>&1; then
@@ -43,6 +47,11 @@ tests/kernels/test_block_gemm.py tests/test_schemes.py"}
                 > "$OUT/tune-$s.log" 2>&1
             echo "== tune $s (rc $?)" | tee -a "$log"; grep -v "^\s*$" "$OUT/tune-$s.log" | grep -v "\r" | tail -14 | tee -a "$log"
         done ;;
+    sweep)
+        timeout "${SWEEP_TIMEOUT:-240}" python3 benchmarks/scripts/block_decode_sweep.py --out "$OUT" --ms "${SWEEP_MS:-1}" \
+            > "$OUT/sweep.log" 2>&1
+        echo "== block decode sweep (rc $?)" | tee -a "$log"; grep -A12 "^shape " "$OUT/sweep.log" | tee -a "$log"
+        python3 benchmarks/scripts/block_table_entries.py "$OUT/block_decode_sweep.json" --write 2>&1 | tee -a "$log" ;;
     bench)
         for s in $schemes; do
             timeout "${BENCH_TIMEOUT:-240}" python3 -m fp8route bench gemm --model llama-3.1-8b --scheme "$s" --m "$ms" \
@@ -51,9 +60,9 @@ tests/kernels/test_block_gemm.py tests/test_schemes.py"}
         done ;;
     e2e)
         FP8ROUTE_TABLE="$table" timeout "${E2E_TIMEOUT:-300}" python3 -m fp8route bench e2e --random llama-3.1-8b \
-            --scheme ${E2E_SCHEMES:-tensor,channel,block} --policy routed --batch 1 --input 4096 --output 64 --tmp /tmp --out "$OUT" \
-            > "$OUT/e2e.log" 2>&1
-        echo "== e2e (rc $?)" | tee -a "$log"; tail -12 "$OUT/e2e.log" | tee -a "$log" ;;
+            --scheme ${E2E_SCHEMES:-tensor,channel,block} --policy "${E2E_POLICY:-routed}" --batch "${E2E_BATCH:-1}" \
+            --input 4096 --output 64 --tmp /tmp --out "$OUT" ${E2E_ARGS:-} > "$OUT/e2e.log" 2>&1
+        echo "== e2e (rc $?)" | tee -a "$log"; tail -${E2E_TAIL:-12} "$OUT/e2e.log" | tee -a "$log" ;;
     serve)
         for load in prefill decode; do
             if [ $load = prefill ]; then
