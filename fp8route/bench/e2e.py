@@ -367,18 +367,23 @@ def tp_summary(rows: Sequence[E2ERow]) -> str:
     return "\n".join(lines)
 
 
+def _arm_shape(r: E2ERow) -> tuple[str, str, str, int, int, int]:
+    """What a row is compared within: its checkpoint's scheme, arm, attention, ranks and shape."""
+    return (r.scheme, r.arm, r.attention, r.tp, r.batch, r.input_tokens)
+
+
+def _options(r: E2ERow) -> tuple[bool, bool, bool]:
+    return (r.pdl, r.silu_in_down, r.quantize_upstream)
+
+
 def options_summary(rows: Sequence[E2ERow]) -> str:
     """Each row with kernel options on against the row with none of the same arm and shape: decode
     step and TTFT speed-up, and whether the tokens match (neither option changes what is computed:
     PDL changes when kernels start, the fused SiLU rounds as the kernel it replaces)."""
-    plain = {
-        (r.arm, r.attention, r.tp, r.batch, r.input_tokens): r
-        for r in rows
-        if not (r.pdl or r.silu_in_down or r.quantize_upstream)
-    }
+    plain = {_arm_shape(r): r for r in rows if not any(_options(r))}
     lines = [f"{'':<34}{'batch':>6}{'input':>7}{'decode x':>10}{'TTFT x':>8}  tokens"]
     for r in rows:
-        base = plain.get((r.arm, r.attention, r.tp, r.batch, r.input_tokens))
+        base = plain.get(_arm_shape(r))
         if base is None or base is r:
             continue
         same = "= without options" if r.tokens_digest == base.tokens_digest else "DIFFER FROM WITHOUT OPTIONS"
@@ -391,11 +396,12 @@ def options_summary(rows: Sequence[E2ERow]) -> str:
 
 def scheme_summary(rows: Sequence[E2ERow]) -> str:
     """Each row of a channel or block checkpoint against the per-tensor one of the same arm and shape,
-    in the same run: decode step time and TTFT as ratios (above 1: slower than per-tensor)."""
-    tensor = {(r.arm, r.attention, r.tp, r.batch, r.input_tokens): r for r in rows if r.scheme == "tensor"}
+    and kernel options, in the same run: decode step time and TTFT as ratios (above 1: slower than
+    per-tensor)."""
+    tensor = {(_arm_shape(r)[1:], _options(r)): r for r in rows if r.scheme == "tensor"}
     lines = [f"{'':<30}{'batch':>6}{'input':>7}{'step / tensor':>15}{'TTFT / tensor':>15}"]
     for r in rows:
-        base = tensor.get((r.arm, r.attention, r.tp, r.batch, r.input_tokens))
+        base = tensor.get((_arm_shape(r)[1:], _options(r)))
         if base is None or r.scheme in ("tensor", "bf16"):
             continue
         lines.append(

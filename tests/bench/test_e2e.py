@@ -53,3 +53,29 @@ def test_each_scheme_is_put_against_per_tensor_on_the_same_arm_and_shape():
     lines = scheme_summary([tensor, block, other_shape, ROWS[1]]).splitlines()
     assert len(lines) == 2 and lines[1].split() == ["routed", "block", "1", "1024", "1.100", "1.100"]
     assert block.label == "routed block" and tensor.label == "routed"
+
+
+def test_options_and_schemes_each_compare_within_their_own_kind():
+    """A run of tensor and block checkpoints, each with quantize_upstream off and on: an option row
+    is put against its own scheme's plain row, a block row against the tensor row with its options
+    (the H100 run of 2026-12-06 compared tensor rows with the block plain row)."""
+    from dataclasses import replace
+
+    from fp8route.bench.e2e import options_summary, scheme_summary
+
+    tensor = ROWS[0]
+    tensor_on = replace(tensor, decode_step_ms=tensor.decode_step_ms / 2, ttft_ms=tensor.ttft_ms / 4,
+                        quantize_upstream=True)  # fmt: skip
+    block = replace(tensor, decode_step_ms=tensor.decode_step_ms * 1.5, scheme="block")
+    block_on = replace(block, decode_step_ms=block.decode_step_ms / 3, quantize_upstream=True)
+    rows = [tensor, block, tensor_on, block_on]
+    options = [line.split() for line in options_summary(rows).splitlines()[1:]]
+    assert options == [
+        ["routed", "quantize-upstream", "1", "1024", "2.000", "4.000", "=", "without", "options"],
+        ["routed", "block", "quantize-upstream", "1", "1024", "3.000", "1.000", "=", "without", "options"],
+    ]
+    schemes = [line.split() for line in scheme_summary(rows).splitlines()[1:]]
+    assert schemes == [
+        ["routed", "block", "1", "1024", "1.500", "1.000"],
+        ["routed", "block", "quantize-upstream", "1", "1024", "1.000", "4.000"],
+    ]
