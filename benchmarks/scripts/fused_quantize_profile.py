@@ -8,6 +8,7 @@ read through torch.profiler; and the fused producers alone against the unfused p
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import tempfile
 from collections import defaultdict
@@ -92,7 +93,7 @@ def model_kernels(scheme: str, layers: int, prompt: int, folder: Path) -> list[d
     for upstream in (False, True):
         set_kernel_options(quantize_upstream=upstream)
         engine = EngineConfig(max_model_len=prompt + 64, max_num_batched_tokens=max(8192, prompt),
-                              enable_prefix_caching=False, max_num_seqs=1)  # fmt: skip
+                              enable_prefix_caching=False, max_num_seqs=1, gpu_memory_utilization=0.4)  # fmt: skip
         model = load_model(path, config=engine, quiet=True)
         for what, fn in (("prefill", lambda m=model: m.generate(ids, 1)),
                          ("prefill+16", lambda m=model: m.generate(ids, 17))):  # fmt: skip
@@ -103,7 +104,8 @@ def model_kernels(scheme: str, layers: int, prompt: int, folder: Path) -> list[d
             print(f"\n{scheme} upstream={'on' if upstream else 'off'} {what}: {sum(totals.values()):.0f} us of kernels")
             for name, us in top:
                 print(f"  {us:9.1f}  {name[:110]}")
-        del model
+        del model, fn
+        gc.collect()
         torch.cuda.empty_cache()
     set_kernel_options(quantize_upstream=False)
     return rows

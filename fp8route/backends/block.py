@@ -48,9 +48,11 @@ class CublasBlockBackend(Backend):
             return reason
         if problem.device.capability != (9, 0):
             return "cuBLASLt's 1x128 x 128x128 recipe runs on SM 9.0 only"
-        if problem.n % 128 or problem.k % 128:
-            # Partial edge blocks take K-major scales padded past them: not yet run on an H200.
-            return f"N={problem.n} and K={problem.k} must be multiples of 128 (whole blocks, as measured)"
+        if problem.n % 128 or problem.k % 512:
+            # Whole blocks only (partial edge blocks: not yet run on a GPU). And K/128 a multiple of 4:
+            # torch 2.11 refused the K-major weight scales of K=256 padded to a stride of 4 ("Invalid
+            # scaling configuration", H100), while other torch versions want that padding.
+            return f"N={problem.n} must be a multiple of 128 and K={problem.k} of 512 (whole blocks, 4 to a scale row)"
         if not _torch_has_blockwise():
             return f"needs torch >= 2.9 built with CUDA >= 12.9, have {torch.__version__} (CUDA {torch.version.cuda})"
         if problem.out_dtype != torch.bfloat16:

@@ -148,45 +148,59 @@ if triton is not None:
     BLOCK_GROUP: tl.constexpr = tl.constexpr(BLOCK)
 
     @triton.jit
+    def _row(x_ptr, r_ptr, offs, mask, ADD: tl.constexpr):
+        """A row's x (plus its residual, the sum rounded to x's dtype) at offs, in fp32."""
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if ADD:
+            x = (x + tl.load(r_ptr + offs, mask=mask, other=0.0).to(tl.float32)).to(x_ptr.dtype.element_ty)
+        return x.to(tl.float32)
+
+    @triton.jit
+    def _weighted(x, inv, x_ptr, w_ptr, cols, mask, width):
+        """weight * (x * inv), the weight and each product rounded to x's dtype as rms_norm rounds them;
+        masked elements +0 (padded rows quantize as zero rows)."""
+        dt = x_ptr.dtype.element_ty
+        normed = (x * inv).to(dt).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=cols < width, other=0.0).to(dt).to(tl.float32)
+        return tl.where(mask, (w * normed).to(dt).to(tl.float32), 0.0)
+
+    @triton.jit
     def _norm_quant_kernel(
         x_ptr, r_ptr, w_ptr, q_ptr, scale_ptr, sum_ptr, M, width, stride_sm, stride_sg, eps,
         BLOCK: tl.constexpr, QUANT: tl.constexpr, ADD: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         """One program a row (rows past M: padding, quantized as zeros): the row (plus its residual,
         the sum stored), normalized, weighted, rounded to x's dtype, quantized (QUANT 0: with the
-        static scale at scale_ptr; 1: per token, 2: per group, the scales stored there)."""
+        static scale at scale_ptr; 1: per token, 2: per group, the scales stored there). Per group
+        the row is read again as [groups, 128] (a 1-D row reshaped to groups ran 5-8x slower than the
+        unfused pair on an H100) and takes the 1-D pass's inv: elementwise the same arithmetic."""
         wait_for_inputs(USE_PDL)
         row = tl.program_id(0).to(tl.int64)  # row * width passes 2^31 in a large prefill
         offs = tl.arange(0, BLOCK)
         mask = offs < tl.where(row < M, width, 0)
-        x = tl.load(x_ptr + row * width + offs, mask=mask, other=0.0).to(tl.float32)
+        x = _row(x_ptr + row * width, r_ptr + row * width, offs, mask, ADD)
         if ADD:
-            total = (x + tl.load(r_ptr + row * width + offs, mask=mask, other=0.0).to(tl.float32)).to(
-                x_ptr.dtype.element_ty
-            )
-            tl.store(sum_ptr + row * width + offs, total, mask=mask)
-            x = total.to(tl.float32)
+            tl.store(sum_ptr + row * width + offs, x.to(x_ptr.dtype.element_ty), mask=mask)
         inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / width + eps)
-        normed = (x * inv).to(x_ptr.dtype.element_ty).to(tl.float32)
-        w = tl.load(w_ptr + offs, mask=offs < width, other=0.0).to(x_ptr.dtype.element_ty).to(tl.float32)
-        v = (w * normed).to(x_ptr.dtype.element_ty).to(tl.float32)
-        v = tl.where(mask, v, 0.0)  # padded rows: +0, as a zero row quantizes
         q_row = q_ptr + row * width
-        if QUANT == 0:
-            s = tl.load(scale_ptr)
-            tl.store(q_row + offs, quantize_e4m3(v, s, tl.math.div_rn(1.0, s)), mask=offs < width)
-        elif QUANT == 2:
-            v2 = tl.reshape(v, (BLOCK // BLOCK_GROUP, BLOCK_GROUP))
+        if QUANT == 2:
+            groups = tl.arange(0, BLOCK // BLOCK_GROUP)
+            cols = groups[:, None] * BLOCK_GROUP + tl.arange(0, BLOCK_GROUP)[None, :]
+            mask2 = cols < tl.where(row < M, width, 0)
+            x2 = _row(x_ptr + row * width, r_ptr + row * width, cols, mask2, ADD)
+            v2 = _weighted(x2, inv, x_ptr, w_ptr, cols, mask2, width)
             s = dynamic_scale(tl.max(tl.abs(v2), axis=1))
             q = quantize_e4m3(v2, s[:, None], tl.math.div_rn(1.0, s)[:, None])
-            cols = tl.reshape(offs, (BLOCK // BLOCK_GROUP, BLOCK_GROUP))
             tl.store(q_row + cols, q, mask=cols < width)
-            groups = tl.arange(0, BLOCK // BLOCK_GROUP)
             tl.store(scale_ptr + row * stride_sm + groups * stride_sg, s, mask=groups * BLOCK_GROUP < width)
         else:
-            s = dynamic_scale(tl.max(tl.abs(v), axis=0))
+            v = _weighted(x, inv, x_ptr, w_ptr, offs, mask, width)
+            if QUANT == 0:
+                s = tl.load(scale_ptr)
+            else:
+                s = dynamic_scale(tl.max(tl.abs(v), axis=0))
+                tl.store(scale_ptr + row * stride_sm, s)
             tl.store(q_row + offs, quantize_e4m3(v, s, tl.math.div_rn(1.0, s)), mask=offs < width)
-            tl.store(scale_ptr + row * stride_sm, s)
 
     @triton.jit
     def _silu_mul_quant_kernel(
