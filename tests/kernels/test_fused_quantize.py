@@ -144,8 +144,8 @@ def test_a_model_whose_linears_read_x_quantized_upstream_gives_the_same_logits(t
 
     def logits(upstream: bool) -> torch.Tensor:
         model = load_model(
-            folder, device=DEVICE, dtype=torch.bfloat16, max_num_seqs=2, max_model_len=16, quiet=True,
-            quantize_upstream=upstream,
+            folder, device=DEVICE, dtype=torch.bfloat16, max_num_seqs=2, max_model_len=16, num_kv_blocks=8,
+            quiet=True, quantize_upstream=upstream,
         )  # fmt: skip
         return model(PROMPT.to(DEVICE))
 
