@@ -5,7 +5,7 @@ import torch
 from helpers import fp32_reference, poison_allocator, random_fp8_operands, rel_error
 from torch import nn
 
-from fp8route import BACKENDS, DeviceInfo, Fp8Linear, Policy, sqnr_db
+from fp8route import BACKENDS, DeviceInfo, Fp8Linear, GemmProblem, Policy, sqnr_db
 from fp8route.quant import quantize
 
 SHAPES = [(32, 64), (48, 256), (128, 1024), (96, 80)]
@@ -125,3 +125,12 @@ def test_forward_quantized_refuses_what_it_cannot_trust():
         static.forward_quantized(x_q, torch.int8)
     with pytest.raises(ValueError, match="K=256"):
         static.forward_quantized(x_q[:, :128])
+
+
+@pytest.mark.parametrize(("n", "k", "refused"), [(512, 256, True), (192, 576, True), (6144, 4096, False)])
+def test_cublas_block_takes_whole_blocks_four_to_a_scale_row(n, k, refused):
+    """torch 2.11 refused cuBLASLt's block recipe at K=256 (two K blocks: the K-major scales' stride
+    padded to four read as wrong) on an H100; K a multiple of 512 is read alike by every torch."""
+    problem = GemmProblem(n, k, DeviceInfo.fake_cuda(9, 0), static_input_scale=False, scheme="block")
+    reason = BACKENDS["cublas_block"].why_not(problem) or ""
+    assert ("of 512 (whole blocks, 4 to a scale row)" in reason) == refused, reason
