@@ -3,7 +3,8 @@
 # run, in order:
 #   probe:  the versions, and whether a carried DeepGEMM wheel (.whl/, optional) imports and runs
 #   tests:  the GPU tests of the schemes' kernels and backends (TESTS overrides which)
-#   tune:   fp8route tune for Llama-3.1-8B TP1 in each of SCHEMES (default channel block), into a copy
+#   tune:   fp8route tune for Llama-3.1-8B TP1 in each of SCHEMES (default channel block; TUNE_ARGS adds
+#           options, e.g. "--m 1,2,4,8,16" for the decode buckets alone), into a copy
 #           of the shipped table ($OUT/routing-h200.json)
 #   sweep:  the block decode GEMM's configs at SWEEP_MS (default 1) on the 8B shapes; the winners written
 #           into this tree's configs._H200_BLOCK (block_table_entries.py --write), so later phases use them
@@ -43,7 +44,8 @@ tests/kernels/test_block_gemm.py tests/test_schemes.py"}
         tail -3 "$OUT/gpu_tests.log" | tee -a "$log"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -30 | tee -a "$log" ;;
     tune)
         for s in $schemes; do
-            timeout "${TUNE_TIMEOUT:-240}" python3 -m fp8route tune --model llama-3.1-8b --scheme "$s" --table "$table" \
+            # shellcheck disable=SC2086
+            timeout "${TUNE_TIMEOUT:-240}" python3 -m fp8route tune --model llama-3.1-8b --scheme "$s" --table "$table" ${TUNE_ARGS:-} \
                 > "$OUT/tune-$s.log" 2>&1
             echo "== tune $s (rc $?)" | tee -a "$log"; grep -v "^\s*$" "$OUT/tune-$s.log" | grep -v "\r" | tail -14 | tee -a "$log"
         done ;;
