@@ -79,6 +79,9 @@ class Compiled:
     pdl_wait: bool
     wgmma: bool
     wide_ints: list[str]  # integer arguments passed as 64-bit (Triton specializes on whether they fit 32)
+    # The layout of each 1-D fp32 tensor reduced to a scalar: what orders a row's sum (two kernels
+    # whose sums of the same values take the same layout add them in the same order).
+    row_sums: list[str]
 
 
 LAUNCHED: list[tuple[Any, ...]] = []  # what each launch handed the launcher, while recording
@@ -513,7 +516,13 @@ def _describe(fn: Any, kernel: Any) -> Compiled:
         pdl_wait="griddepcontrol.wait" in ptx,
         wgmma="wgmma.mma_async" in ptx,
         wide_ints=[name for name, ty in kernel.src.signature.items() if ty in ("i64", "u64")],
+        row_sums=_row_sums(kernel.asm["ttgir"]),
     )
+
+
+def _row_sums(ttgir: str) -> list[str]:
+    layouts = dict(re.findall(r"^(#\w+) = (#ttg\.blocked<.*?>)$", ttgir, re.M))
+    return [layouts[name] for name in re.findall(r"\}\) : \(tensor<\d+xf32, (#\w+)>\) -> f32", ttgir)]
 
 
 def _short(value: Any) -> str:

@@ -158,7 +158,7 @@ if triton is not None:
     @triton.jit
     def _weighted(x, inv, x_ptr, w_ptr, cols, mask, width):
         """weight * (x * inv), the weight and each product rounded to x's dtype as rms_norm rounds them;
-        masked elements +0."""
+        masked elements +0 (padded rows quantize as zero rows)."""
         dt = x_ptr.dtype.element_ty
         normed = (x * inv).to(dt).to(tl.float32)
         w = tl.load(w_ptr + cols, mask=cols < width, other=0.0).to(dt).to(tl.float32)
@@ -176,37 +176,35 @@ if triton is not None:
         unfused pair on an H100) and takes the 1-D pass's inv: elementwise the same arithmetic."""
         wait_for_inputs(USE_PDL)
         row = tl.program_id(0).to(tl.int64)  # row * width passes 2^31 in a large prefill
-        real = row < M
-        # A padded row reads the last real one and is zeroed after: the loads keep rms_norm's mask
-        # (one that depends on the row changed the loads' vector width, so the sum's order: on an
-        # H100, 3-9 of 16.8M codes differed from rms_norm's at M=4096).
-        src = tl.minimum(row, M - 1)
         offs = tl.arange(0, BLOCK)
-        mask = offs < width
-        x = _row(x_ptr + src * width, r_ptr + src * width, offs, mask, ADD)
+        mask = offs < tl.where(row < M, width, 0)
+        x = _row(x_ptr + row * width, r_ptr + row * width, offs, mask, ADD)
         if ADD:
-            if real:
-                tl.store(sum_ptr + row * width + offs, x.to(x_ptr.dtype.element_ty), mask=mask)
+            tl.store(sum_ptr + row * width + offs, x.to(x_ptr.dtype.element_ty), mask=mask)
         inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / width + eps)
         q_row = q_ptr + row * width
         if QUANT == 2:
             groups = tl.arange(0, BLOCK // BLOCK_GROUP)
             cols = groups[:, None] * BLOCK_GROUP + tl.arange(0, BLOCK_GROUP)[None, :]
-            mask2 = cols < width
-            x2 = _row(x_ptr + src * width, r_ptr + src * width, cols, mask2, ADD)
-            v2 = tl.where(real, _weighted(x2, inv, x_ptr, w_ptr, cols, mask2, width), 0.0)
+            mask2 = cols < tl.where(row < M, width, 0)
+            x2 = _row(x_ptr + row * width, r_ptr + row * width, cols, mask2, ADD)
+            v2 = _weighted(x2, inv, x_ptr, w_ptr, cols, mask2, width)
             s = dynamic_scale(tl.max(tl.abs(v2), axis=1))
             q = quantize_e4m3(v2, s[:, None], tl.math.div_rn(1.0, s)[:, None])
             tl.store(q_row + cols, q, mask=cols < width)
             tl.store(scale_ptr + row * stride_sm + groups * stride_sg, s, mask=groups * BLOCK_GROUP < width)
         else:
-            v = tl.where(real, _weighted(x, inv, x_ptr, w_ptr, offs, mask, width), 0.0)
+            v = _weighted(x, inv, x_ptr, w_ptr, offs, mask, width)
             if QUANT == 0:
                 s = tl.load(scale_ptr)
             else:
                 s = dynamic_scale(tl.max(tl.abs(v), axis=0))
                 tl.store(scale_ptr + row * stride_sm, s)
-            tl.store(q_row + offs, quantize_e4m3(v, s, tl.math.div_rn(1.0, s)), mask=offs < width)
+            # Stored 8 to a thread, as a bf16 row is: the e4m3 store's own 16-wide vectors would set
+            # the row's layout, and with it the order of the sum above (its codes then differed from
+            # rms_norm's on an H100; tests/kernels/test_compile_sm90.py holds the layouts equal).
+            q = quantize_e4m3(v, s, tl.math.div_rn(1.0, s))
+            tl.store(q_row + tl.max_contiguous(offs, 8), q, mask=offs < width)
 
     @triton.jit
     def _silu_mul_quant_kernel(
