@@ -12,6 +12,9 @@
 #   e2e:    bench e2e on random Llama-3.1-8B checkpoints of tensor, channel and block (routed by that
 #           table): batch-1 decode and TTFT at 1x4096, each scheme against per-tensor in the same run
 #           (E2E_POLICY, E2E_BATCH and E2E_ARGS widen it, e.g. E2E_ARGS="--quantize-upstream off,on")
+#   flashinfer: FlashInfer's SM90 block GEMM (fp8_blockscale_gemm_sm90, JIT-built there by nvcc) from a
+#           carried wheel (.carry/fi/*.whl: flashinfer-python and apache-tvm-ffi) against cuBLASLt's
+#           recipe and the Triton block GEMM, bench gemm at FI_MS (default 1,16,512,2048,8192)
 #   serve:  bench serve's prefill-heavy (PREFILL_PROMPTS of 1024-4096, 32 out) and decode-heavy
 #           (DECODE_PROMPTS of 512-1536, 128-512 out) loads, one arm per scheme
 set -u -o pipefail
@@ -65,6 +68,13 @@ tests/kernels/test_block_gemm.py tests/test_schemes.py"}
             --scheme ${E2E_SCHEMES:-tensor,channel,block} --policy "${E2E_POLICY:-routed}" --batch "${E2E_BATCH:-1}" \
             --input 4096 --output 64 --tmp /tmp --out "$OUT" ${E2E_ARGS:-} > "$OUT/e2e.log" 2>&1
         echo "== e2e (rc $?)" | tee -a "$log"; tail -${E2E_TAIL:-12} "$OUT/e2e.log" | tee -a "$log" ;;
+    flashinfer)
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .carry/fi/*.whl \
+            2>&1 | tail -2 | tee -a "$log"
+        PYTHONPATH=$PYTHONPATH:/tmp/site timeout "${FI_TIMEOUT:-300}" python3 -m fp8route bench gemm --model llama-3.1-8b \
+            --scheme block --m "${FI_MS:-1,16,512,2048,8192}" --policy cublas_block,triton_block,flashinfer_block \
+            --out "$OUT" > "$OUT/flashinfer.log" 2>&1
+        echo "== flashinfer block GEMM (rc $?)" | tee -a "$log"; grep -vE "^\s*$" "$OUT/flashinfer.log" | tail -30 | tee -a "$log" ;;
     serve)
         for load in prefill decode; do
             if [ $load = prefill ]; then
