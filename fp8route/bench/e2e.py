@@ -378,8 +378,9 @@ def _options(r: E2ERow) -> tuple[bool, bool, bool]:
 
 def options_summary(rows: Sequence[E2ERow]) -> str:
     """Each row with kernel options on against the row with none of the same arm and shape: decode
-    step and TTFT speed-up, and whether the tokens match (neither option changes what is computed:
-    PDL changes when kernels start, the fused SiLU rounds as the kernel it replaces)."""
+    step and TTFT speed-up, and whether the tokens match (no option changes what is computed: PDL
+    changes when kernels start, the fused SiLU and the quantizing norms round as the kernels they
+    replace)."""
     plain = {_arm_shape(r): r for r in rows if not any(_options(r))}
     lines = [f"{'':<34}{'batch':>6}{'input':>7}{'decode x':>10}{'TTFT x':>8}  tokens"]
     for r in rows:
