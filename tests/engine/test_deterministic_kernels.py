@@ -22,6 +22,7 @@ from fp8route.engine import EngineConfig
 from fp8route.engine.llm_engine import LLMEngine
 from fp8route.engine.request import TokenLogprobs
 from fp8route.kernels import paged_attention as kernel
+from fp8route.kernels.options import set_kernel_options
 from fp8route.models import LlamaConfig, LlamaForCausalLM
 
 CONFIG = {**TINY, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}  # 32-wide heads
@@ -46,14 +47,17 @@ def _folder(scheme: str, root: Path) -> Path:
     )
 
 
-def _engine(device: str, budget: int, prefix_caching: bool, folder: Path | None, kv: str = "auto") -> LLMEngine:
+def _engine(
+    device: str, budget: int, prefix_caching: bool, folder: Path | None, kv: str = "auto", upstream: bool = False
+) -> LLMEngine:
     """The tiny model in float (folder None) or from an FP8 folder, in the deterministic mode, its
-    attention through the Triton kernels."""
+    attention through the Triton kernels; upstream: the kernel option quantize_upstream."""
     dtype = "bfloat16" if device == "cuda" else "float32"  # the interpreter's tl.dot misreads bf16
     config = EngineConfig(
         dtype=dtype, device=device, max_num_seqs=6, max_model_len=96, num_kv_blocks=64, block_size=4,
         max_num_batched_tokens=budget, enable_prefix_caching=prefix_caching, deterministic=True,
         skip_tokenizer_init=True, model=str(folder) if folder else None, kv_cache_dtype=kv,
+        quantize_upstream=upstream,
     )  # fmt: skip
     if folder is not None:
         engine = LLMEngine.from_config(config, quiet=True)
@@ -85,6 +89,21 @@ def test_tokens_and_logprobs_through_the_kernels_do_not_depend_on_the_batch(
 ) -> None:
     """On a GPU the FP8 linears run the fixed-tile GEMM; on a CPU cpu_tiles. kv fp8: the e4m3 cache, its
     decode rows' keys written by the decode kernel in decode and mixed steps alike."""
+    _batch_invariance(device, scheme, kv, False, tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["tensor", "channel", "block"])
+def test_x_quantized_by_the_norms_keeps_every_request_independent_of_its_batch(scheme: str, tmp_path: Path) -> None:
+    """The same with the kernel option quantize_upstream (the norms and SiLU-up quantize x where the
+    fixed tiles read it quantized; those kernels run on a GPU only)."""
+    try:
+        _batch_invariance("cuda", scheme, "auto", True, tmp_path)
+    finally:
+        set_kernel_options(quantize_upstream=False)
+
+
+def _batch_invariance(device: str, scheme: str, kv: str, upstream: bool, tmp_path: Path) -> None:
     g = torch.Generator().manual_seed(0)
     vocab = CONFIG["vocab_size"]
     shared = torch.randint(0, vocab, (13,), generator=g).tolist()  # 13: a cache hit leaves one token
@@ -95,7 +114,7 @@ def test_tokens_and_logprobs_through_the_kernels_do_not_depend_on_the_batch(
     every = range(len(prompts))
     # A budget of 7 tokens chunks the longer prompts where the load around them says.
     folder = None if scheme == "float" else _folder(scheme, tmp_path)
-    fresh, cached = _engine(device, 7, False, folder, kv), _engine(device, 64, True, folder, kv)
+    fresh, cached = _engine(device, 7, False, folder, kv, upstream), _engine(device, 64, True, folder, kv, upstream)
     alone = [_run(fresh, prompts, [(i, 0)])[0] for i in every]
     scenarios = {
         "together": lambda: _run(fresh, prompts, [(i, 0) for i in every]),
