@@ -55,12 +55,12 @@ def options_line() -> str:
 
 def upstream_line(layers: list[Fp8Linear]) -> str:
     """One line: where x reaches a layer quantized by the norm or SiLU-up kernel before it."""
+    if not kernel_options().quantize_upstream:
+        return "x quantized upstream: nowhere (kernel option quantize_upstream off)"
     counts: dict[str, int] = {}
     for layer in layers:
         for name in layer.upstream_quantized:
             counts[name] = counts.get(name, 0) + 1
-    if not kernel_options().quantize_upstream:
-        return "x quantized upstream: nowhere (kernel option quantize_upstream off)"
     if not counts:
         return "x quantized upstream: nowhere (every route quantizes x itself or inside its GEMM)"
     where = ", ".join(f"{name} ({n} layers)" for name, n in sorted(counts.items()))

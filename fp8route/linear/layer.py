@@ -195,10 +195,15 @@ class Fp8Linear(nn.Module):
         self._plan = make_plan(self.name, problem, self.policy, self.preference)
         for backend in self._plan.backends:
             backend.prepare(self.weight.device)
+        self._prepare()
+        return self._plan
+
+    def _prepare(self) -> None:
+        """What forward reads beside the plan, from the tensors as they are now: each backend's ask of
+        x (with the layer's input_scale) and the operand layouts; graphs captured before are stale."""
         self._x_quants = {b.name: self._x_quant_of(b) for b in self._plan.backends}
         self.prepared = self.operands(self._plan.layouts)
         _epoch[0] += 1
-        return self._plan
 
     @property
     def upstream_quantized(self) -> tuple[str, ...]:
@@ -303,9 +308,7 @@ class Fp8Linear(nn.Module):
         if self.weight.device != device:
             self.replan()
         else:
-            self._x_quants = {b.name: self._x_quant_of(b) for b in self._plan.backends}
-            self.prepared = self.operands(self._plan.layouts)
-            _epoch[0] += 1
+            self._prepare()
         return self
 
     def extra_repr(self) -> str:
