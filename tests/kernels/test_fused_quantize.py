@@ -15,7 +15,7 @@ import torch
 from checkpoint_helpers import MODELOPT_HF_QUANT, TINY, fp8_llama, scheme_llama, write_checkpoint
 from helpers import GPU_OR_INTERPRETER
 
-from fp8route import Fp8Linear
+from fp8route import Fp8Linear, Policy
 from fp8route.checkpoint.formats import compressed_tensors
 from fp8route.engine import load_model
 from fp8route.kernels import fused, fused_quantize
@@ -41,14 +41,13 @@ SHAPES = [(1, 1, 256), (1, 5, 320), (2, 3, 4096)] + ([(1, 37, 14336)] if CUDA el
 @pytest.fixture(autouse=True)
 def kernels_on_cpu_tensors(monkeypatch: pytest.MonkeyPatch, gpu_conversions):
     """Under the interpreter the tensors are on the CPU, where every function takes its torch path:
-    send them to the kernels (the unfused pair's too), and fail a test whose fused call ran none."""
-    if CUDA:
-        yield
-        return
-    half = lambda x: x.dtype in (torch.bfloat16, torch.float16)  # noqa: E731
-    monkeypatch.setattr(fused_quantize, "fusable", half)
-    monkeypatch.setattr(llama, "fusable", half)
-    monkeypatch.setattr(fused, "_use_kernel", half)
+    send them to the kernels (the unfused pair's too). On either device, fail a test whose fused call
+    ran none."""
+    if not CUDA:
+        half = lambda x: x.dtype in (torch.bfloat16, torch.float16)  # noqa: E731
+        monkeypatch.setattr(fused_quantize, "fusable", half)
+        monkeypatch.setattr(llama, "fusable", half)
+        monkeypatch.setattr(fused, "_use_kernel", half)
     ran = []
     launch = DirectLauncher.__call__
     monkeypatch.setattr(DirectLauncher, "__call__", lambda self, *a: ran.append(self.fn) or launch(self, *a))
@@ -113,8 +112,12 @@ def test_padded_rows_are_zero_codes_with_the_smallest_scale():
     assert got.scale.stride() == (1, 8)  # M-contiguous
 
 
-# Whole 128-column groups and a 128-wide head, as the block scheme's real checkpoints have.
-BLOCKY = {**TINY, "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 384}
+# Whole 128-column groups and a 128-wide head, as the block scheme's real checkpoints have; K a multiple
+# of 512 everywhere, as cuBLASLt's block recipe takes it.
+BLOCKY = {**TINY, "hidden_size": 512, "num_attention_heads": 4, "num_key_value_heads": 1, "intermediate_size": 512}
+# On a GPU each case's linears run a backend that reads x quantized as its spec says (at these ten
+# rows the plan would route to fp8_gemv, which quantizes inside, and nothing would be fused).
+READS = {"tensor": "cublas", "channel": "rowwise", "block": "triton_block", "block m_major": "cublas_block"}
 PROMPT = torch.tensor([[5, 17, 3, 99, 42], [8, 1, 250, 30, 2]])
 
 
@@ -132,8 +135,8 @@ def test_a_model_whose_linears_read_x_quantized_upstream_gives_the_same_logits(t
     """With the kernel option quantize_upstream on, the norms before qkv and gate_up, and SiLU-up before
     down (not per token), hand their linears x quantized where the linears' backends ask for it
     (Fp8Linear.x_quant): the logits are the bits of the model whose linears quantize x themselves. On a
-    GPU the backends' own asks; on a CPU, whose backends quantize x themselves, every layer asks for spec
-    (cpu_dequant reads any quantized x)."""
+    GPU the asks of a backend forced to read x as spec says; on a CPU, whose backends quantize x
+    themselves, every layer asks for spec (cpu_dequant reads any quantized x)."""
     if scheme == "tensor":  # static input scales (ModelOpt's FP8)
         folder = write_checkpoint(
             tmp_path, fp8_llama(config=BLOCKY), BLOCKY, **{"hf_quant_config.json": MODELOPT_HF_QUANT}
@@ -142,10 +145,12 @@ def test_a_model_whose_linears_read_x_quantized_upstream_gives_the_same_logits(t
         qc = compressed_tensors.quantization_config(["lm_head"], scheme=scheme)
         folder = write_checkpoint(tmp_path, scheme_llama(scheme, BLOCKY), {**BLOCKY, "quantization_config": qc})
 
+    force = READS[scheme + (" m_major" if spec.m_major else "")]
+
     def logits(upstream: bool) -> torch.Tensor:
         model = load_model(
             folder, device=DEVICE, dtype=torch.bfloat16, max_num_seqs=2, max_model_len=16, num_kv_blocks=8,
-            quiet=True, quantize_upstream=upstream,
+            quiet=True, quantize_upstream=upstream, policy=Policy(force=force) if CUDA else None,
         )  # fmt: skip
         return model(PROMPT.to(DEVICE))
 
