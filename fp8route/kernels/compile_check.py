@@ -266,7 +266,7 @@ def _fused(model: Model, dtype: torch.dtype) -> None:
         fused.add_rms_norm(x, torch.empty_like(x), w, 1e-5)
         fused.silu_mul(gate_up, model.inter)
         quantize_fp8(x, one)
-        for spec in specs:  # the norms and SiLU-up quantizing for a dynamic scheme's GEMM
+        for spec in specs:  # the norms and SiLU-up quantizing x as the next GEMM reads it
             fq.rms_norm_quantized(x, w, 1e-5, spec)
             fq.add_rms_norm_quantized(x, torch.empty_like(x), w, 1e-5, spec)
             if spec.scheme != "channel":
