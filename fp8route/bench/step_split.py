@@ -52,6 +52,7 @@ class StepSplit:
 
     ms: Mapping[str, float]  # kind -> device ms per step
     kernels: float  # launches per step
+    launches: Mapping[str, float]  # kind -> launches per step
     top: tuple[tuple[str, float], ...]  # (kernel, device ms per step), largest first
 
     @property
@@ -77,11 +78,13 @@ def split_of(kernels: Sequence[tuple[str, float]], steps: int) -> StepSplit:
     per_kernel: dict[str, float] = {}
     for name, ms in kernels:
         per_kernel[name] = per_kernel.get(name, 0.0) + ms / steps
-    ms_by_kind = dict.fromkeys(KINDS, 0.0)
+    ms_by_kind, launches = dict.fromkeys(KINDS, 0.0), dict.fromkeys(KINDS, 0.0)
     for name, ms in per_kernel.items():
         ms_by_kind[kind_of(name)] += ms
+    for name, _ in kernels:
+        launches[kind_of(name)] += 1 / steps
     top = sorted(per_kernel.items(), key=lambda item: -item[1])[:TOP]
-    return StepSplit(ms_by_kind, len(kernels) / steps, tuple(top))
+    return StepSplit(ms_by_kind, len(kernels) / steps, launches, tuple(top))
 
 
 def measure(engine: LLMEngine, prompts: Sequence[Sequence[int]]) -> StepSplit | None:

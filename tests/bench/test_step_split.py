@@ -40,6 +40,7 @@ def test_a_steps_split_is_its_kernels_summed_by_name_and_kind_per_step():
     step = [("_rms_norm_kernel", 0.05), ("decode_cuda_core_kernel", 1.0), ("_split_kernel", 0.2), ("nvjet_a", 0.5)]
     split = step_split.split_of(step * 8, 8)
     assert split.kernels == len(step)
+    assert split.launches == pytest.approx({"gemm": 2, "attention": 1, "rest": 1})
     assert split.ms == pytest.approx({"gemm": 1.5, "attention": 0.2, "rest": 0.05})
     assert [name for name, _ in split.top][:2] == ["decode_cuda_core_kernel", "nvjet_a"]
     assert step_split.split_of([], 8).total_ms == 0
