@@ -26,13 +26,13 @@ import torch.distributed as dist
 from fp8route.bench import step_split
 from fp8route.engine.causal_lm import CausalLM, load_model
 from fp8route.engine.config import EngineConfig
-from fp8route.kernels.options import KernelOptions, set_kernel_options
+from fp8route.kernels.options import KernelOptions, kernel_options, set_kernel_options
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.policy import Policy
 from fp8route.models.parallel import init_from_env
 
 FORCE_ENV = "FP8ROUTE_FORCE"
-PLAIN = KernelOptions()  # every kernel option off
+START = KernelOptions()  # the kernel options a process starts with
 WARMUP_S = 0.5
 
 
@@ -122,16 +122,17 @@ def bench_arm(
     tp: int = 1,
     all_reduce: str = "nccl",
     attention: str = "builtin",
-    options: KernelOptions = PLAIN,
+    options: KernelOptions = START,
 ) -> list[E2ERow]:
     """One arm's rows; the FP8ROUTE_FORCE it needs is set for its load only, and the kernel options
     for the arm. With tp > 1 this runs in every rank (fp8route.models.spawn.run_ranks), load_model
     joining the group."""
+    before = kernel_options()
     set_kernel_options(pdl=options.pdl, silu_in_down=options.silu_in_down, quantize_upstream=options.quantize_upstream)
     try:
         return _bench_arm(arm, folder, batches, inputs, output, copy_gbs, repeats, tp, all_reduce, attention, options)
     finally:
-        set_kernel_options(pdl=False, silu_in_down=False, quantize_upstream=False)
+        set_kernel_options(pdl=before.pdl, silu_in_down=before.silu_in_down, quantize_upstream=before.quantize_upstream)
 
 
 def _bench_arm(

@@ -14,6 +14,7 @@ import torch
 
 from fp8route.backends import BACKENDS
 from fp8route.bench.e2e import (
+    START,
     E2ERow,
     as_json,
     bench_arm,
@@ -180,8 +181,9 @@ def register(kinds: argparse._SubParsersAction) -> None:
     e2e.add_argument("--policy", default="routed,cublas,rowwise,bf16", help=f"arms: {', '.join(ARMS)}")
     add_engine_args(
         e2e, ["attention", "pdl", "silu_in_down", "quantize_upstream", "tp", "all_reduce"], sweep=True,
-        # an arm names a value: off, as a process starts
-        pdl=Flag(default=False), silu_in_down=Flag(default=False), quantize_upstream=Flag(default=False),
+        # an arm names a value: as a process starts
+        pdl=Flag(default=START.pdl), silu_in_down=Flag(default=START.silu_in_down),
+        quantize_upstream=Flag(default=START.quantize_upstream),
     )  # fmt: skip
     e2e.add_argument("--tmp", help="where the random checkpoints are written (default: the system's temp)")
     e2e.add_argument("--out", help="directory for the JSON (default: ./bench-results/<device>/)")

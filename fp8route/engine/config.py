@@ -154,7 +154,7 @@ class EngineConfig:
     )
     quantize_upstream: bool | None = _setting(
         None, "x quantized by the norm or SiLU-up kernel before a layer whose backend reads it quantized "
-        "(default: as set_kernel_options left it, off)",
+        "(default: as set_kernel_options left it, on)",
     )  # fmt: skip
     deterministic: bool = _setting(
         False, "a request's tokens and logprobs do not depend on what shares its batch or how its prompt is "

@@ -22,7 +22,6 @@ from fp8route.engine import EngineConfig
 from fp8route.engine.llm_engine import LLMEngine
 from fp8route.engine.request import TokenLogprobs
 from fp8route.kernels import paged_attention as kernel
-from fp8route.kernels.options import set_kernel_options
 from fp8route.models import LlamaConfig, LlamaForCausalLM
 
 CONFIG = {**TINY, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}  # 32-wide heads
@@ -97,10 +96,7 @@ def test_tokens_and_logprobs_through_the_kernels_do_not_depend_on_the_batch(
 def test_x_quantized_by_the_norms_keeps_every_request_independent_of_its_batch(scheme: str, tmp_path: Path) -> None:
     """The same with the kernel option quantize_upstream (the norms and SiLU-up quantize x where the
     fixed tiles read it quantized; those kernels run on a GPU only)."""
-    try:
-        _batch_invariance("cuda", scheme, "auto", True, tmp_path)
-    finally:
-        set_kernel_options(quantize_upstream=False)
+    _batch_invariance("cuda", scheme, "auto", True, tmp_path)
 
 
 def _batch_invariance(device: str, scheme: str, kv: str, upstream: bool, tmp_path: Path) -> None:

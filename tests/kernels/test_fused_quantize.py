@@ -26,7 +26,6 @@ from fp8route.kernels.fused_quantize import (
     silu_mul_quantized,
 )
 from fp8route.kernels.launcher import DirectLauncher
-from fp8route.kernels.options import set_kernel_options
 from fp8route.kernels.quantize import quantize_fp8, quantize_per_group, quantize_per_token
 from fp8route.models import llama
 
@@ -163,10 +162,7 @@ def test_a_model_whose_linears_read_x_quantized_upstream_gives_the_same_logits(t
             return replace(spec, input_scale=self.input_scale) if scheme == "tensor" else spec
 
         monkeypatch.setattr(Fp8Linear, "x_quant", ask)
-    try:
-        fused_run = logits(True)
-    finally:
-        set_kernel_options(quantize_upstream=False)
+    fused_run = logits(True)
     if not CUDA:
         assert any("qkv_proj" in n for n in asked) and any("gate_up_proj" in n for n in asked)
         assert any("down_proj" in n for n in asked)

@@ -199,7 +199,7 @@ def test_a_layer_asks_for_x_quantized_upstream_only_where_its_backend_reads_it_s
     """Fp8Linear.x_quant, with the kernel option quantize_upstream on: a static per-tensor scale handed
     over with the ask (cublas reads it), the dynamic per-tensor one never (the batch's amax); per group for
     the block GEMMs; none on a CPU, whose backends quantize x themselves. explain names the routes that
-    take it. With the option off (the default) no layer asks."""
+    take it. With the option off no layer asks."""
     from routing_helpers import H200
 
     from fp8route.kernels import options
@@ -223,6 +223,6 @@ def test_a_layer_asks_for_x_quantized_upstream_only_where_its_backend_reads_it_s
     want = XQuant("block", m_major=True, rows=4) if route == "cublas_block" else XQuant("block")
     assert route in ("cublas_block", "triton_block") and block.x_quant(4096, torch.bfloat16) == want
     assert f"cublas (1 layers), {route} (1 layers)" in upstream_line([static, dynamic, block])
-    options._current[0] = options.KernelOptions()
+    options._current[0] = options.KernelOptions(quantize_upstream=False)
     assert static.x_quant(16, torch.bfloat16) is None
     assert upstream_line([static]) == "x quantized upstream: nowhere (kernel option quantize_upstream off)"
