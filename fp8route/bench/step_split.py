@@ -51,13 +51,17 @@ class StepSplit:
     """One decode step's kernels: device milliseconds by kind, launches, and the largest by name."""
 
     ms: Mapping[str, float]  # kind -> device ms per step
-    kernels: float  # launches per step
     launches: Mapping[str, float]  # kind -> launches per step
     top: tuple[tuple[str, float], ...]  # (kernel, device ms per step), largest first
 
     @property
     def total_ms(self) -> float:
         return sum(self.ms.values())
+
+    @property
+    def kernels(self) -> float:
+        """Launches per step, of every kind."""
+        return sum(self.launches.values())
 
 
 def kernel_times(fn: Callable[[], object]) -> list[tuple[str, float]] | None:
@@ -84,7 +88,7 @@ def split_of(kernels: Sequence[tuple[str, float]], steps: int) -> StepSplit:
     for name, _ in kernels:
         launches[kind_of(name)] += 1 / steps
     top = sorted(per_kernel.items(), key=lambda item: -item[1])[:TOP]
-    return StepSplit(ms_by_kind, len(kernels) / steps, launches, tuple(top))
+    return StepSplit(ms_by_kind, launches, tuple(top))
 
 
 def measure(engine: LLMEngine, prompts: Sequence[Sequence[int]]) -> StepSplit | None:
