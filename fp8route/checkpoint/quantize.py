@@ -151,7 +151,8 @@ def quantize_checkpoint(
         raise Fp8InputError(f"keep_float={keep_float} but only {len(quantizable)} linears would be quantized")
     check_destination(dst, src, _output_bytes(src, shards, quantizable))
     target = default_device(device)
-    sequences, source = [], "none"
+    sequences: list[torch.Tensor] = []
+    source = "none"
     if scheme == "tensor" or kv_cache is not None:
         sequences, source = calibration_ids(src, cfg.vocab_size, calib, calib_text, calib_seq_len, calib_tokens)
     budget = None if kl_budget is None else float(kl_budget)

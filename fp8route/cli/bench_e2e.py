@@ -34,7 +34,7 @@ from fp8route.kernels.options import KernelOptions, why_not_pdl
 from fp8route.models.shapes import MODELS
 from fp8route.models.spawn import run_ranks
 from fp8route.routing.fingerprint import Fingerprint
-from fp8route.schemes import SCHEMES, check_scheme
+from fp8route.schemes import SCHEMES, Scheme, check_scheme
 from fp8route.tuning.timing import copy_bandwidth_gbs
 
 # deterministic: routed with the engine in its deterministic mode (EngineConfig.deterministic).
@@ -52,7 +52,7 @@ class _Plan:
     methods: list[str]  # all-reduce methods, for tp > 1
     attentions: list[str]
     options: list[KernelOptions]
-    schemes: list[str]  # of the random checkpoints (one each); a given checkpoint's is its own
+    schemes: list[Scheme]  # of the random checkpoints (one each); a given checkpoint's is its own
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,7 +117,7 @@ def _folders(args: argparse.Namespace, plan: _Plan, tmp: Path) -> dict[str, Path
     if args.random is None:
         return {"fp8": Path(args.model)}
     config = MODELS[args.random]
-    folders = {s: write_random(tmp / f"fp8-{s}", config, fp8=True, scheme=s) for s in plan.schemes}
+    folders: dict[str, Path] = {s: write_random(tmp / f"fp8-{s}", config, fp8=True, scheme=s) for s in plan.schemes}
     if "bf16" in plan.arms:
         folders["bf16"] = write_random(tmp / "bf16", config, fp8=False)
     print(f"random checkpoints of {args.random} ({', '.join(folders)}) written to {tmp}")

@@ -25,7 +25,7 @@ from fp8route.errors import Fp8InputError
 from fp8route.kernels.options import set_kernel_options
 from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
 from fp8route.models.collectives import METHODS
-from fp8route.models.parallel import LM_HEADS
+from fp8route.models.parallel import LM_HEADS, LmHead
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 KV_CACHE_DTYPES = ("auto", "fp8")
@@ -140,7 +140,7 @@ class EngineConfig:
         "may use, less one for the host's scheduling and I/O, divided among tensor parallel ranks)",
         check=_positive_or_none,
     )  # fmt: skip
-    tp_lm_head: str = _setting(
+    tp_lm_head: LmHead = _setting(
         "vocab", "lm_head under tensor parallelism: split over the vocabulary, or whole", LM_HEADS
     )
     # The kernel options stay process globals that the kernels read at launch (fp8route.kernels.options):

@@ -46,7 +46,7 @@ def generate(
         raise Fp8InputError(f"generate: max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     eos = _eos_ids(eos_token_id)
     params = SamplingParams(
-        max_tokens=max(max_new_tokens, 1), temperature=temperature, top_p=top_p, seed=seed, stop_token_ids=eos,
+        max_tokens=max(max_new_tokens, 1), temperature=temperature, top_p=top_p, seed=seed, stop_token_ids=tuple(eos),
         ignore_eos=True,
     )  # fmt: skip
     lengths = _prompt_lengths(prompt_lengths, batch, width)

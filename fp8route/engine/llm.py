@@ -72,7 +72,7 @@ class LLM:
         if isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
             if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
                 raise Fp8InputError("a list prompt holds token ids (integers); give a string for text")
-            return list(prompt)
+            return [int(t) for t in prompt]
         raise Fp8InputError(f"a prompt is a string, a list of token ids or a prompt dict, got {type(prompt).__name__}")
 
     def generate(

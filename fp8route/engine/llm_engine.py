@@ -435,10 +435,10 @@ class LLMEngine:
                 self._release_held(request)
             if request.status is not Status.FINISHED:
                 updates.setdefault(piece.request_id, Update(request, [], False))
-        for request_id, position, entry in result.prompt_logprobs:
+        for request_id, position, prompt_entry in result.prompt_logprobs:
             request = owners[request_id]
             if request.prompt_logprobs is not None:
-                request.prompt_logprobs[position] = entry
+                request.prompt_logprobs[position] = prompt_entry
         now = time.monotonic()
         for i, (piece, token) in enumerate(zip(step.sampling, result.tokens, strict=True)):
             request = owners[piece.request_id]

@@ -131,6 +131,8 @@ class InFlight:
 
 
 class ModelRunner:
+    pool: KVPool  # set_pool's: replaced whole when the engine sizes it
+
     def __init__(
         self,
         config: EngineConfig,

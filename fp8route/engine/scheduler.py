@@ -86,11 +86,11 @@ class Scheduler:
             budget -= n
             i += 1
         while self.waiting and not out.preempted_ids and budget > 0 and len(self.running) < self.max_num_seqs:
-            piece = self._admit(self.waiting[0], budget, out)
-            if piece is None:
+            admitted = self._admit(self.waiting[0], budget, out)
+            if admitted is None:
                 break
-            (singles if self._decode_row(self.running[-1], piece) else chunks).append(piece)
-            budget -= piece.num_tokens
+            (singles if self._decode_row(self.running[-1], admitted) else chunks).append(admitted)
+            budget -= admitted.num_tokens
         out.seqs = singles + chunks
         out.decode_rows = len(singles) if self.deterministic else None
         out.new_requests = [_new_request(r) for r in self._given.values()]

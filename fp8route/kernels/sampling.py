@@ -67,8 +67,10 @@ def process(
     chunks = triton.cdiv(vocab, _CHUNK)
     maxima = torch.empty((rows, chunks), dtype=torch.float32, device=logits.device)
     if rows:
-        penalized = counts is not None and seen is not None and factors is not None
-        tables = (counts, seen, factors) if penalized else (out, out, out)
+        if counts is not None and seen is not None and factors is not None:
+            tables, penalized = (counts, seen, factors), True
+        else:
+            tables, penalized = (out, out, out), False  # unread
         args = (logits, out, table, *tables, maxima, logits.stride(0), out.stride(0), tables[0].stride(0), vocab,
                 rows, chunks)  # fmt: skip
         key = (logits.dtype, int_key(logits.stride(0), out.stride(0), tables[0].stride(0), chunks), vocab)
@@ -100,8 +102,8 @@ def top_candidates(x: torch.Tensor, where: torch.Tensor, k: int) -> tuple[torch.
     size = size_class(k)
     chunk = _chunk_for(vocab, size)  # by the class: any k of it finds its k chunks among as many
     if chunk == 0:  # too few chunks to bound the k-th: a stable sort of the rows (the keys' order)
-        ordered = x.index_select(0, where).float().sort(dim=-1, descending=True, stable=True)
-        return ordered.values[:, :k], ordered.indices[:, :k]
+        rows = x.index_select(0, where).float().sort(dim=-1, descending=True, stable=True)
+        return rows.values[:, :k], rows.indices[:, :k]
     chunks, width = triton.cdiv(vocab, chunk), min(size, chunk)
     maxima = torch.empty((n, chunks), dtype=torch.int64, device=x.device)
     keys = torch.full((n, k, width), _NO_KEY, dtype=torch.int64, device=x.device)

@@ -128,7 +128,9 @@ class Plan:
     def invariance_text(self) -> str:
         """batch_invariant as explain says it: yes, or no and why."""
         if self.batch_invariant:
-            families = {b.bits_family for route in self._all_routes if len(set(route)) > 1 for b in route}
+            families = {
+                b.bits_family for route in self._all_routes if len(set(route)) > 1 for b in route if b.bits_family
+            }
             return "yes" + "".join(f" (the tiling changes with M within one family: {f})" for f in sorted(families))
         varying = {b.name: b.batch_variance(self.problem) for b in self.backends}
         reasons = [f"{name}: {why}" for name, why in sorted(varying.items()) if why is not None]

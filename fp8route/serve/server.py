@@ -136,7 +136,7 @@ def _serve(
         tokenizer_config=_tokenizer_config(folder),
     )  # fmt: skip
     app = build_app(serving, api_key=api_key, max_request_bytes=args.max_request_bytes)
-    config = uvicorn.Config(
+    server_config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, lifespan="off",
         timeout_graceful_shutdown=args.shutdown_timeout,  # type: ignore[arg-type]
     )  # fmt: skip
@@ -153,7 +153,7 @@ def _serve(
                 f"fp8route serve: warning: {args.host} without an API key: anyone who reaches it can use it", flush=True
             )
 
-    server = _Server(config, serving, ready)
+    server = _Server(server_config, serving, ready)
     try:
         server.run(sockets=[sock])
     finally:

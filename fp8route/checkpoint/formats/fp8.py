@@ -61,16 +61,16 @@ def parse(qc: dict[str, Any], file: str = "config.json") -> QuantScheme:
 
 
 def _check_block(block: object, key: str, file: str) -> None:
-    pair = isinstance(block, (list, tuple)) and len(block) == 2
-    if not pair or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block):  # type: ignore[union-attr]
+    sizes = list(block) if isinstance(block, (list, tuple)) else []
+    if len(sizes) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
         raise CheckpointError(
             f"{key}={block!r} in {file} is malformed: expected two positive integers [rows, columns], e.g. "
             f"[{BLOCK}, {BLOCK}]"
         )
-    if list(block) != [BLOCK, BLOCK]:  # type: ignore[call-overload]
+    if sizes != [BLOCK, BLOCK]:
         raise unsupported(
             key,
-            list(block),  # type: ignore[call-overload]
+            sizes,
             file,
             f"fp8route serves {BLOCK}x{BLOCK} blocks only (DeepSeek-V3, Qwen3-FP8, llm-compressor FP8_BLOCK); "
             "quantize the bf16 model with `fp8route quantize SRC DST --scheme block`",
