@@ -14,7 +14,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +53,7 @@ def _short(value: object) -> str:
 class StructuredOutputs:
     """What a request's output must match (vLLM's StructuredOutputsParams): exactly one of these."""
 
-    json: str | None = None  # a JSON schema, as JSON text (a dict given is dumped to text)
+    json: str | Mapping[str, Any] | None = None  # a JSON schema: JSON text (a dict given is dumped to text)
     json_object: bool = False  # any JSON object
     regex: str | None = None
     choice: tuple[str, ...] | None = None  # a list given becomes a tuple; each a non-empty string

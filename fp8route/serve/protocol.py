@@ -9,7 +9,7 @@ changes nothing (no tools, no suffix): a client must never get silently differen
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -163,36 +163,31 @@ class _Generation(_Strict):
 
     def structured_outputs(self) -> StructuredOutputs | None:
         """What the output must match: response_format or one of vLLM's guided_* fields."""
-        asked = {
-            name: value
-            for name, value in (
-                ("guided_json", self.guided_json), ("guided_regex", self.guided_regex),
-                ("guided_choice", self.guided_choice),
-            )
-            if value is not None
-        }  # fmt: skip
-        fmt = self.response_format
-        if fmt is not None and fmt.type != "text":
-            asked["response_format"] = fmt
+        fmt = self.response_format if self.response_format is not None and self.response_format.type != "text" else None
+        given = (
+            ("guided_json", self.guided_json), ("guided_regex", self.guided_regex),
+            ("guided_choice", self.guided_choice), ("response_format", fmt),
+        )  # fmt: skip
+        asked = [name for name, value in given if value is not None]
         if len(asked) > 1:
             raise InvalidParam(None, f"give one kind of structured output, got {' and '.join(asked)}")
         if not asked:
             return None
-        ((name, value),) = asked.items()
         try:
-            if name == "guided_json":
-                return StructuredOutputs(json=value)
-            if name == "guided_regex":
-                return StructuredOutputs(regex=value)
-            if name == "guided_choice":
-                return StructuredOutputs(choice=tuple(value))
+            if self.guided_json is not None:
+                return StructuredOutputs(json=self.guided_json)
+            if self.guided_regex is not None:
+                return StructuredOutputs(regex=self.guided_regex)
+            if self.guided_choice is not None:
+                return StructuredOutputs(choice=tuple(self.guided_choice))
+            assert fmt is not None
             if fmt.type == "json_object":
                 return StructuredOutputs(json_object=True)
             if fmt.json_schema is None:
-                raise InvalidParam(name, "'response_format' of type json_schema needs its 'json_schema'")
+                raise InvalidParam(asked[0], "'response_format' of type json_schema needs its 'json_schema'")
             return StructuredOutputs(json=fmt.json_schema.schema_)
         except Fp8InputError as exc:
-            raise InvalidParam(name, str(exc)) from None
+            raise InvalidParam(asked[0], str(exc)) from None
 
     def logprobs_asked(self) -> tuple[int | None, int | None]:
         """(logprobs, prompt_logprobs) for SamplingParams."""
@@ -266,7 +261,7 @@ class CompletionRequest(_Generation):
     def prompts(self) -> list[str | list[int]]:
         """The batch: one prompt per item, each answered by its own choices."""
         one = isinstance(self.prompt, str) or not self.prompt or isinstance(self.prompt[0], int)
-        return [self.prompt] if one else list(self.prompt)  # type: ignore[list-item]
+        return [cast("str | list[int]", self.prompt)] if one else list(cast("list[str | list[int]]", self.prompt))
 
     def logprobs_asked(self) -> tuple[int | None, int | None]:
         if self.echo and self.logprobs is not None:  # the prompt's tokens are scored as the output's are

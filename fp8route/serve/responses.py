@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from pydantic import BaseModel
 
@@ -76,6 +77,14 @@ async def collect(pieces: AsyncIterator[Piece]) -> Answer:
     return Answer(samples, last, prompt)
 
 
+class _Envelope(TypedDict):
+    """What every response object of one request carries besides its choices and usage."""
+
+    id: str
+    created: int
+    model: str
+
+
 class Formats:
     """The completion and chat shapes of one answer, whole or as stream chunks."""
 
@@ -93,6 +102,9 @@ class Formats:
     @property
     def logprobs(self) -> bool:
         return self.job.params.logprobs is not None
+
+    def _envelope(self) -> _Envelope:
+        return {"id": self.job.request_id, "created": self.job.created, "model": self.model}
 
     def event(self, piece: Piece) -> str:
         """The piece as one server-sent event. A middle piece of a plain one-sample stream (no role,
@@ -114,9 +126,9 @@ class Formats:
 
     def _chunk(self, piece: Piece, first: bool) -> BaseModel:
         job, usage = self.job, piece.usage if self.continuous_usage else None
-        common = {"id": job.request_id, "created": job.created, "model": self.model, "usage": usage}
         if not self.chat:
-            text, ids, entries = piece.text, piece.token_ids, list(piece.logprobs)
+            text, ids = piece.text, piece.token_ids
+            entries: list[TokenLogprobs | None] = list(piece.logprobs)
             if first and self.echo is not None:
                 text, ids = self.echo + text, job.prompt_ids + ids
                 entries = [*(piece.prompt_logprobs or [None] * len(job.prompt_ids)), *entries]
@@ -124,22 +136,22 @@ class Formats:
                 index=piece.index, text=text, finish_reason=piece.finish_reason, stop_reason=piece.stop_reason,
                 logprobs=self._completion_logprobs(piece.index, ids, entries) if self.logprobs else None,
             )  # fmt: skip
-            return CompletionResponse(choices=[choice], **common)
+            return CompletionResponse(choices=[choice], usage=usage, **self._envelope())
         delta = Delta(role="assistant" if first else None, content=piece.text)
         chunk = ChatChunkChoice(
             index=piece.index, delta=delta, finish_reason=piece.finish_reason, stop_reason=piece.stop_reason,
             logprobs=self._chat_logprobs(piece.logprobs) if self.logprobs else None,
         )  # fmt: skip
-        return ChatCompletionChunk(choices=[chunk], **common)
+        return ChatCompletionChunk(choices=[chunk], usage=usage, **self._envelope())
 
     def usage_chunk(self, piece: Piece) -> BaseModel:
-        job = self.job
-        common = {"id": job.request_id, "created": job.created, "model": self.model, "usage": piece.usage}
-        return ChatCompletionChunk(choices=[], **common) if self.chat else CompletionResponse(choices=[], **common)
+        envelope, usage = self._envelope(), piece.usage
+        if self.chat:
+            return ChatCompletionChunk(choices=[], usage=usage, **envelope)
+        return CompletionResponse(choices=[], usage=usage, **envelope)
 
-    def whole(self, answer: Answer) -> BaseModel:
-        job, usage = self.job, answer.last.usage
-        common = {"id": job.request_id, "created": job.created, "model": self.model, "usage": usage}
+    def whole(self, answer: Answer) -> ChatCompletionResponse | CompletionResponse:
+        job, usage, envelope = self.job, answer.last.usage, self._envelope()
         prompt = self._prompt_logprobs(answer.prompt_logprobs) if job.params.prompt_logprobs is not None else None
         if self.chat:
             choices = [
@@ -152,14 +164,15 @@ class Formats:
                 )  # fmt: skip
                 for i, s in sorted(answer.samples.items())
             ]
-            return ChatCompletionResponse(choices=choices, prompt_logprobs=prompt, **common)
-        choices = []
+            return ChatCompletionResponse(choices=choices, prompt_logprobs=prompt, usage=usage, **envelope)
+        completions = []
         for i, s in sorted(answer.samples.items()):
-            text, ids, entries = "".join(s.texts), s.token_ids, list(s.logprobs)
+            text, ids = "".join(s.texts), s.token_ids
+            entries: list[TokenLogprobs | None] = list(s.logprobs)
             if self.echo is not None:
                 text, ids = self.echo + text, job.prompt_ids + ids
                 entries = [*(answer.prompt_logprobs or [None] * len(job.prompt_ids)), *entries]
-            choices.append(
+            completions.append(
                 CompletionChoice(
                     index=i,
                     text=text,
@@ -169,7 +182,7 @@ class Formats:
                     logprobs=self._completion_logprobs(i, ids, entries) if self.logprobs else None,
                 )  # fmt: skip
             )
-        return CompletionResponse(choices=choices, **common)
+        return CompletionResponse(choices=completions, usage=usage, **envelope)
 
     def _completion_logprobs(
         self, index: int, ids: Sequence[int], entries: Sequence[TokenLogprobs | None]
@@ -240,6 +253,7 @@ def batch_response(
     for p, (job, answer) in enumerate(zip(jobs, answers, strict=True)):
         echo = serving.prompt_text(job.prompt_ids) if body.echo else None
         whole = Formats(job, body.model, False, False, serving.token_text, echo).whole(answer)
+        assert isinstance(whole, CompletionResponse)
         for choice in whole.choices:
             choice.index += p * n
             choices.append(choice)
