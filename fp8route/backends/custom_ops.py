@@ -238,7 +238,7 @@ def _fixed_gemm(
     fields in order (None: the default tiling)."""
     from fp8route.kernels.fixed_gemm import FixedTiles, launch
 
-    return launch(x, weight, x_scale, w_scale, bias, out_dtype, FixedTiles(*tiles) if tiles else None)
+    return launch(x, weight, x_scale, w_scale, bias, out_dtype, FixedTiles.from_ints(tiles) if tiles else None)
 
 
 fixed_gemm_op = torch.library.custom_op("fp8route::fixed_gemm", _fixed_gemm, mutates_args=())

@@ -3,7 +3,7 @@ whose every output row is the same bits whatever M is, for each FP8 scheme."""
 
 from __future__ import annotations
 
-from dataclasses import astuple, replace
+from dataclasses import replace
 
 import torch
 
@@ -35,9 +35,9 @@ class FixedTilesBackend(Backend):
             f"fp8route's fixed-tile Triton GEMM ({tiles.block_m}x{tiles.block_n} tiles, K summed in "
             f"{tiles.block_k * tiles.chunk_steps}-wide chunks in order), {x}: a row's result does not depend on M"
         )
-        self._tiles = [int(v) for v in astuple(tiles)]  # the custom op's list[int]
+        self._tiles = tiles.as_ints()  # the custom op's list[int]
         # x handed over quantized: the same tiles reading it as it is (the same e4m3 x, the same bits).
-        self._tiles_quantized = [int(v) for v in astuple(replace(tiles, quantize_x=False))]
+        self._tiles_quantized = replace(tiles, quantize_x=False).as_ints()
         # What orders a row's sum: the K steps and chunks, not the tile's rows, columns or pipeline.
         self.bits_family = f"fixed-tile GEMM, {tiles.block_k}-wide K steps in chunks of {tiles.chunk_steps}"
 

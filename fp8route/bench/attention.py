@@ -13,6 +13,7 @@ torch path first:
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Callable
 
@@ -54,11 +55,13 @@ def _pools(rows: int, reach: int, layers: int, dtype: torch.dtype) -> list[pa.Pa
     per_row = -(-reach // PAGE)
     tables = (1 + torch.arange(rows * per_row, dtype=torch.int32, device="cuda")).view(rows, per_row)
     shape = (1 + rows * per_row, PAGE, HKV, D)
-    scales = (0.05, 0.05) if dtype == torch.float8_e4m3fn else (1.0, 1.0)
-    return [
-        pa.PagedKV(*(torch.randn(shape, device="cuda").to(dtype) for _ in range(2)), tables, *scales)
-        for _ in range(layers)
-    ]
+    scale = 0.05 if dtype == torch.float8_e4m3fn else 1.0
+
+    def pool() -> pa.PagedKV:
+        k, v = (torch.randn(shape, device="cuda").to(dtype) for _ in range(2))
+        return pa.PagedKV(k, v, tables, scale, scale)
+
+    return [pool() for _ in range(layers)]
 
 
 def _sequences(queries: list[int], lengths: list[int], singles: int) -> pa.Sequences:
@@ -96,16 +99,17 @@ def decode(batch: int, ctx: int, layers: int, cache_dtype: torch.dtype) -> tuple
     _check(pa.paged_attention(q, caches[0], seqs), pa.paged_attention_reference(q, caches[0], seqs), "decode")
 
     def ours(c: pa.PagedKV) -> None:
-        flat = [x.view(-1, HKV, D) for x in (c.k, c.v)]
-        rope_into_cache(k_new, v_new, cos, sin, *flat, slots, None if c.k_scale == 1.0 else (c.k_scale, c.v_scale))
+        k_flat, v_flat = (x.view(-1, HKV, D) for x in (c.k, c.v))
+        scales = None if c.k_scale == 1.0 else (c.k_scale, c.v_scale)
+        rope_into_cache(k_new, v_new, cos, sin, k_flat, v_flat, slots, scales)
         pa.paged_attention(q, c, seqs)
 
     def before(c: pa.PagedKV) -> None:
         pages = pd.Pages(c.k, c.v, c.tables, rows, c.k_scale, c.v_scale)
         pd.decode_attention(q, pages, lengths, new=pd.NewToken(k_new[:, 0], v_new[:, 0], cos[:, 0], sin[:, 0]))
 
-    new = statistics.median(time_graph([lambda c=c: ours(c) for c in caches], repeats=20))
-    old = statistics.median(time_graph([lambda c=c: before(c) for c in caches], repeats=20))
+    new = statistics.median(time_graph([functools.partial(ours, c) for c in caches], repeats=20))
+    old = statistics.median(time_graph([functools.partial(before, c) for c in caches], repeats=20))
     kv_bytes = 2 * batch * ctx * HKV * D * cache_dtype.itemsize
     return new, old, kv_bytes / (new * 1e-6) / 1e12
 

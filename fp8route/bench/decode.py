@@ -14,6 +14,7 @@ the best as `ours_best`: how the per-GPU table of fp8_gemv's configurations is m
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import time
@@ -27,6 +28,7 @@ from fp8route.errors import Fp8InputError
 from fp8route.kernels.decode_gemm import configs
 
 FP8 = torch.float8_e4m3fn
+Call = Callable[[], torch.Tensor]  # one timed call of an arm
 SHAPES = {  # name: (N, K), Llama-3.1-8B's projections per tensor-parallel rank
     "tp1_qkv": (6144, 4096), "tp1_o": (4096, 4096), "tp1_gate_up": (28672, 4096), "tp1_down": (4096, 14336),
     "tp2_qkv": (3072, 4096), "tp2_o": (4096, 2048), "tp2_gate_up": (14336, 4096), "tp2_down": (4096, 7168),
@@ -159,31 +161,33 @@ class Operands:
         q = (self.x[0][:m].float() / self.s_in).clamp(-448, 448).to(FP8)
         return (q.float().double() @ self.w[0].float().double().T) * self.s_in.double() * self.s_w.double()
 
-    def ours(self, m: int, cfg: configs.DecodeConfig | None, prequant: bool = False) -> list[Callable[[], object]]:
+    def ours(self, m: int, cfg: configs.DecodeConfig | None, prequant: bool = False) -> list[Call]:
         from fp8route.kernels.decode_gemm.launch import decode_gemm
 
         xs = self.xq if prequant else self.x
         return [
-            lambda i=i: decode_gemm(xs[i][:m], self.w[i], self.s_w, self.s_in, None, torch.bfloat16, config=cfg)
+            functools.partial(decode_gemm, xs[i][:m], self.w[i], self.s_w, self.s_in, None, torch.bfloat16, config=cfg)
             for i in range(self.copies)
         ]
 
-    def arms(self, m: int) -> dict[str, list[Callable[[], object]]]:
+    def arms(self, m: int) -> dict[str, list[Call]]:
         from fp8route.kernels.quantize import quantize_fp8
 
-        bf16, s_in, s_w, rows = torch.bfloat16, self.s_in, self.s_w, self.rows_in[:m]
-        w, x, xq, c = self.w, [t[:m] for t in self.x], [t[:m] for t in self.xq], range(self.copies)
-        cols = self.cols_w
+        w, x, xq, s_in, s_w = self.w, [t[:m] for t in self.x], [t[:m] for t in self.xq], self.s_in, self.s_w
+
+        def scaled_mm(i: int, quantize: bool, x_scale: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+            x_i = quantize_fp8(x[i], s_in) if quantize else xq[i]
+            return torch._scaled_mm(x_i, w[i].t(), x_scale, w_scale, out_dtype=torch.bfloat16)
+
+        def arm(quantize: bool, x_scale: torch.Tensor, w_scale: torch.Tensor) -> list[Call]:
+            return [functools.partial(scaled_mm, i, quantize, x_scale, w_scale) for i in range(self.copies)]
+
         return {
             "ours": self.ours(m, None),
             "ours_prequant": self.ours(m, None, prequant=True),
-            "cublas+quant": [
-                lambda i=i: torch._scaled_mm(quantize_fp8(x[i], s_in), w[i].t(), s_in, s_w, out_dtype=bf16) for i in c
-            ],
-            "cublas": [lambda i=i: torch._scaled_mm(xq[i], w[i].t(), s_in, s_w, out_dtype=bf16) for i in c],
-            "rowwise+quant": [
-                lambda i=i: torch._scaled_mm(quantize_fp8(x[i], s_in), w[i].t(), rows, cols, out_dtype=bf16) for i in c
-            ],
+            "cublas+quant": arm(True, s_in, s_w),
+            "cublas": arm(False, s_in, s_w),
+            "rowwise+quant": arm(True, self.rows_in[:m], self.cols_w),
         }
 
 
@@ -263,7 +267,8 @@ def run(spec: DecodeBenchSpec, out: Path, command: str) -> DecodeBenchResult:
     from fp8route.routing.fingerprint import Fingerprint
     from fp8route.tuning.timing import copy_bandwidth_gbs, time_cold, time_graph
 
-    fingerprint = Fingerprint.of("cuda").to_json()
+    device = Fingerprint.of("cuda")
+    fingerprint = device.to_json()
     copy_gbs = copy_bandwidth_gbs()
     # What an empty kernel costs through the same timing: launch and event overhead, no work.
     empty_us = statistics.median(time_cold([lambda: torch.cuda._sleep(0)], repeats=50))
@@ -275,7 +280,7 @@ def run(spec: DecodeBenchSpec, out: Path, command: str) -> DecodeBenchResult:
         n, k = SHAPES[name]
         ops = Operands(n, k, max(spec.ms), gen)
         for m in spec.ms:
-            _time_point(ops, name, n, k, m, spec, int(fingerprint["sm_count"]), result)
+            _time_point(ops, name, n, k, m, spec, device.sm_count, result)
         del ops
         torch.cuda.empty_cache()
         result.write(out / "decode_bench.json")

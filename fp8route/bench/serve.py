@@ -6,6 +6,7 @@ prefill's speed, the static generate's output speed at a fixed batch, the floor 
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import os
@@ -14,6 +15,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -50,7 +52,7 @@ JSON_SCHEMA = {
     "required": ["items"],
 }
 # The mixed arm's controls, a third of the requests each; every one also asks for logprobs=5.
-MIXED = (
+MIXED: tuple[dict[str, Any], ...] = (
     {"top_k": 40, "top_p": 0.9},
     {"top_p": 0.95, "repetition_penalty": 1.1, "frequency_penalty": 0.2, "presence_penalty": 0.2},
     {"min_p": 0.05, "top_k": 20, "repetition_penalty": 1.05},
@@ -59,13 +61,12 @@ MIXED = (
 
 def sampling_params(sampling: str, item: LoadRequest, index: int) -> SamplingParams:
     """Request `index`'s params under the arm's sampling: greedy; mixed controls; or a JSON schema."""
-    length = {"max_tokens": item.output_len, "ignore_eos": True}
+    params = functools.partial(SamplingParams, max_tokens=item.output_len, ignore_eos=True)
     if sampling == "greedy":
-        return SamplingParams(temperature=0, **length)
+        return params(temperature=0)
     if sampling == "json":
-        spec = StructuredOutputs(json=JSON_SCHEMA)
-        return SamplingParams(temperature=0.8, seed=index, structured_outputs=spec, **length)
-    return SamplingParams(temperature=0.8, seed=index, logprobs=5, **MIXED[index % len(MIXED)], **length)
+        return params(temperature=0.8, seed=index, structured_outputs=StructuredOutputs(json=JSON_SCHEMA))
+    return params(temperature=0.8, seed=index, logprobs=5, **MIXED[index % len(MIXED)])
 
 
 def drive(llm: LLM, load: list[LoadRequest], sampling: str = "greedy") -> tuple[list[RequestResult], float, list[str]]:
@@ -264,7 +265,7 @@ def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tup
     engine = llm.engine
     cuda = engine.device.type == "cuda"
     pool = engine.kv_cache
-    extra: dict[str, object] = {
+    extra: dict[str, Any] = {
         "policy": arm.policy, "prefix_caching": config.enable_prefix_caching, "kv_cache_dtype": config.kv_cache_dtype,
         "async_scheduling": engine.async_scheduling, "prefill_graphs": config.prefill_graphs,
         "max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": engine.config.max_num_batched_tokens,

@@ -10,6 +10,7 @@ import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from fp8route.errors import Fp8InputError
 
@@ -114,7 +115,7 @@ class ServeReport:
     itl_ms: dict[str, float]
     e2e_ms: dict[str, float]
     cached_tokens: int = 0
-    extra: dict[str, object] = field(default_factory=dict)  # what a driver measured besides
+    extra: dict[str, Any] = field(default_factory=dict)  # what a driver measured besides
 
     def to_json(self) -> dict[str, object]:
         def rounded(value: object) -> object:

@@ -167,7 +167,7 @@ def compile_only_sm90() -> Iterator[None]:
     # Every launch through Triton's own path (the direct one reads a CUDA stream), tuned as on an
     # H200, and the fused ops on their kernels whatever the tensors' device.
     launcher._no_launch_hooks = lambda: False
-    launch._device = lambda device: h200
+    launch._device = lambda device: h200  # type: ignore[assignment]  # a cached function, stood in for
     fused._use_kernel = lambda x: x.dtype in (torch.bfloat16, torch.float16) and not torch.compiler.is_compiling()
     fused_quantize.fusable = fused._use_kernel
     try:

@@ -24,7 +24,8 @@ a kernel of their own and x's round trip through memory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import astuple, dataclass, fields
 from typing import Any
 
 import torch
@@ -57,6 +58,15 @@ class FixedTiles:
     # no quantizer launch, but every program converts all BLOCK_M rows of its x tile, padding included,
     # at every K step: at M=1 that doubled the GEMM (benchmarks/results/h100/deterministic).
     quantize_x: bool = False
+
+    def as_ints(self) -> list[int]:
+        """The fields in order as integers: a custom op's list[int] argument (from_ints reads it back)."""
+        return [int(v) for v in astuple(self)]
+
+    @classmethod
+    def from_ints(cls, values: Sequence[int]) -> FixedTiles:
+        given: dict[str, Any] = dict(zip((f.name for f in fields(cls)), values, strict=True))
+        return cls(**{**given, "quantize_x": bool(given["quantize_x"])})
 
 
 TILES = FixedTiles()
