@@ -76,7 +76,7 @@ def load_weights(
     eos = eos_token_ids(read_json(folder / CONFIG))
     parts = load_parts(
         folder, config.device, dtype=config.torch_dtype, policy=policy, all_reduce=config.all_reduce,
-        tp_lm_head=config.tp_lm_head,  # type: ignore[arg-type]
+        tp_lm_head=config.tp_lm_head,
         before_weights=lambda target: check_attention(config.attention, target),
     )  # fmt: skip
     layers = parts.cfg.num_hidden_layers
