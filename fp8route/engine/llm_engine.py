@@ -14,6 +14,7 @@ Without it (on a CPU, where nothing would overlap) each step's tokens are read b
 
 from __future__ import annotations
 
+import atexit
 import functools
 import gc
 import itertools
@@ -50,9 +51,11 @@ def freeze_startup_heap() -> None:
     libraries, most of its objects) is put out of the cyclic garbage collector's reach, so a full
     collection under load walks what serving allocated, not the libraries (docs/engine.md: the pause
     it removes). Only once: an engine still referenced when a later one loads would, frozen, never be
-    collected from its reference cycles."""
+    collected from its reference cycles. Unfrozen at exit, so the last collection reaches them again
+    (without it Triton's bindings report their objects as leaked when Python shuts down)."""
     gc.collect()
     gc.freeze()
+    atexit.register(gc.unfreeze)
 
 
 @dataclass
