@@ -56,6 +56,13 @@ def test_backend_gives_the_schemes_product(scheme, name, n, k, m):
     if name == "weight_only":  # x is not quantized on this path
         w = dequantize_weight(layer.weight, layer.weight_scale, scheme)  # type: ignore[arg-type]
         assert rel_error(out, x.float() @ w.t() + layer.bias.float()) < 1e-2
+    elif name == "flashinfer_block":
+        # It quantizes bf16 x with its own group scales, so its x codes differ from quantize_activation's
+        # (6.4e-3 from `expected` at M=1 on an H100): held instead to the true product, as close as the
+        # scheme's own quantization comes (0.0267 against 0.0263 there).
+        w = dequantize_weight(layer.weight, layer.weight_scale, scheme)  # type: ignore[arg-type]
+        exact = x.float() @ w.t() + layer.bias.float()
+        assert rel_error(out, exact) < 1.1 * rel_error(expected, exact), f"{name} {n}x{k} M={m}"
     else:
         # cuBLASLt's block-scaled kernel keeps the tensor cores' reduced-precision fp8 accumulation
         # (5.0e-3 measured at M=1, 6144x4096, on an H100); every other backend stays under 5e-3.
