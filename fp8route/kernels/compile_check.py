@@ -329,6 +329,13 @@ def _paged_attention(model: Model, dtype: torch.dtype) -> None:
             # The counts on the device, the grids from bounds (a captured step's form).
             counts = torch.tensor([singles, len(queries)], dtype=torch.int32)
             pa.paged_attention(q, cache, replace(seqs, counts=counts))
+    # A float32 engine's pool holds float32 blocks: tiles of twice the bytes.
+    q = torch.empty((2048, heads, dim), dtype=torch.float32)
+    blocks = torch.empty((max_blocks, page, kv, dim), dtype=torch.float32)
+    cu = torch.tensor([0, 2048], dtype=torch.int32)
+    seqs = pa.Sequences(cu, torch.ones(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64), 0)
+    tables = torch.zeros((2, max_blocks), dtype=torch.int32)
+    pa.paged_attention(q, pa.PagedKV(blocks, torch.empty_like(blocks), tables), seqs)
 
 
 def _argmax(model: Model, dtype: torch.dtype) -> None:

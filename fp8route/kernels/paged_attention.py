@@ -43,13 +43,13 @@ MAX_SPLITS = 16
 
 class Launch(NamedTuple):
     """The multi-query grid's tiling: query rows and positions per step, warps, pipeline stages. The
-    default measured fastest of seven on the H200 at 2048 and 8192 fresh tokens (8B heads, bf16:
-    benchmarks/results/h200/engine/)."""
+    default measured fastest at both 2048 and 8192 fresh tokens among the tilings swept (8B heads,
+    bf16: benchmarks/results/h200/engine/, benchmarks/results/h100/serve_bound/)."""
 
     block_m: int = 128
     tile: int = 128
     warps: int = 8
-    stages: int = 2
+    stages: int = 3
 
 
 MULTI = Launch()
