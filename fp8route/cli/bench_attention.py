@@ -10,7 +10,7 @@ from fp8route.cli.sweep_args import cuda_device
 from fp8route.errors import Fp8InputError
 
 # --sweep's tilings (query rows x positions x warps x stages); the first is paged_attention's default.
-SWEEP_LAUNCHES = "128x128x8x2,128x64x8x2,128x64x8x3,128x32x4x3,64x64x4x3,64x128x4x2,128x64x4x3"
+SWEEP_LAUNCHES = "128x128x8x3,128x128x8x2,256x128x8x2,256x64x8x3,128x64x8x3,128x32x4x3,64x64x4x3"
 
 
 def run(args: argparse.Namespace) -> int:
