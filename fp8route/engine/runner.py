@@ -24,7 +24,7 @@ import logging
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -42,7 +42,7 @@ from fp8route.engine.prefill_graphs import MAX_TOKENS, PrefillGraphs, why_not_gr
 from fp8route.engine.request import TokenLogprobs
 from fp8route.engine.sampler import Draw, Logprobs, Sampler, token_logprobs
 from fp8route.engine.scheduler_output import NewRequest, ScheduledSeq, SchedulerOutput
-from fp8route.engine.step_cost import StepCost, fit
+from fp8route.engine.step_cost import StepCost, copy_gbs, fit
 from fp8route.errors import Fp8InputError
 from fp8route.kernels.argmax import greedy_tokens
 from fp8route.kernels.paged_attention import TRITON_IMPORT_ERROR, Sequences
@@ -178,6 +178,8 @@ class ModelRunner:
         """Size the pool and capture every graph and compile every kernel variant a step can meet,
         before any request waits for them; the pool's block count."""
         start = time.perf_counter()
+        # Measured before the pool takes the memory its copies need.
+        read_gbs = copy_gbs(self.device) if self.config.itl_target_ms is not None else None
         graphs = self.prefill_graphs_for(1)
         if graphs is not None:  # before the pool is sized, which then counts their memory as taken
             graphs.capture_all()
@@ -191,7 +193,7 @@ class ModelRunner:
             self.capture_decode_graphs(self.max_rows)
             self.warm_up()
             torch.cuda.synchronize(self.device)
-        self.step_cost = self.measure_step_cost() if self.config.itl_target_ms is not None else None
+        self.step_cost = self.measure_step_cost(read_gbs) if read_gbs is not None else None
         if not quiet:
             pool = self.pool
             eager = self.why_prefill_eager() if self.use_cuda_graphs and graphs is None else None
@@ -207,9 +209,10 @@ class ModelRunner:
             )
         return self.pool.num_blocks
 
-    def measure_step_cost(self) -> StepCost:
+    def measure_step_cost(self, read_gbs: float) -> StepCost:
         """A StepCost fitted to mixed steps timed here (the median of three each): one short and one full
-        chunk, alone and beside a quarter of the budget in decodes."""
+        chunk, alone and beside a quarter of the budget in decodes; a cached position priced at its K/V
+        bytes read at read_gbs."""
         tokens = min(self.max_num_batched_tokens, self.max_seq_len)
         decodes = max(1, min(self.max_rows - 1, tokens // 4))
         points = {(0, min(16, tokens)), (0, tokens), (decodes, min(decodes + 16, tokens)), (decodes, tokens)}
@@ -228,7 +231,7 @@ class ModelRunner:
                     torch.cuda.synchronize(self.device)
                 times.append(time.perf_counter() - start)
             samples.append((singles + 1, total, 1e3 * sorted(times)[1]))
-        return fit(samples)
+        return replace(fit(samples), per_position_ms=self.pool.bytes_per_token / (read_gbs * 1e6))
 
     def fit_blocks(self) -> int:
         """Blocks that fit what is left of gpu_memory_utilization x the GPU's memory after the weights

@@ -113,7 +113,8 @@ class Scheduler:
         if self.itl_target_ms is None or self.step_cost is None:
             return self.max_num_batched_tokens
         rows = len(self.running) + bool(self.waiting)
-        fits = self.step_cost.tokens_within(self.itl_target_ms, rows)
+        positions = sum(r.num_computed for r in self.running)  # what their attention reads
+        fits = self.step_cost.tokens_within(self.itl_target_ms, rows, positions)
         return min(self.max_num_batched_tokens, max(fits, len(self.running) + self.block_size))
 
     def _done(self, request: Request) -> bool:

@@ -313,6 +313,7 @@ def test_an_itl_target_measures_the_step_cost_and_changes_no_output(itl):
     cost = eng.runner.step_cost
     assert cost is not None and min(cost.fixed_ms, cost.per_row_ms, cost.per_token_ms) >= 0
     assert cost.per_token_ms > 0 or cost.per_row_ms > 0 or cost.fixed_ms > 0
+    assert 0 < cost.per_position_ms < 1.0  # a position's K/V over this machine's copy bandwidth
     requests = {f"r{i}": prompt(n, 40 + i) for i, n in enumerate([30, 5, 19])}
     outputs = run(eng, {i: [(rid, ids, GREEDY)] for i, (rid, ids) in enumerate(requests.items())})
     for rid, ids in requests.items():

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+import torch
 
 from fp8route.engine.config import EngineConfig
 from fp8route.engine.request import Request, RequestMetrics
 from fp8route.engine.sampling import SamplingParams
 from fp8route.engine.scheduler import Scheduler
-from fp8route.engine.step_cost import StepCost, fit
+from fp8route.engine.step_cost import StepCost, copy_gbs, fit
 from fp8route.errors import Fp8InputError
 
 COST = StepCost(fixed_ms=1.0, per_row_ms=0.05, per_token_ms=0.01)
@@ -30,16 +33,27 @@ def test_tokens_within_a_target_leave_room_for_the_fixed_and_per_row_cost():
     assert COST.tokens_within(1.5, rows=20) == 0  # no step of 20 rows fits 1.5 ms
 
 
+def test_the_cached_positions_a_step_reads_take_their_share_of_the_target():
+    cost = replace(COST, per_position_ms=1e-5)
+    assert cost.ms(20, 300, positions=100_000) == pytest.approx(COST.ms(20, 300) + 1.0)
+    assert cost.tokens_within(5.0, rows=20, positions=100_000) == 200  # (5 - 1 - 1 - 20 * 0.05) / 0.01
+    assert cost.tokens_within(5.0, rows=20, positions=400_000) == 0
+
+
+def test_the_copy_bandwidth_a_position_is_priced_at_is_measured():
+    assert copy_gbs(torch.device("cpu"), nbytes=16 << 20) > 0.1
+
+
 def request(name: str, prompt: list[int], max_tokens: int = 64) -> Request:
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     return Request(name, prompt, params, 0, RequestMetrics(0.0), max_tokens=max_tokens)
 
 
-def scheduler(target: float | None) -> Scheduler:
+def scheduler(target: float | None, cost: StepCost = COST) -> Scheduler:
     config = EngineConfig(
         max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=4096, block_size=16, itl_target_ms=target
     )
-    return Scheduler(config, 1024, COST if target is not None else None)
+    return Scheduler(config, 4096, cost if target is not None else None)
 
 
 def run_one_step(s: Scheduler) -> tuple[int, int]:
@@ -68,6 +82,23 @@ def test_under_a_target_a_long_prompt_beside_decodes_comes_in_chunks_each_step_k
         assert all(COST.ms(rows, tokens) <= target for rows, tokens in steps)
         assert all(tokens >= 8 + 16 for _, tokens in steps[:5])  # the prompt moves every step
         assert sum(tokens - 8 for _, tokens in steps) >= 3000  # and is computed within these steps
+
+
+def test_under_a_target_decodes_over_long_contexts_leave_a_smaller_chunk():
+    chunks = {}
+    for context in (20, 3000):
+        s = scheduler(5.0, replace(COST, per_position_ms=1e-4))
+        for i in range(8):
+            s.add(request(f"d{i}", [2] * context))
+        while any(r.remaining > 1 for r in s.running) or s.waiting:
+            run_one_step(s)  # their prompts, in chunks the target allows
+        s.add(request("long", [3] * 3000, max_tokens=4))
+        rows, tokens = run_one_step(s)
+        assert rows == 9
+        chunks[context] = tokens - 8
+    # (5 - 1 - 9 * 0.05 - positions * 1e-4) / 0.01 tokens, 8 of them the decodes': 8 x 21 positions
+    # leave 353 tokens, 8 x 3001 leave 114
+    assert chunks == {20: 345, 3000: 106}
 
 
 def test_a_target_no_step_keeps_still_moves_every_request():
