@@ -37,6 +37,16 @@ WARMUP_S = 0.5
 
 
 @dataclass(frozen=True)
+class ArmOptions:
+    """An arm's kernel options (fp8route.kernels.options). pdl None: the engine's own choice, each
+    decode graph captured with PDL and without and the faster kept; True / False: every launch."""
+
+    pdl: bool | None = None
+    silu_in_down: bool = START.silu_in_down
+    quantize_upstream: bool = START.quantize_upstream
+
+
+@dataclass(frozen=True)
 class E2ERow:
     arm: str
     batch: int
@@ -58,7 +68,7 @@ class E2ERow:
     ttft_max_ms: float = 0.0
     attention: str = "builtin"  # fp8route.engine.config.ATTENTION
     kv_gb: float = 0.0  # KV bytes a decode step reads, mean over the steps (the context grows by one a step)
-    pdl: bool = False  # fp8route.kernels.options: fp8route's kernels launched with PDL
+    pdl: bool | None = None  # ArmOptions.pdl: fp8route's kernels launched with PDL (None: measured per graph)
     silu_in_down: bool = False  # and SiLU(gate) * up computed inside down's decode GEMM
     quantize_upstream: bool = False  # and x quantized by the norm or SiLU-up kernel before a layer
     scheme: str = "tensor"  # the FP8 scheme of the checkpoint's linears (fp8route.schemes); bf16: none
@@ -68,12 +78,14 @@ class E2ERow:
     rest_ms: float = 0.0
     kernels_per_step: float = 0.0
     top_kernels: tuple[tuple[str, float], ...] = ()  # the largest, (name, ms a step)
+    # Where pdl is None: each decode graph's (batch bucket, PDL kept, replay ms without, with).
+    pdl_choices: tuple[tuple[int, bool, float, float], ...] = ()
 
     @property
     def label(self) -> str:
         label = self.arm if self.scheme in ("tensor", "bf16") else f"{self.arm} {self.scheme}"
         label += "" if self.attention == "builtin" else f" {self.attention}"
-        label += " pdl" if self.pdl else ""
+        label += {None: "", True: " pdl", False: " pdl-off"}[self.pdl]
         label += " silu-in-down" if self.silu_in_down else ""
         label += " quantize-upstream" if self.quantize_upstream else ""
         return label if self.tp == 1 else f"{label} tp{self.tp} {self.all_reduce}"
@@ -122,13 +134,15 @@ def bench_arm(
     tp: int = 1,
     all_reduce: str = "nccl",
     attention: str = "builtin",
-    options: KernelOptions = START,
+    options: ArmOptions = ArmOptions(),
 ) -> list[E2ERow]:
     """One arm's rows; the FP8ROUTE_FORCE it needs is set for its load only, and the kernel options
     for the arm. With tp > 1 this runs in every rank (fp8route.models.spawn.run_ranks), load_model
     joining the group."""
     before = kernel_options()
-    set_kernel_options(pdl=options.pdl, silu_in_down=options.silu_in_down, quantize_upstream=options.quantize_upstream)
+    set_kernel_options(
+        pdl=bool(options.pdl), silu_in_down=options.silu_in_down, quantize_upstream=options.quantize_upstream
+    )
     try:
         return _bench_arm(arm, folder, batches, inputs, output, copy_gbs, repeats, tp, all_reduce, attention, options)
     finally:
@@ -137,11 +151,12 @@ def bench_arm(
 
 def _bench_arm(
     arm: str, folder: Path, batches: Sequence[int], inputs: Sequence[int], output: int, copy_gbs: float,
-    repeats: int, tp: int, all_reduce: str, attention: str, options: KernelOptions,
+    repeats: int, tp: int, all_reduce: str, attention: str, options: ArmOptions,
 ) -> list[E2ERow]:  # fmt: skip
     device = init_from_env("cuda") or torch.device("cuda")  # under run_ranks: this rank's GPU, set current
     torch.cuda.reset_peak_memory_stats(device)
     config = _engine_config(device, batches, inputs, output, tp, all_reduce, attention, arm == "deterministic")
+    config = config.replace(pdl=options.pdl)
     with _forced(arm):
         model = load_model(folder, policy=Policy.from_env(), config=config, quiet=True)
     run = _ArmRun(arm, tp, all_reduce, attention, options, copy_gbs, output, repeats,
@@ -171,7 +186,7 @@ class _ArmRun:
     tp: int
     all_reduce: str
     attention: str
-    options: KernelOptions
+    options: ArmOptions
     copy_gbs: float
     output: int
     repeats: int
@@ -256,6 +271,7 @@ def _measure(model: CausalLM, ids: torch.Tensor, run: _ArmRun) -> E2ERow:
         run.options.quantize_upstream,
         run.scheme,
         *_split_fields(split),
+        _pdl_choices(model),
     )  # fmt: skip
 
 
@@ -263,6 +279,12 @@ def _split_fields(split: step_split.StepSplit | None) -> tuple[float, float, flo
     if split is None:
         return 0.0, 0.0, 0.0, 0.0, ()
     return split.ms["gemm"], split.ms["attention"], split.ms["rest"], split.kernels, split.top
+
+
+def _pdl_choices(model: CausalLM) -> tuple[tuple[int, bool, float, float], ...]:
+    graphs = model.engine.runner.graphs
+    choices = sorted(graphs.pdl_choices.items()) if graphs is not None else []
+    return tuple((size, c.pdl, round(c.off_ms, 4), round(c.on_ms, 4)) for size, c in choices)
 
 
 def _ranks_agree(tokens: torch.Tensor) -> bool:
@@ -373,25 +395,34 @@ def _arm_shape(r: E2ERow) -> tuple[str, str, str, int, int, int]:
     return (r.scheme, r.arm, r.attention, r.tp, r.batch, r.input_tokens)
 
 
-def _options(r: E2ERow) -> tuple[bool, bool, bool]:
+def _options(r: E2ERow) -> tuple[bool | None, bool, bool]:
     return (r.pdl, r.silu_in_down, r.quantize_upstream)
 
 
 def options_summary(rows: Sequence[E2ERow]) -> str:
-    """Each row with kernel options on against the row with none of the same arm and shape: decode
-    step and TTFT speed-up, and whether the tokens match (no option changes what is computed: PDL
-    changes when kernels start, the fused SiLU and the quantizing norms round as the kernels they
-    replace)."""
-    plain = {_arm_shape(r): r for r in rows if not any(_options(r))}
-    lines = [f"{'':<34}{'batch':>6}{'input':>7}{'decode x':>10}{'TTFT x':>8}  tokens"]
+    """Each row against the first row of the same arm and shape, whose kernel options are each flag's
+    first value: decode step and TTFT speed-up, and whether the tokens match (no option changes what
+    is computed: PDL changes when kernels start, the fused SiLU and the quantizing norms round as the
+    kernels they replace). Then, for each arm that measured PDL per decode graph, the graphs that kept it."""
+    first: dict[tuple, E2ERow] = {}
     for r in rows:
-        base = plain.get(_arm_shape(r))
-        if base is None or base is r:
+        first.setdefault(_arm_shape(r), r)
+    lines = [f"{'':<34}{'batch':>6}{'input':>7}{'decode x':>10}{'TTFT x':>8}  against, tokens"]
+    for r in rows:
+        base = first[_arm_shape(r)]
+        if base is r:
             continue
-        same = "= without options" if r.tokens_digest == base.tokens_digest else "DIFFER FROM WITHOUT OPTIONS"
+        same = "equal" if r.tokens_digest == base.tokens_digest else "DIFFER"
         lines.append(
             f"{r.label:<34}{r.batch:>6}{r.input_tokens:>7}{base.decode_step_ms / r.decode_step_ms:>10.3f}"
-            f"{base.ttft_ms / r.ttft_ms:>8.3f}  {same}"
+            f"{base.ttft_ms / r.ttft_ms:>8.3f}  {base.label}, {same}"
+        )
+    measured = {(r.label, r.pdl_choices) for r in rows if r.pdl_choices}
+    for label, choices in sorted(measured):
+        kept = [f"{size} ({off / on:.3f}x)" for size, pdl, off, on in choices if pdl]
+        lines.append(
+            f"{label}: PDL kept in {len(kept)} of {len(choices)} decode graphs"
+            + (f", batches {', '.join(kept)} (replay time without / with)" if kept else "")
         )
     return "\n".join(lines)
 

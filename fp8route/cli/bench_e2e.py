@@ -6,6 +6,7 @@ import argparse
 import functools
 import itertools
 import json
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ import torch
 from fp8route.backends import BACKENDS
 from fp8route.bench.e2e import (
     START,
+    ArmOptions,
     E2ERow,
     as_json,
     bench_arm,
@@ -30,7 +32,7 @@ from fp8route.cli.sweep_args import command_line, cuda_device, int_list
 from fp8route.engine.config import Flag, add_engine_args, sweep_values
 from fp8route.engine.flashinfer_attention import check_attention
 from fp8route.errors import Fp8InputError
-from fp8route.kernels.options import KernelOptions, why_not_pdl
+from fp8route.kernels.options import why_not_pdl
 from fp8route.models.shapes import MODELS
 from fp8route.models.spawn import run_ranks
 from fp8route.routing.fingerprint import Fingerprint
@@ -39,6 +41,11 @@ from fp8route.tuning.timing import copy_bandwidth_gbs
 
 # deterministic: routed with the engine in its deterministic mode (EngineConfig.deterministic).
 ARMS = ("routed", "deterministic", "bf16", *BACKENDS)
+PDL_ARMS = {"auto": None, "on": True, "off": False}
+PDL_HELP = (
+    "programmatic dependent launch of fp8route's kernels: auto (the engine's default: each decode graph captured "
+    "with and without it, the faster kept), on, off (every launch), or several comma-separated (each an arm)"
+)
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,7 @@ class _Plan:
     sizes: list[int]  # tensor parallel sizes
     methods: list[str]  # all-reduce methods, for tp > 1
     attentions: list[str]
-    options: list[KernelOptions]
+    options: list[ArmOptions]
     schemes: list[Scheme]  # of the random checkpoints (one each); a given checkpoint's is its own
 
 
@@ -96,11 +103,11 @@ def _plan(args: argparse.Namespace, device: torch.device) -> _Plan:
     attentions = sweep_values(args, "attention")
     for attention in attentions:
         check_attention(attention, device)
-    pdls = sweep_values(args, "pdl")
+    pdls = _pdl_arms(args.pdl)
     if True in pdls and (reason := why_not_pdl(device)) is not None:
         raise Fp8InputError(f"--pdl on: programmatic dependent launch: {reason}")
     options = [
-        KernelOptions(p, s, q)
+        ArmOptions(p, s, q)
         for p in pdls
         for s in sweep_values(args, "silu_in_down")
         for q in sweep_values(args, "quantize_upstream")
@@ -109,6 +116,14 @@ def _plan(args: argparse.Namespace, device: torch.device) -> _Plan:
     if args.model is not None and args.scheme != "tensor":
         raise Fp8InputError("--scheme is for --random checkpoints; a checkpoint folder's scheme is its own")
     return _Plan(arms, batches, inputs, sizes, methods, attentions, options, list(dict.fromkeys(schemes)))
+
+
+def _pdl_arms(text: str) -> list[bool | None]:
+    """--pdl's arms: None for auto (the engine's measured choice), True for on, False for off."""
+    words = [w for w in re.split(r"[,\s]+", text) if w]
+    if not words or any(w not in PDL_ARMS for w in words):
+        raise Fp8InputError(f"--pdl: {', '.join(PDL_ARMS)}, or several comma-separated, got {text!r}")
+    return list(dict.fromkeys(PDL_ARMS[w] for w in words))
 
 
 def _folders(args: argparse.Namespace, plan: _Plan, tmp: Path) -> dict[str, Path]:
@@ -182,7 +197,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
     add_engine_args(
         e2e, ["attention", "pdl", "silu_in_down", "quantize_upstream", "tp", "all_reduce"], sweep=True,
         # an arm names a value: as a process starts
-        pdl=Flag(default=START.pdl), silu_in_down=Flag(default=START.silu_in_down),
+        pdl=Flag(default="auto", help=PDL_HELP), silu_in_down=Flag(default=START.silu_in_down),
         quantize_upstream=Flag(default=START.quantize_upstream),
     )  # fmt: skip
     e2e.add_argument("--tmp", help="where the random checkpoints are written (default: the system's temp)")

@@ -146,8 +146,8 @@ class EngineConfig:
     # The kernel options stay process globals that the kernels read at launch (fp8route.kernels.options):
     # load_model sets them from these, and None leaves them as fp8route.set_kernel_options set them.
     pdl: bool | None = _setting(
-        None, "launch fp8route's own kernels with programmatic dependent launch, Hopper on "
-        "(default: as set_kernel_options left it, off)",
+        None, "launch fp8route's own kernels with programmatic dependent launch, Hopper on (default: each "
+        "decode graph captured with and without it and the faster kept; elsewhere as set_kernel_options left it, off)",
     )  # fmt: skip
     silu_in_down: bool | None = _setting(
         None, "SiLU(gate) * up inside the down projection's decode GEMM (default: as set_kernel_options left it, off)"

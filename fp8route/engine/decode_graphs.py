@@ -9,20 +9,35 @@ block (table row `pad_row`, position 0).
 
 A graph replays the kernels, operands and workspaces it captured: when any Fp8Linear is replanned
 (its prepared operands rebuilt) the graphs are dropped and captured again on the next step.
+
+Programmatic dependent launch (fp8route.kernels.pdl) overlaps each kernel's start with the tail of
+the one before: a gain where a step is many short kernels, a loss where the early blocks hold an SM
+that the kernel before still needs (on the H200: +3.3% at batch 1, -2.8% at 16). So where the engine
+leaves it to measurement (EngineConfig.pdl None), each bucket is captured twice, without and with it,
+their replays timed in turn, and the faster graph kept (`pdl_choices` says which and by how much).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+import logging
+import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from fp8route.kernels.options import capturing_with, kernel_options
 from fp8route.linear.layer import plans_epoch
 
+log = logging.getLogger(__name__)
+
 StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (ids, pending, positions, rows) -> (logits, argmax)
+# PDL is kept only where its replays beat the plain ones by more than this share: closer than that,
+# the choice would follow the replays' spread from one start to the next.
+PDL_MARGIN = 0.01
+TIMED_REPLAYS = 8  # of each graph, in turn, after one untimed replay each
 
 
 def buckets(max_batch_size: int) -> list[int]:
@@ -48,21 +63,52 @@ class _Captured:
     used: int  # rows the last replay filled: those past a smaller batch are reset to padding
 
 
+@dataclass(frozen=True)
+class PdlChoice:
+    """One bucket's graph replay times, medians in ms, without PDL and with it."""
+
+    off_ms: float
+    on_ms: float
+
+    @property
+    def pdl(self) -> bool:
+        """Whether the graph with PDL is the one kept."""
+        return self.on_ms < self.off_ms * (1 - PDL_MARGIN)
+
+    def __str__(self) -> str:
+        return f"PDL {'on' if self.pdl else 'off'} ({self.on_ms:.3f} ms a replay with it, {self.off_ms:.3f} without)"
+
+
 class DecodeGraphs:
     """Runs step(ids, pending, positions, rows; each [B]) -> (logits [B, vocab], argmax [B]) from CUDA graphs."""
 
-    def __init__(self, step: StepFn, max_batch_size: int, pad_row: int, device: torch.device) -> None:
+    def __init__(
+        self, step: StepFn, max_batch_size: int, pad_row: int, device: torch.device, measure_pdl: bool = False
+    ) -> None:
+        """measure_pdl: capture each bucket without and with PDL and keep the faster (the caller checked
+        why_not_pdl); unless the kernel options already launch everything with it."""
         self.step, self.pad_row, self.device = step, pad_row, device
+        self.measure_pdl = measure_pdl
         self.sizes = buckets(max_batch_size)
         self.graphs: dict[int, _Captured] = {}
+        self.pdl_choices: dict[int, PdlChoice] = {}  # by bucket, where measured
         self.pool: Any = None  # one memory pool shared by every bucket's graph
         self.epoch = plans_epoch()
 
     def bucket(self, batch: int) -> int:
         return self.sizes[bisect.bisect_left(self.sizes, batch)]
 
+    def pdl_note(self) -> str:
+        """Which measured buckets kept PDL, in words ("" where none was measured)."""
+        if not self.pdl_choices:
+            return ""
+        kept = [str(size) for size, choice in sorted(self.pdl_choices.items()) if choice.pdl]
+        rows = f" (batches of {', '.join(kept)})" if kept else ""
+        return f"PDL measured faster in {len(kept)} of {len(self.pdl_choices)} decode graphs{rows}"
+
     def drop(self) -> None:
         self.graphs.clear()
+        self.pdl_choices.clear()
         self.pool = None
 
     def run(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,6 +137,18 @@ class DecodeGraphs:
         rows[start:].fill_(self.pad_row)
 
     def _capture(self, size: int, inputs: tuple[torch.Tensor, ...]) -> _Captured:
+        if not self.measure_pdl or kernel_options().pdl:
+            return self._capture_one(size, inputs)
+        captured = []
+        for pdl in (False, True):
+            with capturing_with(pdl=pdl):
+                captured.append(self._capture_one(size, inputs))
+        off, on = captured
+        choice = self.pdl_choices[size] = PdlChoice(*replay_ms([off.graph, on.graph], self.device))
+        log.info("decode graph of %d rows: %s", size, choice)
+        return on if choice.pdl else off
+
+    def _capture_one(self, size: int, inputs: tuple[torch.Tensor, ...]) -> _Captured:
         b = inputs[0].shape[0]
         # Ordinary tensors even when captured under inference_mode: a later step outside it writes them.
         with torch.inference_mode(False):
@@ -112,3 +170,18 @@ class DecodeGraphs:
         if self.pool is None:
             self.pool = graph.pool()
         return _Captured(graph, static, logits, next_tokens, b)
+
+
+def replay_ms(graphs: Sequence[torch.cuda.CUDAGraph], device: torch.device) -> list[float]:
+    """Each graph's median replay time in ms, the graphs replayed in turn (so a clock or a neighbour
+    that drifts meets each alike). A decode graph's replays write the same K/V each time."""
+    for graph in graphs:
+        graph.replay()
+    events = [[torch.cuda.Event(enable_timing=True) for _ in range(2 * TIMED_REPLAYS)] for _ in graphs]
+    for i in range(TIMED_REPLAYS):
+        for graph, marks in zip(graphs, events, strict=True):
+            marks[2 * i].record()
+            graph.replay()
+            marks[2 * i + 1].record()
+    torch.cuda.synchronize(device)
+    return [statistics.median(m[2 * i].elapsed_time(m[2 * i + 1]) for i in range(TIMED_REPLAYS)) for m in events]

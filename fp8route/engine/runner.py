@@ -45,6 +45,7 @@ from fp8route.engine.scheduler_output import NewRequest, ScheduledSeq, Scheduler
 from fp8route.engine.step_cost import StepCost, copy_gbs, fit
 from fp8route.errors import Fp8InputError
 from fp8route.kernels.argmax import greedy_tokens
+from fp8route.kernels.options import why_not_pdl
 from fp8route.kernels.paged_attention import TRITON_IMPORT_ERROR, Sequences
 from fp8route.models.llama import LlamaForCausalLM, rope_tables
 
@@ -154,6 +155,8 @@ class ModelRunner:
         self.max_seq_len, self.max_num_batched_tokens = config.max_model_len, config.max_num_batched_tokens
         self.kv_scales, self.attention = kv_scales, config.attention
         self.use_cuda_graphs = config.use_cuda_graphs and device.type == "cuda"
+        # Each decode bucket's graph with and without PDL, the faster kept, where PDL is left open.
+        self.measure_pdl = self.use_cuda_graphs and config.pdl is None and why_not_pdl(device) is None
         self.use_prefill_graphs = config.prefill_graphs
         self.use_triton: bool | None = None  # attention kernels: None = Triton on CUDA when it imports
         self.eos_token_ids = tuple(eos_token_ids)
@@ -202,6 +205,7 @@ class ModelRunner:
                 f"{pool.block_size}, {pool.nbytes / 2**30:.2f} GiB {str(pool.dtype).removeprefix('torch.')}) on "
                 f"{pool.device}; context {self.max_seq_len} tokens"
                 + (f"; graphs captured in {time.perf_counter() - start:.1f} s" if self.use_cuda_graphs else "")
+                + (f"; {self.graphs.pdl_note()}" if self.graphs is not None and self.graphs.pdl_choices else "")
                 + (f"; mixed steps run eagerly: {eager}" if eager else "")
                 + (f"; {torch.get_num_threads()} CPU threads" if self.device.type == "cpu" else "")
                 + (f"; a step takes {self.step_cost}" if self.step_cost is not None else ""),
@@ -381,7 +385,9 @@ class ModelRunner:
         graphs = None
         if self.use_cuda_graphs:
             if self.graphs is None:
-                self.graphs = DecodeGraphs(self.decode_step, self.max_rows, self.pool.pad_row, self.device)
+                self.graphs = DecodeGraphs(
+                    self.decode_step, self.max_rows, self.pool.pad_row, self.device, self.measure_pdl
+                )
             graphs = self.graphs
         if self.flashinfer is not None:
             assert host_lengths is not None and host_blocks is not None

@@ -9,12 +9,15 @@ on a GPU says it gains (`fp8route bench e2e --pdl off,on --silu-in-down off,on -
   kernel reading the bf16 x again: the same codes, a launch and a bf16 round trip fewer.
 
 Changing them changes `launch_generation()`, which `plans_epoch()` includes, so CUDA graphs
-captured before are captured again with the new kernels.
+captured before are captured again with the new kernels. `capturing_with` is the exception: options
+for one capture only (the decode graphs measure each bucket with PDL and without), restored after.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
@@ -58,6 +61,19 @@ def set_kernel_options(
         _current[0] = new
         _generation[0] += 1
     return new
+
+
+@contextmanager
+def capturing_with(*, pdl: bool) -> Iterator[None]:
+    """PDL as given within, for a CUDA graph captured there (its caller checked why_not_pdl), and as
+    it was after. The generation stays: the graph keeps the launches it captured, and the options
+    outside are unchanged."""
+    saved = _current[0]
+    _current[0] = replace(saved, pdl=pdl)
+    try:
+        yield
+    finally:
+        _current[0] = saved
 
 
 def launch_generation() -> int:

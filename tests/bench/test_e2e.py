@@ -57,7 +57,7 @@ def test_each_scheme_is_put_against_per_tensor_on_the_same_arm_and_shape():
 
 def test_options_and_schemes_each_compare_within_their_own_kind():
     """A run of tensor and block checkpoints, each with quantize_upstream off and on: an option row
-    is put against its own scheme's plain row, a block row against the tensor row with its options
+    is put against its own scheme's first row, a block row against the tensor row with its options
     (the H100 run of 2026-12-06 compared tensor rows with the block plain row)."""
     from dataclasses import replace
 
@@ -71,11 +71,26 @@ def test_options_and_schemes_each_compare_within_their_own_kind():
     rows = [tensor, block, tensor_on, block_on]
     options = [line.split() for line in options_summary(rows).splitlines()[1:]]
     assert options == [
-        ["routed", "quantize-upstream", "1", "1024", "2.000", "4.000", "=", "without", "options"],
-        ["routed", "block", "quantize-upstream", "1", "1024", "3.000", "1.000", "=", "without", "options"],
+        ["routed", "quantize-upstream", "1", "1024", "2.000", "4.000", "routed,", "equal"],
+        ["routed", "block", "quantize-upstream", "1", "1024", "3.000", "1.000", "routed", "block,", "equal"],
     ]
     schemes = [line.split() for line in scheme_summary(rows).splitlines()[1:]]
     assert schemes == [
         ["routed", "block", "1", "1024", "1.500", "1.000"],
         ["routed", "block", "quantize-upstream", "1", "1024", "1.000", "4.000"],
     ]
+
+
+def test_pdl_arms_are_labelled_and_the_measured_one_says_which_graphs_kept_it():
+    from dataclasses import replace
+
+    from fp8route.bench.e2e import options_summary
+
+    measured = replace(ROWS[0], pdl_choices=((1, True, 3.1, 3.0), (2, False, 3.2, 3.19), (16, False, 3.4, 3.5)))
+    off = replace(ROWS[0], pdl=False, decode_step_ms=3.2, tokens_digest="x")
+    on = replace(ROWS[0], pdl=True)
+    assert (measured.label, off.label, on.label) == ("routed", "routed pdl-off", "routed pdl")
+    lines = options_summary([off, on, measured]).splitlines()
+    speedup = f"{3.2 / 3.078:.3f}"
+    assert lines[1].split() == ["routed", "pdl", "1", "1024", speedup, "1.000", "routed", "pdl-off,", "DIFFER"]
+    assert lines[3] == "routed: PDL kept in 1 of 3 decode graphs, batches 1 (1.033x) (replay time without / with)"

@@ -158,6 +158,15 @@ def test_buckets():
     assert buckets(100) == [1, 2, 4, 8, 16, 32, 64, 96, 100] and buckets(64) == [1, 2, 4, 8, 16, 32, 64]
 
 
+def test_a_bucket_keeps_pdl_only_when_it_measured_faster_by_more_than_the_margin():
+    from fp8route.engine.decode_graphs import PDL_MARGIN, PdlChoice
+
+    assert PdlChoice(3.0, 3.0 * (1 - 2 * PDL_MARGIN)).pdl
+    assert not PdlChoice(3.0, 3.0 * (1 - PDL_MARGIN / 2)).pdl  # within the margin: the plain launches
+    assert not PdlChoice(3.0, 3.1).pdl
+    assert str(PdlChoice(3.0, 2.9)) == "PDL on (2.900 ms a replay with it, 3.000 without)"
+
+
 def test_chunked_prefill_and_small_blocks_give_the_same_tokens_and_logits():
     """Prompts split over forwards of 5 tokens (later chunks attend to their earlier blocks through
     the table) against whole-prompt prefill, with 4-token blocks against 16."""

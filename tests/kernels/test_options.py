@@ -58,3 +58,15 @@ def test_a_triton_whose_gdc_wait_does_not_compile_is_refused(monkeypatch: pytest
     assert options.triton_compiles_pdl() == has_option
     monkeypatch.setattr(cuda, "gdc_wait", old)
     assert not options.triton_compiles_pdl()
+
+
+def test_capturing_with_sets_pdl_for_one_capture_and_keeps_the_epoch(pdl_possible: None) -> None:
+    before, epoch = options.kernel_options(), plans_epoch()
+    with options.capturing_with(pdl=True):
+        assert options.kernel_options() == options.KernelOptions(pdl=True, quantize_upstream=before.quantize_upstream)
+        assert pdl.launch_options() == {"USE_PDL": True, "launch_pdl": True}
+        assert plans_epoch() == epoch  # the graph captured here is kept
+    assert options.kernel_options() == before and plans_epoch() == epoch
+    with pytest.raises(RuntimeError), options.capturing_with(pdl=True):
+        raise RuntimeError("a capture that fails")
+    assert options.kernel_options() == before

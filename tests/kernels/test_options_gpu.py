@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp8route.kernels.options import KernelOptions, set_kernel_options, why_not_pdl
+from fp8route.kernels.options import KernelOptions, kernel_options, set_kernel_options, why_not_pdl
 from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR
 
 pytestmark = [
@@ -52,6 +52,7 @@ def test_the_options_give_the_logits_plain_kernels_give(tmp_path, dtype, kv_cach
         folder, device="cuda", dtype=dtype, max_num_seqs=16, max_model_len=512, kv_cache_dtype=kv_cache_dtype,
         enable_prefix_caching=False,  # each run computes its prompts again, as the first did
         policy=Policy(force="fp8_gemv"),  # every decode bucket on the kernel the options change (prefill falls back)
+        pdl=False,  # the plain launches, unmeasured, until the test turns PDL on
         num_kv_blocks=2048, quiet=True,
     )  # fmt: skip
     down = model.module.model.layers[0].mlp.down_proj
@@ -69,3 +70,35 @@ def test_the_options_give_the_logits_plain_kernels_give(tmp_path, dtype, kv_cach
         assert torch.equal(off[1], off_again[1]), "plain launches are not repeatable here"
         assert torch.equal(on[0], off[0]), f"batch {batch}: tokens differ with {options}"
         assert torch.equal(on[1], off[1]), f"batch {batch}: logits differ with {options}"
+
+
+def test_pdl_left_open_is_measured_per_decode_graph_and_changes_no_logit(tmp_path):
+    """EngineConfig.pdl None (the default): every decode bucket captured with PDL and without, their
+    replays timed, one kept, at start; the tokens and logits those graphs give equal those of PDL off."""
+    from checkpoint_helpers import MODELOPT_HF_QUANT, fp8_llama, write_checkpoint
+    from helpers import generate_with_logits
+
+    from fp8route.engine import load_model
+
+    if (reason := why_not_pdl()) is not None:
+        pytest.skip(f"PDL: {reason}")
+    folder = write_checkpoint(
+        tmp_path / "fp8", fp8_llama(config=CONFIG), CONFIG, **{"hf_quant_config.json": MODELOPT_HF_QUANT}
+    )
+    common = {"device": "cuda", "max_num_seqs": 16, "max_model_len": 512, "enable_prefix_caching": False,
+              "num_kv_blocks": 2048, "quiet": True}  # fmt: skip
+    ids = torch.randint(0, CONFIG["vocab_size"], (16, 300), generator=torch.Generator().manual_seed(0)).cuda()
+    runs = []
+    for pdl in (None, False):
+        model = load_model(folder, pdl=pdl, **common)
+        graphs = model.engine.runner.graphs
+        if pdl is None:
+            assert sorted(graphs.pdl_choices) == graphs.sizes, "a bucket captured without measuring PDL"
+            assert all(c.off_ms > 0 and c.on_ms > 0 for c in graphs.pdl_choices.values())
+            assert not kernel_options().pdl, "measuring left PDL on outside the graphs"
+        else:
+            assert not graphs.pdl_choices
+        runs.append([generate_with_logits(model, ids[:batch], 40) for batch in (1, 5, 16)])
+        del model
+    for (measured, off), batch in zip(zip(*runs, strict=True), (1, 5, 16), strict=True):
+        assert torch.equal(measured[0], off[0]) and torch.equal(measured[1], off[1]), f"batch {batch} differs"
