@@ -1,15 +1,19 @@
 """What fp8route knows of a device: its kind, compute capability, SM count and L2 size.
 
 A bottom module (torch and fp8route.errors only): the backends' predicates, the routing
-fingerprint and the kernels' launch configurations all read it, and every default device is
-decided here (default_device).
+fingerprint and the kernels' launch configurations all read it, every default device is
+decided here (default_device), and every CUDA graph is captured through capture_graph.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -90,3 +94,26 @@ def default_device(device: torch.device | str | None = None) -> torch.device:
     if chosen.type == "cuda" and not torch.cuda.is_available():
         raise Fp8InputError(f"device {device!r}: torch sees no CUDA GPU on this machine; use cpu")
     return chosen
+
+
+@contextlib.contextmanager
+def collector_off() -> Iterator[None]:
+    """Python's cycle collector held off within (as timeit does), back as it was after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@contextlib.contextmanager
+def capture_graph(graph: torch.cuda.CUDAGraph, pool: Any = None) -> Iterator[None]:
+    """torch.cuda.graph(graph, pool) with the cycle collector off. A collection inside a capture can
+    free an earlier engine's CUDA graphs (a model deleted in the same process), and a graph's reset is
+    not permitted while a stream captures: it invalidates this capture (seen on an H100: a model
+    loaded after others in one test process failed its capture). The cycles wait for the next
+    collection after."""
+    with collector_off(), torch.cuda.graph(graph, pool=pool):
+        yield

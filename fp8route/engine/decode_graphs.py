@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from fp8route.device import capture_graph
 from fp8route.kernels.options import capturing_with, kernel_options
 from fp8route.linear.layer import plans_epoch
 
@@ -165,7 +166,7 @@ class DecodeGraphs:
             self.step(*static)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with capture_graph(graph, self.pool):
             logits, next_tokens = self.step(*static)
         if self.pool is None:
             self.pool = graph.pool()

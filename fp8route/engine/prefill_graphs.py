@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from fp8route.device import capture_graph
 from fp8route.engine.attention import StepAttention
 from fp8route.engine.blocks import SCRATCH_BLOCK
 from fp8route.engine.kv_pool import KVPool
@@ -285,7 +286,7 @@ class PrefillGraphs:
         graphs = []
         for call in calls:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            with capture_graph(graph, self.pool):
                 call()
             if self.pool is None:
                 self.pool = graph.pool()

@@ -26,7 +26,6 @@ Nothing here touches CUDA at import time.
 
 from __future__ import annotations
 
-import gc
 import math
 import statistics
 import time
@@ -36,6 +35,7 @@ from typing import TypeVar
 
 import torch
 
+from fp8route.device import capture_graph, collector_off
 from fp8route.errors import Fp8RouteError
 from fp8route.tuning.cupti import cupti_available, kernel_us_per_call, labelled, profiling
 
@@ -232,17 +232,12 @@ def _queue_behind_sleep(schedule: Sequence[Callable[[], object]], lead_us: float
     sleep_done = torch.cuda.Event()
     # A collection pausing the host mid-batch would only cost a retry, but timeit turns the
     # collector off for the same reason and so do we.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_off():
         torch.cuda._sleep(_sleep_cycles(lead_us))
         sleep_done.record()
         for call in schedule:
             call()
         return not sleep_done.query()
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _between(call: Callable[[], object], start: torch.cuda.Event, end: torch.cuda.Event) -> Callable[[], None]:
@@ -270,7 +265,7 @@ def time_graph(calls: Sequence[Callable[[], object]], *, repeats: int = 5, warmu
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture_graph(graph):
         for call in calls:
             call()
     graph.replay()  # first replay uploads the graph

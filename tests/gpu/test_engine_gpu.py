@@ -209,3 +209,37 @@ def test_decode_graphs_first_captured_under_inference_mode_serve_steps_outside_i
     with torch.no_grad():
         again = run(engine, {"b": [1, 2, 3]}, params)
     assert again["b"] == first["a"]
+
+
+@gpu
+def test_no_cycle_collection_runs_inside_a_capture():
+    """A collection inside a capture can reset an earlier model's dead CUDA graphs, which invalidates
+    the capture (an H100 test process failed so): with the collector set to run at every allocation,
+    none runs while capture_graph captures, and the graph replays what it captured."""
+    import gc
+
+    from fp8route.device import capture_graph
+
+    during: list[bool] = []
+
+    def record(phase: str, info: dict) -> None:
+        if phase == "start":
+            during.append(torch.cuda.is_current_stream_capturing())
+
+    y = torch.ones(8, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    threshold = gc.get_threshold()
+    gc.callbacks.append(record)
+    try:
+        gc.set_threshold(1, 1, 1)
+        with capture_graph(graph):
+            for _ in range(64):
+                y = y + 1.0
+                _ = [[] for _ in range(8)]  # container allocations: each may start a collection
+        gc.collect()
+    finally:
+        gc.callbacks.remove(record)
+        gc.set_threshold(*threshold)
+    graph.replay()
+    assert during and not any(during), "a collection ran inside the capture"
+    assert torch.equal(y.cpu(), torch.full((8,), 65.0))
