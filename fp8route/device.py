@@ -112,8 +112,7 @@ def collector_off() -> Iterator[None]:
 def capture_graph(graph: torch.cuda.CUDAGraph, pool: Any = None) -> Iterator[None]:
     """torch.cuda.graph(graph, pool) with the cycle collector off. A collection inside a capture can
     free an earlier engine's CUDA graphs (a model deleted in the same process), and a graph's reset is
-    not permitted while a stream captures: it invalidates this capture (seen on an H100: a model
-    loaded after others in one test process failed its capture). The cycles wait for the next
+    not permitted while a stream captures: it invalidates this capture. The cycles wait for the next
     collection after."""
     with collector_off(), torch.cuda.graph(graph, pool=pool):
         yield

@@ -12,7 +12,7 @@ A graph replays the kernels, operands and workspaces it captured: when any Fp8Li
 
 Programmatic dependent launch (fp8route.kernels.pdl) overlaps each kernel's start with the tail of
 the one before: a gain where a step is many short kernels, a loss where the early blocks hold an SM
-that the kernel before still needs (on the H200: +3.3% at batch 1, -2.8% at 16). So where the engine
+that the kernel before still needs (which wins where: docs/engine.md). So where the engine
 leaves it to measurement (EngineConfig.pdl None), each bucket is captured twice, without and with it,
 their replays timed in turn, and the faster graph kept (`pdl_choices` says which and by how much).
 """
