@@ -80,7 +80,12 @@ def report_profile(prof: torch.profiler.profile, steps: int) -> None:
         return
     busy = sum(end - start for start, end, _ in kernels)
     span = kernels[-1][1] - kernels[0][0]
-    gaps = [(b[0] - a[1], a[2], b[2]) for a, b in zip(kernels, kernels[1:], strict=False) if b[0] - a[1] > GAP_US]
+    gaps, end, last = [], kernels[0][1], kernels[0][2]  # end: the latest any kernel so far ran to
+    for start, stop, name in kernels[1:]:
+        if start - end > GAP_US:
+            gaps.append((start - end, last, name))
+        if stop > end:
+            end, last = stop, name
     print(f"profiled {steps} steps: GPU span {span / steps / 1e3:.3f} ms a step, kernels {busy / steps / 1e3:.3f} ms")
     print(
         f"gaps over {GAP_US:.0f} us: {len(gaps) / steps:.1f} a step, {sum(g for g, _, _ in gaps) / steps:.1f} us a step"
