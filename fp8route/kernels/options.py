@@ -1,7 +1,8 @@
 """Process-wide options of fp8route's own kernels, each on by default only once a same-run measurement
-on a GPU says it gains (`fp8route bench e2e --pdl off,on --silu-in-down off,on --quantize-upstream off,on`):
+on a GPU says it gains (`fp8route bench e2e --pdl auto,off,on --silu-in-down off,on --quantize-upstream off,on`):
 
-- pdl: launch them with programmatic dependent launch (fp8route.kernels.pdl), Hopper on;
+- pdl: launch them with programmatic dependent launch (fp8route.kernels.pdl), Hopper on; off here by
+  default, and an engine whose config leaves it open measures it per decode graph (engine.decode_graphs);
 - silu_in_down: where a down projection runs fp8route's decode GEMM, compute SiLU(gate) * up inside
   it from the gate_up output instead of in a kernel of its own before it;
 - quantize_upstream (on): where a layer's backend reads separately quantized x, the RMSNorm or SiLU-up

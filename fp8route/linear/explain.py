@@ -46,7 +46,7 @@ def options_line() -> str:
     options = kernel_options()
     fused = [b.name for b in BACKENDS.values() if b.fuses_silu_mul]
     where = f": down projections on {', '.join(fused)} take gate_up and compute SiLU * up inside" if fused else ""
-    pdl = "on" if options.pdl else "off (an engine on Hopper measures each decode graph with it, unless told off)"
+    pdl = "on" if options.pdl else "off (an engine on Hopper measures each decode graph with it unless its config says)"
     return (
         f"kernel options: pdl {pdl}, silu_in_down {'on' + where if options.silu_in_down else 'off'}, "
         f"quantize_upstream {'on' if options.quantize_upstream else 'off'}"
