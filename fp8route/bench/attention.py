@@ -3,8 +3,9 @@ it, on Llama-3.1-8B's heads (32 query, 8 KV, head 128, bf16; blocks of 16), each
 torch path first:
 
 - decode: B rows at one context: RoPE + cache write + paged_attention's split-KV grid, against the
-  decode kernel with the new token fused (fp8route.kernels.paged_decode), inside one CUDA graph over
-  several layer pools (L2 holds none); TB/s of the KV read;
+  decode kernel with the new token fused (fp8route.kernels.paged_decode) in each of its launches asked
+  for (its default, and with the combine fused), inside one CUDA graph over several layer pools (L2
+  holds none); TB/s of the KV read;
 - prefill: one fresh chunk of T tokens from the cache, against SDPA (cuDNN) over the chunk's own
   q/k/v as the engine ran fresh chunks; TFLOP/s of the causal products (4 * T^2 / 2 * H * D);
 - mixed: 255 decode rows at 1024 and one fresh 2048 chunk, one call, against decode kernel + SDPA;
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -87,8 +88,11 @@ def _own_kv(cache: pa.PagedKV, row: int, tokens: int) -> tuple[torch.Tensor, tor
     return k, v
 
 
-def decode(batch: int, ctx: int, layers: int, cache_dtype: torch.dtype) -> tuple[float, float, float]:
-    """(paged_attention µs, decode kernel µs, KV TB/s of paged_attention) for `batch` rows at `ctx`."""
+def decode(
+    batch: int, ctx: int, layers: int, cache_dtype: torch.dtype, launches: Sequence[pd.Launch | None] = (None,)
+) -> tuple[float, list[float], float]:
+    """(paged_attention µs, decode kernel µs in each launch (None: its default), KV TB/s of
+    paged_attention) for `batch` rows at `ctx`."""
     caches = _pools(batch, ctx, layers, cache_dtype)
     q = torch.randn(batch, H, D, device="cuda", dtype=BF16)
     k_new, v_new = (torch.randn(batch, 1, HKV, D, device="cuda", dtype=BF16) for _ in range(2))
@@ -104,12 +108,16 @@ def decode(batch: int, ctx: int, layers: int, cache_dtype: torch.dtype) -> tuple
         rope_into_cache(k_new, v_new, cos, sin, k_flat, v_flat, slots, scales)
         pa.paged_attention(q, c, seqs)
 
-    def before(c: pa.PagedKV) -> None:
+    def before(c: pa.PagedKV, launch: pd.Launch | None) -> None:
         pages = pd.Pages(c.k, c.v, c.tables, rows, c.k_scale, c.v_scale)
-        pd.decode_attention(q, pages, lengths, new=pd.NewToken(k_new[:, 0], v_new[:, 0], cos[:, 0], sin[:, 0]))
+        token = pd.NewToken(k_new[:, 0], v_new[:, 0], cos[:, 0], sin[:, 0])
+        pd.decode_attention(q, pages, lengths, new=token, launch=launch)
 
     new = statistics.median(time_graph([functools.partial(ours, c) for c in caches], repeats=20))
-    old = statistics.median(time_graph([functools.partial(before, c) for c in caches], repeats=20))
+    old = [
+        statistics.median(time_graph([functools.partial(before, c, launch) for c in caches], repeats=20))
+        for launch in launches
+    ]
     kv_bytes = 2 * batch * ctx * HKV * D * cache_dtype.itemsize
     return new, old, kv_bytes / (new * 1e-6) / 1e12
 

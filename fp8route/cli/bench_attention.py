@@ -8,6 +8,7 @@ import torch
 
 from fp8route.cli.sweep_args import cuda_device
 from fp8route.errors import Fp8InputError
+from fp8route.kernels import paged_decode as pd
 
 # --sweep's tilings (query rows x positions x warps x stages); the first is paged_attention's default.
 SWEEP_LAUNCHES = "128x128x8x3,128x128x8x2,256x128x8x2,256x64x8x3,128x64x8x3,128x32x4x3,64x64x4x3"
@@ -17,6 +18,7 @@ def run(args: argparse.Namespace) -> int:
     from fp8route.bench import attention as ab
 
     launches = ab.parse_launches(args.launches) if args.sweep else []
+    decode_launches = {fp8: _decode_launches(args.decode_launches, fp8) for fp8 in (False, True)}
     if args.layers < 1:
         raise Fp8InputError(f"--layers must be at least 1, got {args.layers}")
     device = cuda_device(argparse.Namespace(device="cuda"))
@@ -26,12 +28,16 @@ def run(args: argparse.Namespace) -> int:
     if args.sweep:
         print("\n".join(ab.sweep(launches)))
         return 0
-    print("| decode | B | ctx | paged_attention us | decode kernel us | new/old | KV TB/s |")
-    print("|---|---|---|---|---|---|---|")
     for name, cache_dtype in (("bf16", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
+        asked = decode_launches[cache_dtype == torch.float8_e4m3fn]
+        names = " | ".join(f"decode {launch} us" for launch in asked)
+        print(f"\n| decode {name} | B | ctx | paged_attention us | {names} | new/old | KV TB/s |")
+        print("|---" * (6 + len(asked)) + "|")
         for batch, ctx in ab.DECODE_CASES:
-            new, old, tbs = ab.decode(batch, ctx, args.layers, cache_dtype)
-            print(f"| {name} | {batch} | {ctx} | {new:.1f} | {old:.1f} | {new / old:.2f} | {tbs:.2f} |", flush=True)
+            paged_us, decode_us, tbs = ab.decode(batch, ctx, args.layers, cache_dtype, asked)
+            times = " | ".join(f"{t:.1f}" for t in decode_us)
+            ratio = paged_us / decode_us[0]
+            print(f"| {name} | {batch} | {ctx} | {paged_us:.1f} | {times} | {ratio:.2f} | {tbs:.2f} |", flush=True)
     print("\n| prefill T | paged_attention us | SDPA us | new/old | TFLOP/s |\n|---|---|---|---|---|")
     for tokens in ab.PREFILL_TOKENS:
         new, old, tflops = ab.prefill(tokens)
@@ -39,6 +45,17 @@ def run(args: argparse.Namespace) -> int:
     new, old = ab.mixed()
     print(f"\nmixed 255 decodes @1024 + 2048 fresh: paged_attention {new:.0f} us, decode kernel + SDPA {old:.0f} us")
     return 0
+
+
+def _decode_launches(text: str, fp8: bool) -> list[pd.Launch]:
+    """--decode-launches for one cache dtype: "default" is paged_decode.LAUNCH's for it, "default-fused"
+    the same with the combine fused; others as Launch.parse reads them."""
+    default = pd.LAUNCH[fp8]
+    named = {"default": default, "default-fused": default._replace(fused=True)}
+    launches = [named.get(w) or pd.Launch.parse(w) for w in (w.strip() for w in text.split(",")) if w]
+    if not launches:
+        raise Fp8InputError(f"--decode-launches: one or more launches, comma-separated, got {text!r}")
+    return launches
 
 
 def register(kinds: argparse._SubParsersAction) -> None:
@@ -50,4 +67,9 @@ def register(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--layers", type=int, default=8, help="layer pools a decode graph cycles through")
     parser.add_argument("--sweep", action="store_true", help="time the multi-query grid's tilings (--launches) instead")
     parser.add_argument("--launches", default=SWEEP_LAUNCHES, help="tilings for --sweep: BLOCK_MxTILExWARPSxSTAGES,...")
+    parser.add_argument(
+        "--decode-launches", default="default,default-fused",
+        help="the decode kernel's launches to time, each against the first: BLOCKxWARPSxSTAGES[h][c], or default "
+        "and default-fused (its default per cache dtype, and that with the combine fused)",
+    )  # fmt: skip
     parser.set_defaults(run=run)
