@@ -89,19 +89,26 @@ def test_with_a_fixed_split_a_rows_output_does_not_depend_on_its_batch():
         assert torch.equal(alone[0], batch[b]), b
 
 
+def three_rows_and_their_new_tokens(heads: int, seed: int):  # type: ignore[no-untyped-def]
+    """q, the new tokens, lengths 1000, 1 and 333, and K/V blocks of 16 positions over 1024 (2 KV heads
+    of 32), with their tables: (q, new, lengths, k_blocks, v_blocks, tables)."""
+    b, hkv, d, s = 3, 2, 32, 1024
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, heads, d, generator=g)
+    k, v = torch.randn(b, hkv, s, d, generator=g), torch.randn(b, hkv, s, d, generator=g)
+    new = da.NewToken(*(torch.randn(b, hkv, d, generator=g) for _ in range(2)), *torch.randn(2, b, d, generator=g))
+    (k_blocks, tables), (v_blocks, v_tables) = paged(k, 16), paged(v, 16)
+    assert torch.equal(tables, v_tables)
+    return q, new, torch.tensor([1000, 1, 333]), k_blocks, v_blocks, tables
+
+
 @pytest.mark.parametrize("programs", [1, 3, 8])
 def test_programs_that_each_run_several_splits_give_the_same_bits(programs):
     """With fewer programs than splits each runs every programs-th split of its row (issue 47: a grid
     that need not grow with the table's width): the same splits, the same partial sums, the same bits;
     the fused new token too, written by the program one of whose splits holds it."""
-    b, h, hkv, d, s, page = 3, 4, 2, 32, 1024, 16
-    g = torch.Generator().manual_seed(7)
-    q = torch.randn(b, h, d, generator=g)
-    k, v = torch.randn(b, hkv, s, d, generator=g), torch.randn(b, hkv, s, d, generator=g)
-    new = da.NewToken(*(torch.randn(b, hkv, d, generator=g) for _ in range(2)), *torch.randn(2, b, d, generator=g))
-    lengths = torch.tensor([1000, 1, 333])
-    (k_blocks, tables), (v_blocks, v_tables) = paged(k, page), paged(v, page)
-    assert torch.equal(tables, v_tables)
+    q, new, lengths, k_blocks, v_blocks, tables = three_rows_and_their_new_tokens(heads=4, seed=7)
+    b = len(lengths)
     outs = {}
     for each in (16, programs):  # 16: one program per split of the table's 1024 positions
         pages = da.Pages(k_blocks.clone(), v_blocks.clone(), tables, torch.arange(b))
@@ -120,13 +127,8 @@ def test_the_fused_combine_gives_the_two_kernels_bits_and_leaves_its_counters_at
     counters are zero again after (a CUDA graph replays them), also when it runs again."""
     from fp8route.kernels.split_counters import left_set
 
-    b, h, hkv, d, s, page = 3, 8, 2, 32, 1024, 16
-    g = torch.Generator().manual_seed(11)
-    q = torch.randn(b, h, d, generator=g)
-    k, v = torch.randn(b, hkv, s, d, generator=g), torch.randn(b, hkv, s, d, generator=g)
-    new = da.NewToken(*(torch.randn(b, hkv, d, generator=g) for _ in range(2)), *torch.randn(2, b, d, generator=g))
-    lengths = torch.tensor([1000, 1, 333])
-    (k_blocks, tables), (v_blocks, _) = paged(k, page), paged(v, page)
+    q, new, lengths, k_blocks, v_blocks, tables = three_rows_and_their_new_tokens(heads=8, seed=11)
+    b = len(lengths)
     outs = []
     for fused in (False, True, True):
         pages = da.Pages(k_blocks.clone(), v_blocks.clone(), tables, torch.arange(b))
