@@ -80,6 +80,7 @@ class E2ERow:
     top_kernels: tuple[tuple[str, float], ...] = ()  # the largest, (name, ms a step)
     # Where pdl is None: each decode graph's (batch bucket, PDL kept, replay ms without, with).
     pdl_choices: tuple[tuple[int, bool, float, float], ...] = ()
+    round: int = 0  # of bench e2e --rounds (from 0); every summary compares rows of one round
 
     @property
     def label(self) -> str:
@@ -88,6 +89,7 @@ class E2ERow:
         label += {None: "", True: " pdl", False: " pdl-off"}[self.pdl]
         label += " silu-in-down" if self.silu_in_down else ""
         label += " quantize-upstream" if self.quantize_upstream else ""
+        label += f" round {self.round + 1}" if self.round else ""
         return label if self.tp == 1 else f"{label} tp{self.tp} {self.all_reduce}"
 
 
@@ -375,10 +377,10 @@ def plot(rows: Sequence[E2ERow], path: Path, title: str) -> Path | None:
 def tp_summary(rows: Sequence[E2ERow]) -> str:
     """Each sharded row against the one-rank row of the same arm, attention and shape: decode speed-up, TTFT
     speed-up, memory ratio, and whether the tokens match."""
-    single = {(r.arm, r.attention, r.batch, r.input_tokens): r for r in rows if r.tp == 1}
+    single = {(r.arm, r.attention, r.batch, r.input_tokens, r.round): r for r in rows if r.tp == 1}
     lines = [f"{'':<22}{'batch':>6}{'input':>7}{'decode x':>10}{'TTFT x':>8}{'mem x':>7}  tokens"]
     for r in rows:
-        base = single.get((r.arm, r.attention, r.batch, r.input_tokens))
+        base = single.get((r.arm, r.attention, r.batch, r.input_tokens, r.round))
         if r.tp == 1 or base is None:
             continue
         same = "= tp1" if r.tokens_digest == base.tokens_digest else "differ from tp1"
@@ -390,9 +392,9 @@ def tp_summary(rows: Sequence[E2ERow]) -> str:
     return "\n".join(lines)
 
 
-def _arm_shape(r: E2ERow) -> tuple[str, str, str, int, int, int]:
-    """What a row is compared within: its checkpoint's scheme, arm, attention, ranks and shape."""
-    return (r.scheme, r.arm, r.attention, r.tp, r.batch, r.input_tokens)
+def _arm_shape(r: E2ERow) -> tuple[str, str, str, int, int, int, int]:
+    """What a row is compared within: its checkpoint's scheme, arm, attention, ranks, shape and round."""
+    return (r.scheme, r.arm, r.attention, r.tp, r.batch, r.input_tokens, r.round)
 
 
 def _options(r: E2ERow) -> tuple[bool | None, bool, bool]:

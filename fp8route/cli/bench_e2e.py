@@ -8,7 +8,7 @@ import itertools
 import json
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -48,6 +48,9 @@ PDL_HELP = (
 )
 
 
+_Run = tuple[int, str, str, ArmOptions, str, str]  # (tp, arm, attention, options, checkpoint, all-reduce method)
+
+
 @dataclass(frozen=True)
 class _Plan:
     """The arms and shapes a run times, from the command line, checked."""
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     copy_gbs = copy_bandwidth_gbs()
     print(f"copy bandwidth (this run): {copy_gbs:.0f} GB/s")
     with tempfile.TemporaryDirectory(prefix="fp8route-e2e-", dir=args.tmp) as tmp:
-        rows = _bench(plan, _folders(args, plan, Path(tmp)), args.output, copy_gbs)
+        rows = _bench(plan, _folders(args, plan, Path(tmp)), args.output, copy_gbs, args.rounds)
     print("\n" + table(rows))
     print("\n" + split_table(rows))
     if len(plan.sizes) > 1:
@@ -98,6 +101,8 @@ def _plan(args: argparse.Namespace, device: torch.device) -> _Plan:
     sizes, methods = sweep_values(args, "tp"), sweep_values(args, "all_reduce")
     if max(sizes) > torch.cuda.device_count():
         raise Fp8InputError(f"--tp {max(sizes)} needs that many GPUs; {torch.cuda.device_count()} are visible")
+    if args.rounds < 1:
+        raise Fp8InputError(f"--rounds must be at least 1, got {args.rounds}")
     if args.output < 2:
         raise Fp8InputError(f"--output must be at least 2 (a decode step is timed), got {args.output}")
     attentions = sweep_values(args, "attention")
@@ -139,21 +144,32 @@ def _folders(args: argparse.Namespace, plan: _Plan, tmp: Path) -> dict[str, Path
     return folders
 
 
-def _bench(plan: _Plan, folders: dict[str, Path], output: int, copy_gbs: float) -> list[E2ERow]:
-    """Every arm on every checkpoint at every tensor parallel size (and all-reduce method), printing each
-    arm's rows as they come."""
+def _bench(plan: _Plan, folders: dict[str, Path], output: int, copy_gbs: float, rounds: int) -> list[E2ERow]:
+    """Every arm on every checkpoint at every tensor parallel size (and all-reduce method), `rounds`
+    times, printing each arm's rows as they come."""
     rows: list[E2ERow] = []
     fp8 = [name for name in folders if name != "bf16"]
-    for tp in plan.sizes:
-        for arm, attention, option in itertools.product(plan.arms, plan.attentions, plan.options):
-            checkpoints = ["bf16"] if arm == "bf16" else fp8
-            for checkpoint, method in itertools.product(checkpoints, plan.methods if tp > 1 else ["nccl"]):
-                run_args = (arm, folders[checkpoint], plan.batches, plan.inputs, output, copy_gbs)
-                bench = functools.partial(bench_arm, tp=tp, all_reduce=method, attention=attention, options=option)
-                new = bench(*run_args) if tp == 1 else run_ranks(tp, bench, *run_args)
-                rows += new
-                print(table(new).split("\n", 1)[1], flush=True)
+    runs = [
+        (tp, arm, attention, option, checkpoint, method)
+        for tp in plan.sizes
+        for arm, attention, option in itertools.product(plan.arms, plan.attentions, plan.options)
+        for checkpoint in (["bf16"] if arm == "bf16" else fp8)
+        for method in (plan.methods if tp > 1 else ["nccl"])
+    ]
+    for round_, order in enumerate(round_orders(runs, rounds)):
+        for tp, arm, attention, option, checkpoint, method in order:
+            run_args = (arm, folders[checkpoint], plan.batches, plan.inputs, output, copy_gbs)
+            bench = functools.partial(bench_arm, tp=tp, all_reduce=method, attention=attention, options=option)
+            new = [replace(r, round=round_) for r in (bench(*run_args) if tp == 1 else run_ranks(tp, bench, *run_args))]
+            rows += new
+            print(table(new).split("\n", 1)[1], flush=True)
     return rows
+
+
+def round_orders(runs: list[_Run], rounds: int) -> list[list[_Run]]:
+    """The runs of each round: in order, then reversed, and so on, so that no arm's place in the run
+    (the first arm once ran 4% faster at batch 1 on an H100) weighs on a ratio taken within rounds."""
+    return [runs if r % 2 == 0 else runs[::-1] for r in range(rounds)]
 
 
 def _write(args: argparse.Namespace, rows: list[E2ERow], fingerprint: Fingerprint, copy_gbs: float) -> None:
@@ -193,6 +209,11 @@ def register(kinds: argparse._SubParsersAction) -> None:
     e2e.add_argument("--batch", default="1,16", help="rows decoded together, comma-separated batch sizes")
     e2e.add_argument("--input", default="1024,4096", help="prompt tokens per row")
     e2e.add_argument("--output", type=int, default=128, help="new tokens per row")
+    e2e.add_argument(
+        "--rounds", type=int, default=1,
+        help="run the arms this many times, every other time in reverse order (each summary compares within a "
+        "round, so an arm's place in the run weighs on no ratio)",
+    )  # fmt: skip
     e2e.add_argument("--policy", default="routed,cublas,rowwise,bf16", help=f"arms: {', '.join(ARMS)}")
     add_engine_args(
         e2e, ["attention", "pdl", "silu_in_down", "quantize_upstream", "tp", "all_reduce"], sweep=True,

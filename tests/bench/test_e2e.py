@@ -94,3 +94,23 @@ def test_pdl_arms_are_labelled_and_the_measured_one_says_which_graphs_kept_it():
     speedup = f"{3.2 / 3.078:.3f}"
     assert lines[1].split() == ["routed", "pdl", "1", "1024", speedup, "1.000", "routed", "pdl-off,", "DIFFER"]
     assert lines[3] == "routed: PDL kept in 1 of 3 decode graphs, batches 1 (1.033x) (replay time without / with)"
+
+
+def test_rounds_run_the_arms_forward_then_back_and_each_summary_compares_within_a_round():
+    """bench e2e --rounds: the arms in order, then reversed, ...; a ratio is taken between rows of one
+    round, and a later round's rows say which they are."""
+    from dataclasses import replace
+
+    from fp8route.bench.e2e import scheme_summary
+    from fp8route.cli.bench_e2e import round_orders
+
+    runs = [(1, "routed", "builtin", None, s, "nccl") for s in ("tensor", "block", "channel")]
+    assert round_orders(runs, 3) == [runs, runs[::-1], runs]  # type: ignore[arg-type]
+    tensor = ROWS[0]
+    block = replace(tensor, decode_step_ms=tensor.decode_step_ms * 1.2, scheme="block")
+    later = [replace(tensor, decode_step_ms=4.0, round=1), replace(block, decode_step_ms=4.4, round=1)]
+    lines = [line.split() for line in scheme_summary([tensor, block, *later]).splitlines()[1:]]
+    assert lines == [
+        ["routed", "block", "1", "1024", "1.200", "1.000"],
+        ["routed", "block", "round", "2", "1", "1024", "1.100", "1.000"],
+    ]
