@@ -34,8 +34,8 @@ def _by_name(fn, repeats: int = 3) -> dict[str, float]:  # noqa: ANN001
     fn()
     fn()
     totals: dict[str, float] = defaultdict(float)
-    for name, ms in kernel_times(lambda: [fn() for _ in range(repeats)]) or []:
-        totals[name] += ms * 1e3 / repeats
+    for kernel in kernel_times(lambda: [fn() for _ in range(repeats)]) or []:
+        totals[kernel.name] += kernel.ms * 1e3 / repeats
     return dict(totals)
 
 

@@ -78,6 +78,8 @@ class E2ERow:
     rest_ms: float = 0.0
     kernels_per_step: float = 0.0
     top_kernels: tuple[tuple[str, float], ...] = ()  # the largest, (name, ms a step)
+    bubble_ms: float = 0.0  # the GPU idle between a step's kernels at their boundaries (step_split.BUBBLE_US)
+    stall_ms: float = 0.0  # and in longer stretches
     # Where pdl is None: each decode graph's (batch bucket, PDL kept, replay ms without, with).
     pdl_choices: tuple[tuple[int, bool, float, float], ...] = ()
     round: int = 0  # of bench e2e --rounds (from 0); every summary compares rows of one round
@@ -277,10 +279,11 @@ def _measure(model: CausalLM, ids: torch.Tensor, run: _ArmRun) -> E2ERow:
     )  # fmt: skip
 
 
-def _split_fields(split: step_split.StepSplit | None) -> tuple[float, float, float, float, tuple]:
+def _split_fields(split: step_split.StepSplit | None) -> tuple[float, float, float, float, tuple, float, float]:
     if split is None:
-        return 0.0, 0.0, 0.0, 0.0, ()
-    return split.ms["gemm"], split.ms["attention"], split.ms["rest"], split.kernels, split.top
+        return 0.0, 0.0, 0.0, 0.0, (), 0.0, 0.0
+    ms = split.ms
+    return ms["gemm"], ms["attention"], ms["rest"], split.kernels, split.top, split.bubble_ms, split.stall_ms
 
 
 def _pdl_choices(model: CausalLM) -> tuple[tuple[int, bool, float, float], ...]:
@@ -316,18 +319,19 @@ def table(rows: Sequence[E2ERow]) -> str:
 
 def split_table(rows: Sequence[E2ERow]) -> str:
     """Each row's decode step by kind of kernel (device ms, and its share of the measured step), the
-    launches a step, how much of the step the GPU was busy, and the largest kernels."""
+    GPU's idle time between kernels (at their boundaries, and longer stalls), the launches a step, how
+    much of the step the GPU was busy, and the largest kernels."""
     profiled = [r for r in rows if r.kernels_per_step]
     if not profiled:
         return "decode step by kernel: not recorded (torch.profiler sees no GPU kernels here)"
     lines = [
         f"decode step by kernel ({step_split.STEPS} profiled steps, device ms and share of the step)",
         f"{'arm':<22}{'batch':>6}{'input':>7}{'step ms':>9}{'GEMM':>14}{'attention':>14}{'rest':>14}"
-        f"{'kernels':>9}{'GPU busy':>10}",
+        f"{'bubbles':>14}{'stalls':>14}{'kernels':>9}{'GPU busy':>10}",
     ]
     for r in profiled:
-        shares = ((ms, 100 * ms / r.decode_step_ms) for ms in (r.gemm_ms, r.attention_ms, r.rest_ms))
-        kinds = "".join(f"{ms:>9.3f} {share:>3.0f}%" for ms, share in shares)
+        parts = (r.gemm_ms, r.attention_ms, r.rest_ms, r.bubble_ms, r.stall_ms)
+        kinds = "".join(f"{ms:>9.3f} {100 * ms / r.decode_step_ms:>3.0f}%" for ms in parts)
         busy = (r.gemm_ms + r.attention_ms + r.rest_ms) / r.decode_step_ms
         lines.append(
             f"{r.label:<22}{r.batch:>6}{r.input_tokens:>7}{r.decode_step_ms:>9.3f}{kinds}"

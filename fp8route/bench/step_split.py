@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -22,6 +23,9 @@ from fp8route.tuning.cupti import cupti_available, profiling
 
 STEPS = 8  # decode steps profiled
 TOP = 8  # the largest kernels kept by name
+# An idle stretch between kernels up to this long is a kernel boundary's (the next one's blocks placed
+# and started: ~0.5 us on an H100); a longer one waited for something else (the host, a copy).
+BUBBLE_US = 5.0
 
 # fp8route's paged attention (_attention_kernel, _merge_kernel) and decode kernels (_split_kernel,
 # _combine_kernel); FlashInfer's, FlashAttention's and cuDNN's by their own words. Read first: a
@@ -46,13 +50,25 @@ def kind_of(kernel: str) -> str:
     return "rest"
 
 
+class Kernel(NamedTuple):
+    """One kernel the profiler saw: its name, when it started and how long it ran (device ms)."""
+
+    name: str
+    start_ms: float
+    ms: float
+
+
 @dataclass(frozen=True)
 class StepSplit:
-    """One decode step's kernels: device milliseconds by kind, launches, and the largest by name."""
+    """One decode step's kernels: device milliseconds by kind, launches, the largest by name, and the
+    GPU's idle time between them (device ms per step): at kernel boundaries (bubbles, each up to
+    BUBBLE_US) and longer (stalls)."""
 
     ms: Mapping[str, float]  # kind -> device ms per step
     launches: Mapping[str, float]  # kind -> launches per step
     top: tuple[tuple[str, float], ...]  # (kernel, device ms per step), largest first
+    bubble_ms: float = 0.0
+    stall_ms: float = 0.0
 
     @property
     def total_ms(self) -> float:
@@ -64,31 +80,41 @@ class StepSplit:
         return sum(self.launches.values())
 
 
-def kernel_times(fn: Callable[[], object]) -> list[tuple[str, float]] | None:
-    """(kernel name, device ms) of every kernel one call of fn ran, in the order they started; None
-    where the profiler cannot see the GPU's kernels (no CUDA, no CUPTI)."""
+def kernel_times(fn: Callable[[], object]) -> list[Kernel] | None:
+    """Every kernel one call of fn ran, in the order they started; None where the profiler cannot see
+    the GPU's kernels (no CUDA, no CUPTI)."""
     if not cupti_available():
         return None
     cuda = torch.autograd.DeviceType.CUDA
     with profiling() as prof:
         fn()
         torch.cuda.synchronize()
-    kernels = sorted((e.time_range.start, e.name, e.time_range.end) for e in prof.events() if e.device_type == cuda)
-    return [(name, (end - start) / 1e3) for start, name, end in kernels]
+    events = sorted((e.time_range.start, e.name, e.time_range.end) for e in prof.events() if e.device_type == cuda)
+    return [Kernel(name, start / 1e3, (end - start) / 1e3) for start, name, end in events]
 
 
-def split_of(kernels: Sequence[tuple[str, float]], steps: int) -> StepSplit:
-    """Per step: the kernels of `steps` steps, summed by name and by kind."""
+def split_of(kernels: Sequence[Kernel], steps: int) -> StepSplit:
+    """Per step: the kernels of `steps` steps (in the order they started), summed by name and by kind,
+    and the idle stretches between them."""
     per_kernel: dict[str, float] = {}
-    for name, ms in kernels:
-        per_kernel[name] = per_kernel.get(name, 0.0) + ms / steps
+    for k in kernels:
+        per_kernel[k.name] = per_kernel.get(k.name, 0.0) + k.ms / steps
     ms_by_kind, launches = dict.fromkeys(KINDS, 0.0), dict.fromkeys(KINDS, 0.0)
     for name, ms in per_kernel.items():
         ms_by_kind[kind_of(name)] += ms
-    for name, _ in kernels:
-        launches[kind_of(name)] += 1 / steps
+    for k in kernels:
+        launches[kind_of(k.name)] += 1 / steps
     top = sorted(per_kernel.items(), key=lambda item: -item[1])[:TOP]
-    return StepSplit(ms_by_kind, launches, tuple(top))
+    bubbles = stalls = 0.0
+    end = kernels[0].start_ms if kernels else 0.0  # the latest any kernel so far ran to
+    for k in kernels:
+        idle = k.start_ms - end
+        if idle > BUBBLE_US / 1e3:
+            stalls += idle
+        elif idle > 0:
+            bubbles += idle
+        end = max(end, k.start_ms + k.ms)
+    return StepSplit(ms_by_kind, launches, tuple(top), bubbles / steps, stalls / steps)
 
 
 def measure(engine: LLMEngine, prompts: Sequence[Sequence[int]]) -> StepSplit | None:

@@ -36,14 +36,35 @@ def test_each_kernel_is_sorted_by_what_it_does(kernel, kind):
     assert step_split.kind_of(kernel) == kind
 
 
+def kernels(named: list[tuple[str, float]], steps: int, gap_ms: float = 0.0) -> list[step_split.Kernel]:
+    """The kernels of `steps` steps run back to back, each gap_ms after the one before it."""
+    out, start = [], 0.0
+    for name, ms in named * steps:
+        out.append(step_split.Kernel(name, start, ms))
+        start += ms + gap_ms
+    return out
+
+
 def test_a_steps_split_is_its_kernels_summed_by_name_and_kind_per_step():
     step = [("_rms_norm_kernel", 0.05), ("decode_cuda_core_kernel", 1.0), ("_split_kernel", 0.2), ("nvjet_a", 0.5)]
-    split = step_split.split_of(step * 8, 8)
+    split = step_split.split_of(kernels(step, 8), 8)
     assert split.kernels == len(step)
     assert split.launches == pytest.approx({"gemm": 2, "attention": 1, "rest": 1})
     assert split.ms == pytest.approx({"gemm": 1.5, "attention": 0.2, "rest": 0.05})
     assert [name for name, _ in split.top][:2] == ["decode_cuda_core_kernel", "nvjet_a"]
     assert step_split.split_of([], 8).total_ms == 0
+    assert split.bubble_ms == split.stall_ms == 0
+
+
+def test_the_idle_between_kernels_is_bubbles_at_boundaries_and_stalls_past_them():
+    """0.5 us between kernels is a boundary's bubble; a 1 ms wait once a step is a stall; a kernel that
+    starts while a longer one before it still runs (PDL, two streams) leaves no idle."""
+    step = [("decode_cuda_core_kernel", 1.0), ("_split_kernel", 0.2)]
+    split = step_split.split_of(kernels(step, 4, gap_ms=0.0005), 4)
+    assert split.bubble_ms == pytest.approx(2 * 0.0005 * 7 / 8) and split.stall_ms == 0
+    spaced = [step_split.Kernel("a", 0.0, 1.0), step_split.Kernel("b", 0.5, 0.1), step_split.Kernel("c", 2.0, 0.1)]
+    split = step_split.split_of(spaced, 1)
+    assert split.bubble_ms == 0 and split.stall_ms == pytest.approx(1.0)
 
 
 def tiny_engine(**settings):  # type: ignore[no-untyped-def]
@@ -80,7 +101,7 @@ def test_the_profiled_steps_are_decode_steps_of_every_prompt_after_every_prefill
         before = len(engine.stats)
         fn()
         profiled.extend(engine.stats[before:])
-        return [("decode_cuda_core_kernel", 1.0)] * len(profiled)
+        return [step_split.Kernel("decode_cuda_core_kernel", float(i), 1.0) for i in range(len(profiled))]
 
     monkeypatch.setattr(step_split, "cupti_available", lambda: True)
     monkeypatch.setattr(step_split.torch.cuda, "synchronize", lambda: None)
@@ -97,11 +118,12 @@ def test_the_table_gives_each_kind_its_share_of_the_measured_step_and_the_gpus_b
     row = E2ERow(
         "routed", 16, 1024, 287.0, 57093.0, 5.0, 3200.0, 8.03, 2040.0, 0.68,
         gemm_ms=3.5, attention_ms=0.5, rest_ms=0.5, kernels_per_step=420.0,
-        top_kernels=(("nvjet_sm90_qqtst_64x8_128x16_4x1_v_bz_algo2_TNT", 1.2), ("_split_kernel", 0.5)),
+        top_kernels=(("nvjet_sm90_qqtst_64x8_128x16_4x1_v_bz_algo2_TNT", 1.2), ("_split_kernel", 0.5)), bubble_ms=0.2,
     )  # fmt: skip
     lines = split_table([row]).splitlines()
-    assert " ".join(lines[1].split()) == "arm batch input step ms GEMM attention rest kernels GPU busy"
-    assert " ".join(lines[2].split()) == "routed 16 1024 5.000 3.500 70% 0.500 10% 0.500 10% 420 90%"
+    assert " ".join(lines[1].split()) == "arm batch input step ms GEMM attention rest bubbles stalls kernels GPU busy"
+    row_line = "routed 16 1024 5.000 3.500 70% 0.500 10% 0.500 10% 0.200 4% 0.000 0% 420 90%"
+    assert " ".join(lines[2].split()) == row_line
     assert "nvjet_sm90_qqtst_64x8_128x16_4x1_v_bz_algo2_TNT 1.200, _split_kernel 0.500" in lines[-1]
     assert as_json([row])[0]["gemm_ms"] == 3.5
 

@@ -26,6 +26,7 @@ def test_a_decode_steps_kernels_are_recorded_and_sorted_by_kind(tmp_path):
     # Per layer at least qkv, o, gate_up, down and the attention: every step's kernels, not the prefill's.
     assert split.kernels >= 5 * config["num_hidden_layers"], split
     assert split.top and all(ms > 0 for _, ms in split.top)
+    assert split.bubble_ms > 0 and split.stall_ms >= 0, split  # a graph's kernels leave gaps at their boundaries
     # Four prompts a 32-token budget chunks (the first decode while the last prefill) against four
     # short ones: the same decode steps, so as many GEMMs and attention kernels a step. (Not as many
     # launches in all: the chunked rows reach a new KV block on different steps, and each step that
