@@ -15,12 +15,12 @@ import statistics
 
 import torch
 
+from fp8route.cli.bench_e2e import PDL_ARMS
 from fp8route.engine import load_model
 from fp8route.engine.sampling import SamplingParams
 from fp8route.tuning.cupti import profiling
 
 GAP_US = 5.0  # an idle stretch between two kernels longer than this counts as a gap
-PDL = {"auto": None, "on": True, "off": False}
 
 
 def main() -> None:
@@ -29,12 +29,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--input", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=32)
-    parser.add_argument("--pdl", choices=list(PDL), default="auto")
+    parser.add_argument("--pdl", choices=list(PDL_ARMS), default="auto")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     model = load_model(
         args.path, device=args.device, max_num_seqs=args.batch, max_model_len=args.input + 4 * args.steps + 16,
-        enable_prefix_caching=False, record_stats=True, pdl=PDL[args.pdl], quiet=True,
+        enable_prefix_caching=False, record_stats=True, pdl=PDL_ARMS[args.pdl], quiet=True,
     )  # fmt: skip
     engine = model.engine
     gen = torch.Generator().manual_seed(0)

@@ -168,7 +168,7 @@ def _bench(plan: _Plan, folders: dict[str, Path], output: int, copy_gbs: float, 
 
 def round_orders(runs: list[_Run], rounds: int) -> list[list[_Run]]:
     """The runs of each round: in order, then reversed, and so on, so that no arm's place in the run
-    (the first arm once ran 4% faster at batch 1 on an H100) weighs on a ratio taken within rounds."""
+    weighs on a ratio taken within rounds (benchmarks/results/h100/serve_bound/ saw it weigh)."""
     return [runs if r % 2 == 0 else runs[::-1] for r in range(rounds)]
 
 
