@@ -4,8 +4,7 @@ torch path first:
 
 - decode: B rows at one context: RoPE + cache write + paged_attention's split-KV grid, against the
   decode kernel with the new token fused (fp8route.kernels.paged_decode) in each of its launches asked
-  for (its default, and with the combine fused), inside one CUDA graph over several layer pools (L2
-  holds none); TB/s of the KV read;
+  for, inside one CUDA graph over several layer pools (L2 holds none); TB/s of the KV read;
 - prefill: one fresh chunk of T tokens from the cache, against SDPA (cuDNN) over the chunk's own
   q/k/v as the engine ran fresh chunks; TFLOP/s of the causal products (4 * T^2 / 2 * H * D);
 - mixed: 255 decode rows at 1024 and one fresh 2048 chunk, one call, against decode kernel + SDPA;

@@ -48,11 +48,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _decode_launches(text: str, fp8: bool) -> list[pd.Launch]:
-    """--decode-launches for one cache dtype: "default" is paged_decode.LAUNCH's for it, "default-fused"
-    the same with the combine fused; others as Launch.parse reads them."""
-    default = pd.LAUNCH[fp8]
-    named = {"default": default, "default-fused": default._replace(fused=True)}
-    launches = [named.get(w) or pd.Launch.parse(w) for w in (w.strip() for w in text.split(",")) if w]
+    """--decode-launches for one cache dtype: "default" is paged_decode.LAUNCH's for it; others as
+    Launch.parse reads them."""
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    launches = [pd.LAUNCH[fp8] if w == "default" else pd.Launch.parse(w) for w in words]
     if not launches:
         raise Fp8InputError(f"--decode-launches: one or more launches, comma-separated, got {text!r}")
     return launches
@@ -68,8 +67,8 @@ def register(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--sweep", action="store_true", help="time the multi-query grid's tilings (--launches) instead")
     parser.add_argument("--launches", default=SWEEP_LAUNCHES, help="tilings for --sweep: BLOCK_MxTILExWARPSxSTAGES,...")
     parser.add_argument(
-        "--decode-launches", default="default,default-fused",
-        help="the decode kernel's launches to time, each against the first: BLOCKxWARPSxSTAGES[h][c], or default "
-        "and default-fused (its default per cache dtype, and that with the combine fused)",
+        "--decode-launches", default="default",
+        help="the decode kernel's launches to time, each against the first: BLOCKxWARPSxSTAGES[h], or default "
+        "(its default per cache dtype)",
     )  # fmt: skip
     parser.set_defaults(run=run)

@@ -305,9 +305,6 @@ def _attention(model: Model, dtype: torch.dtype) -> None:
             pages = pd.Pages(blocks, torch.empty_like(blocks), tables, rows, *scales)
             pd.decode_attention(q, pages, lengths, new=pd.NewToken(k, v, cos, cos))
             pd.decode_attention(q.contiguous(), pages, lengths)
-            if b == 1:  # the combine fused into the split kernel (a launch benchmarks choose)
-                fused = pd.LAUNCH[cache_dtype == FP8_DTYPE]._replace(fused=True)
-                pd.decode_attention(q, pages, lengths, new=pd.NewToken(k, v, cos, cos), launch=fused)
 
 
 def _paged_attention(model: Model, dtype: torch.dtype) -> None:

@@ -22,11 +22,7 @@ tiles with an fp32 online softmax and writes the split's normalized output and l
 the step's new token (`NewToken`), it also applies RoPE to the query heads it loads, and the program
 one of whose splits holds the row's last position rotates the new key and writes it and the new
 value there first: what the RoPE and cache-write kernels would do, at no extra launch.
-Kernel 2, grid (B, H): combines a row's valid splits weighted by exp(lse - max lse). With a fused
-launch (`Launch.fused`) there is no kernel 2: each program of kernel 1 counts its arrival on its (row,
-KV head)'s counter (fp8route.kernels.split_counters) and the last to arrive combines the G heads' splits
-itself, in the same order and arithmetic as kernel 2 (so the same bits), and sets the counter back to
-zero: one launch and one kernel boundary fewer a layer.
+Kernel 2, grid (B, H): combines a row's valid splits weighted by exp(lse - max lse).
 
 An fp8 cache (float8_e4m3fn blocks, kv_cache_dtype "fp8") is dequantized inside kernel 1: each K/V
 tile is loaded as e4m3 (half the bytes) and converted to q's dtype for tl.dot, the key's scale
@@ -45,7 +41,6 @@ import torch
 from fp8route.device import launch_sms
 from fp8route.errors import Fp8InputError
 from fp8route.kernels.pdl import launch_options
-from fp8route.kernels.split_counters import counters
 from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR, tl, triton
 
 BLOCK_N = 64  # positions per tile of the inner loop
@@ -53,33 +48,27 @@ _MAX_SPLITS = 64  # the combine kernel reads one row of this many partials
 
 
 class Launch(NamedTuple):
-    """Kernel 1's tiling: positions per tile (a divisor of every split), warps, pipeline stages; for
-    an fp8 cache whether its tiles meet q in fp16 rather than q's dtype (e4m3 values are exact in both;
-    e4m3 -> fp16 is one conversion instruction on SM89+); whether kernel 1's last program per (row, KV
-    head) combines the splits (fused) rather than a second kernel."""
+    """Kernel 1's tiling: positions per tile (a divisor of every split), warps, pipeline stages, and
+    for an fp8 cache whether its tiles meet q in fp16 rather than q's dtype (e4m3 values are exact in
+    both; e4m3 -> fp16 is one conversion instruction on SM89+)."""
 
     block: int = BLOCK_N
     warps: int = 4
     stages: int = 3
     f16: bool = False
-    fused: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Launch:
-        """BLOCKxWARPSxSTAGES, then h for fp16 tiles and c for the combine fused: "64x4x3", "128x4x2h",
-        "64x4x3c" (how benchmarks name them)."""
-        flags = text[len(text.rstrip("hc")) :]
+        """BLOCKxWARPSxSTAGES, then h for fp16 tiles: "64x4x3", "128x4x2h" (how benchmarks name them)."""
         try:
-            if sorted(flags) != sorted(set(flags)):
-                raise ValueError
-            block, warps, stages = (int(x) for x in text[: len(text) - len(flags)].split("x"))
+            block, warps, stages = (int(x) for x in text.removesuffix("h").split("x"))
         except ValueError:
-            example = "e.g. 64x4x3, 128x4x2h or 64x4x3c"
-            raise Fp8InputError(f"a decode launch is BLOCKxWARPSxSTAGES[h][c] ({example}), not {text!r}") from None
-        return cls(block, warps, stages, "h" in flags, "c" in flags)
+            example = "e.g. 64x4x3 or 128x4x2h"
+            raise Fp8InputError(f"a decode launch is BLOCKxWARPSxSTAGES[h] ({example}), not {text!r}") from None
+        return cls(block, warps, stages, text.endswith("h"))
 
     def __str__(self) -> str:
-        return f"{self.block}x{self.warps}x{self.stages}{'h' if self.f16 else ''}{'c' if self.fused else ''}"
+        return f"{self.block}x{self.warps}x{self.stages}{'h' if self.f16 else ''}"
 
 
 # By whether the cache is fp8, as the engine's step measured fastest (benchmarks/results/h200/fp8_kv/):
@@ -151,7 +140,6 @@ if TRITON_IMPORT_ERROR is None:
     @triton.jit
     def _split_kernel(
         q_ptr, k_ptr, v_ptr, tab_ptr, row_ptr, len_ptr, o_ptr, lse_ptr, nk_ptr, nv_ptr, cos_ptr, sin_ptr,
-        out_ptr, cnt_ptr,
         stride_qb, stride_qh,
         stride_kblk, stride_ks, stride_kh,
         stride_vblk, stride_vs, stride_vh,
@@ -159,12 +147,10 @@ if TRITON_IMPORT_ERROR is None:
         stride_ob, stride_oh, stride_os,
         stride_lb, stride_lh,
         stride_nkb, stride_nkh, stride_nvb, stride_nvh, stride_cb,
-        stride_rb, stride_rh,
         sm_scale, k_scale, v_scale, k_inv, v_inv,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr,
         SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr,
-        NEW: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr, COMBINE: tl.constexpr, S_PAD: tl.constexpr,
-        USE_PDL: tl.constexpr,
+        NEW: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         wait_for_inputs(USE_PDL)
         b = tl.program_id(0)
@@ -220,18 +206,6 @@ if TRITON_IMPORT_ERROR is None:
                 stride_kblk, stride_ks, stride_vblk, stride_vs, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                 G_PAD, D_PAD, PAGE, BLOCK, PRECISION, FP8,
             )  # fmt: skip
-        if COMBINE:
-            # Every thread's partials written before the release by the counter atomic.
-            tl.debug_barrier()
-            slot = cnt_ptr + b * tl.num_programs(1) + kvh
-            if tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu") == programs - 1:
-                for g_head in tl.static_range(G):
-                    _combine_head(
-                        o_ptr, lse_ptr, out_ptr, b, kvh * G + g_head, length,
-                        stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_rb, stride_rh,
-                        SPLIT, MAX_SPLITS, BLOCK, S_PAD, D, D_PAD,
-                    )  # fmt: skip
-                tl.atomic_xchg(slot, 0)  # ready for the next launch / graph replay
 
     @triton.jit
     def _attend_split(
@@ -287,36 +261,20 @@ if TRITON_IMPORT_ERROR is None:
     ):  # fmt: skip
         wait_for_inputs(USE_PDL)
         b = tl.program_id(0)
+        h = tl.program_id(1)
         length = tl.load(len_ptr + b).to(tl.int32)
-        _combine_head(
-            o_ptr, lse_ptr, out_ptr, b, tl.program_id(1), length,
-            stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_rb, stride_rh,
-            SPLIT, MAX_SPLITS, BLOCK, S_PAD, D, D_PAD,
-        )  # fmt: skip
-
-    @triton.jit
-    def _combine_head(
-        o_ptr, lse_ptr, out_ptr, b, h, length,
-        stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_rb, stride_rh,
-        SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr, S_PAD: tl.constexpr,
-        D: tl.constexpr, D_PAD: tl.constexpr,
-    ):  # fmt: skip
-        """Row b's head h: its valid splits weighted by exp(lse - max lse), stored in out's dtype. The
-        loads skip L1 (.cg): in a fused launch other programs wrote the partials."""
         size = _row_split(length, SPLIT, MAX_SPLITS, BLOCK)
         splits = (length + size - 1) // size
         s = tl.arange(0, S_PAD)
         d = tl.arange(0, D_PAD)
         s_mask = s < splits
-        lse_at = lse_ptr + b * stride_lb + h * stride_lh + s
-        lse = tl.load(lse_at, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
+        lse = tl.load(lse_ptr + b * stride_lb + h * stride_lh + s, mask=s_mask, other=float("-inf"))
         w = tl.exp2(lse - tl.max(lse, 0))
         w = tl.where(s_mask, w, 0.0)
         o = tl.load(
             o_ptr + b * stride_ob + h * stride_oh + s[:, None] * stride_os + d[None, :],
             mask=s_mask[:, None] & (d < D)[None, :],
             other=0.0,
-            cache_modifier=".cg",
         )
         out = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
         tl.store(out_ptr + b * stride_rb + h * stride_rh + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
@@ -365,11 +323,8 @@ def decode_attention(
         raise Fp8InputError(f"decode_attention: programs {programs} must be 1 to a row's splits here, {num_splits}")
     if new is not None and (not fuses_new_token(q, new) or new.k.shape[1] != hkv):
         raise Fp8InputError("decode_attention: this new token cannot be fused (see fuses_new_token)")
-    out = torch.empty_like(q)
-    partial, lse = _split_pass(q, pages, lengths, scale, split, num_splits, programs, new, launch, out)
-    if not launch.fused:
-        _combine_pass(partial, lse, lengths, split, launch, out)
-    return out
+    partial, lse = _split_pass(q, pages, lengths, scale, split, num_splits, programs, new, launch)
+    return _combine_pass(q, partial, lse, lengths, split, launch)
 
 
 def _check_pages(q: torch.Tensor, pages: Pages) -> bool:
@@ -400,10 +355,9 @@ def _pad(n: int) -> int:
 
 def _split_pass(
     q: torch.Tensor, pages: Pages, lengths: torch.Tensor, scale: float | None, split: int, num_splits: int,
-    programs: int, new: NewToken | None, launch: Launch, out: torch.Tensor,
+    programs: int, new: NewToken | None, launch: Launch,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Kernel 1: each split's normalized output [B, H, num_splits, D] and log-sum-exp [B, H, num_splits],
-    fp32; with a fused launch also their combination, into out."""
+    """Kernel 1: each split's normalized output [B, H, num_splits, D] and log-sum-exp [B, H, num_splits], fp32."""
     b, h, d = q.shape
     k, v, tables, rows, k_scale, v_scale = pages
     _, page, hkv, _ = k.shape
@@ -412,9 +366,8 @@ def _split_pass(
     partial = torch.empty((b, h, num_splits, d), dtype=torch.float32, device=q.device)
     lse = torch.empty((b, h, num_splits), dtype=torch.float32, device=q.device)
     nk, nv, cos, sin = new if new is not None else (q, q, lse, lse)  # unread without NEW
-    cnt = counters(q.device, b * hkv, "decode_attention") if launch.fused else lengths  # unread unless fused
     _split_kernel[(b, hkv, programs)](
-        q, k, v, tables, rows, lengths, partial, lse, nk, nv, cos, sin, out, cnt,
+        q, k, v, tables, rows, lengths, partial, lse, nk, nv, cos, sin,
         q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
@@ -422,11 +375,10 @@ def _split_pass(
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
         nk.stride(0), nk.stride(1), nv.stride(0), nv.stride(1), cos.stride(0),
-        out.stride(0), out.stride(1),
         scale if scale is not None else d**-0.5, k_scale, v_scale, 1.0 / k_scale, 1.0 / v_scale,
         G=group, G_PAD=_pad(group), D=d, D_PAD=_pad(d), PAGE=page,
         SPLIT=split, MAX_SPLITS=num_splits, BLOCK=launch.block, NEW=new is not None, FP8=fp8,
-        F16=fp8 and launch.f16 and q.dtype != torch.float32, COMBINE=launch.fused, S_PAD=_pad(num_splits),
+        F16=fp8 and launch.f16 and q.dtype != torch.float32,
         # An fp32 cache asks for fp32 products (tl.dot would round them to TF32); 16-bit ones are exact.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=launch.warps, num_stages=launch.stages, **launch_options(),
@@ -435,10 +387,11 @@ def _split_pass(
 
 
 def _combine_pass(
-    partial: torch.Tensor, lse: torch.Tensor, lengths: torch.Tensor, split: int, launch: Launch, out: torch.Tensor
-) -> None:
-    """Kernel 2: each row's valid splits combined into out [B, H, D] (q's dtype)."""
+    q: torch.Tensor, partial: torch.Tensor, lse: torch.Tensor, lengths: torch.Tensor, split: int, launch: Launch
+) -> torch.Tensor:
+    """Kernel 2: each row's valid splits combined -> [B, H, D] in q's dtype."""
     b, h, num_splits, d = partial.shape
+    out = torch.empty_like(q)
     _combine_kernel[(b, h)](
         partial, lse, lengths, out,
         partial.stride(0), partial.stride(1), partial.stride(2),
@@ -447,3 +400,4 @@ def _combine_pass(
         SPLIT=split, MAX_SPLITS=num_splits, BLOCK=launch.block, S_PAD=_pad(num_splits),
         D=d, D_PAD=_pad(d), num_warps=4, **launch_options(),
     )  # fmt: skip
+    return out

@@ -215,9 +215,3 @@ def test_the_decode_gemm_compiles_each_scheme_on_both_kernels(compiled):
         assert kernels == {"decode_mma_kernel", "decode_cuda_core_kernel"}, scheme
     block = [r for r in gemm if "SCHEME=2," in r.constexprs and r.kernel == "decode_mma_kernel"]
     assert all("BLOCK_K=128," in r.constexprs for r in block)  # one 128-wide group a step
-
-
-def test_the_decode_kernels_combine_compiles_fused_for_both_caches(compiled):
-    _, rows = compiled
-    fused = [r for r in rows if r.kernel == "_split_kernel" and "COMBINE=1" in r.constexprs]
-    assert {"FP8=1" in r.constexprs for r in fused} == {False, True}

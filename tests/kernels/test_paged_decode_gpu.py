@@ -199,32 +199,3 @@ def test_programs_running_several_splits_each_give_one_per_splits_bits(fp8, prog
     splits = min(64, -(-pages.max_len // da.split_len(5 * 8)))
     one_per_split = da.decode_attention(q, pages, lengths, programs=splits)
     assert torch.equal(da.decode_attention(q, pages, lengths, programs=programs), one_per_split)
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("fp8", [False, True])
-@pytest.mark.parametrize("programs", [1, 5, None])
-def test_the_fused_combine_gives_the_two_kernels_bits_in_a_graph_too(fp8, programs):
-    """Launch.fused: the last program of each (row, KV head) combines its splits: the same bits as the
-    combine kernel (the same order, arithmetic and warps), the counters zero after, and a CUDA graph of
-    it replayed with new lengths gives what an eager call gives."""
-    from fp8route.kernels.split_counters import left_set
-
-    q, _, _, pages, lengths = make(5, 64, 8, 128, 32768, [1, 9000, 16385, 32768, 100], 128, torch.bfloat16)
-    if fp8:
-        pages = pages._replace(k=pages.k.to(torch.float8_e4m3fn), v=pages.v.to(torch.float8_e4m3fn), k_scale=0.5)
-    plain = da.LAUNCH[fp8]
-    fused = plain._replace(fused=True)
-    two = da.decode_attention(q, pages, lengths, programs=programs, launch=plain)
-    assert torch.equal(da.decode_attention(q, pages, lengths, programs=programs, launch=fused), two)
-    assert not left_set(q.device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = da.decode_attention(q, pages, lengths, programs=programs, launch=fused)
-    shorter = torch.tensor([7, 4000, 1, 20000, 100], device="cuda")
-    lengths.copy_(shorter)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, da.decode_attention(q, pages, lengths, programs=programs, launch=plain))
-    assert not left_set(q.device)

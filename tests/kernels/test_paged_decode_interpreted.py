@@ -120,24 +120,6 @@ def test_programs_that_each_run_several_splits_give_the_same_bits(programs):
         da.decode_attention(q, pages, lengths, split=64, programs=17)
 
 
-@pytest.mark.parametrize(("programs", "split"), [(1, 64), (3, 64), (16, 64), (None, None)])
-def test_the_fused_combine_gives_the_two_kernels_bits_and_leaves_its_counters_at_zero(programs, split):
-    """A fused launch: the last of a (row, KV head)'s programs to finish combines its G heads' splits
-    in the same order and arithmetic as the combine kernel, so the output is the same bits; its
-    counters are zero again after (a CUDA graph replays them), also when it runs again."""
-    from fp8route.kernels.split_counters import left_set
-
-    q, new, lengths, k_blocks, v_blocks, tables = three_rows_and_their_new_tokens(heads=8, seed=11)
-    b = len(lengths)
-    outs = []
-    for fused in (False, True, True):
-        pages = da.Pages(k_blocks.clone(), v_blocks.clone(), tables, torch.arange(b))
-        launch = da.Launch(fused=fused)
-        outs.append(da.decode_attention(q, pages, lengths, split=split, new=new, launch=launch, programs=programs))
-        assert not left_set(q.device)
-    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
-
-
 def test_the_default_programs_follow_the_batch_not_the_tables_width():
     sms = 132
     assert da.programs_for(8, 64, sms) == 64  # one row: a program per split, as many as the table allows
