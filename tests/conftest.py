@@ -23,4 +23,4 @@ def _kernel_options_as_a_process_starts():  # type: ignore[no-untyped-def]
     from fp8route.kernels.options import KernelOptions, set_kernel_options
 
     start = KernelOptions()
-    set_kernel_options(pdl=start.pdl, silu_in_down=start.silu_in_down, quantize_upstream=start.quantize_upstream)
+    set_kernel_options(pdl=start.pdl, quantize_upstream=start.quantize_upstream)

@@ -89,7 +89,6 @@ class Backend(ABC):
     summary: str
     layouts: frozenset[str] = frozenset({TENSOR})
     schemes: frozenset[str] = frozenset({"tensor"})  # the FP8 schemes (fp8route.schemes) it computes
-    fuses_silu_mul: bool = False  # run_silu_mul takes a down projection's gate_up input
     # Backends of one family give a row the same bits as each other at every M (each batch-invariant):
     # a batch-invariant route may change among them with M. None: a family of its own.
     bits_family: str | None = None
@@ -121,11 +120,6 @@ class Backend(ABC):
         (fp8route.kernels.fused_quantize) to the bits run's own quantizer would give (per tensor: with a
         static input scale, which the layer adds); None where the backend quantizes x inside."""
         return None
-
-    def run_silu_mul(self, gate_up: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
-        """The layer on SiLU(gate) * up for gate_up [M, 2K] (gate, then up, in x's dtype), the product
-        computed inside the GEMM; only where fuses_silu_mul (else the caller computes it first)."""
-        raise NotImplementedError(f"{self.name} does not compute SiLU(gate) * up itself")
 
     def prepare(self, device: torch.device) -> None:
         """Allocate, at load time, what this backend keeps per device (nothing by default), so that

@@ -161,16 +161,14 @@ def _decode_gemm(
     x_scale: torch.Tensor | None,
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
-    gated: bool = False,
     scheme: str = "tensor",
 ) -> torch.Tensor:
     """fp8route's decode GEMM; in the tensor scheme x in bf16/fp16 is quantized with x_scale inside it,
     e4m3 x was quantized with it already; in the channel and block schemes (x_scale None) it quantizes
-    x per token or group itself. gated: x is [M, 2K], gate then up, and the product is with
-    SiLU(gate) * up, computed inside it."""
+    x per token or group itself."""
     from fp8route.kernels.decode_gemm.launch import launch
 
-    return launch(x.contiguous(), weight, w_scale, x_scale, bias, out_dtype, gated=gated, scheme=scheme)
+    return launch(x.contiguous(), weight, w_scale, x_scale, bias, out_dtype, scheme=scheme)
 
 
 decode_gemm_op = torch.library.custom_op("fp8route::decode_gemm", _decode_gemm, mutates_args=())
@@ -178,7 +176,7 @@ decode_gemm = eager_or_op(decode_gemm_op, _decode_gemm)
 
 
 @decode_gemm_op.register_fake
-def _(x, weight, w_scale, x_scale, bias, out_dtype, gated=False, scheme="tensor"):  # type: ignore[no-untyped-def]
+def _(x, weight, w_scale, x_scale, bias, out_dtype, scheme="tensor"):  # type: ignore[no-untyped-def]
     return _empty_out(x, weight, out_dtype)
 
 

@@ -19,7 +19,6 @@ class Fp8GemvBackend(Backend):
     name = "fp8_gemv"
     summary = "fp8route's Triton kernel: x quantized inside, split-K, for decode-sized M"
     schemes = frozenset(SCHEMES)
-    fuses_silu_mul = True
 
     def why_not(self, problem: GemmProblem) -> str | None:
         reason = needs_fp8_gpu(problem)
@@ -43,15 +42,7 @@ class Fp8GemvBackend(Backend):
         w = operands
         assert w.scheme != "tensor" or w.input_scale is not None, "the plan picks fp8_gemv for a static input scale"
         return custom_ops.decode_gemm(
-            x, w.weight, w.weight_scale, w.input_scale, bias_as(w, x.dtype), x.dtype, False, w.scheme
-        )
-
-    def run_silu_mul(self, gate_up: torch.Tensor, operands: LinearOperands) -> torch.Tensor:
-        w = operands
-        assert w.scheme != "tensor" or w.input_scale is not None, "the plan picks fp8_gemv for a static input scale"
-        out_dtype = gate_up.dtype
-        return custom_ops.decode_gemm(
-            gate_up, w.weight, w.weight_scale, w.input_scale, bias_as(w, out_dtype), out_dtype, True, w.scheme
+            x, w.weight, w.weight_scale, w.input_scale, bias_as(w, x.dtype), x.dtype, w.scheme
         )
 
     def run_quantized(

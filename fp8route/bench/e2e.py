@@ -42,7 +42,6 @@ class ArmOptions:
     decode graph captured with PDL and without and the faster kept; True / False: every launch."""
 
     pdl: bool | None = None
-    silu_in_down: bool = START.silu_in_down
     quantize_upstream: bool = START.quantize_upstream
 
 
@@ -69,7 +68,6 @@ class E2ERow:
     attention: str = "builtin"  # fp8route.engine.config.ATTENTION
     kv_gb: float = 0.0  # KV bytes a decode step reads, mean over the steps (the context grows by one a step)
     pdl: bool | None = None  # ArmOptions.pdl: fp8route's kernels launched with PDL (None: measured per graph)
-    silu_in_down: bool = False  # and SiLU(gate) * up computed inside down's decode GEMM
     quantize_upstream: bool = False  # and x quantized by the norm or SiLU-up kernel before a layer
     scheme: str = "tensor"  # the FP8 scheme of the checkpoint's linears (fp8route.schemes); bf16: none
     # One decode step's kernels by kind (fp8route.bench.step_split), device ms; zeros where not profiled.
@@ -89,7 +87,6 @@ class E2ERow:
         label = self.arm if self.scheme in ("tensor", "bf16") else f"{self.arm} {self.scheme}"
         label += "" if self.attention == "builtin" else f" {self.attention}"
         label += {None: "", True: " pdl", False: " pdl-off"}[self.pdl]
-        label += " silu-in-down" if self.silu_in_down else ""
         label += " quantize-upstream" if self.quantize_upstream else ""
         label += f" round {self.round + 1}" if self.round else ""
         return label if self.tp == 1 else f"{label} tp{self.tp} {self.all_reduce}"
@@ -144,13 +141,11 @@ def bench_arm(
     for the arm. With tp > 1 this runs in every rank (fp8route.models.spawn.run_ranks), load_model
     joining the group."""
     before = kernel_options()
-    set_kernel_options(
-        pdl=bool(options.pdl), silu_in_down=options.silu_in_down, quantize_upstream=options.quantize_upstream
-    )
+    set_kernel_options(pdl=bool(options.pdl), quantize_upstream=options.quantize_upstream)
     try:
         return _bench_arm(arm, folder, batches, inputs, output, copy_gbs, repeats, tp, all_reduce, attention, options)
     finally:
-        set_kernel_options(pdl=before.pdl, silu_in_down=before.silu_in_down, quantize_upstream=before.quantize_upstream)
+        set_kernel_options(pdl=before.pdl, quantize_upstream=before.quantize_upstream)
 
 
 def _bench_arm(
@@ -271,7 +266,6 @@ def _measure(model: CausalLM, ids: torch.Tensor, run: _ArmRun) -> E2ERow:
         run.attention,
         kv / 1e9,
         run.options.pdl,
-        run.options.silu_in_down,
         run.options.quantize_upstream,
         run.scheme,
         *_split_fields(split),
@@ -401,8 +395,8 @@ def _arm_shape(r: E2ERow) -> tuple[str, str, str, int, int, int, int]:
     return (r.scheme, r.arm, r.attention, r.tp, r.batch, r.input_tokens, r.round)
 
 
-def _options(r: E2ERow) -> tuple[bool | None, bool, bool]:
-    return (r.pdl, r.silu_in_down, r.quantize_upstream)
+def _options(r: E2ERow) -> tuple[bool | None, bool]:
+    return (r.pdl, r.quantize_upstream)
 
 
 def options_summary(rows: Sequence[E2ERow]) -> str:

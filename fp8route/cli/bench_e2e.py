@@ -111,12 +111,7 @@ def _plan(args: argparse.Namespace, device: torch.device) -> _Plan:
     pdls = _pdl_arms(args.pdl)
     if True in pdls and (reason := why_not_pdl(device)) is not None:
         raise Fp8InputError(f"--pdl on: programmatic dependent launch: {reason}")
-    options = [
-        ArmOptions(p, s, q)
-        for p in pdls
-        for s in sweep_values(args, "silu_in_down")
-        for q in sweep_values(args, "quantize_upstream")
-    ]
+    options = [ArmOptions(p, q) for p in pdls for q in sweep_values(args, "quantize_upstream")]
     schemes = [check_scheme(s.strip()) for s in args.scheme.split(",") if s.strip()]
     if args.model is not None and args.scheme != "tensor":
         raise Fp8InputError("--scheme is for --random checkpoints; a checkpoint folder's scheme is its own")
@@ -216,10 +211,9 @@ def register(kinds: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     e2e.add_argument("--policy", default="routed,cublas,rowwise,bf16", help=f"arms: {', '.join(ARMS)}")
     add_engine_args(
-        e2e, ["attention", "pdl", "silu_in_down", "quantize_upstream", "tp", "all_reduce"], sweep=True,
+        e2e, ["attention", "pdl", "quantize_upstream", "tp", "all_reduce"], sweep=True,
         # an arm names a value: as a process starts
-        pdl=Flag(default="auto", help=PDL_HELP), silu_in_down=Flag(default=START.silu_in_down),
-        quantize_upstream=Flag(default=START.quantize_upstream),
+        pdl=Flag(default="auto", help=PDL_HELP), quantize_upstream=Flag(default=START.quantize_upstream),
     )  # fmt: skip
     e2e.add_argument("--tmp", help="where the random checkpoints are written (default: the system's temp)")
     e2e.add_argument("--out", help="directory for the JSON (default: ./bench-results/<device>/)")

@@ -107,7 +107,7 @@ def load_model(
     the logits, "replicated" keeps a whole lm_head on every rank; all_reduce picks how row-parallel
     outputs are summed (fp8route.models.collectives.METHODS). Every rank returns full logits.
     kv_cache_dtype="fp8" keeps the KV cache in float8_e4m3fn with the checkpoint's per-layer K/V
-    scales (1.0 and a warning when it has none; fp8route.engine.kv_quant). pdl, silu_in_down and quantize_upstream set
-    the process's kernel options (fp8route.set_kernel_options) when given."""
+    scales (1.0 and a warning when it has none; fp8route.engine.kv_quant). pdl and quantize_upstream set the
+    process's kernel options (fp8route.set_kernel_options) when given."""
     config = (config or EngineConfig()).replace(model=str(path), **settings)
     return CausalLM(LLMEngine.from_config(config, policy, quiet))

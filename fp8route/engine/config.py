@@ -149,9 +149,6 @@ class EngineConfig:
         None, "launch fp8route's own kernels with programmatic dependent launch, Hopper on (default: each "
         "decode graph captured with and without it and the faster kept; elsewhere as set_kernel_options left it, off)",
     )  # fmt: skip
-    silu_in_down: bool | None = _setting(
-        None, "SiLU(gate) * up inside the down projection's decode GEMM (default: as set_kernel_options left it, off)"
-    )
     quantize_upstream: bool | None = _setting(
         None, "x quantized by the norm or SiLU-up kernel before a layer whose backend reads it quantized "
         "(default: as set_kernel_options left it, on)",
@@ -247,9 +244,9 @@ class EngineConfig:
             torch.set_num_threads(threads)
 
     def apply_kernel_options(self) -> None:
-        """Set the process's kernel options to pdl, silu_in_down and quantize_upstream where given (None
-        keeps one as it is); Fp8InputError where PDL cannot run on the current CUDA device."""
-        set_kernel_options(pdl=self.pdl, silu_in_down=self.silu_in_down, quantize_upstream=self.quantize_upstream)
+        """Set the process's kernel options to pdl and quantize_upstream where given (None keeps one as
+        it is); Fp8InputError where PDL cannot run on the current CUDA device."""
+        set_kernel_options(pdl=self.pdl, quantize_upstream=self.quantize_upstream)
 
     def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)

@@ -64,7 +64,7 @@ def load_weights(
 ) -> LoadedModel:
     """A Llama-family model (Llama, Mistral, Qwen2, Qwen3) from a checkpoint folder, a Hugging Face
     repository id ("org/name") in the local hub cache, or `smollm2`, as config says (its device,
-    dtype, kv_cache_dtype, attention, all_reduce, tp_lm_head, pdl, silu_in_down, quantize_upstream): config.json checked
+    dtype, kv_cache_dtype, attention, all_reduce, tp_lm_head, pdl, quantize_upstream): config.json checked
     against the tensors' header shapes before any weight is read, FP8 linears planned by policy,
     float tensors in the config's dtype. Under torch.distributed (more than one
     rank) each rank reads its slices of the checkpoint (fp8route.models.parallel)."""

@@ -197,14 +197,12 @@ def _decode_gemms(model: Model, dtype: torch.dtype) -> None:
     from fp8route.quant import FP8_DTYPE
 
     one = torch.ones((), dtype=torch.float32)
-    for name, (n, k) in model.gemms.items():
+    for n, k in model.gemms.values():
         weight = torch.empty((n, k), dtype=FP8_DTYPE)
         for m in DECODE_BATCHES:
             if why_not(m, n, k) is not None:  # a plan would route this shape elsewhere
                 continue
             launch(torch.empty((m, k), dtype=dtype), weight, one, one, None, dtype)
-            if name == "down":
-                launch(torch.empty((m, 2 * k), dtype=dtype), weight, one, one, None, dtype, gated=True)
             if m in (1, 64):  # x quantized before (a prefill-quantized input), and a bias (Qwen's qkv)
                 launch(torch.empty((m, k), dtype=FP8_DTYPE), weight, one, one, None, dtype)
                 launch(torch.empty((m, k), dtype=dtype), weight, one, one, torch.empty(n, dtype=dtype), dtype)
@@ -223,16 +221,13 @@ def _schemes(model: Model, dtype: torch.dtype) -> None:
     from fp8route.quant import FP8_DTYPE
     from fp8route.schemes import BLOCK, cdiv
 
-    for name, (n, k) in model.gemms.items():
+    for n, k in model.gemms.values():
         weight = torch.empty((n, k), dtype=FP8_DTYPE)
         scales = {"channel": torch.ones(n), "block": torch.ones(cdiv(n, BLOCK), cdiv(k, BLOCK))}
         for scheme, w_scale in scales.items():
             for m in (1, 4, 16, 32, 64, 128):
                 if why_not(m, n, k) is None:
                     launch(torch.empty((m, k), dtype=dtype), weight, w_scale, None, None, dtype, scheme=scheme)
-                    if name == "down":
-                        gate_up = torch.empty((m, 2 * k), dtype=dtype)
-                        launch(gate_up, weight, w_scale, None, None, dtype, gated=True, scheme=scheme)
         for m in (1, 64, 300, 8192):
             x = torch.empty((m, k), dtype=dtype)
             block_gemm.launch(x, weight, scales["block"], None, dtype)

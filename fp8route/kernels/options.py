@@ -1,10 +1,8 @@
 """Process-wide options of fp8route's own kernels, each on by default only once a same-run measurement
-on a GPU says it gains (`fp8route bench e2e --pdl auto,off,on --silu-in-down off,on --quantize-upstream off,on`):
+on a GPU says it gains (`fp8route bench e2e --pdl auto,off,on --quantize-upstream off,on`):
 
 - pdl: launch them with programmatic dependent launch (fp8route.kernels.pdl), Hopper on; off here by
   default, and an engine whose config leaves it open measures it per decode graph (engine.decode_graphs);
-- silu_in_down: where a down projection runs fp8route's decode GEMM, compute SiLU(gate) * up inside
-  it from the gate_up output instead of in a kernel of its own before it;
 - quantize_upstream (on): where a layer's backend reads separately quantized x, the RMSNorm or SiLU-up
   kernel before it writes x quantized (fp8route.kernels.fused_quantize) instead of a quantizer
   kernel reading the bf16 x again: the same codes, a launch and a bf16 round trip fewer.
@@ -30,7 +28,6 @@ from fp8route.kernels.triton_support import TRITON_IMPORT_ERROR, triton
 @dataclass(frozen=True)
 class KernelOptions:
     pdl: bool = False
-    silu_in_down: bool = False
     quantize_upstream: bool = True
 
 
@@ -42,9 +39,7 @@ def kernel_options() -> KernelOptions:
     return _current[0]
 
 
-def set_kernel_options(
-    *, pdl: bool | None = None, silu_in_down: bool | None = None, quantize_upstream: bool | None = None
-) -> KernelOptions:
+def set_kernel_options(*, pdl: bool | None = None, quantize_upstream: bool | None = None) -> KernelOptions:
     """Set the options given (None keeps one as it is); returns the options now. Raises
     Fp8InputError naming why when PDL is asked for where it cannot run (the current CUDA device)."""
     if pdl:
@@ -55,7 +50,6 @@ def set_kernel_options(
     new = replace(
         old,
         pdl=old.pdl if pdl is None else bool(pdl),
-        silu_in_down=old.silu_in_down if silu_in_down is None else bool(silu_in_down),
         quantize_upstream=old.quantize_upstream if quantize_upstream is None else bool(quantize_upstream),
     )
     if new != old:

@@ -9,7 +9,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fp8route.backends import BACKENDS
 from fp8route.backends.base import Backend
 from fp8route.kernels.options import kernel_options
 from fp8route.linear.layer import Fp8Linear
@@ -44,13 +43,8 @@ def explain(model: nn.Module | HasLinears) -> str:
 def options_line() -> str:
     """The kernel options now (fp8route.set_kernel_options), and where they act."""
     options = kernel_options()
-    fused = [b.name for b in BACKENDS.values() if b.fuses_silu_mul]
-    where = f": down projections on {', '.join(fused)} take gate_up and compute SiLU * up inside" if fused else ""
     pdl = "on" if options.pdl else "off (an engine on Hopper measures each decode graph with it unless its config says)"
-    return (
-        f"kernel options: pdl {pdl}, silu_in_down {'on' + where if options.silu_in_down else 'off'}, "
-        f"quantize_upstream {'on' if options.quantize_upstream else 'off'}"
-    )
+    return f"kernel options: pdl {pdl}, quantize_upstream {'on' if options.quantize_upstream else 'off'}"
 
 
 def upstream_line(layers: list[Fp8Linear]) -> str:

@@ -249,25 +249,6 @@ class Fp8Linear(nn.Module):
             return None
         return self._x_quants[self._plan.backend_for(m, dtype).name]
 
-    def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor | None:
-        """This layer on SiLU(gate) * up for gate_up [..., 2K] (gate, then up), the product computed
-        inside the GEMM: when the kernel option silu_in_down is on and the backend the plan runs at
-        this M does that (fp8route.kernels.options). None otherwise: the caller computes
-        the product and calls the layer, as it would without this."""
-        if not kernel_options().silu_in_down or gate_up.dtype not in _HALF_DTYPES:
-            return None
-        if gate_up.dim() == 0 or gate_up.shape[-1] != 2 * self.in_features:
-            raise Fp8InputError(
-                f"{self.name}: gate_up's last dim must be 2K={2 * self.in_features}, got {tuple(gate_up.shape)}"
-            )
-        rows = gate_up.reshape(-1, 2 * self.in_features)
-        if rows.shape[0] == 0:
-            return None
-        backend = self._plan.backend_for(rows.shape[0], gate_up.dtype)
-        if not backend.fuses_silu_mul:
-            return None
-        return backend.run_silu_mul(rows, self.prepared).reshape(*gate_up.shape[:-1], self.out_features)
-
     def forward_quantized(self, x_q: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """The GEMM alone, for x already quantized with this layer's input_scale upstream (fused
         into the norm or activation kernel that produced it, as serving engines do), routed by the

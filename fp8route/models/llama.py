@@ -299,10 +299,6 @@ class Mlp(nn.Module):
         down = cast(nn.Module, self.down_proj.linear) if partial else self.down_proj
         if hasattr(self, "gate_up_proj"):
             gate_up = self.gate_up_proj(x)
-            fused = getattr(down, "forward_silu_mul", None)  # an Fp8Linear's: SiLU * up inside its GEMM
-            out = fused(gate_up) if fused is not None else None
-            if out is not None:
-                return out
             spec = x_quant_for(getattr(down, "x_quant", None), gate_up)
             if spec is not None and spec.scheme != "channel":  # per token, no pass would be saved
                 return down(silu_mul_quantized(gate_up, self.intermediate, spec))

@@ -51,7 +51,7 @@ def test_the_check_finds_a_hand_written_flag():
         (["bench", "serve", "m", "--prefix-caching", "on,off"], {"enable_prefix_caching": "on,off"}),
         (
             ["bench", "e2e", "--random", "x"],
-            {"pdl": "auto", "silu_in_down": "off", "quantize_upstream": "on", "tp": "1", "attention": "builtin"},
+            {"pdl": "auto", "quantize_upstream": "on", "tp": "1", "attention": "builtin"},
         ),
         (["bench", "e2e", "--tp", "1,2", "--all-reduce", "nccl,fused"], {"tp": "1,2", "all_reduce": "nccl,fused"}),
         (["eval", "m", "--task", "arc_easy"], {"kv_cache_dtype": "auto", "dtype": "auto", "device": None}),

@@ -194,10 +194,10 @@ def test_kernel_options_are_settings_that_the_load_applies(tmp_path, monkeypatch
     monkeypatch.setattr(options, "_current", [options.KernelOptions()])  # the process's own, back after
     monkeypatch.setattr(options, "_generation", [0])
     folder = text_model_folder(tmp_path / "m")
-    fp8route.load_model(folder, device="cpu", max_num_seqs=1, silu_in_down=True, quiet=True)
-    assert options.kernel_options() == options.KernelOptions(pdl=False, silu_in_down=True, quantize_upstream=True)
+    fp8route.load_model(folder, device="cpu", max_num_seqs=1, quantize_upstream=False, quiet=True)
+    assert options.kernel_options() == options.KernelOptions(pdl=False, quantize_upstream=False)
     fp8route.load_model(folder, device="cpu", max_num_seqs=1, quiet=True)  # None: as the process has them
-    assert options.kernel_options().silu_in_down
+    assert not options.kernel_options().quantize_upstream
     if options.why_not_pdl() is None:  # a Hopper GPU: the option applies
         EngineConfig(pdl=True).apply_kernel_options()
         assert options.kernel_options().pdl

@@ -16,7 +16,6 @@ from helpers import GPU_OR_INTERPRETER
 from fp8route.kernels import split_counters
 from fp8route.kernels.decode_gemm import launch as decode
 from fp8route.kernels.decode_gemm.configs import DecodeConfig
-from fp8route.kernels.fused import silu_mul
 from fp8route.schemes import quantize_activation, quantize_weight, scaled_matmul
 
 CUDA = torch.cuda.is_available()
@@ -58,18 +57,6 @@ def test_the_kernel_gives_the_schemes_product(gpu_conversions, scheme, config, n
         dev = [t.to(DEVICE) if t is not None else None for t in (x, wq, ws, bias)]
         out = decode.decode_gemm(*dev[:3], None, dev[3], torch.bfloat16, config=config, scheme=scheme)
         check(out, expected(x, wq, ws, bias, scheme), f"{scheme} M={m}")
-
-
-@pytest.mark.parametrize("scheme", ["channel", "block"])
-@pytest.mark.parametrize("config", [CUDA_CORE[1], MMA[1]], ids=str)
-def test_silu_times_up_is_computed_inside_and_quantized_as_the_unfused_input(gpu_conversions, scheme, config):
-    m, n, k = config.block_m, 192, 576
-    g = torch.Generator().manual_seed(3)
-    gate_up = (torch.randn(m, 2 * k, generator=g) * 2).to(torch.bfloat16)
-    _, wq, ws, _ = operands(m, n, k, scheme, seed=4)
-    dev = [t.to(DEVICE) for t in (gate_up, wq, ws)]
-    out = decode.decode_gemm_silu_mul(*dev, None, None, torch.bfloat16, scheme=scheme)
-    check(out, expected(silu_mul(gate_up, k), wq, ws, None, scheme), f"{scheme} gated")
 
 
 @pytest.mark.parametrize("scheme", ["channel", "block"])

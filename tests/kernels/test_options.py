@@ -15,7 +15,7 @@ from fp8route.linear.layer import plans_epoch
 def pdl_possible(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(options, "why_not_pdl", lambda device=None: None)
     yield
-    options.set_kernel_options(pdl=False, silu_in_down=False)
+    options.set_kernel_options(pdl=False)
 
 
 def test_refused_with_its_reason_where_it_cannot_run() -> None:
@@ -35,10 +35,10 @@ def test_changing_an_option_moves_the_epoch_that_graphs_check(pdl_possible: None
     assert on != before and pdl.launch_options() == {"USE_PDL": True, "launch_pdl": True}
     assert options.set_kernel_options(pdl=True) == options.KernelOptions(pdl=True)  # no change, no new epoch
     assert plans_epoch() == on
-    options.set_kernel_options(silu_in_down=True)  # the other option: pdl stays on
+    options.set_kernel_options(quantize_upstream=False)  # the other option: pdl stays on
     both = plans_epoch()
-    assert both != on and options.kernel_options() == options.KernelOptions(pdl=True, silu_in_down=True)
-    options.set_kernel_options(pdl=False, silu_in_down=False)
+    assert both != on and options.kernel_options() == options.KernelOptions(pdl=True, quantize_upstream=False)
+    options.set_kernel_options(pdl=False, quantize_upstream=True)
     assert plans_epoch() not in (before, on, both) and pdl.launch_options() == {"USE_PDL": False}
 
 

@@ -11,14 +11,6 @@ else:
     from fp8route.kernels.quantize import dynamic_scale, quantize_e4m3
 
     @triton.jit
-    def silu_times(gate, up):
-        """SiLU(gate) * up, each rounded to the inputs' dtype as fp8route.kernels.fused.silu_mul
-        rounds them (so the fused GEMM reads the same x as the unfused one)."""
-        g = gate.to(tl.float32)
-        silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
-        return (silu * up.to(tl.float32)).to(gate.dtype)
-
-    @triton.jit
     def _store_out(acc, out_ptr, bias_ptr, scale, offs_n, offs_m, n_mask, m_mask, stride_om, HAS_BIAS: tl.constexpr):
         y = acc * scale
         if HAS_BIAS:
@@ -70,15 +62,7 @@ else:
             return 1.0
 
     @triton.jit
-    def load_x(x_ptrs, K, mask, GATED: tl.constexpr):
-        """x's elements at x_ptrs, or for GATED SiLU(gate) * up (up K elements further on)."""
-        xt = tl.load(x_ptrs, mask=mask, other=0.0)
-        if GATED:
-            xt = silu_times(xt, tl.load(x_ptrs + K, mask=mask, other=0.0))
-        return xt
-
-    @triton.jit
-    def token_scales(x_ptr, offs_m, m_mask, K, stride_xm, BLOCK_K: tl.constexpr, GATED: tl.constexpr):
+    def token_scales(x_ptr, offs_m, m_mask, K, stride_xm, BLOCK_K: tl.constexpr):
         """Each token's dynamic scale (its row's amax over all K / 448), for the channel scheme: every
         split reads the whole row (small at decode sizes) so that no other kernel runs first, in
         BLOCK_K-wide steps (launch.py makes them wide: each step waits a load's latency)."""
@@ -86,7 +70,7 @@ else:
         amax = tl.zeros((offs_m.shape[0],), dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
             mask = m_mask[None, :] & ((k + offs_k) < K)[:, None]
-            xt = load_x(x_ptr + offs_m[None, :] * stride_xm + (k + offs_k)[:, None], K, mask, GATED)
+            xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + (k + offs_k)[:, None], mask=mask, other=0.0)
             amax = tl.maximum(amax, tl.max(tl.abs(xt.to(tl.float32)), axis=0))
         return dynamic_scale(amax)
 
@@ -109,11 +93,10 @@ else:
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
-        REDUCE_UNROLL: tl.constexpr, GATED: tl.constexpr, SCHEME: tl.constexpr, AMAX_K: tl.constexpr,
+        REDUCE_UNROLL: tl.constexpr, SCHEME: tl.constexpr, AMAX_K: tl.constexpr,
         USE_PDL: tl.constexpr,
     ):  # fmt: skip
-        """GATED: x_ptr holds [M, 2K], gate then up, and the product is with SiLU(gate) * up.
-        SCHEME 0: per tensor, x quantized with the static in_scale. 1: per-channel weight scales
+        """SCHEME 0: per tensor, x quantized with the static in_scale. 1: per-channel weight scales
         [N], x per token. 2: 128x128 block weight scales (stride_ws per block row), x per 1x128
         group; BLOCK_K is 128, one group a step, each step's product scaled before it is added."""
         wait_for_inputs(USE_PDL)
@@ -141,7 +124,7 @@ else:
         if SCHEME == 0:
             x_scale = tl.load(in_scale_ptr)
         elif SCHEME == 1:
-            x_scale = token_scales(x_ptr, offs_m, m_mask, K, stride_xm, AMAX_K, GATED)[None, :]
+            x_scale = token_scales(x_ptr, offs_m, m_mask, K, stride_xm, AMAX_K)[None, :]
         else:
             x_scale = 1.0
         x_rcp = tl.math.div_rn(1.0, x_scale)
@@ -154,11 +137,11 @@ else:
                     w = tl.load(w_ptrs)
                 else:
                     w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
-                xt = load_x(x_ptrs, K, m_mask[None, :], GATED)
+                xt = tl.load(x_ptrs, mask=m_mask[None, :], other=0.0)
             else:
                 k_mask = (k_lo + k + offs_k) < K
                 w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-                xt = load_x(x_ptrs, K, m_mask[None, :] & k_mask[:, None], GATED)
+                xt = tl.load(x_ptrs, mask=m_mask[None, :] & k_mask[:, None], other=0.0)
             if SCHEME == 2:  # this step's group: its own scales
                 g_scale = dynamic_scale(tl.max(tl.abs(xt.to(tl.float32)), axis=0))[None, :]
                 xq = quantize_e4m3(xt, g_scale, tl.math.div_rn(1.0, g_scale))
@@ -188,7 +171,7 @@ else:
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         QUANT_X: tl.constexpr, HAS_BIAS: tl.constexpr, USE_WS: tl.constexpr,
         EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, REDUCE_UNROLL: tl.constexpr, NUM_STAGES: tl.constexpr,
-        GATED: tl.constexpr, SCHEME: tl.constexpr, AMAX_K: tl.constexpr, USE_PDL: tl.constexpr,
+        SCHEME: tl.constexpr, AMAX_K: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         """The same product for a few tokens (BLOCK_M <= 8) on the CUDA cores: no shared-memory staging
         of the weight and no MMA padding of the token side to 16. Each weight element is converted once
@@ -212,7 +195,7 @@ else:
         if SCHEME == 0:
             x_scale = tl.load(in_scale_ptr)
         elif SCHEME == 1:
-            x_scale = token_scales(x_ptr, offs_m, m_mask, K, stride_xm, AMAX_K, GATED)[None, :]
+            x_scale = token_scales(x_ptr, offs_m, m_mask, K, stride_xm, AMAX_K)[None, :]
         else:
             x_scale = 1.0
         x_rcp = tl.math.div_rn(1.0, x_scale)
@@ -233,7 +216,7 @@ else:
             # one element each and move every operand through shared memory.
             for i in tl.static_range(BLOCK_M):
                 x_mask = tl.where(i < M, k_mask, False)  # not k_mask & (i < M): see _finish
-                xt = load_x(x_ptrs + i * stride_xm, K, x_mask, GATED)
+                xt = tl.load(x_ptrs + i * stride_xm, mask=x_mask, other=0.0)
                 if SCHEME == 2:
                     xt = block_dequantized(xt, w_scale_ptr, pid_n, (k_lo + k) // 128, stride_ws, BLOCK_N, BLOCK_K)
                 elif SCHEME == 1:

@@ -100,31 +100,6 @@ def decode_gemm(
     return launch(x, weight, weight_scale, input_scale, bias, out_dtype, out=out, config=config, scheme=scheme)
 
 
-def decode_gemm_silu_mul(
-    gate_up: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: torch.Tensor,
-    input_scale: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    out_dtype: torch.dtype,
-    *,
-    scheme: str = "tensor",
-) -> torch.Tensor:
-    """decode_gemm of x = SiLU(gate) * up for gate_up [M, 2K] (bf16/fp16: gate, then up), the product
-    computed in the kernel and rounded as fp8route.kernels.fused.silu_mul rounds it."""
-    k = weight.shape[-1]
-    if gate_up.dim() != 2 or gate_up.shape[1] != 2 * k:
-        raise Fp8InputError(
-            f"decode_gemm_silu_mul: gate_up must be [M, {2 * k}] (gate, then up), got {tuple(gate_up.shape)}"
-        )
-    if gate_up.dtype not in OUT_DTYPES:
-        raise Fp8TypeError(f"decode_gemm_silu_mul: gate_up must be bfloat16 or float16, got {gate_up.dtype}")
-    _check(gate_up[:, :k], weight, weight_scale, input_scale, bias, out_dtype, scheme)
-    if gate_up.stride(0) * gate_up.shape[0] >= 2**31:
-        raise Fp8InputError("decode_gemm_silu_mul: gate_up needs 64-bit offsets, which this kernel does not use")
-    return launch(gate_up, weight, weight_scale, input_scale, bias, out_dtype, gated=True, scheme=scheme)
-
-
 @dataclass(frozen=True)
 class _Launch:
     """What launch derives from a call's shapes and dtypes, once per distinct call."""
@@ -144,7 +119,7 @@ _SCHEMES = {"tensor": 0, "channel": 1, "block": 2}  # the kernels' SCHEME conste
 
 
 def _plan_launch(m: int, n: int, k: int, device: torch.device, x_fp8: bool, has_bias: bool,
-                 config: DecodeConfig | None, gated: bool, scheme: str) -> _Launch:  # fmt: skip
+                 config: DecodeConfig | None, scheme: str) -> _Launch:  # fmt: skip
     if scheme == "block":
         cfg = block_config(config or choose_block_config(m, n, k, _device(device)))
     else:
@@ -159,7 +134,7 @@ def _plan_launch(m: int, n: int, k: int, device: torch.device, x_fp8: bool, has_
     meta: dict[str, Any] = dict(
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m,
         QUANT_X=not x_fp8, HAS_BIAS=has_bias, USE_WS=split > 1,
-        EVEN_K=k_per_split * split == k, EVEN_N=n % cfg.block_n == 0, REDUCE_UNROLL=_REDUCE_UNROLL, GATED=gated,
+        EVEN_K=k_per_split * split == k, EVEN_N=n % cfg.block_n == 0, REDUCE_UNROLL=_REDUCE_UNROLL,
         SCHEME=_SCHEMES[scheme], AMAX_K=_amax_step(k, cfg.block_m),
         num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )  # fmt: skip
@@ -196,22 +171,21 @@ def launch(
     *,
     out: torch.Tensor | None = None,
     config: DecodeConfig | None = None,
-    gated: bool = False,
     scheme: str = "tensor",
 ) -> torch.Tensor:
     """decode_gemm without the argument checks, for callers whose plan already vetted the layer and
-    whose forward checked x: the checks cost microseconds of host time on every decode step. gated:
-    x is [M, 2K], gate then up (decode_gemm_silu_mul). scheme (fp8route.schemes): tensor takes the
-    static input_scale; channel and block take none and quantize x per token or group themselves."""
+    whose forward checked x: the checks cost microseconds of host time on every decode step. scheme
+    (fp8route.schemes): tensor takes the static input_scale; channel and block take none and quantize
+    x per token or group themselves."""
     m = x.shape[0]
     n, k = weight.shape
     stride_xm, stride_wn = x.stride(0), weight.stride(0)
     # Every integer argument and dtype the kernel specializes on; the launcher adds alignment.
-    key = (m, n, k, stride_xm, stride_wn, x.dtype, out_dtype, bias is None, x.device, config, gated, scheme)
+    key = (m, n, k, stride_xm, stride_wn, x.dtype, out_dtype, bias is None, x.device, config, scheme)
     plan = _LAUNCHES.get(key)
     if plan is None:
         x_fp8 = x.dtype == FP8_DTYPE
-        plan = _LAUNCHES[key] = _plan_launch(m, n, k, x.device, x_fp8, bias is not None, config, gated, scheme)
+        plan = _LAUNCHES[key] = _plan_launch(m, n, k, x.device, x_fp8, bias is not None, config, scheme)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     elif out.shape != (m, n) or out.dtype != out_dtype or out.stride(0) != n or out.stride(1) != 1:
