@@ -2,10 +2,11 @@
 
 At decode sizes a step is hundreds of small kernels whose launches cost more host time than the
 GPU needs to run them; a graph replays them all with one launch. A graph has fixed shapes and
-addresses, so each bucket gets static buffers for the step's inputs (token ids, whether each comes
-from the device, positions, table rows) that the caller's values are copied into before each replay;
-a batch of B runs in the smallest bucket >= B, its extra rows reading and writing only the scratch
-block (table row `pad_row`, position 0).
+addresses, so each bucket gets one static buffer for the step's inputs (token ids, whether each
+comes from the device, positions, table rows), written before each replay by one copy from pinned
+host memory: a batch of B runs in the smallest bucket >= B, its extra rows padded on the host to
+read and write only the scratch block (table row `pad_row`, position 0), so no kernel runs outside
+the graph.
 
 A graph replays the kernels, operands and workspaces it captured: when any Fp8Linear is replanned
 (its prepared operands rebuilt) the graphs are dropped and captured again on the next step.
@@ -26,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from fp8route.device import capture_graph
@@ -35,6 +37,7 @@ from fp8route.linear.layer import plans_epoch
 log = logging.getLogger(__name__)
 
 StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (ids, pending, positions, rows) -> (logits, argmax)
+INPUTS = 4  # a step's inputs: ids, pending, positions, rows
 # PDL is kept only where its replays beat the plain ones by more than this share: closer than that,
 # the choice would follow the replays' spread from one start to the next.
 PDL_MARGIN = 0.01
@@ -55,13 +58,23 @@ def buckets(max_batch_size: int) -> list[int]:
     return [*sizes, max_batch_size]
 
 
+def padded_inputs(host: np.ndarray, size: int, pad_row: int) -> np.ndarray:
+    """A step's inputs [4, B] padded to a bucket of size rows, [4, size rounded up to even]: each
+    padding row takes token 0 from the host at position 0 of table row pad_row. The width keeps each
+    input's row 16 bytes aligned, as Triton specializes a kernel on its pointers' alignment."""
+    b = host.shape[1]
+    padded = np.zeros((INPUTS, size + size % 2), dtype=np.int64)
+    padded[:, :b] = host
+    padded[INPUTS - 1, b:] = pad_row
+    return padded
+
+
 @dataclass
 class _Captured:
     graph: torch.cuda.CUDAGraph
-    inputs: list[torch.Tensor]  # each [bucket] int64, read by the graph
+    inputs: torch.Tensor  # [4, width] int64 (padded_inputs' layout), read by the graph
     logits: torch.Tensor  # [bucket, vocab], written by the graph
     next_tokens: torch.Tensor  # [bucket] int64 greedy argmax, written by the graph
-    used: int  # rows the last replay filled: those past a smaller batch are reset to padding
 
 
 @dataclass(frozen=True)
@@ -81,7 +94,8 @@ class PdlChoice:
 
 
 class DecodeGraphs:
-    """Runs step(ids, pending, positions, rows; each [B]) -> (logits [B, vocab], argmax [B]) from CUDA graphs."""
+    """Runs step(ids, pending, positions, rows; each [B] on the device) -> (logits [B, vocab], argmax
+    [B]) from CUDA graphs, given the inputs on the host ([4, B], runner.decode_inputs' layout)."""
 
     def __init__(
         self, step: StepFn, max_batch_size: int, pad_row: int, device: torch.device, measure_pdl: bool = False
@@ -112,65 +126,53 @@ class DecodeGraphs:
         self.pdl_choices.clear()
         self.pool = None
 
-    def run(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, host: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         if self.epoch != plans_epoch():
             self.drop()
             self.epoch = plans_epoch()
-        b = inputs[0].shape[0]
+        b = host.shape[1]
         size = self.bucket(b)
+        # Pinned, so the copy leaves the host free; it waits on the stream for the last replay.
+        staged = torch.from_numpy(padded_inputs(host, size, self.pad_row)).pin_memory()
         captured = self.graphs.get(size)
         if captured is None:
-            captured = self.graphs[size] = self._capture(size, inputs)
+            captured = self.graphs[size] = self._capture(size, staged)
         else:
-            for buffer, value in zip(captured.inputs, inputs, strict=True):
-                buffer[:b].copy_(value)
-            if captured.used > b:
-                self._pad(captured.inputs, b)
-            captured.used = b
+            captured.inputs.copy_(staged, non_blocking=True)
         captured.graph.replay()
         return captured.logits[:b], captured.next_tokens[:b]
 
-    def _pad(self, inputs: list[torch.Tensor], start: int) -> None:
-        """Rows from start on: token 0 from the host at position 0 of the padding row."""
-        *others, rows = inputs
-        for buffer in others:
-            buffer[start:].zero_()
-        rows[start:].fill_(self.pad_row)
-
-    def _capture(self, size: int, inputs: tuple[torch.Tensor, ...]) -> _Captured:
+    def _capture(self, size: int, staged: torch.Tensor) -> _Captured:
         if not self.measure_pdl or kernel_options().pdl:
-            return self._capture_one(size, inputs)
+            return self._capture_one(size, staged)
         captured = []
         for pdl in (False, True):
             with capturing_with(pdl=pdl):
-                captured.append(self._capture_one(size, inputs))
+                captured.append(self._capture_one(size, staged))
         off, on = captured
         choice = self.pdl_choices[size] = PdlChoice(*replay_ms([off.graph, on.graph], self.device))
         log.info("decode graph of %d rows: %s", size, choice)
         return on if choice.pdl else off
 
-    def _capture_one(self, size: int, inputs: tuple[torch.Tensor, ...]) -> _Captured:
-        b = inputs[0].shape[0]
-        # Ordinary tensors even when captured under inference_mode: a later step outside it writes them.
+    def _capture_one(self, size: int, staged: torch.Tensor) -> _Captured:
+        # An ordinary tensor even when captured under inference_mode: a later step outside it writes it.
         with torch.inference_mode(False):
-            static = [torch.zeros(size, dtype=torch.int64, device=self.device) for _ in inputs]
-        for buffer, value in zip(static, inputs, strict=True):
-            buffer[:b].copy_(value)
-        self._pad(static, b)
+            static = staged.to(self.device)
+        inputs = static[:, :size].unbind()
         # One eager step first, on a side stream as capture wants: kernels that compile or pick a
         # configuration on their first call for a shape (Triton, fp8_gemv) do it here, outside the
         # graph. It writes the same K/V the replay that follows writes, so it changes nothing.
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            self.step(*static)
+            self.step(*inputs)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with capture_graph(graph, self.pool):
-            logits, next_tokens = self.step(*static)
+            logits, next_tokens = self.step(*inputs)
         if self.pool is None:
             self.pool = graph.pool()
-        return _Captured(graph, static, logits, next_tokens, b)
+        return _Captured(graph, static, logits, next_tokens)
 
 
 def replay_ms(graphs: Sequence[torch.cuda.CUDAGraph], device: torch.device) -> list[float]:

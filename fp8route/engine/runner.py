@@ -362,26 +362,23 @@ class ModelRunner:
     def _decode(self, seqs: Sequence[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor]:
         """Every piece one token: (logits, argmax) of each row."""
         host = decode_inputs(seqs)
-        ids, pending, positions, rows = upload(torch.from_numpy(host), self.device)
         lengths = [s.start + 1 for s in seqs] if self.plans_on_host else None
         return self.decode(
-            ids, pending, positions, rows, limit=int(host[2].max()) + 1, host_lengths=lengths,
+            host, limit=int(host[2].max()) + 1, host_lengths=lengths,
             host_blocks=[self.blocks[s.row] for s in seqs] if lengths else None,
         )  # fmt: skip
 
     def decode(
         self,
-        ids: torch.Tensor,
-        pending: torch.Tensor,
-        positions: torch.Tensor,
-        rows: torch.Tensor,
+        host: np.ndarray,
         *,
         limit: int | None = None,
         host_lengths: Sequence[int] | None = None,
         host_blocks: Sequence[Sequence[int]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """decode_step, replayed from the batch bucket's CUDA graph on a GPU with use_cuda_graphs.
-        host_lengths (positions + 1) and host_blocks (each row's blocks) are what FlashInfer plans from."""
+        """decode_step over the inputs on the host ([4, B], decode_inputs' layout), replayed from the
+        batch bucket's CUDA graph on a GPU with use_cuda_graphs. host_lengths (positions + 1) and
+        host_blocks (each row's blocks) are what FlashInfer plans from."""
         graphs = None
         if self.use_cuda_graphs:
             if self.graphs is None:
@@ -391,10 +388,11 @@ class ModelRunner:
             graphs = self.graphs
         if self.flashinfer is not None:
             assert host_lengths is not None and host_blocks is not None
-            size = graphs.bucket(len(ids)) if graphs is not None else len(ids)
+            size = graphs.bucket(host.shape[1]) if graphs is not None else host.shape[1]
             self.flashinfer.plan_decode(size, host_lengths, host_blocks)
         if graphs is not None:
-            return graphs.run(ids, pending, positions, rows)
+            return graphs.run(host)
+        ids, pending, positions, rows = upload(torch.from_numpy(host), self.device)
         return self.decode_step(ids, pending, positions, rows, limit)
 
     def decode_step(
@@ -519,9 +517,9 @@ class ModelRunner:
         """Every decode bucket's graph now, so that no request waits for a capture; how many."""
         sizes = buckets(max_num_seqs)
         for size in sizes:
-            pad = torch.full((size,), self.pool.pad_row, dtype=torch.int64, device=self.device)
-            zeros = torch.zeros(size, dtype=torch.int64, device=self.device)
-            self.decode(zeros, zeros, zeros, pad, host_lengths=[1] * size, host_blocks=[[0]] * size)
+            host = np.zeros((4, size), dtype=np.int64)
+            host[3] = self.pool.pad_row
+            self.decode(host, host_lengths=[1] * size, host_blocks=[[0]] * size)
         return len(sizes)
 
     def dummy_forward(self, tokens: int, singles: int, chunks: int = 1) -> None:

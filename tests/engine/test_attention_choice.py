@@ -41,15 +41,16 @@ def record_decodes(monkeypatch) -> list:
     seen = []
     decode = ModelRunner.decode
 
-    def recording(self, ids, pending, positions, rows, *, limit=None, host_lengths=None, host_blocks=None):
+    def recording(self, host, *, limit=None, host_lengths=None, host_blocks=None):
         if host_lengths is None:
             seen.append(None)
         else:
+            _, _, positions, rows = host
             width = max(len(b) for b in host_blocks)
-            tables = self.pool.tables[rows, :width].tolist()
+            tables = self.pool.tables[torch.from_numpy(rows), :width].tolist()
             blocks = [list(b) + [0] * (width - len(b)) for b in host_blocks]
             seen.append(((positions + 1).tolist(), list(host_lengths), tables, blocks))
-        return decode(self, ids, pending, positions, rows, limit=limit)
+        return decode(self, host, limit=limit)
 
     monkeypatch.setattr(ModelRunner, "decode", recording)
     return seen

@@ -3,6 +3,7 @@ forward, batches equal single rows (a batch larger than the engine runs at once 
 equals one forward, EOS, bad input refused before any work, determinism, the same tokens as
 LLM.generate for the same seed, and load_model on FP8 and bf16 checkpoints."""
 
+import numpy as np
 import pytest
 import torch
 from checkpoint_helpers import TINY, llama_tensors, modelopt_folder, write_checkpoint
@@ -11,7 +12,7 @@ from helpers import build_lm, greedy_continuation
 from fp8route import Fp8InputError, load_checkpoint
 from fp8route.engine import EngineConfig, SamplingParams, load_model
 from fp8route.engine.attention import decode_attention_torch
-from fp8route.engine.decode_graphs import buckets
+from fp8route.engine.decode_graphs import buckets, padded_inputs
 from fp8route.engine.sampling import MAX_TEMPERATURE
 from fp8route.loading import model_from_checkpoint
 from fp8route.models import LlamaConfig, LlamaForCausalLM
@@ -156,6 +157,16 @@ def test_bf16_engine_tracks_its_full_forward():
 def test_buckets():
     assert buckets(16) == [1, 2, 4, 8, 16] and buckets(12) == [1, 2, 4, 8, 12] and buckets(1) == [1]
     assert buckets(100) == [1, 2, 4, 8, 16, 32, 64, 96, 100] and buckets(64) == [1, 2, 4, 8, 16, 32, 64]
+
+
+def test_a_decode_graphs_inputs_are_padded_on_the_host_to_the_scratch_row_and_an_even_width():
+    host = np.array([[5, 0, 7], [0, 1, 0], [10, 3, 4], [2, 0, 1]], dtype=np.int64)  # ids, pending, positions, rows
+    padded = padded_inputs(host, 4, pad_row=9)
+    assert padded.shape == (4, 4) and (padded[:, :3] == host).all()
+    assert padded[:, 3].tolist() == [0, 0, 0, 9]  # token 0 from the host at position 0 of the padding row
+    single = padded_inputs(host[:, :1], 1, pad_row=9)
+    assert single.shape == (4, 2) and single[:, 0].tolist() == [5, 0, 10, 2]  # 16-byte rows for Triton
+    assert padded_inputs(host, 3, pad_row=9).shape == (4, 4)
 
 
 def test_a_bucket_keeps_pdl_only_when_it_measured_faster_by_more_than_the_margin():
