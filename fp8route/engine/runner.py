@@ -34,7 +34,7 @@ import torch.distributed as dist
 from fp8route.engine.attention import DecodeAttention, StepAttention, triton_decode_available
 from fp8route.engine.blocks import SCRATCH_BLOCK, blocks_for
 from fp8route.engine.config import EngineConfig
-from fp8route.engine.decode_graphs import DecodeGraphs, buckets
+from fp8route.engine.decode_graphs import INPUTS, DecodeGraphs, buckets, padded_inputs
 from fp8route.engine.flashinfer_attention import FlashInferAttention
 from fp8route.engine.kv_pool import KVPool, upload, upload_parts
 from fp8route.engine.kv_quant import KVScales
@@ -517,9 +517,8 @@ class ModelRunner:
         """Every decode bucket's graph now, so that no request waits for a capture; how many."""
         sizes = buckets(max_num_seqs)
         for size in sizes:
-            host = np.zeros((4, size), dtype=np.int64)
-            host[3] = self.pool.pad_row
-            self.decode(host, host_lengths=[1] * size, host_blocks=[[0]] * size)
+            padding = padded_inputs(np.zeros((INPUTS, 0), dtype=np.int64), size, self.pool.pad_row)[:, :size]
+            self.decode(padding, host_lengths=[1] * size, host_blocks=[[0]] * size)
         return len(sizes)
 
     def dummy_forward(self, tokens: int, singles: int, chunks: int = 1) -> None:
