@@ -58,6 +58,9 @@ class FixedTiles:
     # no quantizer launch, but every program converts all BLOCK_M rows of its x tile, padding included,
     # at every K step: at M=1 that doubled the GEMM (benchmarks/results/h100/deterministic).
     quantize_x: bool = False
+    # x and weight tiles loaded by the Hopper's tensor memory accelerator (descriptors made in the
+    # kernel) instead of per-thread pointer loads: the same operands, so the same bits.
+    tma: bool = False
 
     def as_ints(self) -> list[int]:
         """The fields in order as integers: a custom op's list[int] argument (from_ints reads it back)."""
@@ -66,7 +69,7 @@ class FixedTiles:
     @classmethod
     def from_ints(cls, values: Sequence[int]) -> FixedTiles:
         given: dict[str, Any] = dict(zip((f.name for f in fields(cls)), values, strict=True))
-        return cls(**{**given, "quantize_x": bool(given["quantize_x"])})
+        return cls(**{**given, "quantize_x": bool(given["quantize_x"]), "tma": bool(given["tma"])})
 
 
 TILES = FixedTiles()
@@ -112,7 +115,7 @@ if triton is not None:
         M, N, K, stride_xm, stride_wn, stride_om, stride_xs, stride_ws, chunks_each,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK_STEPS: tl.constexpr,
         GROUP_M: tl.constexpr, MODE: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-        QUANT_X: tl.constexpr, USE_PDL: tl.constexpr,
+        QUANT_X: tl.constexpr, TMA: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         wait_for_inputs(USE_PDL)
         pid, pid_k = tl.program_id(0), tl.program_id(1)
@@ -124,6 +127,9 @@ if triton is not None:
         m_mask, n_mask = offs_m < M, offs_n < N
         x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
         w_cols = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn  # [BLOCK_K, BLOCK_N] tiles, K-major
+        if TMA:  # rows past M or N and columns past K read as zeros, as the masked loads' `other`
+            x_desc = tl.make_tensor_descriptor(x_ptr, [M, K], [stride_xm, 1], [BLOCK_M, BLOCK_K])
+            w_desc = tl.make_tensor_descriptor(w_ptr, [N, K], [stride_wn, 1], [BLOCK_N, BLOCK_K])
 
         # One flat loop over this program's K steps, so that the loads pipeline across chunk ends; a
         # chunk's sum is folded in (or written, in a split) at its last step and the next starts from zero.
@@ -135,10 +141,14 @@ if triton is not None:
             static = tl.load(x_scale_ptr)
             static_rcp = tl.math.div_rn(1.0, static)
         for step in range(first, tl.minimum(first + chunks_each * CHUNK_STEPS, steps)):
-            k = step * BLOCK_K + offs_k
-            k_mask = k < K
-            x = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            w = tl.load(w_cols + k[:, None], mask=n_mask[None, :] & k_mask[:, None], other=0.0)
+            if TMA:
+                x = x_desc.load([pid_m * BLOCK_M, step * BLOCK_K])
+                w = w_desc.load([pid_n * BLOCK_N, step * BLOCK_K]).T
+            else:
+                k = step * BLOCK_K + offs_k
+                k_mask = k < K
+                x = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+                w = tl.load(w_cols + k[:, None], mask=n_mask[None, :] & k_mask[:, None], other=0.0)
             if MODE == 2:
                 if QUANT_X:  # this step's group, each row by its own amax
                     x_scale = dynamic_scale(tl.max(tl.abs(x.to(tl.float32)), axis=1))
@@ -251,6 +261,7 @@ def launch(
     meta: dict[str, Any] = dict(
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, CHUNK_STEPS=tiles.chunk_steps,
         GROUP_M=tiles.group_m, MODE=mode, HAS_BIAS=bias is not None, SPLIT=split > 1, QUANT_X=tiles.quantize_x,
+        TMA=tiles.tma and _tma_ready(x, weight),
         num_warps=tiles.num_warps, num_stages=stages_that_fit(tiles, x.element_size(), split > 1),
     )  # fmt: skip
     args = (
@@ -260,6 +271,20 @@ def launch(
     key = (x.dtype, weight.dtype, out_dtype, *int_key(n, k, x.stride(0), weight.stride(0), stride_xs, stride_ws))
     _GEMM((tiles_count, split), key, args, meta)
     return out
+
+
+def _tma_ready(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether both operands suit a TMA descriptor (16-byte aligned base and rows); where not, the tiles
+    load by pointers, which gives the same bits. The descriptors are made in the kernel, in the scratch
+    memory Triton asks its allocator for at each launch (set here: the allocator is per context)."""
+    aligned = all(t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0 for t in (x, weight))
+    if aligned:
+        triton.set_allocator(_scratch)
+    return aligned
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def _check(

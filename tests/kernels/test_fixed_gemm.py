@@ -7,7 +7,7 @@ programs share its tile's chunks. On a CPU under Triton's interpreter (small til
 
 from __future__ import annotations
 
-from dataclasses import astuple
+from dataclasses import astuple, replace
 
 import pytest
 import torch
@@ -148,9 +148,14 @@ def test_the_backend_quantizes_each_row_alone_and_matches_the_reference(gpu_conv
 # columns, warps, stages and grouping. The interpreter's stand-ins keep that contrast at small sizes.
 SAME_CHUNKING = (
     # (x quantized inside reads 16-bit x: test_x_quantized_inside_gives_the_bits_of_x_quantized_by_its_kernel)
-    [*(t for t in fg.TILINGS.values() if not t.quantize_x), fg.FixedTiles(128, 256, 128, 8, 8, 8, 2, 1)]
+    [
+        *(t for t in fg.TILINGS.values() if not t.quantize_x),
+        fg.FixedTiles(128, 256, 128, 8, 8, 8, 2, 1),
+        fg.FixedTiles(128, 256, 128, 8, 8, 8, 3, 1, tma=True),
+        fg.FixedTiles(256, 128, 128, 8, 8, 8, 3, 1, tma=True),
+    ]
     if CUDA
-    else [SMALL, fg.FixedTiles(32, 16, 32, 2, 1, 4, 1), fg.FixedTiles(16, 16, 32, 2, 4, 4, 3, 1)]
+    else [SMALL, fg.FixedTiles(32, 16, 32, 2, 1, 4, 1), fg.FixedTiles(16, 16, 32, 2, 4, 4, 3, 1, tma=True)]
 )
 
 
@@ -184,7 +189,7 @@ def test_x_quantized_inside_gives_the_bits_of_x_quantized_by_its_kernel(gpu_conv
     x = (torch.randn(m, k, generator=g) * torch.logspace(-1, 1, m)[:, None]).to(torch.bfloat16).to(DEVICE)
     wq, ws = (t.to(DEVICE) for t in quantize_weight(torch.randn(72, k, generator=g) * 0.1, scheme))
     tiles = SMALL_BLOCK if scheme == "block" else SMALL
-    inside = fg.FixedTiles(*astuple(tiles)[:-1], quantize_x=True)
+    inside = replace(tiles, quantize_x=True)
     if scheme == "block":
         x_q, x_scale = triton_quantize.quantize_per_group(x)
         fused = fg.fixed_gemm(x, wq, None, ws, None, torch.float32, inside)
@@ -194,6 +199,28 @@ def test_x_quantized_inside_gives_the_bits_of_x_quantized_by_its_kernel(gpu_conv
         fused = fg.fixed_gemm(x, wq, x_scale, ws, None, torch.float32, inside)
     apart = fg.fixed_gemm(x_q, wq, x_scale, ws, None, torch.float32, tiles)
     assert torch.equal(fused.cpu().view(torch.int32), apart.cpu().view(torch.int32))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("k_pad", [0, 4], ids=["rows 16-byte aligned", "rows not aligned"])
+def test_tma_loads_give_the_bits_of_pointer_loads(gpu_conversions, scheme, k_pad):
+    """Tiles loaded through TMA descriptors (zeros past M, N and K, as the masked loads) are the same
+    operands, so the same bits; where a row is not 16-byte aligned the tiles load by pointers."""
+    k = (3200 if CUDA else 1088) + k_pad
+    ops = operands(scheme, 300 if CUDA else 40, 520 if CUDA else 72, k, seed=9)
+    plain = ops[6]
+    got = {}
+    for tma in (False, True):
+        got[tma] = run((*ops[:6], replace(plain, tma=tma)), out_dtype=torch.float32)
+    assert torch.equal(got[True].view(torch.int32), got[False].view(torch.int32))
+    if scheme in ("tensor", "block"):  # x quantized inside the tiles, read through its own descriptor
+        x16 = ops[0].float() * (ops[2] if ops[2].dim() == 0 else 1.0)
+        inside = [
+            fg.fixed_gemm(x16.to(torch.bfloat16).to(DEVICE), ops[1].to(DEVICE), ops[2].to(DEVICE) if scheme == "tensor"
+                          else None, ops[3].to(DEVICE), None, torch.float32, replace(plain, quantize_x=True, tma=tma))
+            for tma in (False, True)
+        ]  # fmt: skip
+        assert torch.equal(inside[0].cpu().view(torch.int32), inside[1].cpu().view(torch.int32))
 
 
 def test_tiles_that_quantize_inside_refuse_what_they_cannot_quantize():
