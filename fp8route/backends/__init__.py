@@ -74,20 +74,23 @@ def default_priority(device: DeviceInfo) -> tuple[str, ...]:
     # after weight_only, so that without the mode nothing changes until a routing table measures them.
     return (
         "cublas", "flashinfer", "rowwise", "cublas_block", "triton_block", "weight_only", "triton_fixed",
-        "triton_fixed_wide", "triton_fixed_narrow", "triton_fixed_quantize", "triton_fixed_narrow_quantize",
-        "reference",
+        "triton_fixed_wide", "triton_fixed_large", "triton_fixed_narrow", "triton_fixed_quantize",
+        "triton_fixed_narrow_quantize", "reference",
     )  # fmt: skip
 
 
 def deterministic_default(device: DeviceInfo, m: int | None) -> str | None:
     """The deterministic mode's backend for M up to m (None: any M) until a routing table measures the
     layer: on SM90 the fixed-tile tiling whose time summed over Llama-3.1-8B's projections was least in
-    that range (benchmarks/results/h100/deterministic); elsewhere None, the default priority's first."""
+    that range (benchmarks/results/h100/deterministic: 128x256 through TMA 1.13-1.15x the default plan at
+    M 1024-4096, 128x128 1.23x; 128x128 ahead at 256); elsewhere None, the default priority's first."""
     if device.type != "cuda" or device.capability is None or device.capability < (9, 0):
         return None
-    if m is not None and m <= 16:
+    if m is None or m > 512:
+        return "triton_fixed_large"
+    if m <= 16:
         return "triton_fixed"
-    return "triton_fixed_narrow" if m is not None and m <= 64 else "triton_fixed_wide"
+    return "triton_fixed_narrow" if m <= 64 else "triton_fixed_wide"
 
 
 __all__ = [

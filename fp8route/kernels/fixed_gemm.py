@@ -75,12 +75,15 @@ class FixedTiles:
 TILES = FixedTiles()
 # The tilings the deterministic mode chooses from per layer and M bucket, by measurement (a backend each,
 # by these names): the best of benchmarks/scripts/fixed_gemm_sweep.py's candidates summed over a model's
-# projections at small M, the best at large M, and a narrow one that won on the shorter projections
-# at M <= 256. They share the K chunking, so a row gets the same bits from each: the mode may change
-# tiling with M (tests/kernels/test_fixed_gemm.py).
+# projections at small M, the best at a few hundred rows, a narrow one that won on the shorter
+# projections at M <= 256, and a large one loaded through TMA for M in the thousands (its two fp32
+# accumulators fill 255 registers without spilling; by pointer loads it spilled). They share the K
+# chunking, so a row gets the same bits from each: the mode may change tiling with M
+# (tests/kernels/test_fixed_gemm.py).
 TILINGS = {
     "triton_fixed": TILES,
     "triton_fixed_wide": FixedTiles(128, 128, 128, 8, 8, 8, 4, 1),
+    "triton_fixed_large": FixedTiles(128, 256, 128, 8, 8, 8, 3, 1, tma=True),
     "triton_fixed_narrow": FixedTiles(64, 64, 128, 8, 8, 4, 4),
     "triton_fixed_quantize": FixedTiles(quantize_x=True),
     "triton_fixed_narrow_quantize": FixedTiles(64, 64, 128, 8, 8, 4, 4, quantize_x=True),

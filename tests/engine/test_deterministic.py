@@ -107,8 +107,8 @@ def test_forcing_a_backend_that_is_not_batch_invariant_is_refused() -> None:
 def test_only_cpu_tiles_and_the_triton_fixed_tilings_claim_batch_invariance() -> None:
     invariant = {name for name, b in BACKENDS.items() if b.batch_variance(_problem()) is None}
     assert invariant == {
-        "cpu_tiles", "triton_fixed", "triton_fixed_wide", "triton_fixed_narrow", "triton_fixed_quantize",
-        "triton_fixed_narrow_quantize",
+        "cpu_tiles", "triton_fixed", "triton_fixed_wide", "triton_fixed_large", "triton_fixed_narrow",
+        "triton_fixed_quantize", "triton_fixed_narrow_quantize",
     }  # fmt: skip
 
 
@@ -174,8 +174,8 @@ def test_on_an_h200_the_mode_routes_every_m_to_the_fixed_tile_gemm(scheme: str) 
     assert not plan.fallbacks
     assert plan.routes[torch.bfloat16] == tuple(
         BACKENDS[deterministic_default(H200, hi)] for _, hi in _bucket_ranges(plan.bounds)
-    )  # the mode's default tiling per M: the three tilings
-    assert len(plan.backends) == 3
+    )  # the mode's default tiling per M: the four tilings
+    assert len(plan.backends) == 4
     text = plan.explain()
     assert "batch-invariant (a row's bits whatever its batch): yes (the tiling changes with M" in text
     assert "deterministic mode: a row's result can change with M" in text

@@ -120,7 +120,11 @@ INSIDE = [("tensor", True), ("block", False)]  # what x quantized inside takes: 
 
 @pytest.mark.parametrize(
     "name,scheme,static",
-    [(name, *inputs) for name in ("triton_fixed", "triton_fixed_wide", "triton_fixed_narrow") for inputs in INPUTS]
+    [
+        (name, *inputs)
+        for name in ("triton_fixed", "triton_fixed_wide", "triton_fixed_large", "triton_fixed_narrow")
+        for inputs in INPUTS
+    ]
     + [(name, *inputs) for name in ("triton_fixed_quantize", "triton_fixed_narrow_quantize") for inputs in INSIDE],
 )
 def test_the_backend_quantizes_each_row_alone_and_matches_the_reference(gpu_conversions, name, scheme, static):
@@ -151,7 +155,6 @@ SAME_CHUNKING = (
     [
         *(t for t in fg.TILINGS.values() if not t.quantize_x),
         fg.FixedTiles(128, 256, 128, 8, 8, 8, 2, 1),
-        fg.FixedTiles(128, 256, 128, 8, 8, 8, 3, 1, tma=True),
         fg.FixedTiles(256, 128, 128, 8, 8, 8, 3, 1, tma=True),
     ]
     if CUDA
