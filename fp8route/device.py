@@ -74,6 +74,16 @@ def launch_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@functools.cache
+def has_tma(device: torch.device) -> bool:
+    """Whether kernels may load through TMA descriptors: an NVIDIA GPU of SM90 or later, or no GPU (Triton's
+    interpreter, and the sm_90 compile check)."""
+    if device.type != "cuda":
+        return True
+    info = DeviceInfo.of(device)
+    return not info.rocm and info.capability is not None and info.capability >= (9, 0)
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its affinity mask, which containers and taskset narrow),
     not every core of the machine."""

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from fp8route.device import launch_sms
+from fp8route.device import has_tma, launch_sms
 from fp8route.errors import Fp8InputError
 from fp8route.kernels.launcher import DirectLauncher, int_key
 from fp8route.kernels.split_counters import counters
@@ -277,13 +277,16 @@ def launch(
 
 
 def _tma_ready(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether both operands suit a TMA descriptor (16-byte aligned base and rows); where not, the tiles
-    load by pointers, which gives the same bits. The descriptors are made in the kernel, in the scratch
-    memory Triton asks its allocator for at each launch (set here: the allocator is per context)."""
-    aligned = all(t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0 for t in (x, weight))
-    if aligned:
+    """Whether this GPU has TMA and both operands suit a descriptor (16-byte aligned base and rows);
+    where not, the tiles load by pointers, which gives the same bits. The descriptors are made in the
+    kernel, in scratch memory Triton asks its allocator for at each launch (set here: Triton keeps the
+    allocator per context, so a thread of its own starts without it)."""
+    ready = has_tma(x.device) and all(
+        t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0 for t in (x, weight)
+    )
+    if ready:
         triton.set_allocator(_scratch)
-    return aligned
+    return ready
 
 
 def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
