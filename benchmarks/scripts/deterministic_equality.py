@@ -69,6 +69,7 @@ def main() -> None:
     rows = []
     for mode in (True, False):
         rows.append(run(args.checkpoint, mode, batches, args.longest, **settings))
+        print(rows[-1], flush=True)  # a run cut short keeps the mode it finished
         gc.collect()  # the engine's graphs hold it in reference cycles: free its KV pool before the next
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
