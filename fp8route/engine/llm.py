@@ -10,7 +10,8 @@ Keyword arguments are EngineConfig's settings (fp8route.engine.config), checked 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from fp8route.checkpoint.gguf_tokenizer import apply_chat_template
@@ -32,6 +33,15 @@ Prompt = (
 Message = Mapping[str, str]
 
 
+def _grammar_source(engine: LLMEngine, tokenizer: Any, folder: Path) -> Callable[[], Grammars]:
+    """Structured output compiles against the tokenizer, read when a request first asks for it. Made
+    here, not in LLM.__init__: the first engine's load freezes the heap (llm_engine.freeze_startup_heap),
+    and a closure's cells made there exist before that, so a cycle through them (engine, function,
+    cell, engine) would never be collected, nor the engine's weights and KV pool."""
+    vocab = engine.model.cfg.vocab_size
+    return lambda: Grammars(tokenizer or load_tokenizer(folder), vocab, engine.eos_token_ids)
+
+
 class LLM:
     def __init__(
         self,
@@ -48,9 +58,7 @@ class LLM:
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(folder)
         self.engine = engine = LLMEngine.from_config(config.replace(model=str(folder)), policy)
         self.config = config
-        vocab = engine.model.cfg.vocab_size
-        # Structured output compiles against the tokenizer, read when a request first asks for it.
-        engine.grammar_source = lambda: Grammars(self.tokenizer or load_tokenizer(folder), vocab, engine.eos_token_ids)
+        engine.grammar_source = _grammar_source(engine, self.tokenizer, folder)
 
     @property
     def max_model_len(self) -> int:
