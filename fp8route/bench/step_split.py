@@ -95,16 +95,11 @@ def kernel_times(fn: Callable[[], object]) -> list[Kernel] | None:
 
 def split_of(kernels: Sequence[Kernel], steps: int) -> StepSplit:
     """Per step: the kernels of `steps` steps (in the order they started), summed by name and by kind,
-    and the idle stretches between them."""
+    and the idle stretches between them. A kernel counts from when the kernels before it had all
+    ended: with programmatic dependent launch one starts while the one before it runs and waits for
+    it, and that wait is the earlier kernel's time (counted twice, the kinds summed past 100%)."""
     per_kernel: dict[str, float] = {}
-    for k in kernels:
-        per_kernel[k.name] = per_kernel.get(k.name, 0.0) + k.ms / steps
-    ms_by_kind, launches = dict.fromkeys(KINDS, 0.0), dict.fromkeys(KINDS, 0.0)
-    for name, ms in per_kernel.items():
-        ms_by_kind[kind_of(name)] += ms
-    for k in kernels:
-        launches[kind_of(k.name)] += 1 / steps
-    top = sorted(per_kernel.items(), key=lambda item: -item[1])[:TOP]
+    launches = dict.fromkeys(KINDS, 0.0)
     bubbles = stalls = 0.0
     end = kernels[0].start_ms if kernels else 0.0  # the latest any kernel so far ran to
     for k in kernels:
@@ -113,7 +108,14 @@ def split_of(kernels: Sequence[Kernel], steps: int) -> StepSplit:
             stalls += idle
         elif idle > 0:
             bubbles += idle
+        own = max(0.0, k.start_ms + k.ms - max(k.start_ms, end))
+        per_kernel[k.name] = per_kernel.get(k.name, 0.0) + own / steps
+        launches[kind_of(k.name)] += 1 / steps
         end = max(end, k.start_ms + k.ms)
+    ms_by_kind = dict.fromkeys(KINDS, 0.0)
+    for name, ms in per_kernel.items():
+        ms_by_kind[kind_of(name)] += ms
+    top = sorted(per_kernel.items(), key=lambda item: -item[1])[:TOP]
     return StepSplit(ms_by_kind, launches, tuple(top), bubbles / steps, stalls / steps)
 
 

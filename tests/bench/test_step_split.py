@@ -79,6 +79,21 @@ def tiny_engine(**settings):  # type: ignore[no-untyped-def]
     return build_lm(LlamaConfig.from_hf(TINY), {}, tensors, config).engine
 
 
+def test_a_kernel_started_early_by_pdl_counts_from_the_end_of_the_one_before_it():
+    """With programmatic dependent launch a kernel starts while the one before it runs and waits for it:
+    the overlap is the earlier kernel's time, so the kinds sum to the GPU's busy time, not past it."""
+    overlapped = [
+        step_split.Kernel("fixed_gemm_kernel", 0.0, 1.0),
+        step_split.Kernel("_norm_quant_kernel", 0.4, 0.7),  # started early, ran 0.1 ms past the GEMM
+        step_split.Kernel("_split_kernel", 0.5, 0.3),  # wholly inside the ones before it
+        step_split.Kernel("fixed_gemm_kernel", 1.1, 0.5),
+    ]
+    split = step_split.split_of(overlapped, 1)
+    assert dict(split.top) == pytest.approx({"fixed_gemm_kernel": 1.5, "_norm_quant_kernel": 0.1, "_split_kernel": 0.0})
+    assert split.total_ms == pytest.approx(1.6)  # the span, 1.6 ms, with no idle in it
+    assert split.kernels == 4 and split.bubble_ms == 0 and split.stall_ms == 0
+
+
 def test_without_a_gpu_the_profiler_records_nothing_and_says_so():
     import torch
 
