@@ -82,8 +82,7 @@ def default_priority(device: DeviceInfo) -> tuple[str, ...]:
 def deterministic_default(device: DeviceInfo, m: int | None) -> str | None:
     """The deterministic mode's backend for M up to m (None: any M) until a routing table measures the
     layer: on SM90 the fixed-tile tiling whose time summed over Llama-3.1-8B's projections was least in
-    that range (benchmarks/results/h100/deterministic: 128x256 through TMA 1.13-1.15x the default plan at
-    M 1024-4096, 128x128 1.23x; 128x128 ahead at 256); elsewhere None, the default priority's first."""
+    that range (benchmarks/results/h100/deterministic); elsewhere None, the default priority's first."""
     if device.type != "cuda" or device.capability is None or device.capability < (9, 0):
         return None
     if m is None or m > 512:

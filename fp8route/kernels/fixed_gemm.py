@@ -24,6 +24,7 @@ a kernel of their own and x's round trip through memory.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import astuple, dataclass, fields
 from typing import Any
@@ -38,6 +39,8 @@ from fp8route.kernels.triton_support import tl, triton
 from fp8route.schemes import BLOCK, cdiv
 
 NONE, ROWS, BLOCKS = 0, 1, 2  # MODE: how the products are scaled
+log = logging.getLogger("fp8route")
+_pointer_loads_logged: set[str] = set()  # why TMA tiles loaded by pointers, each logged once
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,10 @@ class FixedTiles:
 
     @classmethod
     def from_ints(cls, values: Sequence[int]) -> FixedTiles:
-        given: dict[str, Any] = dict(zip((f.name for f in fields(cls)), values, strict=True))
-        return cls(**{**given, "quantize_x": bool(given["quantize_x"]), "tma": bool(given["tma"])})
+        given: dict[str, Any] = {
+            f.name: bool(v) if f.type == "bool" else v for f, v in zip(fields(cls), values, strict=True)
+        }
+        return cls(**given)
 
 
 TILES = FixedTiles()
@@ -281,12 +286,17 @@ def _tma_ready(x: torch.Tensor, weight: torch.Tensor) -> bool:
     where not, the tiles load by pointers, which gives the same bits. The descriptors are made in the
     kernel, in scratch memory Triton asks its allocator for at each launch (set here: Triton keeps the
     allocator per context, so a thread of its own starts without it)."""
-    ready = has_tma(x.device) and all(
-        t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0 for t in (x, weight)
-    )
-    if ready:
+    if not has_tma(x.device):
+        why = f"{x.device} has no TMA"
+    elif not all(t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0 for t in (x, weight)):
+        why = "an operand's base or rows are not 16-byte aligned"
+    else:
         triton.set_allocator(_scratch)
-    return ready
+        return True
+    if why not in _pointer_loads_logged:
+        _pointer_loads_logged.add(why)
+        log.info("fixed-tile GEMM: tiles meant for TMA load by pointers (the same bits, slower): %s", why)
+    return False
 
 
 def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
