@@ -281,3 +281,25 @@ def test_a_requests_tokens_and_logprobs_do_not_depend_on_its_batch(
         for i, (want, have) in enumerate(zip(alone, got, strict=True)):
             assert have[0] == want[0], f"{model} {name}: request {i}'s tokens differ from its run alone"
             assert have[1] == want[1], f"{model} {name}: request {i}'s logprobs differ from its run alone"
+
+
+def test_the_shipped_h100_table_gives_each_8b_layer_a_measured_tiling_per_m_bucket() -> None:
+    """The H100 table timed the fixed-tile tilings beside the library kernels, so the mode routes each
+    Llama-3.1-8B layer by those timings (the tiling per M bucket, one bits family) and not by
+    deterministic_default."""
+    from importlib.resources import files
+
+    from routing_helpers import H100
+
+    from fp8route.models.shapes import model_shapes
+    from fp8route.routing import read_table
+
+    shipped = read_table(str(files("fp8route.routing.defaults").joinpath("h100.json")))
+    family = {"triton_fixed", "triton_fixed_narrow", "triton_fixed_wide", "triton_fixed_large"}
+    for s in model_shapes("llama-3.1-8b", tp=1):
+        problem = GemmProblem(s.n, s.k, H100)
+        plan = make_plan("layer", problem, Policy(deterministic=True, strict=True), preference=shipped)
+        assert plan.batch_invariant and plan.source.startswith(
+            "deterministic mode: the batch-invariant backends timed"
+        ), s
+        assert {b.name for b in plan.routes[torch.bfloat16]} <= family, s

@@ -384,15 +384,18 @@ def test_a_pre_quantized_route_that_cannot_run_is_its_own_reported_fallback():
     assert "x pre-quantized float16 M 17+: rowwise -> cublas (writes bfloat16 output only)" in plan.explain()
 
 
-def test_the_shipped_h200_table_covers_llama_8b_and_names_only_known_backends():
+@pytest.mark.parametrize(
+    ("name", "gpu", "tps"), [("h200.json", "NVIDIA H200", (1, 4)), ("h100.json", "NVIDIA H100 80GB HBM3", (1,))]
+)
+def test_a_shipped_table_covers_llama_8b_and_names_only_known_backends(name: str, gpu: str, tps: tuple[int, ...]):
     from importlib.resources import files
 
     from fp8route.models.shapes import model_shapes
 
-    doc = json.loads(files("fp8route.routing.defaults").joinpath("h200.json").read_text())
-    shipped = RoutingTable.from_json(doc, origin="h200.json")
-    assert shipped.fingerprint.gpu == "NVIDIA H200"
-    for tp in (1, 4):
+    doc = json.loads(files("fp8route.routing.defaults").joinpath(name).read_text())
+    shipped = RoutingTable.from_json(doc, origin=name)
+    assert shipped.fingerprint.gpu == gpu
+    for tp in tps:
         for s in model_shapes("llama-3.1-8b", tp=tp):
             assert (s.n, s.k, torch.bfloat16, False, "tensor") in shipped.shapes, (tp, s)
     for s in model_shapes("llama-3.1-8b", tp=1):
