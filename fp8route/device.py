@@ -56,6 +56,11 @@ class DeviceInfo:
         return cls(type="cuda", capability=(major, minor), name=name)
 
     @property
+    def has_tma(self) -> bool:
+        """Whether kernels may load through TMA descriptors: an NVIDIA GPU of SM90 or later."""
+        return self.type == "cuda" and not self.rocm and self.capability is not None and self.capability >= (9, 0)
+
+    @property
     def label(self) -> str:
         if self.capability is None:
             return self.type
@@ -76,12 +81,8 @@ def launch_sms(device: torch.device) -> int:
 
 @functools.cache
 def has_tma(device: torch.device) -> bool:
-    """Whether kernels may load through TMA descriptors: an NVIDIA GPU of SM90 or later, or no GPU (Triton's
-    interpreter, and the sm_90 compile check)."""
-    if device.type != "cuda":
-        return True
-    info = DeviceInfo.of(device)
-    return not info.rocm and info.capability is not None and info.capability >= (9, 0)
+    """DeviceInfo.has_tma for a device, or True without a GPU (Triton's interpreter, and the sm_90 compile check)."""
+    return device.type != "cuda" or DeviceInfo.of(device).has_tma
 
 
 def usable_cores() -> int:

@@ -45,6 +45,9 @@ class FixedTilesBackend(Backend):
         reason = first_reason(needs_scheme(problem, self.schemes), needs_fp8_gpu(problem), TRITON_IMPORT_ERROR)
         if reason is None and problem.k % 16:
             return f"K={problem.k} is not a multiple of 16 (16-byte fp8 rows)"
+        if reason is None and self.tiles.tma and not problem.device.has_tma:
+            # By pointer loads this tiling's accumulators spill: many times slower, the same bits.
+            return "loads its tiles through TMA, which needs an NVIDIA GPU of SM90 or later"
         inside = problem.scheme == "block" or problem.static_input_scale
         if reason is None and self.tiles.quantize_x and not inside:
             return "quantizes x inside with a static scale or per 1x128 group (a per-token scale needs its row's amax)"

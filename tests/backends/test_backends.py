@@ -134,3 +134,19 @@ def test_cublas_block_takes_whole_blocks_four_to_a_scale_row(n, k, refused):
     problem = GemmProblem(n, k, DeviceInfo.fake_cuda(9, 0), static_input_scale=False, scheme="block")
     reason = BACKENDS["cublas_block"].why_not(problem) or ""
     assert ("of 512 (whole blocks, 4 to a scale row)" in reason) == refused, reason
+
+
+@pytest.mark.parametrize(
+    ("device", "refused"),
+    [
+        (DeviceInfo.fake_cuda(9, 0), False),
+        (DeviceInfo.fake_cuda(10, 0), False),
+        (DeviceInfo.fake_cuda(8, 9), True),
+    ],
+)
+def test_a_tiling_that_loads_through_tma_is_planned_only_where_the_gpu_has_it(device, refused):
+    """By pointer loads triton_fixed_large's accumulators spill (many times slower): a GPU without TMA
+    never plans it, and explain says why."""
+    reason = BACKENDS["triton_fixed_large"].why_not(GemmProblem(4096, 4096, device)) or ""
+    assert ("through TMA" in reason) == refused, reason
+    assert "through TMA" not in (BACKENDS["triton_fixed_wide"].why_not(GemmProblem(4096, 4096, device)) or "")

@@ -206,10 +206,11 @@ def test_x_quantized_inside_gives_the_bits_of_x_quantized_by_its_kernel(gpu_conv
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("k_pad", [16, 4], ids=["rows 16-byte aligned", "rows not aligned"])
-def test_tma_loads_give_the_bits_of_pointer_loads(gpu_conversions, scheme, k_pad):
+def test_tma_loads_give_the_bits_of_pointer_loads(gpu_conversions, scheme, k_pad, monkeypatch, caplog):
     """Tiles loaded through TMA descriptors (zeros past M, N and K, as the masked loads: K ends inside a
     step) are the same operands, so the same bits; where a row is not 16-byte aligned the tiles load by
-    pointers."""
+    pointers, and say so once."""
+    monkeypatch.setattr(fg, "_pointer_loads_logged", set())
     k = (3200 if CUDA else 1088) + k_pad
     ops = operands(scheme, 300 if CUDA else 40, 520 if CUDA else 72, k, seed=9)
     plain = ops[6]
@@ -217,6 +218,8 @@ def test_tma_loads_give_the_bits_of_pointer_loads(gpu_conversions, scheme, k_pad
     for tma in (False, True):
         got[tma] = run((*ops[:6], replace(plain, tma=tma)), out_dtype=torch.float32)
     assert torch.equal(got[True].view(torch.int32), got[False].view(torch.int32))
+    said = [r for r in caplog.records if "load by pointers" in r.getMessage() and r.levelname == "WARNING"]
+    assert len(said) == (1 if k_pad % 16 else 0)
     if scheme in ("tensor", "block"):  # x quantized inside the tiles, read through its own descriptor
         x16 = ops[0].float() * (ops[2] if ops[2].dim() == 0 else 1.0)
         inside = [
