@@ -285,19 +285,30 @@ def _tma_ready(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether this GPU has TMA and both operands suit a descriptor (16-byte aligned base and rows);
     where not, the tiles load by pointers, which gives the same bits (a plan keeps TMA tilings off GPUs
     without it, FixedTilesBackend.why_not; a sliced operand can still be unaligned). The descriptors are
-    made in the kernel, in scratch memory Triton asks its allocator for at each launch (set here: Triton
-    keeps the allocator per context, so a thread of its own starts without it)."""
+    made in the kernel, in scratch memory Triton asks its allocator for at each launch (set here where the
+    context has none: Triton keeps the allocator per context, so a thread of its own starts without it)."""
     if not has_tma(x.device):
         why = f"{x.device} has no TMA"
     elif not all(t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0 for t in (x, weight)):
         why = "an operand's base or rows are not 16-byte aligned"
     else:
-        triton.set_allocator(_scratch)
+        if _no_allocator():
+            triton.set_allocator(_scratch)
         return True
     if why not in _pointer_loads_logged:
         _pointer_loads_logged.add(why)
         log.warning("fixed-tile GEMM: tiles meant for TMA load by pointers (the same bits, slower): %s", why)
     return False
+
+
+def _no_allocator() -> bool:
+    """Whether this context lacks a Triton allocator: one a user set is kept. Triton exposes no getter;
+    where its private module moves, ours is set at each launch, as before."""
+    try:
+        from triton.runtime._allocation import NullAllocator, _allocator
+    except ImportError:
+        return True
+    return isinstance(_allocator.get(), NullAllocator)
 
 
 def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:

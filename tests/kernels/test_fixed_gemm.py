@@ -7,6 +7,7 @@ programs share its tile's chunks. On a CPU under Triton's interpreter (small til
 
 from __future__ import annotations
 
+import contextvars
 from dataclasses import astuple, replace
 
 import pytest
@@ -228,6 +229,29 @@ def test_tma_loads_give_the_bits_of_pointer_loads(gpu_conversions, scheme, k_pad
             for tma in (False, True)
         ]  # fmt: skip
         assert torch.equal(inside[0].cpu().view(torch.int32), inside[1].cpu().view(torch.int32))
+
+
+def test_tma_tiles_keep_a_triton_allocator_set_before_them():
+    """The descriptors' scratch comes from Triton's allocator: ours where the context has none, a
+    user's kept where one is set."""
+    from triton.runtime._allocation import _allocator
+
+    x, w = (
+        torch.zeros(4, 64, dtype=torch.bfloat16, device=DEVICE),
+        torch.zeros(32, 64, device=DEVICE).to(torch.float8_e4m3fn),
+    )
+
+    def users(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+        return torch.empty(size, dtype=torch.int8, device=DEVICE)
+
+    def ready_after(allocator):  # type: ignore[no-untyped-def]
+        if allocator is not None:
+            fg.triton.set_allocator(allocator)
+        assert fg._tma_ready(x, w)
+        return _allocator.get()
+
+    assert contextvars.Context().run(ready_after, None) is fg._scratch
+    assert contextvars.Context().run(ready_after, users) is users
 
 
 def test_tiles_that_quantize_inside_refuse_what_they_cannot_quantize():
