@@ -5,8 +5,10 @@ torch path first:
 - decode: B rows at one context: RoPE + cache write + paged_attention's split-KV grid, against the
   decode kernel with the new token fused (fp8route.kernels.paged_decode) in each of its launches asked
   for, inside one CUDA graph over several layer pools (L2 holds none); TB/s of the KV read;
-- prefill: one fresh chunk of T tokens from the cache, against SDPA (cuDNN) over the chunk's own
-  q/k/v as the engine ran fresh chunks; TFLOP/s of the causal products (4 * T^2 / 2 * H * D);
+- prefill: one fresh chunk of T tokens from the cache, against SDPA over the chunk's own q/k/v as the
+  engine ran fresh chunks (torch's pick, and cuDNN's with K/V expanded to every head), and FlashInfer's
+  paged prefill over the same cache (FA2 and FA3 kernels, where it is installed); TFLOP/s of the causal
+  products (4 * T^2 / 2 * H * D);
 - mixed: 255 decode rows at 1024 and one fresh 2048 chunk, one call, against decode kernel + SDPA;
 - sweep: the multi-query grid's tilings on fresh chunks of 2048 and 8192 tokens.
 """
@@ -14,8 +16,10 @@ torch path first:
 from __future__ import annotations
 
 import functools
+import importlib.util
 import statistics
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +33,7 @@ from fp8route.tuning.timing import time_graph
 H, HKV, D, PAGE = 32, 8, 128, 16
 BF16 = torch.bfloat16
 DECODE_CASES = ((1, 1024), (1, 8192), (64, 1024), (256, 1024), (64, 4096))
-PREFILL_TOKENS = (512, 2048, 8192)
+PREFILL_TOKENS = (512, 2048, 4096, 8192)
 
 
 def parse_launches(text: str) -> list[pa.Launch]:
@@ -121,16 +125,72 @@ def decode(
     return new, old, kv_bytes / (new * 1e-6) / 1e12
 
 
-def prefill(tokens: int) -> tuple[float, float, float]:
-    """(paged_attention µs, SDPA µs, TFLOP/s of paged_attention) for one fresh chunk."""
+class PrefillTimes(NamedTuple):
+    """One fresh chunk's attention in µs: paged_attention, SDPA (torch's pick), cuDNN's SDPA, and
+    FlashInfer's paged prefill with its FA2 and FA3 kernels (None where it is not installed or failed)."""
+
+    paged: float
+    sdpa: float
+    cudnn: float
+    fa2: float | None
+    fa3: float | None
+
+    def tflops(self, tokens: int, us: float) -> float:
+        return 2 * tokens * tokens * H * D / (us * 1e-6) / 1e12
+
+
+def prefill(tokens: int) -> PrefillTimes:
+    """Each arm on one fresh chunk of `tokens`, checked against SDPA first."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     q, cache, seqs = _fresh_chunk(tokens)
     k, v = _own_kv(cache, 0, tokens)
     q4 = q.transpose(0, 1)[None]
     sdpa = F.scaled_dot_product_attention(q4, k, v, is_causal=True, enable_gqa=True)
     _check(pa.paged_attention(q, cache, seqs), sdpa[0].transpose(0, 1), "prefill")
-    new = _median_us(lambda: pa.paged_attention(q, cache, seqs))
-    old = _median_us(lambda: F.scaled_dot_product_attention(q4, k, v, is_causal=True, enable_gqa=True))
-    return new, old, 2 * tokens * tokens * H * D / (new * 1e-6) / 1e12
+    k_all, v_all = (x.repeat_interleave(H // HKV, dim=1) for x in (k, v))  # cuDNN's SDPA takes no GQA
+
+    def cudnn() -> torch.Tensor:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q4, k_all, v_all, is_causal=True)
+
+    _check(cudnn()[0].transpose(0, 1), sdpa[0].transpose(0, 1), "prefill cuDNN")
+    flashinfer = {}
+    for backend in ("fa2", "fa3"):
+        try:
+            call = _flashinfer_prefill(q, cache, tokens, backend)
+            if call is not None:
+                _check(call(), sdpa[0].transpose(0, 1), f"prefill FlashInfer {backend}")
+        except Exception as exc:  # noqa: BLE001 (an arm FlashInfer cannot run is a line, not the end)
+            print(f"FlashInfer {backend} at {tokens} tokens: {type(exc).__name__}: {str(exc)[:200]}")
+            call = None
+        flashinfer[backend] = call
+    return PrefillTimes(
+        _median_us(lambda: pa.paged_attention(q, cache, seqs)),
+        _median_us(lambda: F.scaled_dot_product_attention(q4, k, v, is_causal=True, enable_gqa=True)),
+        _median_us(cudnn),
+        *(None if call is None else _median_us(call) for call in flashinfer.values()),
+    )
+
+
+def _flashinfer_prefill(
+    q: torch.Tensor, cache: pa.PagedKV, tokens: int, backend: str
+) -> Callable[[], torch.Tensor] | None:
+    """FlashInfer's paged prefill of one fresh chunk over row 0's blocks (what attention="flashinfer"
+    runs), planned once; None without FlashInfer."""
+    if importlib.util.find_spec("flashinfer") is None:
+        return None
+    import flashinfer
+
+    pages = -(-tokens // PAGE)
+    workspace = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
+    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
+    host = functools.partial(torch.tensor, dtype=torch.int32)
+    wrapper.plan(
+        host([0, tokens]), host([0, pages]), cache.tables[0, :pages].cpu(), host([tokens - (pages - 1) * PAGE]),
+        H, HKV, D, PAGE, causal=True, q_data_type=BF16, kv_data_type=BF16,
+    )  # fmt: skip
+    return lambda: wrapper.run(q, (cache.k, cache.v))
 
 
 def mixed(decodes: int = 255, ctx: int = 1024, chunk: int = 2048) -> tuple[float, float]:

@@ -38,10 +38,16 @@ def run(args: argparse.Namespace) -> int:
             times = " | ".join(f"{t:.1f}" for t in decode_us)
             ratio = paged_us / decode_us[0]
             print(f"| {name} | {batch} | {ctx} | {paged_us:.1f} | {times} | {ratio:.2f} | {tbs:.2f} |", flush=True)
-    print("\n| prefill T | paged_attention us | SDPA us | new/old | TFLOP/s |\n|---|---|---|---|---|")
+    print(
+        "\n| prefill T | paged_attention us | SDPA us | cuDNN us | FlashInfer FA2 us | FlashInfer FA3 us "
+        "| cuDNN / paged | paged TFLOP/s | best TFLOP/s |\n" + "|---" * 9 + "|"
+    )
     for tokens in ab.PREFILL_TOKENS:
-        new, old, tflops = ab.prefill(tokens)
-        print(f"| {tokens} | {new:.0f} | {old:.0f} | {new / old:.2f} | {tflops:.0f} |", flush=True)
+        t = ab.prefill(tokens)
+        others = " | ".join("-" if us is None else f"{us:.0f}" for us in t[1:])
+        best = min(us for us in t if us is not None)
+        print(f"| {tokens} | {t.paged:.0f} | {others} | {t.cudnn / t.paged:.2f} | {t.tflops(tokens, t.paged):.0f} "
+              f"| {t.tflops(tokens, best):.0f} |", flush=True)  # fmt: skip
     new, old = ab.mixed()
     print(f"\nmixed 255 decodes @1024 + 2048 fresh: paged_attention {new:.0f} us, decode kernel + SDPA {old:.0f} us")
     return 0
