@@ -38,6 +38,12 @@ from fp8route.kernels.split_counters import counters
 from fp8route.kernels.triton_support import tl, triton
 from fp8route.schemes import BLOCK, cdiv
 
+try:  # Triton's allocator per context, which it gives no getter for
+    from triton.runtime._allocation import NullAllocator as _NULL_ALLOCATOR
+    from triton.runtime._allocation import _allocator as _TRITON_ALLOCATOR
+except ImportError:
+    _TRITON_ALLOCATOR = None
+
 NONE, ROWS, BLOCKS = 0, 1, 2  # MODE: how the products are scaled
 log = logging.getLogger("fp8route")
 _pointer_loads_logged: set[str] = set()  # why TMA tiles loaded by pointers, each logged once
@@ -303,12 +309,8 @@ def _tma_ready(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def _no_allocator() -> bool:
     """Whether this context lacks a Triton allocator: one a user set is kept. Triton exposes no getter;
-    where its private module moves, ours is set at each launch, as before."""
-    try:
-        from triton.runtime._allocation import NullAllocator, _allocator
-    except ImportError:
-        return True
-    return isinstance(_allocator.get(), NullAllocator)
+    where its private module moves (or Triton is absent), ours is set at each launch."""
+    return _TRITON_ALLOCATOR is None or isinstance(_TRITON_ALLOCATOR.get(), _NULL_ALLOCATOR)
 
 
 def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
