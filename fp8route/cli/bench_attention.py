@@ -28,16 +28,6 @@ def run(args: argparse.Namespace) -> int:
     if args.sweep:
         print("\n".join(ab.sweep(launches)))
         return 0
-    for name, cache_dtype in (("bf16", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
-        asked = decode_launches[cache_dtype == torch.float8_e4m3fn]
-        names = " | ".join(f"decode {launch} us" for launch in asked)
-        print(f"\n| decode {name} | B | ctx | paged_attention us | {names} | new/old | KV TB/s |")
-        print("|---" * (6 + len(asked)) + "|")
-        for batch, ctx in ab.DECODE_CASES:
-            paged_us, decode_us, tbs = ab.decode(batch, ctx, args.layers, cache_dtype, asked)
-            times = " | ".join(f"{t:.1f}" for t in decode_us)
-            ratio = paged_us / decode_us[0]
-            print(f"| {name} | {batch} | {ctx} | {paged_us:.1f} | {times} | {ratio:.2f} | {tbs:.2f} |", flush=True)
     print(
         "\n| prefill T | paged_attention us | SDPA us | cuDNN us | FlashInfer FA2 us | FlashInfer FA3 us "
         "| cuDNN / paged | paged TFLOP/s | best TFLOP/s |\n" + "|---" * 9 + "|"
@@ -48,6 +38,16 @@ def run(args: argparse.Namespace) -> int:
         best = min(us for us in t if us is not None)
         print(f"| {tokens} | {t.paged:.0f} | {others} | {t.cudnn / t.paged:.2f} | {t.tflops(tokens, t.paged):.0f} "
               f"| {t.tflops(tokens, best):.0f} |", flush=True)  # fmt: skip
+    for name, cache_dtype in (("bf16", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
+        asked = decode_launches[cache_dtype == torch.float8_e4m3fn]
+        names = " | ".join(f"decode {launch} us" for launch in asked)
+        print(f"\n| decode {name} | B | ctx | paged_attention us | {names} | new/old | KV TB/s |")
+        print("|---" * (6 + len(asked)) + "|")
+        for batch, ctx in ab.DECODE_CASES:
+            paged_us, decode_us, tbs = ab.decode(batch, ctx, args.layers, cache_dtype, asked)
+            times = " | ".join(f"{us:.1f}" for us in decode_us)
+            ratio = paged_us / decode_us[0]
+            print(f"| {name} | {batch} | {ctx} | {paged_us:.1f} | {times} | {ratio:.2f} | {tbs:.2f} |", flush=True)
     new, old = ab.mixed()
     print(f"\nmixed 255 decodes @1024 + 2048 fresh: paged_attention {new:.0f} us, decode kernel + SDPA {old:.0f} us")
     return 0
