@@ -127,11 +127,11 @@ def decode(
 
 class PrefillTimes(NamedTuple):
     """One fresh chunk's attention in µs: paged_attention, SDPA (torch's pick), cuDNN's SDPA, and
-    FlashInfer's paged prefill with its FA2 and FA3 kernels (None where it is not installed or failed)."""
+    FlashInfer's paged prefill with its FA2 and FA3 kernels (None where one cannot run here)."""
 
     paged: float
     sdpa: float
-    cudnn: float
+    cudnn: float | None
     fa2: float | None
     fa3: float | None
 
@@ -141,43 +141,57 @@ class PrefillTimes(NamedTuple):
 
 def prefill(tokens: int) -> PrefillTimes:
     """Each arm on one fresh chunk of `tokens`, checked against SDPA first."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     q, cache, seqs = _fresh_chunk(tokens)
     k, v = _own_kv(cache, 0, tokens)
     q4 = q.transpose(0, 1)[None]
     sdpa = F.scaled_dot_product_attention(q4, k, v, is_causal=True, enable_gqa=True)
-    _check(pa.paged_attention(q, cache, seqs), sdpa[0].transpose(0, 1), "prefill")
-    k_all, v_all = (x.repeat_interleave(H // HKV, dim=1) for x in (k, v))  # cuDNN's SDPA takes no GQA
-
-    def cudnn() -> torch.Tensor:
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return F.scaled_dot_product_attention(q4, k_all, v_all, is_causal=True)
-
-    _check(cudnn()[0].transpose(0, 1), sdpa[0].transpose(0, 1), "prefill cuDNN")
-    flashinfer = {}
-    for backend in ("fa2", "fa3"):
-        try:
-            call = _flashinfer_prefill(q, cache, tokens, backend)
-            if call is not None:
-                _check(call(), sdpa[0].transpose(0, 1), f"prefill FlashInfer {backend}")
-        except Exception as exc:  # noqa: BLE001 (an arm FlashInfer cannot run is a line, not the end)
-            print(f"FlashInfer {backend} at {tokens} tokens: {type(exc).__name__}: {str(exc)[:200]}")
-            call = None
-        flashinfer[backend] = call
+    expected = sdpa[0].transpose(0, 1)
+    _check(pa.paged_attention(q, cache, seqs), expected, "prefill")
+    others: dict[str, Callable[[], Callable[[], torch.Tensor] | None]] = {
+        "cuDNN": functools.partial(_cudnn_prefill, q4, k, v),
+        **{f"FlashInfer {b}": functools.partial(_flashinfer_prefill, q, cache, tokens, b) for b in ("fa2", "fa3")},
+    }
+    calls = [_checked_arm(name, make, expected, tokens) for name, make in others.items()]
     return PrefillTimes(
         _median_us(lambda: pa.paged_attention(q, cache, seqs)),
         _median_us(lambda: F.scaled_dot_product_attention(q4, k, v, is_causal=True, enable_gqa=True)),
-        _median_us(cudnn),
-        *(None if call is None else _median_us(call) for call in flashinfer.values()),
+        *(None if call is None else _median_us(call) for call in calls),
     )
+
+
+def _checked_arm(
+    name: str, make: Callable[[], Callable[[], torch.Tensor] | None], expected: torch.Tensor, tokens: int
+) -> Callable[[], torch.Tensor] | None:
+    """An arm's call once it gave the expected output; None where it is absent or cannot run here (a
+    line says why: an arm that fails is a row's gap, not the end of the run)."""
+    try:
+        call = make()
+        if call is not None:
+            _check(call(), expected, f"prefill {name}")
+        return call
+    except Exception as exc:  # noqa: BLE001
+        print(f"{name} at {tokens} tokens: {type(exc).__name__}: {str(exc)[:200]}")
+        return None
+
+
+def _cudnn_prefill(q4: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """cuDNN's SDPA by name, K/V expanded to every query head (it takes no GQA); [T, H, D] out."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    k_all, v_all = (x.repeat_interleave(H // HKV, dim=1) for x in (k, v))
+
+    def call() -> torch.Tensor:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q4, k_all, v_all, is_causal=True)[0].transpose(0, 1)
+
+    return call
 
 
 def _flashinfer_prefill(
     q: torch.Tensor, cache: pa.PagedKV, tokens: int, backend: str
 ) -> Callable[[], torch.Tensor] | None:
     """FlashInfer's paged prefill of one fresh chunk over row 0's blocks (what attention="flashinfer"
-    runs), planned once; None without FlashInfer."""
+    runs), planned once; None without FlashInfer. [T, H, D] out."""
     if importlib.util.find_spec("flashinfer") is None:
         return None
     import flashinfer

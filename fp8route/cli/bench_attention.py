@@ -36,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
         t = ab.prefill(tokens)
         others = " | ".join("-" if us is None else f"{us:.0f}" for us in t[1:])
         best = min(us for us in t if us is not None)
-        print(f"| {tokens} | {t.paged:.0f} | {others} | {t.cudnn / t.paged:.2f} | {t.tflops(tokens, t.paged):.0f} "
+        versus = "-" if t.cudnn is None else f"{t.cudnn / t.paged:.2f}"
+        print(f"| {tokens} | {t.paged:.0f} | {others} | {versus} | {t.tflops(tokens, t.paged):.0f} "
               f"| {t.tflops(tokens, best):.0f} |", flush=True)  # fmt: skip
     for name, cache_dtype in (("bf16", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
         asked = decode_launches[cache_dtype == torch.float8_e4m3fn]
