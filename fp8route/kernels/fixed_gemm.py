@@ -39,7 +39,7 @@ from fp8route.kernels.triton_support import tl, triton
 from fp8route.schemes import BLOCK, cdiv
 
 try:  # Triton's allocator per context, which it gives no getter for
-    from triton.runtime._allocation import NullAllocator as _NULL_ALLOCATOR
+    from triton.runtime._allocation import NullAllocator as _NullAllocator
     from triton.runtime._allocation import _allocator as _TRITON_ALLOCATOR
 except ImportError:
     _TRITON_ALLOCATOR = None
@@ -310,7 +310,7 @@ def _tma_ready(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def _no_allocator() -> bool:
     """Whether this context lacks a Triton allocator: one a user set is kept. Triton exposes no getter;
     where its private module moves (or Triton is absent), ours is set at each launch."""
-    return _TRITON_ALLOCATOR is None or isinstance(_TRITON_ALLOCATOR.get(), _NULL_ALLOCATOR)
+    return _TRITON_ALLOCATOR is None or isinstance(_TRITON_ALLOCATOR.get(), _NullAllocator)
 
 
 def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
