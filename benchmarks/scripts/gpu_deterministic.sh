@@ -5,8 +5,9 @@
 # and the mode's cost on bench e2e (routed vs deterministic arms, batch 1 and 16, inputs E2E_INPUTS,
 # default 1024,4096; E2E_OUTPUT tokens out, default 64: raise it where the step split says the context left
 # too few tokens, as at 16x4096). PHASES picks: tune tests equal e2e sweep serve; tune re-times SCHEMES'
-# routes into a copy of the shipped table ($OUT/routing-h200.json; the later phases route by it), so that tilings the
-# shipped table never timed (the quantize-inside ones) can be chosen; sweep times the fixed-tile GEMM's
+# routes (x quantized by each layer, then handed over quantized) into a copy of the shipped table
+# ($OUT/routing-h200.json; the later phases route by it), so that tilings the shipped table never timed
+# (the fixed-tile ones) can be chosen; sweep times the fixed-tile GEMM's
 # tilings per layer (fixed_gemm_sweep.py; SWEEP_SCHEMES, e.g. "tensor,float" for the lm_head too,
 # SWEEP_MS); serve runs bench serve's decode-heavy and prefill-heavy loads with and without --deterministic.
 set -u -o pipefail
@@ -31,10 +32,13 @@ for phase in $PHASES; do
         cp fp8route/routing/defaults/h200.json "$OUT/routing-h200.json"
         export FP8ROUTE_TABLE="$OUT/routing-h200.json"
         for scheme in $SCHEMES; do
-            timeout "${TUNE_TIMEOUT:-240}" python3 -m fp8route tune --model llama-3.1-8b --scheme "$scheme" \
-                --table "$FP8ROUTE_TABLE" > "$OUT/tune-$scheme.log" 2>&1
-            echo "== tune $scheme (rc $?)" | tee -a "$log"
-            grep -v "\r" "$OUT/tune-$scheme.log" | grep -E "M [0-9]" | tail -8 | tee -a "$log"
+            for input in "" --x-quantized; do  # x quantized by each layer, then handed over quantized
+                name=$scheme${input:+-xq}
+                timeout "${TUNE_TIMEOUT:-240}" python3 -m fp8route tune --model llama-3.1-8b --scheme "$scheme" $input \
+                    --table "$FP8ROUTE_TABLE" > "$OUT/tune-$name.log" 2>&1
+                echo "== tune $name (rc $?)" | tee -a "$log"
+                grep -v "\r" "$OUT/tune-$name.log" | grep -E "M [0-9]" | tail -8 | tee -a "$log"
+            done
         done ;;
     tests)
         timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider \
