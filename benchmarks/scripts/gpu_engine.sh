@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The one-forward engine (issue 36) on one H200, in one device call, output under $OUT. PHASES lists
 # what to run, in order:
-#   kernel:  the paged attention kernel against the decode kernel and SDPA (fp8route bench attention);
-#            SWEEP=1: its tilings too
+#   kernel:  the paged attention kernel against the decode kernel, SDPA and cuDNN (fp8route bench attention),
+#            and FlashInfer's FA2/FA3 prefill where .carry/fi holds its wheels; SWEEP=1: its tilings too
 #   tests:   the GPU tests of the kernel, the engine, the graphs (TESTS overrides which, WORKERS the
 #            pytest processes, 4); the serving
 #            phases after it are skipped when one fails
@@ -49,7 +49,13 @@ for phase in $PHASES; do
     fi
     case $phase in
     kernel)
-        timeout 150 python3 -m fp8route bench attention 2>&1 | grep -v Warn | tee -a "$log"
+        site=""
+        if compgen -G ".carry/fi/*.whl" > /dev/null; then  # FlashInfer's FA2 and FA3 prefill arms (JIT: minutes)
+            python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+                .carry/fi/*.whl && site=/tmp/site
+        fi
+        PYTHONPATH=$PYTHONPATH${site:+:$site} timeout "${KERNEL_TIMEOUT:-300}" python3 -m fp8route bench attention \
+            2>&1 | grep -v Warn | tee -a "$log"
         [ "${SWEEP:-0}" = 1 ] && timeout 150 python3 -m fp8route bench attention --sweep 2>&1 | grep -v Warn | tee -a "$log"
         ;;
     tests)
