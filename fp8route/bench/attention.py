@@ -24,6 +24,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from fp8route.engine.flashinfer_attention import page_layout
 from fp8route.errors import Fp8InputError
 from fp8route.kernels import paged_attention as pa
 from fp8route.kernels import paged_decode as pd
@@ -196,12 +197,11 @@ def _flashinfer_prefill(
         return None
     import flashinfer
 
-    pages = -(-tokens // PAGE)
     workspace = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
     wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
-    host = functools.partial(torch.tensor, dtype=torch.int32)
+    indptr, indices, last = page_layout([cache.tables[0].tolist()], [tokens], PAGE)
     wrapper.plan(
-        host([0, tokens]), host([0, pages]), cache.tables[0, :pages].cpu(), host([tokens - (pages - 1) * PAGE]),
+        torch.tensor([0, tokens], dtype=torch.int32), indptr, indices, last,
         H, HKV, D, PAGE, causal=True, q_data_type=BF16, kv_data_type=BF16,
     )  # fmt: skip
     return lambda: wrapper.run(q, (cache.k, cache.v))

@@ -44,7 +44,7 @@ def check_attention(attention: str, device: torch.device) -> None:
         )
 
 
-def _paged(
+def page_layout(
     blocks: Sequence[Sequence[int]], lengths: Sequence[int], page: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashInfer's (indptr, indices, last page length) for sequences of these lengths (host, int32)."""
@@ -76,7 +76,7 @@ class FlashInferAttention:
         ends[i] - 1 of the sequence whose blocks are blocks[i]; causal."""
         qo_indptr = torch.zeros(len(lengths) + 1, dtype=torch.int32)
         qo_indptr[1:] = torch.tensor(list(lengths), dtype=torch.int32).cumsum(0)
-        indptr, indices, last = _paged(blocks, ends, self.page_size)
+        indptr, indices, last = page_layout(blocks, ends, self.page_size)
         self.prefill_wrapper.plan(
             qo_indptr, indptr, indices, last, self.num_heads, self.kv_heads, self.head_dim, self.page_size,
             causal=True, q_data_type=self.dtype, kv_data_type=self.kv_dtype,
@@ -104,7 +104,7 @@ class FlashInferAttention:
                 paged_kv_last_page_len_buffer=torch.empty(size, dtype=torch.int32, device=device),
             )  # fmt: skip
         pad = size - len(lengths)
-        indptr, indices, last = _paged([*blocks, *[[SCRATCH_BLOCK]] * pad], [*lengths, *[1] * pad], self.page_size)
+        indptr, indices, last = page_layout([*blocks, *[[SCRATCH_BLOCK]] * pad], [*lengths, *[1] * pad], self.page_size)
         # Pinned host tensors, which the plan copies to the wrapper's buffers in stream order; a
         # copy from pageable memory would wait for the step before.
         decoder.plan(
