@@ -23,6 +23,24 @@ GPU_OR_INTERPRETER = [
 ]
 
 
+def _cpu_scaled_mm_takes_rowwise_scales() -> bool:
+    """Whether this torch's CPU _scaled_mm runs the rowwise backend's call (2.13 does; 2.11's takes
+    per-tensor scales only)."""
+    a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
+    except RuntimeError:
+        return False
+    return True
+
+
+# A test that runs the rowwise backend on CPU tensors.
+CPU_ROWWISE = pytest.mark.skipif(
+    not _cpu_scaled_mm_takes_rowwise_scales(),
+    reason=f"torch {torch.__version__}'s CPU _scaled_mm takes per-tensor scales only (the rowwise backend runs here)",
+)
+
+
 def random_fp8_operands(m: int, n: int, k: int, device: str = "cpu", seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator(device="cpu").manual_seed(seed)
     w = torch.randn(n, k, generator=g) * 0.05

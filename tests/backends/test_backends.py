@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from helpers import fp32_reference, poison_allocator, random_fp8_operands, rel_error
+from helpers import CPU_ROWWISE, fp32_reference, poison_allocator, random_fp8_operands, rel_error
 from torch import nn
 
 from fp8route import BACKENDS, DeviceInfo, Fp8Linear, GemmProblem, Policy, sqnr_db
@@ -19,7 +19,7 @@ def make_layer(ops: dict[str, torch.Tensor], bias: bool) -> Fp8Linear:
     return layer
 
 
-@pytest.mark.parametrize("name", ["reference", "cublas", "cublas_fast", "rowwise"])
+@pytest.mark.parametrize("name", ["reference", "cublas", "cublas_fast", pytest.param("rowwise", marks=CPU_ROWWISE)])
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 @pytest.mark.parametrize("m", MS)
 def test_fp8_backends_match_fp32_math_on_cpu(name, n, k, m):
@@ -37,7 +37,8 @@ def test_fp8_backends_match_fp32_math_on_cpu(name, n, k, m):
 # rowwise writes bfloat16 only, and the planner never picks it for float16.
 @pytest.mark.parametrize(
     ("name", "dtype"),
-    [(b, d) for b in ("reference", "cublas") for d in (torch.bfloat16, torch.float16)] + [("rowwise", torch.bfloat16)],
+    [(b, d) for b in ("reference", "cublas") for d in (torch.bfloat16, torch.float16)]
+    + [pytest.param("rowwise", torch.bfloat16, marks=CPU_ROWWISE)],
 )
 def test_low_precision_outputs_round_once(name, dtype):
     ops = random_fp8_operands(33, 64, 256, seed=3)
@@ -92,7 +93,7 @@ def test_forced_reference_and_plan_agree_with_forward():
     assert torch.equal(layer(x), BACKENDS["reference"].run(x, layer.operands()))
 
 
-@pytest.mark.parametrize("name", ["reference", "cublas", "cublas_fast", "rowwise"])
+@pytest.mark.parametrize("name", ["reference", "cublas", "cublas_fast", pytest.param("rowwise", marks=CPU_ROWWISE)])
 def test_run_is_quantize_then_run_quantized(name):
     ops = random_fp8_operands(17, 48, 256, seed=3)
     layer = make_layer(ops, bias=True)

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from helpers import CPU_ROWWISE
 from routing_helpers import FP, H200, only_core_backends
 
 from fp8route.backends import BACKENDS
@@ -22,23 +23,6 @@ from fp8route.tuning.report import ROUTED, SUM, Cell, GemmReport, gemm_bytes
 from fp8route.tuning.timing import ArmTiming
 from fp8route.tuning.tuner import Tuner
 from fp8route.tuning.workload import CudaMeasure, Workload, backend_run, routed_run
-
-
-def _cpu_scaled_mm_takes_rowwise_scales() -> bool:
-    """Whether this torch's CPU _scaled_mm runs the rowwise backend's call (2.13 does; 2.11's takes
-    per-tensor scales only), which the tests below run on CPU tensors."""
-    a = torch.ones(16, 16).to(torch.float8_e4m3fn)
-    try:
-        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
-    except RuntimeError:
-        return False
-    return True
-
-
-cpu_rowwise = pytest.mark.skipif(
-    not _cpu_scaled_mm_takes_rowwise_scales(),
-    reason=f"torch {torch.__version__}'s CPU _scaled_mm takes per-tensor scales only (the rowwise arm runs here)",
-)
 
 
 @pytest.fixture(autouse=True)
@@ -89,7 +73,7 @@ class QuantizationWatch:
             self.timing = False
 
 
-@cpu_rowwise
+@CPU_ROWWISE
 def test_workload_checks_each_arm_against_the_reference_before_timing():
     w = Workload(64, 32, device="cpu", copies=3)
     assert len(w.copies) == 3 and all(c.operands.weight_scale_channel is not None for c in w.copies)
@@ -121,7 +105,7 @@ def test_weight_only_is_checked_against_its_own_looser_tolerance():
     assert isinstance(out["weight_only"], ArmTiming)
 
 
-@cpu_rowwise
+@CPU_ROWWISE
 def test_an_arm_that_breaks_while_timed_fails_alone():
     timer = FakeTimer(fail="rowwise")
     out = Workload(64, 32, device="cpu", copies=2).time(
@@ -131,7 +115,7 @@ def test_an_arm_that_breaks_while_timed_fails_alone():
     assert isinstance(out["cublas"], ArmTiming)
 
 
-@cpu_rowwise
+@CPU_ROWWISE
 def test_tuner_with_the_real_measurement_path_on_cpu():
     # The kernels run on CPU tensors (torch._scaled_mm has a CPU path); only the clock is fake.
     measure = CudaMeasure("cpu", copies=2, timer=FakeTimer())
