@@ -330,16 +330,19 @@ if TRITON_IMPORT_ERROR is None:
         k_at = k_head + blocks[:, None] * stride_kb + within[:, None] * stride_ks + d[None, :]
         v_at = v_head + blocks[:, None] * stride_vb + within[:, None] * stride_vs + d[None, :]
         k = tl.load(k_at, mask=kv_ok, other=0.0) if MASKED or not EVEN_D else tl.load(k_at)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * qk_scale
+        # The scale applies to each row's maximum, then to the scores in one multiply-add with the offset.
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION)
         if MASKED:
             s = tl.where(pos_ok[None, :] & (pos[None, :] <= sees[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row that has seen nothing yet (or never will: a padding row) keeps a finite offset.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        if MASKED:  # a row that has seen nothing yet (or never will: a padding row) keeps a finite offset
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:  # every row sees the whole tile: its maximum is finite
+            m_safe = m_new
+        p = tl.exp2(s * qk_scale - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         v = tl.load(v_at, mask=kv_ok, other=0.0) if MASKED or not EVEN_D else tl.load(v_at)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision=PRECISION)
         return acc, m_new, l_i * alpha + tl.sum(p, 1)
 
     @triton.jit
