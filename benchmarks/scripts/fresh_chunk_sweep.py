@@ -31,7 +31,18 @@ def _module_at(path: str) -> ModuleType:
     return module
 
 
-def _arms(tokens: int, dtype: torch.dtype, before: ModuleType | None, launches: list[pa.Launch]) -> dict:
+def _repaged(cache: pa.PagedKV, tokens: int, page: int) -> pa.PagedKV:
+    """Row 0's first `tokens` positions of `cache` in blocks of `page` positions, in order."""
+    blocks = -(-tokens // page)
+    k, v = (x[cache.tables[0].long()].flatten(0, 1)[: blocks * page] for x in (cache.k, cache.v))
+    k, v = (x.reshape(blocks, page, *x.shape[1:]).contiguous() for x in (k, v))
+    table = torch.arange(blocks, dtype=torch.int32, device="cuda")[None]
+    return pa.PagedKV(k, v, table, cache.k_scale, cache.v_scale)
+
+
+def _arms(
+    tokens: int, dtype: torch.dtype, before: ModuleType | None, launches: list[pa.Launch], pages: list[int]
+) -> dict:
     (cache,) = bench._pools(1, tokens, 1, dtype)
     q = torch.randn(tokens, bench.H, bench.D, device="cuda", dtype=bench.BF16)
     seqs = bench._sequences([tokens], [tokens], 0)
@@ -42,6 +53,9 @@ def _arms(tokens: int, dtype: torch.dtype, before: ModuleType | None, launches: 
         arms["before"] = lambda: before.paged_attention(q, old, seqs)
     for launch in launches:
         arms["x".join(map(str, launch))] = lambda launch=launch: pa.paged_attention(q, cache, seqs, launch=launch)
+    for page in pages:  # the same positions in larger blocks: what paging itself costs
+        big = _repaged(cache, tokens, page)
+        arms[f"page{page}"] = lambda big=big: pa.paged_attention(q, big, seqs)
     if dtype == bench.BF16:
         k, v = bench._own_kv(cache, 0, tokens)
         arms["cuDNN"] = bench._cudnn_prefill(q.transpose(0, 1)[None], k, v)
@@ -59,6 +73,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--before", help="an earlier tree's fp8route/kernels/paged_attention.py")
     parser.add_argument("--launches", default="256x128x8x2,256x128x8x3,128x128x8x2")
+    parser.add_argument("--pages", default="128", help="block sizes to repage the chunk into")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", default="2048,4096,8192")
     args = parser.parse_args()
@@ -67,7 +82,7 @@ def main() -> None:
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; µs median of {args.rounds} rounds (spread)")
     for dtype in (bench.BF16, torch.float8_e4m3fn):
         for tokens in (int(t) for t in args.tokens.split(",")):
-            arms = _arms(tokens, dtype, before, launches)
+            arms = _arms(tokens, dtype, before, launches, [int(p) for p in args.pages.split(",") if p])
             times: dict[str, list[float]] = {name: [] for name in arms}
             for _ in range(args.rounds):
                 for name, call in arms.items():
