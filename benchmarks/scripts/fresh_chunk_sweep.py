@@ -17,6 +17,8 @@ from collections.abc import Callable
 from types import ModuleType
 
 import torch
+import triton
+import triton.language as tl
 
 from fp8route.bench import attention as bench
 from fp8route.kernels import paged_attention as pa
@@ -29,6 +31,76 @@ def _module_at(path: str) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+# A prototype, for measurement only: one fresh sequence's causal attention over its own K/V held
+# contiguous ([T, Hkv, D], as the step's projections leave them after RoPE), each tile of K and V loaded
+# through a TMA descriptor instead of gathered block by block. Query rows pack the G heads of a KV head
+# for BLOCK_Q tokens, as the paged kernel's multi-query grid does.
+@triton.jit
+def _fresh_tma_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, T, qk_scale,
+    HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr,
+):  # fmt: skip
+    BLOCK_Q: tl.constexpr = BLOCK_M // G
+    block = tl.num_programs(0) - 1 - tl.program_id(0)
+    kvh = tl.program_id(1)
+    m = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, D)
+    tok = block * BLOCK_Q + m // G
+    heads = kvh * G + m % G
+    live = tok < T
+    row_at = tok.to(tl.int64)[:, None] * (HKV * G * D) + heads[:, None] * D + d[None, :]
+    q = tl.load(q_ptr + row_at, mask=live[:, None], other=0.0)
+    k_desc = tl.make_tensor_descriptor(k_ptr, [T, HKV * D], [HKV * D, 1], [TILE, D])
+    v_desc = tl.make_tensor_descriptor(v_ptr, [T, HKV * D], [HKV * D, 1], [TILE, D])
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    end = tl.minimum((block + 1) * BLOCK_Q, T)
+    whole = block * BLOCK_Q // TILE * TILE
+    for n0 in range(0, whole, TILE):
+        k = k_desc.load([n0, kvh * D])
+        s = tl.dot(q, tl.trans(k))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        v = v_desc.load([n0, kvh * D])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+    for n0 in range(whole, end, TILE):
+        pos = n0 + tl.arange(0, TILE)
+        k = k_desc.load([n0, kvh * D])
+        s = tl.dot(q, tl.trans(k))
+        s = tl.where((pos[None, :] <= tok[:, None]) & (pos[None, :] < T), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s * qk_scale - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        v = v_desc.load([n0, kvh * D])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+    tl.store(o_ptr + row_at, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=live[:, None])
+
+
+def _fresh_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, launch: pa.Launch) -> Callable[[], torch.Tensor]:
+    """q [T, H, D], k and v [T, Hkv, D] contiguous -> the prototype's call."""
+    t, h, d = q.shape
+    hkv = k.shape[1]
+    out = torch.empty_like(q)
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    block_q = launch.block_m // (h // hkv)
+    grid = (triton.cdiv(t, block_q), hkv)
+
+    def call() -> torch.Tensor:
+        _fresh_tma_kernel[grid](q, k, v, out, t, d**-0.5 * 1.4426950408889634, HKV=hkv, G=h // hkv, D=d,
+                                BLOCK_M=launch.block_m, TILE=launch.tile, num_warps=launch.warps,
+                                num_stages=launch.stages)  # fmt: skip
+        return out
+
+    return call
 
 
 def _repaged(cache: pa.PagedKV, tokens: int, page: int) -> pa.PagedKV:
@@ -59,6 +131,9 @@ def _arms(
     if dtype == bench.BF16:
         k, v = bench._own_kv(cache, 0, tokens)
         arms["cuDNN"] = bench._cudnn_prefill(q.transpose(0, 1)[None], k, v)
+        k_flat, v_flat = (x[0].transpose(0, 1).contiguous() for x in (k, v))
+        for launch in [pa.MULTI, *launches]:
+            arms["tma " + "x".join(map(str, launch))] = _fresh_tma(q, k_flat, v_flat, launch)
     checked = {}
     for name, call in arms.items():
         try:
