@@ -33,14 +33,16 @@ def _module_at(path: str) -> ModuleType:
     return module
 
 
-# A prototype, for measurement only: one fresh sequence's causal attention over its own K/V held
-# contiguous ([T, Hkv, D], as the step's projections leave them after RoPE), each tile of K and V loaded
-# through a TMA descriptor instead of gathered block by block. Query rows pack the G heads of a KV head
-# for BLOCK_Q tokens, as the paged kernel's multi-query grid does.
+# A prototype, for measurement only: one fresh sequence's causal attention with each tile of K and V
+# loaded through a TMA descriptor instead of gathered row by row; over its own K/V held contiguous
+# ([T, Hkv, D], as the step's projections leave them after RoPE; PAGE = 0), or over a paged cache whose
+# blocks hold whole tiles (PAGE a multiple of TILE: one table read a tile). Query rows pack the G heads
+# of a KV head for BLOCK_Q tokens, as the paged kernel's multi-query grid does.
 @triton.jit
 def _fresh_tma_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, T, qk_scale,
+    q_ptr, k_ptr, v_ptr, table_ptr, o_ptr, T, ROWS, qk_scale,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr,
+    PAGE: tl.constexpr,
 ):  # fmt: skip
     BLOCK_Q: tl.constexpr = BLOCK_M // G
     block = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -52,64 +54,78 @@ def _fresh_tma_kernel(
     live = tok < T
     row_at = tok.to(tl.int64)[:, None] * (HKV * G * D) + heads[:, None] * D + d[None, :]
     q = tl.load(q_ptr + row_at, mask=live[:, None], other=0.0)
-    k_desc = tl.make_tensor_descriptor(k_ptr, [T, HKV * D], [HKV * D, 1], [TILE, D])
-    v_desc = tl.make_tensor_descriptor(v_ptr, [T, HKV * D], [HKV * D, 1], [TILE, D])
+    k_desc = tl.make_tensor_descriptor(k_ptr, [ROWS, HKV * D], [HKV * D, 1], [TILE, D])
+    v_desc = tl.make_tensor_descriptor(v_ptr, [ROWS, HKV * D], [HKV * D, 1], [TILE, D])
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     end = tl.minimum((block + 1) * BLOCK_Q, T)
     whole = block * BLOCK_Q // TILE * TILE
     for n0 in range(0, whole, TILE):
-        k = k_desc.load([n0, kvh * D])
+        row = n0 if PAGE == 0 else tl.load(table_ptr + n0 // PAGE) * PAGE + n0 % PAGE
+        k = k_desc.load([row, kvh * D])
         s = tl.dot(q, tl.trans(k))
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         p = tl.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
-        v = v_desc.load([n0, kvh * D])
+        v = v_desc.load([row, kvh * D])
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
     for n0 in range(whole, end, TILE):
         pos = n0 + tl.arange(0, TILE)
-        k = k_desc.load([n0, kvh * D])
+        row = n0 if PAGE == 0 else tl.load(table_ptr + n0 // PAGE) * PAGE + n0 % PAGE
+        k = k_desc.load([row, kvh * D])
         s = tl.dot(q, tl.trans(k))
         s = tl.where((pos[None, :] <= tok[:, None]) & (pos[None, :] < T), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(s * qk_scale - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
-        v = v_desc.load([n0, kvh * D])
+        v = v_desc.load([row, kvh * D])
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
     tl.store(o_ptr + row_at, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=live[:, None])
 
 
-def _fresh_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, launch: pa.Launch) -> Callable[[], torch.Tensor]:
-    """q [T, H, D], k and v [T, Hkv, D] contiguous -> the prototype's call."""
+def _fresh_tma(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, launch: pa.Launch, table: torch.Tensor | None = None
+) -> Callable[[], torch.Tensor]:
+    """q [T, H, D]; k and v [T, Hkv, D] contiguous, or with a table [blocks] the blocks [n, PAGE, Hkv, D]
+    of a paged cache -> the prototype's call."""
     t, h, d = q.shape
-    hkv = k.shape[1]
+    hkv, page = k.shape[-2], 0 if table is None else k.shape[1]
+    rows = k.numel() // (hkv * d)
     out = torch.empty_like(q)
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     block_q = launch.block_m // (h // hkv)
     grid = (triton.cdiv(t, block_q), hkv)
 
     def call() -> torch.Tensor:
-        _fresh_tma_kernel[grid](q, k, v, out, t, d**-0.5 * 1.4426950408889634, HKV=hkv, G=h // hkv, D=d,
-                                BLOCK_M=launch.block_m, TILE=launch.tile, num_warps=launch.warps,
-                                num_stages=launch.stages)  # fmt: skip
+        _fresh_tma_kernel[grid](q, k, v, k if table is None else table, out, t, rows, d**-0.5 * 1.4426950408889634,
+                                HKV=hkv, G=h // hkv, D=d, BLOCK_M=launch.block_m, TILE=launch.tile, PAGE=page,
+                                num_warps=launch.warps, num_stages=launch.stages)  # fmt: skip
         return out
 
     return call
 
 
+def _placed(blocks: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """blocks[i] stored at block at[i] (through bytes: fp8 has no index_put)."""
+    out = torch.empty_like(blocks)
+    out.view(torch.uint8)[at] = blocks.view(torch.uint8)
+    return out
+
+
 def _repaged(cache: pa.PagedKV, tokens: int, page: int) -> pa.PagedKV:
-    """Row 0's first `tokens` positions of `cache` in blocks of `page` positions, in order."""
+    """Row 0's first `tokens` positions of `cache` in blocks of `page` positions, the blocks shuffled."""
     blocks = -(-tokens // page)
     k, v = (x[cache.tables[0].long()].flatten(0, 1)[: blocks * page] for x in (cache.k, cache.v))
-    k, v = (x.reshape(blocks, page, *x.shape[1:]).contiguous() for x in (k, v))
-    table = torch.arange(blocks, dtype=torch.int32, device="cuda")[None]
-    return pa.PagedKV(k, v, table, cache.k_scale, cache.v_scale)
+    k, v = (x.reshape(blocks, page, *x.shape[1:]) for x in (k, v))
+    table = torch.randperm(blocks, device="cuda")
+    k, v = (_placed(x, table) for x in (k, v))
+    return pa.PagedKV(k, v, table.int()[None], cache.k_scale, cache.v_scale)
 
 
 def _arms(
@@ -128,6 +144,11 @@ def _arms(
     for page in pages:  # the same positions in larger blocks: what paging itself costs
         big = _repaged(cache, tokens, page)
         arms[f"page{page}"] = lambda big=big: pa.paged_attention(q, big, seqs)
+        if dtype == bench.BF16:
+            for launch in [pa.MULTI, *launches]:
+                if page % launch.tile == 0:
+                    name = f"tma page{page} " + "x".join(map(str, launch))
+                    arms[name] = _fresh_tma(q, big.k, big.v, launch, big.tables[0])
     if dtype == bench.BF16:
         k, v = bench._own_kv(cache, 0, tokens)
         arms["cuDNN"] = bench._cudnn_prefill(q.transpose(0, 1)[None], k, v)
