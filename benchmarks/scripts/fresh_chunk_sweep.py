@@ -39,6 +39,25 @@ def _module_at(path: str) -> ModuleType:
 # blocks hold whole tiles (PAGE a multiple of TILE: one table read a tile). Query rows pack the G heads
 # of a KV head for BLOCK_Q tokens, as the paged kernel's multi-query grid does.
 @triton.jit
+def _tma_tile(
+    q, tok, acc, m_i, l_i, n0, T, k_desc, v_desc, table_ptr, kvh, qk_scale,
+    D: tl.constexpr, TILE: tl.constexpr, PAGE: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """Positions n0 .. n0 + TILE - 1 into the online softmax; MASKED: the causal diagonal or the end."""
+    row = n0 if PAGE == 0 else tl.load(table_ptr + n0 // PAGE) * PAGE + n0 % PAGE
+    s = tl.dot(q, tl.trans(k_desc.load([row, kvh * D])))
+    if MASKED:
+        pos = n0 + tl.arange(0, TILE)
+        s = tl.where((pos[None, :] <= tok[:, None]) & (pos[None, :] < T), s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new) if MASKED else m_new
+    p = tl.exp2(s * qk_scale - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    v = v_desc.load([row, kvh * D])
+    return tl.dot(p.to(v.dtype), v, acc * alpha[:, None]), m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
 def _fresh_tma_kernel(
     q_ptr, k_ptr, v_ptr, table_ptr, o_ptr, T, ROWS, qk_scale,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr,
@@ -62,30 +81,11 @@ def _fresh_tma_kernel(
     end = tl.minimum((block + 1) * BLOCK_Q, T)
     whole = block * BLOCK_Q // TILE * TILE
     for n0 in range(0, whole, TILE):
-        row = n0 if PAGE == 0 else tl.load(table_ptr + n0 // PAGE) * PAGE + n0 % PAGE
-        k = k_desc.load([row, kvh * D])
-        s = tl.dot(q, tl.trans(k))
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        p = tl.exp2(s * qk_scale - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        v = v_desc.load([row, kvh * D])
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        acc, m_i, l_i = _tma_tile(q, tok, acc, m_i, l_i, n0, T, k_desc, v_desc, table_ptr, kvh, qk_scale,
+                                  D, TILE, PAGE, False)  # fmt: skip
     for n0 in range(whole, end, TILE):
-        pos = n0 + tl.arange(0, TILE)
-        row = n0 if PAGE == 0 else tl.load(table_ptr + n0 // PAGE) * PAGE + n0 % PAGE
-        k = k_desc.load([row, kvh * D])
-        s = tl.dot(q, tl.trans(k))
-        s = tl.where((pos[None, :] <= tok[:, None]) & (pos[None, :] < T), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s * qk_scale - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        v = v_desc.load([row, kvh * D])
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        acc, m_i, l_i = _tma_tile(q, tok, acc, m_i, l_i, n0, T, k_desc, v_desc, table_ptr, kvh, qk_scale,
+                                  D, TILE, PAGE, True)  # fmt: skip
     tl.store(o_ptr + row_at, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=live[:, None])
 
 
