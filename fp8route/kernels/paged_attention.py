@@ -335,10 +335,9 @@ if TRITON_IMPORT_ERROR is None:
         if MASKED:
             s = tl.where(pos_ok[None, :] & (pos[None, :] <= sees[:, None]), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        if MASKED:  # a row that has seen nothing yet (or never will: a padding row) keeps a finite offset
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:  # every row sees the whole tile: its maximum is finite
-            m_safe = m_new
+        # Masked, a row that has seen nothing yet (or never will: a padding row) keeps a finite offset;
+        # unmasked, every row sees the whole tile, so its maximum is finite.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new) if MASKED else m_new
         p = tl.exp2(s * qk_scale - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         v = tl.load(v_at, mask=kv_ok, other=0.0) if MASKED or not EVEN_D else tl.load(v_at)
