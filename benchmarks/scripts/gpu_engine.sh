@@ -2,7 +2,10 @@
 # The one-forward engine (issue 36) on one H200, in one device call, output under $OUT. PHASES lists
 # what to run, in order:
 #   kernel:  the paged attention kernel against the decode kernel, SDPA and cuDNN (fp8route bench attention),
-#            and FlashInfer's FA2/FA3 prefill where .carry/fi holds its wheels; SWEEP=1: its tilings too
+#            and FlashInfer's FA2/FA3 prefill where .carry/fi holds its wheels (apache-tvm-ffi's built for the
+#            machine's Python, 3.12: `pip download --no-deps --only-binary=:all: --python-version 3.12`; the
+#            flashinfer-python wheel stripped of other architectures' sources to fit the carry's 64 MiB, as
+#            results/h200/flashinfer_attention/COMMAND.md says); SWEEP=1: its tilings too
 #   tests:   the GPU tests of the kernel, the engine, the graphs (TESTS overrides which, WORKERS the
 #            pytest processes, 4); the serving
 #            phases after it are skipped when one fails
