@@ -1,10 +1,13 @@
 """The paged attention kernel on one fresh chunk, against cuDNN's SDPA, in one process: the kernel as
-it is, the kernel of an earlier tree (--before: a copy of its paged_attention.py), and tilings.
+it is, the kernel of an earlier tree (--before: a copy of its paged_attention.py), tilings (--launches),
+the chunk repaged into larger blocks (--pages), and a TMA prototype (below) over the chunk's contiguous
+K/V and over those larger blocks.
 
     PYTHONPATH=$PWD python3 benchmarks/scripts/fresh_chunk_sweep.py --before OLD.py --launches 256x128x8x2
 
 Rounds alternate the arms; each cell is the median µs of its rounds (Triton's do_bench median in each),
-with the spread (max / min - 1) across rounds. Every arm is checked against SDPA first.
+with the spread (max / min - 1) across rounds. Every arm is checked against the kernel's torch path
+first; one that fails or cannot run prints a line instead.
 """
 
 from __future__ import annotations
