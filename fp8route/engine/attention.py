@@ -4,9 +4,11 @@ StepAttention serves a step's flat batch: decode rows (one token each) and prefi
 continuing a cached prefix, of any number of sequences. Each layer writes every token's rotated key
 and its value into the token's slot (one kernel), then attends in one call over all rows, reading
 K/V through the block tables: fp8route's paged attention kernel (fp8route.kernels.paged_attention)
-on CUDA, its torch path elsewhere, or FlashInfer's paged prefill when asked for. Every read goes
-through the cache, so with an fp8 pool a fresh chunk attends to its own K/V as cached (rounded to
-e4m3), as every later step does (vLLM V1 does the same).
+on CUDA, its torch path elsewhere, or FlashInfer's paged prefill when asked for. The step's fresh
+chunks (prompts' first, led by nothing cached), when the runner sends them so, attend over their own
+K/V instead (fp8route.kernels.varlen_attention) and the paged kernel serves the rest. With an fp8
+pool every read goes through the cache, so a fresh chunk attends to its own K/V as cached (rounded
+to e4m3), as every later step does (vLLM V1 does the same).
 
 DecodeAttention serves a decode step replayed from a CUDA graph: the split-KV decode kernel
 (fp8route.kernels.paged_decode), which also rotates and writes the new key, tuned for a whole batch of
@@ -16,6 +18,7 @@ decode rows; elsewhere SDPA over each row's gathered positions.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -31,6 +34,7 @@ from fp8route.kernels.paged_attention import (
     paged_attention_reference,
     paged_attention_rows,
 )
+from fp8route.kernels.varlen_attention import varlen_attention, varlen_attention_reference
 
 if TYPE_CHECKING:
     from fp8route.engine.flashinfer_attention import FlashInferAttention
@@ -111,29 +115,28 @@ def paged_decode_attention(
     return (decode_attention_rows if alone else decode_attention_torch)(q, k_rows, v_rows, lengths)
 
 
-# SDPA on CUDA picks cuDNN's attention, which plans once per sequence length (host time on the scale
-# of a short step): lengths padded to a multiple of this reuse a few plans.
-_LENGTH_CLASS = 128
+@dataclass(frozen=True)
+class FreshChunks:
+    """A step's last pieces from piece `first` on, each a fresh chunk (its prompt's first, from position
+    0, more than one token): bounds, their token offsets in the step on the host, the end last; cu, the
+    same on the device (int32, as FlashAttention takes them); longest, the most tokens one has."""
 
+    first: int
+    bounds: tuple[int, ...]
+    cu: torch.Tensor
 
-def causal_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal SDPA of one sequence over its own keys, [1, H, T, D]; on CUDA with T padded to a length
-    class (the padding comes after every real token, so no real query sees it)."""
-    t = q.shape[2]
-    pad = -t % _LENGTH_CLASS if q.is_cuda else 0
-    if pad:
-        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    return out[:, :, :t] if pad else out
+    @property
+    def longest(self) -> int:
+        return max(b - a for a, b in zip(self.bounds[:-1], self.bounds[1:]))
 
 
 class StepAttention:
     """A step's tokens [T]: each written at slots[t], each sequence of `seqs` attending causally over
     its cached positions. triton: the paged attention kernel (on a CPU: under Triton's interpreter),
     else its torch path. With FlashInfer (planned for this step by the caller) its paged prefill runs.
-    solo: the step is one fresh sequence alone (a lone prompt's first chunk) in a 16-bit cache: it
-    attends over its own K/V with SDPA, cuDNN's kernel on a GPU, which runs a long causal prefill
-    faster than the paged kernel. alone: for the deterministic mode, without triton each query by itself
+    fresh: the step's last sequences, fresh chunks in a 16-bit cache, attend over their own K/V through
+    FlashAttention's varlen kernel (varlen: where it can run, else SDPA a chunk at a time), the other
+    sequences through the paged kernel. alone: for the deterministic mode, without triton each query by itself
     through the torch path (paged_attention_rows); with it the paged kernel, whose rows depend on their
     own sequence only, its decode rows through the decode kernel at its fixed split as in a decode step
     (the scheduler sends a prompt's one-token piece through the multi-query grid). counts: the step's
@@ -146,19 +149,22 @@ class StepAttention:
         seqs: Sequences,
         triton: bool,
         flashinfer: FlashInferAttention | None = None,
-        solo: bool = False,
+        fresh: FreshChunks | None = None,
+        varlen: bool = False,
         alone: bool = False,
         counts: torch.Tensor | None = None,
     ) -> None:
         self.pool, self.slots, self.seqs, self.triton, self.flashinfer = pool, slots, seqs, triton, flashinfer
-        self.solo = solo and not pool.quantized and flashinfer is None and not alone
-        self.alone, self.counts = alone, counts
+        self.fresh = fresh if not pool.quantized and flashinfer is None and not alone else None
+        self.varlen, self.alone, self.counts = varlen, alone, counts
 
     @property
     def graphable(self) -> bool:
         """Whether a captured step can run this attention: the paged kernel over the step's counts read on
-        the device (not SDPA's solo path, FlashInfer's planned call, or the deterministic mode's host split)."""
-        return self.triton and self.flashinfer is None and not self.solo and not self.alone and self.counts is not None
+        the device (not the fresh chunks' own call, FlashInfer's planned one, or the deterministic mode's
+        host split)."""
+        paged = self.flashinfer is None and self.fresh is None and not self.alone
+        return self.triton and paged and self.counts is not None
 
     def attend(
         self,
@@ -176,10 +182,8 @@ class StepAttention:
         if self.flashinfer is not None:
             pool.store(layer, self.slots, rope(k, cos, sin, token_major=True)[0].transpose(0, 1), v[0])
             return self.flashinfer.prefill(layer, rope(q, cos, sin, token_major=True))
-        if self.solo:
-            k = rope(k, cos, sin, token_major=True)  # [1, Hkv, T, D] over token-major storage
-            pool.store(layer, self.slots, k[0].transpose(0, 1), v[0])
-            return causal_self_attention(rope(q, cos, sin), k, v.transpose(1, 2))
+        if self.fresh is not None:
+            return self._with_fresh(layer, q, k, v, cos, sin).transpose(0, 1)[None]
         k_flat, v_flat = pool.flat(layer)
         scales = pool.layer_scales(layer) if pool.quantized else None
         rope_into_cache(
@@ -195,6 +199,32 @@ class StepAttention:
             return self._alone(layer, raw, q, k, v, cos, sin, cache).transpose(0, 1)[None]
         attend = paged_attention if self.triton else paged_attention_reference
         return attend(q, cache, self.seqs, out=out).transpose(0, 1)[None]
+
+    def _with_fresh(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        """The fresh chunks over their own K/V, then the other sequences through the paged kernel into the
+        same output -> [T, H, D]."""
+        fresh, pool = self.fresh, self.pool
+        assert fresh is not None
+        k = rope(k, cos, sin, token_major=True)[0].transpose(0, 1)  # [T, Hkv, D]
+        pool.store(layer, self.slots, k, v[0])
+        q = rope(q, cos, sin, token_major=True)[0].transpose(0, 1)  # [T, H, D]
+        a, b = fresh.bounds[0], fresh.bounds[-1]
+        if self.varlen:
+            out = varlen_attention(q, k, v[0], fresh.cu, fresh.longest)
+        else:
+            out = varlen_attention_reference(q, k, v[0], fresh.bounds)
+        if fresh.first:
+            seqs = self.seqs
+            rest = Sequences(seqs.cu_q[: fresh.first + 1], seqs.lengths[: fresh.first], seqs.rows[: fresh.first],
+                             min(seqs.singles, fresh.first))  # fmt: skip
+            k_blocks, v_blocks = pool.layer(layer)
+            cache = PagedKV(k_blocks, v_blocks, pool.tables, *pool.layer_scales(layer))
+            attend = paged_attention if self.triton else paged_attention_reference
+            attend(q[:a], cache, rest, out=out[:a])
+        assert b == q.shape[0], "the fresh chunks end the step"
+        return out
 
     def _alone(
         self, layer: int, raw: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,

@@ -20,10 +20,11 @@ seen it) and copied back to pinned host memory behind the step. Nothing in a ste
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from fp8route.engine.attention import DecodeAttention, StepAttention, triton_decode_available
+from fp8route.engine.attention import DecodeAttention, FreshChunks, StepAttention, triton_decode_available
 from fp8route.engine.blocks import SCRATCH_BLOCK, blocks_for
 from fp8route.engine.config import EngineConfig
 from fp8route.engine.decode_graphs import INPUTS, DecodeGraphs, buckets, padded_inputs
@@ -47,6 +48,7 @@ from fp8route.errors import Fp8InputError
 from fp8route.kernels.argmax import greedy_tokens
 from fp8route.kernels.options import why_not_pdl
 from fp8route.kernels.paged_attention import TRITON_IMPORT_ERROR, Sequences
+from fp8route.kernels.varlen_attention import why_not_varlen
 from fp8route.models.llama import LlamaForCausalLM, rope_tables
 
 log = logging.getLogger("fp8route")
@@ -169,7 +171,12 @@ class ModelRunner:
         self.blocks: dict[int, list[int]] = {}  # each table row's blocks: the host's copy of the pool's tables
         self.prefill_graphs: PrefillGraphs | None = None
         self.step_cost: StepCost | None = None  # measured by initialize() under an ITL target
+        self.fresh_choice: dict[int, tuple[float, float]] = {}  # measure_fresh_route's ms: tokens -> (paged, own)
+        self.why_not_varlen = why_not_varlen(device, self.dtype, model.cfg.head_size)
         self.set_pool(2)
+        # The fewest fresh tokens a step sends through their own attention (None: none does): on a CPU
+        # any; on a GPU measured by initialize(), the paged kernel until then.
+        self.fresh_min_tokens: int | None = 1 if device.type == "cpu" and self._fresh_route_open() else None
         if device.type == "cuda" and not triton_decode_available():
             log.warning(
                 "attention runs in torch, not fp8route's Triton kernels (%s): every step gathers "
@@ -196,6 +203,8 @@ class ModelRunner:
             self.capture_decode_graphs(self.max_rows)
             self.warm_up()
             torch.cuda.synchronize(self.device)
+        if self.device.type == "cuda" and self.why_not_varlen is None and self._fresh_route_open():
+            self.fresh_min_tokens = self.measure_fresh_route()
         self.step_cost = self.measure_step_cost(read_gbs) if read_gbs is not None else None
         if not quiet:
             pool = self.pool
@@ -207,6 +216,7 @@ class ModelRunner:
                 + (f"; graphs captured in {time.perf_counter() - start:.1f} s" if self.use_cuda_graphs else "")
                 + (f"; {self.graphs.pdl_note()}" if self.graphs is not None and self.graphs.pdl_choices else "")
                 + (f"; mixed steps run eagerly: {eager}" if eager else "")
+                + f"; {self.fresh_route_note()}"
                 + (f"; {torch.get_num_threads()} CPU threads" if self.device.type == "cpu" else "")
                 + (f"; a step takes {self.step_cost}" if self.step_cost is not None else ""),
                 file=sys.stderr,
@@ -224,18 +234,60 @@ class ModelRunner:
         for singles, total in sorted(points):
             if total - singles < 1:
                 continue
-            self.dummy_forward(total, singles)  # untimed: a first call may compile
-            times = []
-            for _ in range(3):
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                start = time.perf_counter()
-                self.dummy_forward(total, singles)
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                times.append(time.perf_counter() - start)
-            samples.append((singles + 1, total, 1e3 * sorted(times)[1]))
+            ms = self._time(functools.partial(self.dummy_forward, total, singles))
+            samples.append((singles + 1, total, ms))
         return replace(fit(samples), per_position_ms=self.pool.bytes_per_token / (read_gbs * 1e6))
+
+    def _fresh_route_open(self) -> bool:
+        """Whether fresh chunks may attend over their own K/V: not from an fp8 cache (they read it back
+        rounded, as later steps do), FlashInfer's prefill, or the deterministic mode (a prompt's
+        arithmetic must not depend on how it was chunked)."""
+        return not self.pool.quantized and self.flashinfer is None and not self.config.deterministic
+
+    def measure_fresh_route(self) -> int | None:
+        """The fewest fresh tokens from which a step of fresh chunks runs faster with them over their own
+        K/V (FlashAttention's varlen kernel, the step's attention outside the graphs) than through the
+        paged kernel (the whole step in a graph): steps of one chunk, timed here (median of three);
+        None where the paged kernel is never slower."""
+        most = min(self.max_num_batched_tokens, self.max_seq_len)
+        sizes = [n for n in (256, 512, 1024, 2048, 4096, 8192) if n <= most]
+        faster = []
+        for tokens in sizes:
+            times = []
+            for route in (None, 1):
+                self.fresh_min_tokens = route
+                times.append(self._time(functools.partial(self.dummy_forward, tokens, 0)))
+            faster.append(times[1] < times[0])
+            self.fresh_choice[tokens] = (times[0], times[1])
+        self.fresh_min_tokens = None
+        # The smallest size from which it wins at every larger one too.
+        wins = [n for i, n in enumerate(sizes) if all(faster[i:])]
+        return wins[0] if wins else None
+
+    def fresh_route_note(self) -> str:
+        """One line on how fresh chunks attend, for the start-up summary."""
+        if self.fresh_min_tokens is None:
+            why = self.why_not_varlen if self.device.type == "cuda" and self._fresh_route_open() else None
+            return "fresh chunks through the paged kernel" + (f" ({why})" if why else "")
+        how = "SDPA a chunk at a time" if self.why_not_varlen else "FlashAttention's varlen kernel"
+        timed = "; ".join(f"{n}: {a:.2f} / {b:.2f} ms" for n, (a, b) in self.fresh_choice.items())
+        return f"fresh chunks of >= {self.fresh_min_tokens} tokens a step through {how}" + (
+            f" (a step, paged / own: {timed})" if timed else ""
+        )
+
+    def _time(self, run: Callable[[], object]) -> float:
+        """run's median wall time over three calls after an untimed one (a first call may compile), in ms."""
+        run()
+        times = []
+        for _ in range(3):
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            start = time.perf_counter()
+            run()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            times.append(time.perf_counter() - start)
+        return 1e3 * sorted(times)[1]
 
     def fit_blocks(self) -> int:
         """Blocks that fit what is left of gpu_memory_utilization x the GPU's memory after the weights
@@ -438,11 +490,11 @@ class ModelRunner:
         if self.flashinfer is not None:
             blocks = [self.blocks[s.row] for s in seqs]
             self.flashinfer.plan_prefill(counts.tolist(), (starts + counts).tolist(), blocks)
-        solo = len(seqs) == 1 and seqs[0].start == 0  # a lone prompt's first chunk
         layout = Sequences(cu_q, lengths, rows, out.singles)
         context = StepAttention(
-            self.pool, slots_d, layout, self.triton, self.flashinfer, solo, self.config.deterministic, seq_counts
-        )
+            self.pool, slots_d, layout, self.triton, self.flashinfer, self._fresh(seqs, out.singles, offsets, cu_q),
+            self.why_not_varlen is None, self.config.deterministic, seq_counts,
+        )  # fmt: skip
         h = self.model.model.embed_tokens(ids_d).to(self.dtype)
         cos, sin = self.rope_cos[pos_d][None], self.rope_sin[pos_d][None]
         graphs = self.prefill_graphs_for(total)
@@ -452,6 +504,20 @@ class ModelRunner:
             normed = self.model.model.run_layers(h[None], cos, sin, context)[0]
         logits = self.model.lm_head(normed[sample_d])[:sampled]
         return logits, self._prompt_logprobs(seqs, offsets[:-1].tolist(), normed)
+
+    def _fresh(
+        self, seqs: Sequence[ScheduledSeq], singles: int, offsets: np.ndarray, cu_q: torch.Tensor
+    ) -> FreshChunks | None:
+        """The step's trailing fresh chunks (the scheduler puts them last), when they hold at least
+        fresh_min_tokens tokens; None: every sequence through the paged kernel."""
+        if self.fresh_min_tokens is None:
+            return None
+        first = len(seqs)
+        while first > singles and seqs[first - 1].start == 0 and seqs[first - 1].num_tokens > 1:
+            first -= 1
+        if first == len(seqs) or int(offsets[-1] - offsets[first]) < self.fresh_min_tokens:
+            return None
+        return FreshChunks(first, tuple(offsets[first:].tolist()), cu_q[first:].to(torch.int32))
 
     def _prompt_logprobs(
         self, seqs: Sequence[ScheduledSeq], firsts: list[int], normed: torch.Tensor

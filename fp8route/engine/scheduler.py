@@ -91,7 +91,9 @@ class Scheduler:
                 break
             (singles if self._decode_row(self.running[-1], admitted) else chunks).append(admitted)
             budget -= admitted.num_tokens
-        out.seqs = singles + chunks
+        # Fresh chunks (their prompts' first, nothing before them cached) last: the runner attends over
+        # a step's trailing fresh chunks on their own (StepAttention's fresh chunks).
+        out.seqs = singles + sorted(chunks, key=lambda piece: piece.start == 0)
         out.decode_rows = len(singles) if self.deterministic else None
         out.new_requests = [_new_request(r) for r in self._given.values()]
         self._building = None

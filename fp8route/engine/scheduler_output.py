@@ -59,9 +59,9 @@ class ScheduledSeq:
 
 @dataclass
 class SchedulerOutput:
-    """What one step runs: the one-token pieces first (decodes), then the chunks; the rows given this
-    step (new_requests) and the blocks appended to running rows (row, column, block), for the runner
-    to take in before the step; the requests preempted while it was scheduled."""
+    """What one step runs: the one-token pieces first (decodes), then the chunks, fresh ones last; the
+    rows given this step (new_requests) and the blocks appended to running rows (row, column, block),
+    for the runner to take in before the step; the requests preempted while it was scheduled."""
 
     seqs: list[ScheduledSeq] = field(default_factory=list)
     new_requests: list[NewRequest] = field(default_factory=list)

@@ -1,0 +1,117 @@
+"""A step's fresh chunks (prompts' first, nothing cached before them) attend over their own K/V
+(fp8route.kernels.varlen_attention) while its decode rows and continuing chunks go through the paged
+attention: the same outputs and the same cache as every sequence through the paged attention; the
+scheduler puts fresh chunks last, and the runner sends them so only from the measured size on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checkpoint_helpers import TINY, llama_tensors
+from helpers import build_lm
+
+from fp8route import SamplingParams
+from fp8route.engine import EngineConfig
+from fp8route.engine.attention import FreshChunks, StepAttention
+from fp8route.engine.kv_pool import KVPool
+from fp8route.engine.scheduler_output import ScheduledSeq
+from fp8route.kernels.paged_attention import Sequences
+from fp8route.kernels.varlen_attention import why_not_varlen
+from fp8route.models import LlamaConfig
+
+PAGE, HKV, G, D = 4, 2, 3, 32
+# Two decode rows (at positions 5 and 9), a chunk of 6 continuing 7 cached positions, fresh chunks of 5 and 11.
+QUERIES, CACHED = [1, 1, 6, 5, 11], [5, 9, 7, 0, 0]
+
+
+def step(device: str, dtype: torch.dtype):
+    """A pool whose rows hold their cached positions, and the step's q/k/v, rotary tables and layout."""
+    g = torch.Generator().manual_seed(3)
+    lengths = [c + n for c, n in zip(CACHED, QUERIES, strict=True)]
+    tables = []
+    pool = KVPool(1, 40, PAGE, HKV, D, len(QUERIES), 32, dtype, torch.device(device))
+    free = iter(range(39, 0, -1))  # blocks out of order, as a pool long in use hands them out
+    for length in lengths:
+        tables.append([next(free) for _ in range(-(-length // PAGE))])
+    pool.set_rows(list(range(len(QUERIES))), tables)
+    for row, cached in enumerate(CACHED):  # what earlier steps wrote
+        if cached:
+            slots = torch.tensor([tables[row][p // PAGE] * PAGE + p % PAGE for p in range(cached)], device=device)
+            kv = torch.randn(2, cached, HKV, D, generator=g).to(device, dtype)
+            pool.store(0, slots, kv[0], kv[1])
+    total = sum(QUERIES)
+    positions = torch.cat([torch.arange(c, c + n) for c, n in zip(CACHED, QUERIES, strict=True)])
+    rows = torch.repeat_interleave(torch.arange(len(QUERIES)), torch.tensor(QUERIES))
+    slots = torch.tensor([tables[r][p // PAGE] * PAGE + p % PAGE for r, p in zip(rows.tolist(), positions.tolist())])
+    q = torch.randn(1, total, HKV * G, D, generator=g).to(device, dtype)
+    k, v = (torch.randn(1, total, HKV, D, generator=g).to(device, dtype) for _ in range(2))
+    freqs = positions.double()[:, None] / 10000.0 ** (torch.arange(0, D, 2).double() / D)
+    cos, sin = (f(torch.cat([freqs, freqs], -1)).float().to(device) for f in (torch.cos, torch.sin))
+    cu = torch.tensor([0, *torch.tensor(QUERIES).cumsum(0).tolist()], device=device)  # int64, as the runner's
+    seqs = Sequences(cu, torch.tensor(lengths, dtype=torch.int32, device=device),
+                     torch.arange(len(QUERIES), dtype=torch.int32, device=device), 2)  # fmt: skip
+    return pool, slots.to(device), seqs, (q, k, v, cos[None], sin[None])
+
+
+def attend_both(device: str, dtype: torch.dtype, triton: bool, varlen: bool):
+    """(output, cache) with the fresh chunks on their own, then with every sequence paged."""
+    results = []
+    for own in (True, False):
+        pool, slots, seqs, inputs = step(device, dtype)
+        bounds = tuple(seqs.cu_q[3:].tolist())
+        fresh = FreshChunks(3, bounds, seqs.cu_q[3:].to(torch.int32)) if own else None
+        out = StepAttention(pool, slots, seqs, triton, fresh=fresh, varlen=varlen).attend(0, *inputs)
+        results.append((out.float(), pool.k.float(), pool.v.float()))
+    return results
+
+
+def test_fresh_chunks_on_their_own_equal_the_paged_path_on_a_cpu():
+    (out, k, v), (paged_out, paged_k, paged_v) = attend_both("cpu", torch.float32, triton=False, varlen=False)
+    assert torch.allclose(out, paged_out, atol=1e-5)
+    assert torch.equal(k, paged_k) and torch.equal(v, paged_v)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fresh_chunks_through_the_varlen_kernel_equal_the_paged_kernel(dtype):
+    if why_not_varlen(torch.device("cuda"), dtype, D) is not None:
+        pytest.skip(why_not_varlen(torch.device("cuda"), dtype, D))
+    (out, k, v), (paged_out, paged_k, paged_v) = attend_both("cuda", dtype, triton=True, varlen=True)
+    assert (out - paged_out).abs().max() < 2e-2
+    assert torch.equal(k, paged_k) and torch.equal(v, paged_v)
+
+
+def test_the_scheduler_puts_fresh_chunks_last():
+    config = EngineConfig(dtype="float32", max_num_seqs=4, max_model_len=64, num_kv_blocks=40, block_size=4,
+                          max_num_batched_tokens=24, use_cuda_graphs=False)  # fmt: skip
+    engine = build_lm(LlamaConfig.from_hf(TINY), {}, llama_tensors(), config).engine
+    params = SamplingParams(max_tokens=4, temperature=0)
+    shared = list(range(1, 13))
+    engine.add_request(shared + [20], params, request_id="first")  # leaves its prefix in the cache
+    while engine.has_unfinished:
+        engine.step()
+    engine.add_request(list(range(30, 40)), params, request_id="fresh")
+    engine.add_request(shared + [21, 22], params, request_id="hit")  # admitted after it, starting past 0
+    out = engine.scheduler.schedule()
+    assert [s.request_id for s in out.seqs] == ["hit", "fresh"]
+    assert out.seqs[0].start > 0 and out.seqs[1].start == 0
+
+
+def test_the_runner_sends_only_trailing_fresh_chunks_of_enough_tokens():
+    config = EngineConfig(dtype="float32", max_num_seqs=4, max_model_len=64, num_kv_blocks=40, block_size=4,
+                          use_cuda_graphs=False)  # fmt: skip
+    runner = build_lm(LlamaConfig.from_hf(TINY), {}, llama_tensors(), config).engine.runner
+    assert runner.fresh_min_tokens == 1  # a CPU: any fresh chunk
+
+    def piece(start: int, n: int) -> ScheduledSeq:
+        return ScheduledSeq("r", 0, start, n, [0] * n, True, 0)
+
+    seqs = [piece(3, 1), piece(8, 4), piece(0, 5), piece(0, 3)]
+    offsets = torch.tensor([0, 1, 5, 10, 13]).numpy()
+    cu = torch.tensor(offsets)
+    fresh = runner._fresh(seqs, 1, offsets, cu)
+    assert fresh is not None and fresh.first == 2 and fresh.bounds == (5, 10, 13) and fresh.longest == 5
+    assert fresh.cu.tolist() == [5, 10, 13] and fresh.cu.dtype == torch.int32
+    runner.fresh_min_tokens = 9
+    assert runner._fresh(seqs, 1, offsets, cu) is None  # 8 fresh tokens
+    assert runner._fresh([piece(3, 1), piece(0, 5), piece(8, 4)], 1, offsets, cu) is None  # not trailing
