@@ -7,8 +7,8 @@ K/V through the block tables: fp8route's paged attention kernel (fp8route.kernel
 on CUDA, its torch path elsewhere, or FlashInfer's paged prefill when asked for. The step's fresh
 chunks (prompts' first, led by nothing cached), when the runner sends them so, attend over their own
 K/V instead (fp8route.kernels.varlen_attention) and the paged kernel serves the rest. With an fp8
-pool every read goes through the cache, so a fresh chunk attends to its own K/V as cached (rounded
-to e4m3), as every later step does (vLLM V1 does the same).
+pool a fresh chunk attends to its own K/V as cached (rounded to e4m3), as every later step does
+(vLLM V1 does the same), on either path.
 
 DecodeAttention serves a decode step replayed from a CUDA graph: the split-KV decode kernel
 (fp8route.kernels.paged_decode), which also rotates and writes the new key, tuned for a whole batch of
@@ -134,13 +134,14 @@ class StepAttention:
     """A step's tokens [T]: each written at slots[t], each sequence of `seqs` attending causally over
     its cached positions. triton: the paged attention kernel (on a CPU: under Triton's interpreter),
     else its torch path. With FlashInfer (planned for this step by the caller) its paged prefill runs.
-    fresh: the step's last sequences, fresh chunks in a 16-bit cache, attend over their own K/V through
-    FlashAttention's varlen kernel (varlen: where it can run, else SDPA a chunk at a time), the other
-    sequences through the paged kernel. alone: for the deterministic mode, without triton each query by itself
-    through the torch path (paged_attention_rows); with it the paged kernel, whose rows depend on their
-    own sequence only, its decode rows through the decode kernel at its fixed split as in a decode step
-    (the scheduler sends a prompt's one-token piece through the multi-query grid). counts: the step's
-    [one-query sequences, sequences] on the device, for a captured step (PrefillGraphs) to copy."""
+    fresh: the step's last sequences, fresh chunks, attend over their own K/V (rounded as an fp8 cache
+    gives them back) through FlashAttention's varlen kernel (varlen: where it can run, else SDPA a chunk
+    at a time), the other sequences through the paged kernel. alone: for the deterministic mode,
+    without triton each query by itself through the torch path (paged_attention_rows); with it the
+    paged kernel, whose rows depend on their own sequence only, its decode rows through the decode
+    kernel at its fixed split as in a decode step (the scheduler sends a prompt's one-token piece
+    through the multi-query grid). counts: the step's [one-query sequences, sequences] on the device,
+    for a captured step (PrefillGraphs) to copy."""
 
     def __init__(
         self,
@@ -155,7 +156,7 @@ class StepAttention:
         counts: torch.Tensor | None = None,
     ) -> None:
         self.pool, self.slots, self.seqs, self.triton, self.flashinfer = pool, slots, seqs, triton, flashinfer
-        self.fresh = fresh if not pool.quantized and flashinfer is None and not alone else None
+        self.fresh = fresh if flashinfer is None and not alone else None
         self.varlen, self.alone, self.counts = varlen, alone, counts
 
     @property
@@ -182,8 +183,6 @@ class StepAttention:
         if self.flashinfer is not None:
             pool.store(layer, self.slots, rope(k, cos, sin, token_major=True)[0].transpose(0, 1), v[0])
             return self.flashinfer.prefill(layer, rope(q, cos, sin, token_major=True))
-        if self.fresh is not None:
-            return self._with_fresh(layer, q, k, v, cos, sin).transpose(0, 1)[None]
         k_flat, v_flat = pool.flat(layer)
         scales = pool.layer_scales(layer) if pool.quantized else None
         rope_into_cache(
@@ -193,6 +192,8 @@ class StepAttention:
         q = rope(q, cos, sin, token_major=True)[0].transpose(0, 1)  # [T, H, D]
         k_blocks, v_blocks = pool.layer(layer)
         cache = PagedKV(k_blocks, v_blocks, pool.tables, *pool.layer_scales(layer))
+        if self.fresh is not None:
+            return self._with_fresh(layer, q, k, v, cos, sin, cache).transpose(0, 1)[None]
         if self.alone and not self.triton:
             return paged_attention_rows(q, cache, self.seqs).transpose(0, 1)[None]
         if self.alone:  # decode rows as a decode step runs them
@@ -201,29 +202,27 @@ class StepAttention:
         return attend(q, cache, self.seqs, out=out).transpose(0, 1)[None]
 
     def _with_fresh(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> torch.Tensor:
-        """The fresh chunks over their own K/V, then the other sequences through the paged kernel into the
-        same output -> [T, H, D]."""
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        cache: PagedKV,
+    ) -> torch.Tensor:  # fmt: skip
+        """q [T, H, D] after RoPE, k and v [1, T, Hkv, D] as projected (already in the cache): the fresh
+        chunks over their own K/V, then the other sequences through the paged kernel into the same
+        output -> [T, H, D]."""
         fresh, pool = self.fresh, self.pool
         assert fresh is not None
         k = rope(k, cos, sin, token_major=True)[0].transpose(0, 1)  # [T, Hkv, D]
-        pool.store(layer, self.slots, k, v[0])
-        q = rope(q, cos, sin, token_major=True)[0].transpose(0, 1)  # [T, H, D]
-        a, b = fresh.bounds[0], fresh.bounds[-1]
+        k, v = pool.round_trip(layer, k, v[0])  # as every later read gets them
         if self.varlen:
-            out = varlen_attention(q, k, v[0], fresh.cu, fresh.longest)
+            out = varlen_attention(q, k, v, fresh.cu, fresh.longest)
         else:
-            out = varlen_attention_reference(q, k, v[0], fresh.bounds)
+            out = varlen_attention_reference(q, k, v, fresh.bounds)
         if fresh.first:
             seqs = self.seqs
             rest = Sequences(seqs.cu_q[: fresh.first + 1], seqs.lengths[: fresh.first], seqs.rows[: fresh.first],
                              min(seqs.singles, fresh.first))  # fmt: skip
-            k_blocks, v_blocks = pool.layer(layer)
-            cache = PagedKV(k_blocks, v_blocks, pool.tables, *pool.layer_scales(layer))
             attend = paged_attention if self.triton else paged_attention_reference
+            a = fresh.bounds[0]
             attend(q[:a], cache, rest, out=out[:a])
-        assert b == q.shape[0], "the fresh chunks end the step"
         return out
 
     def _alone(

@@ -239,10 +239,9 @@ class ModelRunner:
         return replace(fit(samples), per_position_ms=self.pool.bytes_per_token / (read_gbs * 1e6))
 
     def _fresh_route_open(self) -> bool:
-        """Whether fresh chunks may attend over their own K/V: not from an fp8 cache (they read it back
-        rounded, as later steps do), FlashInfer's prefill, or the deterministic mode (a prompt's
-        arithmetic must not depend on how it was chunked)."""
-        return not self.pool.quantized and self.flashinfer is None and not self.config.deterministic
+        """Whether fresh chunks may attend over their own K/V: not with FlashInfer's prefill, or in the
+        deterministic mode (a prompt's arithmetic must not depend on how it was chunked)."""
+        return self.flashinfer is None and not self.config.deterministic
 
     def measure_fresh_route(self) -> int | None:
         """The fewest fresh tokens from which a step of fresh chunks runs faster with them over their own

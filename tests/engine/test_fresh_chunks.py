@@ -14,6 +14,7 @@ from fp8route import SamplingParams
 from fp8route.engine import EngineConfig
 from fp8route.engine.attention import FreshChunks, StepAttention
 from fp8route.engine.kv_pool import KVPool
+from fp8route.engine.kv_quant import KVScales
 from fp8route.engine.scheduler_output import ScheduledSeq
 from fp8route.kernels.paged_attention import Sequences
 from fp8route.kernels.varlen_attention import why_not_varlen
@@ -24,12 +25,14 @@ PAGE, HKV, G, D = 4, 2, 3, 32
 QUERIES, CACHED = [1, 1, 6, 5, 11], [5, 9, 7, 0, 0]
 
 
-def step(device: str, dtype: torch.dtype):
-    """A pool whose rows hold their cached positions, and the step's q/k/v, rotary tables and layout."""
+def step(device: str, dtype: torch.dtype, fp8: bool):
+    """A pool (fp8: e4m3 with scales) whose rows hold their cached positions, and the step's q/k/v,
+    rotary tables and layout."""
     g = torch.Generator().manual_seed(3)
     lengths = [c + n for c, n in zip(CACHED, QUERIES, strict=True)]
     tables = []
-    pool = KVPool(1, 40, PAGE, HKV, D, len(QUERIES), 32, dtype, torch.device(device))
+    scales = KVScales((0.02,), (0.03,), "test") if fp8 else None
+    pool = KVPool(1, 40, PAGE, HKV, D, len(QUERIES), 32, dtype, torch.device(device), scales)
     free = iter(range(39, 0, -1))  # blocks out of order, as a pool long in use hands them out
     for length in lengths:
         tables.append([next(free) for _ in range(-(-length // PAGE))])
@@ -53,11 +56,11 @@ def step(device: str, dtype: torch.dtype):
     return pool, slots.to(device), seqs, (q, k, v, cos[None], sin[None])
 
 
-def attend_both(device: str, dtype: torch.dtype, triton: bool, varlen: bool):
+def attend_both(device: str, dtype: torch.dtype, fp8: bool, triton: bool, varlen: bool):
     """(output, cache) with the fresh chunks on their own, then with every sequence paged."""
     results = []
     for own in (True, False):
-        pool, slots, seqs, inputs = step(device, dtype)
+        pool, slots, seqs, inputs = step(device, dtype, fp8)
         bounds = tuple(seqs.cu_q[3:].tolist())
         fresh = FreshChunks(3, bounds, seqs.cu_q[3:].to(torch.int32)) if own else None
         out = StepAttention(pool, slots, seqs, triton, fresh=fresh, varlen=varlen).attend(0, *inputs)
@@ -65,20 +68,22 @@ def attend_both(device: str, dtype: torch.dtype, triton: bool, varlen: bool):
     return results
 
 
-def test_fresh_chunks_on_their_own_equal_the_paged_path_on_a_cpu():
-    (out, k, v), (paged_out, paged_k, paged_v) = attend_both("cpu", torch.float32, triton=False, varlen=False)
+@pytest.mark.parametrize("fp8", [False, True])
+def test_fresh_chunks_on_their_own_equal_the_paged_path_on_a_cpu(fp8):
+    (out, k, v), (paged_out, paged_k, paged_v) = attend_both("cpu", torch.float32, fp8, triton=False, varlen=False)
     assert torch.allclose(out, paged_out, atol=1e-5)
     assert torch.equal(k, paged_k) and torch.equal(v, paged_v)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fresh_chunks_through_the_varlen_kernel_equal_the_paged_kernel(dtype):
+def test_fresh_chunks_through_the_varlen_kernel_equal_the_paged_kernel(dtype, fp8):
     if why_not_varlen(torch.device("cuda"), dtype, D) is not None:
         pytest.skip(why_not_varlen(torch.device("cuda"), dtype, D))
-    (out, k, v), (paged_out, paged_k, paged_v) = attend_both("cuda", dtype, triton=True, varlen=True)
-    assert (out - paged_out).abs().max() < 2e-2
-    assert torch.equal(k, paged_k) and torch.equal(v, paged_v)
+    (out, k, v), (paged_out, paged_k, paged_v) = attend_both("cuda", dtype, fp8, triton=True, varlen=True)
+    assert (out - paged_out).abs().max() < 3e-2
+    assert torch.equal(k, paged_k) and torch.equal(v, paged_v)  # one kernel writes the cache on both paths
 
 
 def test_the_scheduler_puts_fresh_chunks_last():
