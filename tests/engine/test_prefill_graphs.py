@@ -175,18 +175,20 @@ def test_whole_step_graphs_run_the_attention_inside_and_give_the_eager_forward(d
     """Attached to the pool, a step's attention runs inside its bucket's graph from the static inputs (the
     paged kernel reading the step's counts on the device): the same logits and K/V as the eager forward
     through the kernels, for falling sizes (a larger step's slots must not take the padded rows' K/V), a
-    continuation, decode rows beside a chunk; a lone prompt's first chunk (SDPA) runs the pieces."""
+    continuation, decode rows beside a chunk; a step whose fresh chunks attend on their own (20 tokens
+    or more of them here) runs the pieces."""
     graphed, eager = model(device, fp8), model(device, fp8)
     for lm in (graphed, eager):
         lm.engine.runner.use_triton = True
+        lm.engine.runner.fresh_min_tokens = 20
     runner = graphed.engine.runner
     runner.prefill_graphs = PrefillGraphs(
         graphed.module.model, 64, torch.device(device), torch.float32, capture=device == "cuda"
     )
     runner.prefill_graphs.attach(runner.pool, runner.max_rows, runner.rope_cos.dtype)
     falling_sizes_match(graphed, eager, seed=1)
-    # The second forward, a prompt alone and fresh, attends through SDPA: the pieces.
-    assert runner.prefill_graphs.steps.keys() == {64, 32, 16} and runner.prefill_graphs.pieces.keys() == {32}
+    # The first two forwards (58 and 24 fresh tokens) run the pieces, the next two (12 and 9) whole steps.
+    assert runner.prefill_graphs.steps.keys() == {32, 16} and runner.prefill_graphs.pieces.keys() == {64, 32}
 
 
 def test_a_new_pool_detaches_the_whole_step_graphs():
