@@ -46,8 +46,9 @@ def step(device: str, dtype: torch.dtype, fp8: bool):
     positions = torch.cat([torch.arange(c, c + n) for c, n in zip(CACHED, QUERIES, strict=True)])
     rows = torch.repeat_interleave(torch.arange(len(QUERIES)), torch.tensor(QUERIES))
     slots = torch.tensor([tables[r][p // PAGE] * PAGE + p % PAGE for r, p in zip(rows.tolist(), positions.tolist())])
-    q = torch.randn(1, total, HKV * G, D, generator=g).to(device, dtype)
-    k, v = (torch.randn(1, total, HKV, D, generator=g).to(device, dtype) for _ in range(2))
+    # Views of one projection's output, as a layer passes them (rows strided by every head's width).
+    qkv = torch.randn(1, total, (G + 2) * HKV * D, generator=g).to(device, dtype)
+    q, k, v = (x.view(1, total, -1, D) for x in qkv.split([G * HKV * D, HKV * D, HKV * D], dim=-1))
     freqs = positions.double()[:, None] / 10000.0 ** (torch.arange(0, D, 2).double() / D)
     cos, sin = (f(torch.cat([freqs, freqs], -1)).float().to(device) for f in (torch.cos, torch.sin))
     cu = torch.tensor([0, *torch.tensor(QUERIES).cumsum(0).tolist()], device=device)  # int64, as the runner's
