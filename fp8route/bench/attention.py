@@ -5,9 +5,9 @@ torch path first:
 - decode: B rows at one context: RoPE + cache write + paged_attention's split-KV grid, against the
   decode kernel with the new token fused (fp8route.kernels.paged_decode) in each of its launches asked
   for, inside one CUDA graph over several layer pools (L2 holds none); TB/s of the KV read;
-- prefill: one fresh chunk of T tokens from the cache, against SDPA over the chunk's own q/k/v (torch's
-  pick, and cuDNN's with K/V expanded to every head), FlashAttention's varlen kernel over them (how the
-  engine runs fresh chunks where it measures faster: fp8route.kernels.varlen_attention), and FlashInfer's
+- prefill: one fresh chunk of T tokens from the cache, against SDPA over the chunk's own q/k/v as the
+  engine runs fresh chunks where it measures faster (torch's pick, and cuDNN's with K/V expanded to
+  every head), and FlashInfer's
   paged prefill over the same cache (FA2 and FA3 kernels, where it is installed); TFLOP/s of the causal
   products (4 * T^2 / 2 * H * D);
 - mixed: 255 decode rows at 1024 and one fresh 2048 chunk, one call, against decode kernel + SDPA;
@@ -30,7 +30,6 @@ from fp8route.errors import Fp8InputError
 from fp8route.kernels import paged_attention as pa
 from fp8route.kernels import paged_decode as pd
 from fp8route.kernels.fused import rope_into_cache
-from fp8route.kernels.varlen_attention import varlen_attention, why_not_varlen
 from fp8route.tuning.timing import time_graph
 
 H, HKV, D, PAGE = 32, 8, 128, 16
@@ -129,13 +128,11 @@ def decode(
 
 
 class PrefillTimes(NamedTuple):
-    """One fresh chunk's attention in µs: paged_attention, SDPA (torch's pick), FlashAttention's varlen
-    kernel, cuDNN's SDPA, and FlashInfer's paged prefill with its FA2 and FA3 kernels (None where one
-    cannot run here)."""
+    """One fresh chunk's attention in µs: paged_attention, SDPA (torch's pick), cuDNN's SDPA, and
+    FlashInfer's paged prefill with its FA2 and FA3 kernels (None where one cannot run here)."""
 
     paged: float
     sdpa: float
-    varlen: float | None
     cudnn: float | None
     fa2: float | None
     fa3: float | None
@@ -153,7 +150,6 @@ def prefill(tokens: int) -> PrefillTimes:
     expected = sdpa[0].transpose(0, 1)
     _check(pa.paged_attention(q, cache, seqs), expected, "prefill")
     others: dict[str, Callable[[], Callable[[], torch.Tensor] | None]] = {
-        "varlen": functools.partial(_varlen_prefill, q, k, v),
         "cuDNN": functools.partial(_cudnn_prefill, q4, k, v),
         **{f"FlashInfer {b}": functools.partial(_flashinfer_prefill, q, cache, tokens, b) for b in ("fa2", "fa3")},
     }
@@ -178,16 +174,6 @@ def _checked_arm(
     except Exception as exc:  # noqa: BLE001
         print(f"{name} at {tokens} tokens: {type(exc).__name__}: {str(exc)[:200]}")
         return None
-
-
-def _varlen_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable[[], torch.Tensor] | None:
-    """FlashAttention's varlen kernel over the chunk's own K/V, token-major as the projections leave
-    them; None where it cannot run here. [T, H, D] out."""
-    if why_not_varlen(q.device, q.dtype, D) is not None:
-        return None
-    k_tok, v_tok = (x[0].transpose(0, 1).contiguous() for x in (k, v))
-    cu = torch.tensor([0, q.shape[0]], dtype=torch.int32, device=q.device)
-    return lambda: varlen_attention(q, k_tok, v_tok, cu, q.shape[0])
 
 
 def _cudnn_prefill(q4: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable[[], torch.Tensor]:

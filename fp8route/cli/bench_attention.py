@@ -1,5 +1,4 @@
-"""`fp8route bench attention`: the paged attention kernel against the kernels the engine ran before it,
-and on fresh chunks against FlashAttention's varlen kernel, cuDNN and FlashInfer."""
+"""`fp8route bench attention`: the paged attention kernel against the kernels the engine ran before it."""
 
 from __future__ import annotations
 
@@ -30,15 +29,14 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(ab.sweep(launches)))
         return 0
     print(
-        "\n| prefill T | paged_attention us | SDPA us | varlen us | cuDNN us | FlashInfer FA2 us | FlashInfer FA3 us "
-        "| cuDNN / paged | cuDNN / varlen | paged TFLOP/s | best TFLOP/s |\n" + "|---" * 11 + "|"
+        "\n| prefill T | paged_attention us | SDPA us | cuDNN us | FlashInfer FA2 us | FlashInfer FA3 us "
+        "| cuDNN / paged | paged TFLOP/s | best TFLOP/s |\n" + "|---" * 9 + "|"
     )
     for tokens in ab.PREFILL_TOKENS:
         t = ab.prefill(tokens)
         others = " | ".join("-" if us is None else f"{us:.0f}" for us in t[1:])
         best = min(us for us in t if us is not None)
-        cudnn = t.cudnn
-        versus = " | ".join("-" if cudnn is None or us is None else f"{cudnn / us:.2f}" for us in (t.paged, t.varlen))
+        versus = "-" if t.cudnn is None else f"{t.cudnn / t.paged:.2f}"
         print(f"| {tokens} | {t.paged:.0f} | {others} | {versus} | {t.tflops(tokens, t.paged):.0f} "
               f"| {t.tflops(tokens, best):.0f} |", flush=True)  # fmt: skip
     for name, cache_dtype in (("bf16", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):

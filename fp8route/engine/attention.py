@@ -6,7 +6,7 @@ and its value into the token's slot (one kernel), then attends in one call over 
 K/V through the block tables: fp8route's paged attention kernel (fp8route.kernels.paged_attention)
 on CUDA, its torch path elsewhere, or FlashInfer's paged prefill when asked for. The step's fresh
 chunks (prompts' first, led by nothing cached), when the runner sends them so, attend over their own
-K/V instead (fp8route.kernels.varlen_attention) and the paged kernel serves the rest. With an fp8
+K/V instead (SDPA a chunk at a time: cuDNN's kernel on a GPU) and the paged kernel serves the rest. With an fp8
 pool a fresh chunk attends to its own K/V as cached (rounded to e4m3), as every later step does
 (vLLM V1 does the same), on either path.
 
@@ -18,6 +18,7 @@ decode rows; elsewhere SDPA over each row's gathered positions.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,7 +35,6 @@ from fp8route.kernels.paged_attention import (
     paged_attention_reference,
     paged_attention_rows,
 )
-from fp8route.kernels.varlen_attention import varlen_attention, varlen_attention_reference
 
 if TYPE_CHECKING:
     from fp8route.engine.flashinfer_attention import FlashInferAttention
@@ -118,16 +118,30 @@ def paged_decode_attention(
 @dataclass(frozen=True)
 class FreshChunks:
     """A step's last pieces from piece `first` on, each a fresh chunk (its prompt's first, from position
-    0, more than one token): bounds, their token offsets in the step on the host, the end last; cu, the
-    same on the device (int32, as FlashAttention takes them); longest, the most tokens one has."""
+    0, more than one token); bounds: their token offsets in the step (host), the end last."""
 
     first: int
     bounds: tuple[int, ...]
-    cu: torch.Tensor
 
-    @property
-    def longest(self) -> int:
-        return max(b - a for a, b in zip(self.bounds[:-1], self.bounds[1:]))
+
+# SDPA on CUDA picks cuDNN's attention, which plans once per sequence length (host time on the scale
+# of a short step): lengths padded to a multiple of this reuse a few plans.
+_LENGTH_CLASS = 128
+
+
+def fresh_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: Sequence[int]) -> torch.Tensor:
+    """q [T, H, D], k and v [T, Hkv, D]: chunk i, tokens bounds[i] .. bounds[i + 1] - 1, attending causally
+    over its own tokens by SDPA, on CUDA its length padded to a class (after every real token, so no real
+    query sees the padding) -> [T, H, D], the chunks' rows written."""
+    out = torch.empty_like(q)
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        q_i, k_i, v_i = (x[a:b].transpose(0, 1)[None] for x in (q, k, v))  # [1, heads, n, D]
+        pad = -(b - a) % _LENGTH_CLASS if q.is_cuda else 0
+        if pad:
+            q_i, k_i, v_i = (F.pad(x, (0, 0, 0, pad)) for x in (q_i, k_i, v_i))
+        o = F.scaled_dot_product_attention(q_i, k_i, v_i, is_causal=True, enable_gqa=True)
+        out[a:b] = o[0, :, : b - a].transpose(0, 1)
+    return out
 
 
 class StepAttention:
@@ -135,8 +149,8 @@ class StepAttention:
     its cached positions. triton: the paged attention kernel (on a CPU: under Triton's interpreter),
     else its torch path. With FlashInfer (planned for this step by the caller) its paged prefill runs.
     fresh: the step's last sequences, fresh chunks, attend over their own K/V (rounded as an fp8 cache
-    gives them back) through FlashAttention's varlen kernel (varlen: where it can run, else SDPA a chunk
-    at a time), the other sequences through the paged kernel. alone: for the deterministic mode,
+    gives them back) by SDPA a chunk at a time (fresh_attention), the other sequences through the paged
+    kernel. alone: for the deterministic mode,
     without triton each query by itself through the torch path (paged_attention_rows); with it the
     paged kernel, whose rows depend on their own sequence only, its decode rows through the decode
     kernel at its fixed split as in a decode step (the scheduler sends a prompt's one-token piece
@@ -151,13 +165,12 @@ class StepAttention:
         triton: bool,
         flashinfer: FlashInferAttention | None = None,
         fresh: FreshChunks | None = None,
-        varlen: bool = False,
         alone: bool = False,
         counts: torch.Tensor | None = None,
     ) -> None:
         self.pool, self.slots, self.seqs, self.triton, self.flashinfer = pool, slots, seqs, triton, flashinfer
         self.fresh = fresh if flashinfer is None and not alone else None
-        self.varlen, self.alone, self.counts = varlen, alone, counts
+        self.alone, self.counts = alone, counts
 
     @property
     def graphable(self) -> bool:
@@ -212,10 +225,7 @@ class StepAttention:
         assert fresh is not None
         k = rope(k, cos, sin, token_major=True)[0].transpose(0, 1)  # [T, Hkv, D]
         k, v = pool.round_trip(layer, k, v[0])  # as every later read gets them
-        if self.varlen:
-            out = varlen_attention(q, k, v, fresh.cu, fresh.longest)
-        else:
-            out = varlen_attention_reference(q, k, v, fresh.bounds)
+        out = fresh_attention(q, k, v, fresh.bounds)
         if fresh.first:
             seqs = self.seqs
             rest = Sequences(seqs.cu_q[: fresh.first + 1], seqs.lengths[: fresh.first], seqs.rows[: fresh.first],

@@ -48,7 +48,6 @@ from fp8route.errors import Fp8InputError
 from fp8route.kernels.argmax import greedy_tokens
 from fp8route.kernels.options import why_not_pdl
 from fp8route.kernels.paged_attention import TRITON_IMPORT_ERROR, Sequences
-from fp8route.kernels.varlen_attention import why_not_varlen
 from fp8route.models.llama import LlamaForCausalLM, rope_tables
 
 log = logging.getLogger("fp8route")
@@ -172,7 +171,6 @@ class ModelRunner:
         self.prefill_graphs: PrefillGraphs | None = None
         self.step_cost: StepCost | None = None  # measured by initialize() under an ITL target
         self.fresh_choice: dict[int, tuple[float, float]] = {}  # measure_fresh_route's ms: tokens -> (paged, own)
-        self.why_not_varlen = why_not_varlen(device, self.dtype, model.cfg.head_size)
         self.set_pool(2)
         # The fewest fresh tokens a step sends through their own attention (None: none does): on a CPU
         # any; on a GPU measured by initialize(), the paged kernel until then.
@@ -203,7 +201,7 @@ class ModelRunner:
             self.capture_decode_graphs(self.max_rows)
             self.warm_up()
             torch.cuda.synchronize(self.device)
-        if self.device.type == "cuda" and self.why_not_varlen is None and self._fresh_route_open():
+        if self.device.type == "cuda" and self._fresh_route_open():
             self.fresh_min_tokens = self.measure_fresh_route()
         self.step_cost = self.measure_step_cost(read_gbs) if read_gbs is not None else None
         if not quiet:
@@ -245,9 +243,9 @@ class ModelRunner:
 
     def measure_fresh_route(self) -> int | None:
         """The fewest fresh tokens from which a step of fresh chunks runs faster with them over their own
-        K/V (FlashAttention's varlen kernel, the step's attention outside the graphs) than through the
-        paged kernel (the whole step in a graph): steps of one chunk, timed here (median of three);
-        None where the paged kernel is never slower."""
+        K/V (SDPA, the step's attention outside the graphs) than through the paged kernel (the whole step
+        in a graph): steps of one chunk, timed here (median of three); None where the paged kernel is
+        never slower."""
         most = min(self.max_num_batched_tokens, self.max_seq_len)
         sizes = [n for n in (256, 512, 1024, 2048, 4096, 8192) if n <= most]
         faster = []
@@ -264,15 +262,12 @@ class ModelRunner:
         return wins[0] if wins else None
 
     def fresh_route_note(self) -> str:
-        """One line on how fresh chunks attend, for the start-up summary."""
-        if self.fresh_min_tokens is None:
-            why = self.why_not_varlen if self.device.type == "cuda" and self._fresh_route_open() else None
-            return "fresh chunks through the paged kernel" + (f" ({why})" if why else "")
-        how = "SDPA a chunk at a time" if self.why_not_varlen else "FlashAttention's varlen kernel"
+        """One line on how fresh chunks attend, for the start-up summary, with what chose it."""
         timed = "; ".join(f"{n}: {a:.2f} / {b:.2f} ms" for n, (a, b) in self.fresh_choice.items())
-        return f"fresh chunks of >= {self.fresh_min_tokens} tokens a step through {how}" + (
-            f" (a step, paged / own: {timed})" if timed else ""
-        )
+        measured = f" (a step of one chunk, paged / SDPA: {timed})" if timed else ""
+        if self.fresh_min_tokens is None:
+            return "fresh chunks through the paged kernel" + measured
+        return f"fresh chunks of >= {self.fresh_min_tokens} tokens a step through SDPA" + measured
 
     def _time(self, run: Callable[[], object]) -> float:
         """run's median wall time over three calls after an untimed one (a first call may compile), in ms."""
@@ -491,8 +486,8 @@ class ModelRunner:
             self.flashinfer.plan_prefill(counts.tolist(), (starts + counts).tolist(), blocks)
         layout = Sequences(cu_q, lengths, rows, out.singles)
         context = StepAttention(
-            self.pool, slots_d, layout, self.triton, self.flashinfer, self._fresh(seqs, out.singles, offsets, cu_q),
-            self.why_not_varlen is None, self.config.deterministic, seq_counts,
+            self.pool, slots_d, layout, self.triton, self.flashinfer, self._fresh(seqs, out.singles, offsets),
+            self.config.deterministic, seq_counts,
         )  # fmt: skip
         h = self.model.model.embed_tokens(ids_d).to(self.dtype)
         cos, sin = self.rope_cos[pos_d][None], self.rope_sin[pos_d][None]
@@ -504,9 +499,7 @@ class ModelRunner:
         logits = self.model.lm_head(normed[sample_d])[:sampled]
         return logits, self._prompt_logprobs(seqs, offsets[:-1].tolist(), normed)
 
-    def _fresh(
-        self, seqs: Sequence[ScheduledSeq], singles: int, offsets: np.ndarray, cu_q: torch.Tensor
-    ) -> FreshChunks | None:
+    def _fresh(self, seqs: Sequence[ScheduledSeq], singles: int, offsets: np.ndarray) -> FreshChunks | None:
         """The step's trailing fresh chunks (the scheduler puts them last), when they hold at least
         fresh_min_tokens tokens; None: every sequence through the paged kernel."""
         if self.fresh_min_tokens is None:
@@ -516,7 +509,7 @@ class ModelRunner:
             first -= 1
         if first == len(seqs) or int(offsets[-1] - offsets[first]) < self.fresh_min_tokens:
             return None
-        return FreshChunks(first, tuple(offsets[first:].tolist()), cu_q[first:].to(torch.int32))
+        return FreshChunks(first, tuple(offsets[first:].tolist()))
 
     def _prompt_logprobs(
         self, seqs: Sequence[ScheduledSeq], firsts: list[int], normed: torch.Tensor

@@ -1,5 +1,5 @@
 """A step's fresh chunks (prompts' first, nothing cached before them) attend over their own K/V
-(fp8route.kernels.varlen_attention) while its decode rows and continuing chunks go through the paged
+(SDPA a chunk at a time) while its decode rows and continuing chunks go through the paged
 attention: the same outputs and the same cache as every sequence through the paged attention; the
 scheduler puts fresh chunks last, and the runner sends them so only from the measured size on."""
 
@@ -17,7 +17,6 @@ from fp8route.engine.kv_pool import KVPool
 from fp8route.engine.kv_quant import KVScales
 from fp8route.engine.scheduler_output import ScheduledSeq
 from fp8route.kernels.paged_attention import Sequences
-from fp8route.kernels.varlen_attention import why_not_varlen
 from fp8route.models import LlamaConfig
 
 PAGE, HKV, G, D = 4, 2, 3, 32
@@ -57,21 +56,21 @@ def step(device: str, dtype: torch.dtype, fp8: bool):
     return pool, slots.to(device), seqs, (q, k, v, cos[None], sin[None])
 
 
-def attend_both(device: str, dtype: torch.dtype, fp8: bool, triton: bool, varlen: bool):
+def attend_both(device: str, dtype: torch.dtype, fp8: bool, triton: bool):
     """(output, cache) with the fresh chunks on their own, then with every sequence paged."""
     results = []
     for own in (True, False):
         pool, slots, seqs, inputs = step(device, dtype, fp8)
         bounds = tuple(seqs.cu_q[3:].tolist())
-        fresh = FreshChunks(3, bounds, seqs.cu_q[3:].to(torch.int32)) if own else None
-        out = StepAttention(pool, slots, seqs, triton, fresh=fresh, varlen=varlen).attend(0, *inputs)
+        fresh = FreshChunks(3, bounds) if own else None
+        out = StepAttention(pool, slots, seqs, triton, fresh=fresh).attend(0, *inputs)
         results.append((out.float(), pool.k.float(), pool.v.float()))
     return results
 
 
 @pytest.mark.parametrize("fp8", [False, True])
 def test_fresh_chunks_on_their_own_equal_the_paged_path_on_a_cpu(fp8):
-    (out, k, v), (paged_out, paged_k, paged_v) = attend_both("cpu", torch.float32, fp8, triton=False, varlen=False)
+    (out, k, v), (paged_out, paged_k, paged_v) = attend_both("cpu", torch.float32, fp8, triton=False)
     assert torch.allclose(out, paged_out, atol=1e-5)
     assert torch.equal(k, paged_k) and torch.equal(v, paged_v)
 
@@ -79,10 +78,8 @@ def test_fresh_chunks_on_their_own_equal_the_paged_path_on_a_cpu(fp8):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fresh_chunks_through_the_varlen_kernel_equal_the_paged_kernel(dtype, fp8):
-    if why_not_varlen(torch.device("cuda"), dtype, D) is not None:
-        pytest.skip(why_not_varlen(torch.device("cuda"), dtype, D))
-    (out, k, v), (paged_out, paged_k, paged_v) = attend_both("cuda", dtype, fp8, triton=True, varlen=True)
+def test_fresh_chunks_through_sdpa_equal_the_paged_kernel(dtype, fp8):
+    (out, k, v), (paged_out, paged_k, paged_v) = attend_both("cuda", dtype, fp8, triton=True)
     assert (out - paged_out).abs().max() < 3e-2
     assert torch.equal(k, paged_k) and torch.equal(v, paged_v)  # one kernel writes the cache on both paths
 
@@ -114,10 +111,8 @@ def test_the_runner_sends_only_trailing_fresh_chunks_of_enough_tokens():
 
     seqs = [piece(3, 1), piece(8, 4), piece(0, 5), piece(0, 3)]
     offsets = torch.tensor([0, 1, 5, 10, 13]).numpy()
-    cu = torch.tensor(offsets)
-    fresh = runner._fresh(seqs, 1, offsets, cu)
-    assert fresh is not None and fresh.first == 2 and fresh.bounds == (5, 10, 13) and fresh.longest == 5
-    assert fresh.cu.tolist() == [5, 10, 13] and fresh.cu.dtype == torch.int32
+    fresh = runner._fresh(seqs, 1, offsets)
+    assert fresh is not None and fresh.first == 2 and fresh.bounds == (5, 10, 13)
     runner.fresh_min_tokens = 9
-    assert runner._fresh(seqs, 1, offsets, cu) is None  # 8 fresh tokens
-    assert runner._fresh([piece(3, 1), piece(0, 5), piece(8, 4)], 1, offsets, cu) is None  # not trailing
+    assert runner._fresh(seqs, 1, offsets) is None  # 8 fresh tokens
+    assert runner._fresh([piece(3, 1), piece(0, 5), piece(8, 4)], 1, offsets) is None  # not trailing
