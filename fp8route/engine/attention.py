@@ -6,9 +6,9 @@ and its value into the token's slot (one kernel), then attends in one call over 
 K/V through the block tables: fp8route's paged attention kernel (fp8route.kernels.paged_attention)
 on CUDA, its torch path elsewhere, or FlashInfer's paged prefill when asked for. The step's fresh
 chunks (prompts' first, led by nothing cached), when the runner sends them so, attend over their own
-K/V instead (SDPA a chunk at a time: cuDNN's kernel on a GPU) and the paged kernel serves the rest. With an fp8
-pool a fresh chunk attends to its own K/V as cached (rounded to e4m3), as every later step does
-(vLLM V1 does the same), on either path.
+K/V instead (SDPA a chunk at a time: cuDNN's kernel on a GPU) and the paged kernel serves the rest.
+With an fp8 pool a fresh chunk attends to its own K/V as cached (rounded to e4m3), as every later
+step does (vLLM V1 does the same), on either path.
 
 DecodeAttention serves a decode step replayed from a CUDA graph: the split-KV decode kernel
 (fp8route.kernels.paged_decode), which also rotates and writes the new key, tuned for a whole batch of
@@ -150,12 +150,11 @@ class StepAttention:
     else its torch path. With FlashInfer (planned for this step by the caller) its paged prefill runs.
     fresh: the step's last sequences, fresh chunks, attend over their own K/V (rounded as an fp8 cache
     gives them back) by SDPA a chunk at a time (fresh_attention), the other sequences through the paged
-    kernel. alone: for the deterministic mode,
-    without triton each query by itself through the torch path (paged_attention_rows); with it the
-    paged kernel, whose rows depend on their own sequence only, its decode rows through the decode
-    kernel at its fixed split as in a decode step (the scheduler sends a prompt's one-token piece
-    through the multi-query grid). counts: the step's [one-query sequences, sequences] on the device,
-    for a captured step (PrefillGraphs) to copy."""
+    kernel. alone: for the deterministic mode, without triton each query by itself through the torch
+    path (paged_attention_rows); with it the paged kernel, whose rows depend on their own sequence
+    only, its decode rows through the decode kernel at its fixed split as in a decode step (the
+    scheduler sends a prompt's one-token piece through the multi-query grid). counts: the step's
+    [one-query sequences, sequences] on the device, for a captured step (PrefillGraphs) to copy."""
 
     def __init__(
         self,
