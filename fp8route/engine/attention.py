@@ -129,11 +129,12 @@ class FreshChunks:
 _LENGTH_CLASS = 128
 
 
-def fresh_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: Sequence[int]) -> torch.Tensor:
-    """q [T, H, D], k and v [T, Hkv, D]: chunk i, tokens bounds[i] .. bounds[i + 1] - 1, attending causally
-    over its own tokens by SDPA, on CUDA its length padded to a class (after every real token, so no real
-    query sees the padding) -> [T, H, D], the chunks' rows written."""
-    out = torch.empty_like(q)
+def fresh_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: Sequence[int], out: torch.Tensor
+) -> torch.Tensor:
+    """q and out [T, H, D], k and v [T, Hkv, D]: chunk i, tokens bounds[i] .. bounds[i + 1] - 1, attending
+    causally over its own tokens by SDPA, on CUDA its length padded to a class (after every real token, so
+    no real query sees the padding), into out's rows -> out."""
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         q_i, k_i, v_i = (x[a:b].transpose(0, 1)[None] for x in (q, k, v))  # [1, heads, n, D]
         pad = -(b - a) % _LENGTH_CLASS if q.is_cuda else 0
@@ -222,15 +223,16 @@ class StepAttention:
         output -> [T, H, D]."""
         fresh, pool = self.fresh, self.pool
         assert fresh is not None
-        k = rope(k, cos, sin, token_major=True)[0].transpose(0, 1)  # [T, Hkv, D]
-        k, v = pool.round_trip(layer, k, v[0])  # as every later read gets them
-        out = fresh_attention(q, k, v, fresh.bounds)
+        a = fresh.bounds[0]  # the fresh chunks' first token: their K/V alone are rotated and rounded again
+        k = rope(k[:, a:], cos[:, a:], sin[:, a:], token_major=True)[0].transpose(0, 1)  # [T - a, Hkv, D]
+        k, v = pool.round_trip(layer, k, v[0, a:])  # as every later read gets them
+        out = torch.empty_like(q)
+        fresh_attention(q[a:], k, v, [b - a for b in fresh.bounds], out[a:])
         if fresh.first:
             seqs = self.seqs
             rest = Sequences(seqs.cu_q[: fresh.first + 1], seqs.lengths[: fresh.first], seqs.rows[: fresh.first],
                              min(seqs.singles, fresh.first))  # fmt: skip
             attend = paged_attention if self.triton else paged_attention_reference
-            a = fresh.bounds[0]
             attend(q[:a], cache, rest, out=out[:a])
         return out
 
