@@ -218,6 +218,7 @@ class AsyncLLM(EngineClient):
         device = self.engine.device
         if device.type == "cuda":  # a new thread has no current CUDA context; cuBLAS warns and makes one
             torch.cuda.set_device(device)
+            self.engine.runner.warm_fresh_route()  # cuDNN's plans are per thread
         while not self._stop.is_set():
             self._drain()
             self._count()

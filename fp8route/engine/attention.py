@@ -124,25 +124,33 @@ class FreshChunks:
     bounds: tuple[int, ...]
 
 
-# SDPA on CUDA picks cuDNN's attention, which plans once per sequence length (host time on the scale
-# of a short step): lengths padded to a multiple of this reuse a few plans.
-_LENGTH_CLASS = 128
+# SDPA on CUDA picks cuDNN's attention, which plans once per sequence length (tens of ms of host time
+# each): there a chunk is read as one of a few lengths, multiples of this, reaching into the rows after it.
+LENGTH_CLASS = 128
 
 
 def fresh_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: Sequence[int], out: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: Sequence[int], out: torch.Tensor, length_class: int = 1
 ) -> torch.Tensor:
-    """q and out [T, H, D], k and v [T, Hkv, D]: chunk i, tokens bounds[i] .. bounds[i + 1] - 1, attending
-    causally over its own tokens by SDPA, on CUDA its length padded to a class (after every real token, so
-    no real query sees the padding), into out's rows -> out."""
+    """q [R, H, D], k and v [R, Hkv, D] (token-major, unit stride on D), out [T, H, D]: chunk i, tokens
+    bounds[i] .. bounds[i + 1] - 1, attending causally over its own tokens by SDPA, into out's rows -> out.
+    Each chunk is read padded to a multiple of length_class with the rows after it (R >= bounds[-1] +
+    length_class - 1; K/V finite there): causal, so no real query sees them, and the padded queries' rows
+    are dropped."""
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-        q_i, k_i, v_i = (x[a:b].transpose(0, 1)[None] for x in (q, k, v))  # [1, heads, n, D]
-        pad = -(b - a) % _LENGTH_CLASS if q.is_cuda else 0
-        if pad:
-            q_i, k_i, v_i = (F.pad(x, (0, 0, 0, pad)) for x in (q_i, k_i, v_i))
+        end = a + -(-(b - a) // length_class) * length_class
+        q_i, k_i, v_i = (x[a:end].transpose(0, 1)[None] for x in (q, k, v))  # [1, heads, n, D]
         o = F.scaled_dot_product_attention(q_i, k_i, v_i, is_causal=True, enable_gqa=True)
         out[a:b] = o[0, :, : b - a].transpose(0, 1)
     return out
+
+
+def _into(heads: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """An attention's output [T, H, D], written into out where given (and not already there), as
+    [1, H, T, D]."""
+    if out is not None and heads is not out:
+        heads = out.copy_(heads)
+    return heads.transpose(0, 1)[None]
 
 
 class StepAttention:
@@ -191,49 +199,60 @@ class StepAttention:
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q [1, T, H, D], k and v [1, T, Hkv, D], cos/sin [1, T, D] -> [1, H, T, D]. out [T, H, D]: where
-        the paged kernel writes (rows of no sequence untouched), else new."""
+        every sequence's rows are written (rows of no sequence untouched), else new."""
         pool = self.pool
         if self.flashinfer is not None:
             pool.store(layer, self.slots, rope(k, cos, sin, token_major=True)[0].transpose(0, 1), v[0])
-            return self.flashinfer.prefill(layer, rope(q, cos, sin, token_major=True))
+            heads = self.flashinfer.prefill(layer, rope(q, cos, sin, token_major=True))[0].transpose(0, 1)
+            return _into(heads, out)
         k_flat, v_flat = pool.flat(layer)
         scales = pool.layer_scales(layer) if pool.quantized else None
         rope_into_cache(
             k[0][:, None], v[0][:, None], cos[0][:, None], sin[0][:, None], k_flat, v_flat, self.slots, scales
         )
-        raw = q[0]  # [T, H, D] before RoPE: the deterministic decode rows rotate inside the decode kernel
-        q = rope(q, cos, sin, token_major=True)[0].transpose(0, 1)  # [T, H, D]
         k_blocks, v_blocks = pool.layer(layer)
         cache = PagedKV(k_blocks, v_blocks, pool.tables, *pool.layer_scales(layer))
         if self.fresh is not None:
-            return self._with_fresh(layer, q, k, v, cos, sin, cache).transpose(0, 1)[None]
+            return _into(self._with_fresh(layer, q, k, v, cos, sin, cache, out), out)
+        raw = q[0]  # [T, H, D] before RoPE: the deterministic decode rows rotate inside the decode kernel
+        q = rope(q, cos, sin, token_major=True)[0].transpose(0, 1)  # [T, H, D]
         if self.alone and not self.triton:
-            return paged_attention_rows(q, cache, self.seqs).transpose(0, 1)[None]
+            return _into(paged_attention_rows(q, cache, self.seqs), out)
         if self.alone:  # decode rows as a decode step runs them
-            return self._alone(layer, raw, q, k, v, cos, sin, cache).transpose(0, 1)[None]
+            return _into(self._alone(layer, raw, q, k, v, cos, sin, cache), out)
         attend = paged_attention if self.triton else paged_attention_reference
-        return attend(q, cache, self.seqs, out=out).transpose(0, 1)[None]
+        return _into(attend(q, cache, self.seqs, out=out), out)
 
     def _with_fresh(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-        cache: PagedKV,
+        cache: PagedKV, out: torch.Tensor | None,
     ) -> torch.Tensor:  # fmt: skip
-        """q [T, H, D] after RoPE, k and v [1, T, Hkv, D] as projected (already in the cache): the fresh
-        chunks over their own K/V, then the other sequences through the paged kernel into the same
-        output -> [T, H, D]."""
+        """q [1, T, H, D] before RoPE, k and v [1, T, Hkv, D] as projected (already in the cache): the
+        fresh chunks over their own K/V, then the other sequences through the paged kernel, into out
+        (else new) -> [T, H, D]. q, and the fresh chunks' K/V rotated and rounded again, are written
+        into buffers with fresh_attention's slack rows after them (zero for K/V)."""
         fresh, pool = self.fresh, self.pool
         assert fresh is not None
-        a = fresh.bounds[0]  # the fresh chunks' first token: their K/V alone are rotated and rounded again
-        k = rope(k[:, a:], cos[:, a:], sin[:, a:], token_major=True)[0].transpose(0, 1)  # [T - a, Hkv, D]
-        k, v = pool.round_trip(layer, k, v[0, a:])  # as every later read gets them
-        out = torch.empty_like(q)
-        fresh_attention(q[a:], k, v, [b - a for b in fresh.bounds], out[a:])
+        _, t, h, d = q.shape
+        a = fresh.bounds[0]  # the fresh chunks' first token
+        length_class = LENGTH_CLASS if q.is_cuda else 1
+        slack = length_class - 1
+        rotated = q.new_empty(t + slack, h, d)
+        rope(q, cos, sin, out=rotated[:t].transpose(0, 1)[None])
+        kv = k.new_empty(2, t - a + slack, k.shape[2], d)
+        kv[:, t - a :].zero_()
+        rope(k[:, a:], cos[:, a:], sin[:, a:], out=kv[0, : t - a].transpose(0, 1)[None])
+        kv[1, : t - a].copy_(v[0, a:])
+        if pool.quantized:  # as every later read gets them
+            kv[0, : t - a], kv[1, : t - a] = pool.round_trip(layer, kv[0, : t - a], kv[1, : t - a])
+        out = torch.empty((t, h, d), dtype=q.dtype, device=q.device) if out is None else out
+        fresh_attention(rotated[a:], kv[0], kv[1], [b - a for b in fresh.bounds], out[a:], length_class)
         if fresh.first:
             seqs = self.seqs
             rest = Sequences(seqs.cu_q[: fresh.first + 1], seqs.lengths[: fresh.first], seqs.rows[: fresh.first],
                              min(seqs.singles, fresh.first))  # fmt: skip
             attend = paged_attention if self.triton else paged_attention_reference
-            attend(q[:a], cache, rest, out=out[:a])
+            attend(rotated[:a], cache, rest, out=out[:a])
         return out
 
     def _alone(

@@ -10,7 +10,7 @@ So each token-count bucket gets, once the engine's KV pool exists (attach), one 
 step: the attention's inputs (every token's slot and rotary cos/sin, the sequences' offsets, lengths,
 table rows and counts) are static buffers copied in before a replay, and the paged attention kernel
 reads the step's counts on the device, its grids sized from bounds (Sequences.counts). Steps whose
-attention cannot run so (a lone prompt's first chunk through SDPA, the deterministic mode's host
+attention cannot run so (fresh chunks over their own K/V through SDPA, the deterministic mode's host
 split, more sequences than the bound) run the pieces: one graph per gap between attentions, the first
 taking the embeddings to layer 0's q/k/v, each next one an attention's output to the next layer's
 q/k/v, the last ending at the final norm, the attention eager between them.
@@ -39,7 +39,7 @@ from fp8route.kernels.paged_attention import Sequences
 from fp8route.linear.layer import plans_epoch
 
 if TYPE_CHECKING:
-    from fp8route.models.llama import AttentionContext, DecoderLayer, LlamaModel, RMSNorm
+    from fp8route.models.llama import DecoderLayer, LlamaModel, RMSNorm
 
 # Graphs up to the default step budget, so that every step the scheduler makes skips the eager
 # forward's host time.
@@ -99,10 +99,8 @@ class StepBuffers:
         self.slots.fill_(self.scratch)
         self.counts.zero_()
 
-    def holds(self, context: AttentionContext) -> bool:
+    def holds(self, context: StepAttention) -> bool:
         """Whether this step's attention can run from these buffers."""
-        if not isinstance(context, StepAttention):
-            return False
         return context.graphable and context.pool is self.pool and context.seqs.count <= self.max_seqs
 
     def load(self, context: StepAttention, cos: torch.Tensor, sin: torch.Tensor, size: int) -> None:
@@ -187,7 +185,7 @@ class PrefillGraphs:
             if self.inputs is not None and size not in self.steps:
                 self.steps[size] = self._make_step(size)
 
-    def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: AttentionContext) -> torch.Tensor:
+    def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: StepAttention) -> torch.Tensor:
         """h [T, hidden] (embeddings; T <= max_tokens) -> the final norm's output [T, hidden]: the whole
         step from its graph where its attention allows (StepBuffers.holds), else the pieces with the
         attention of each layer eagerly through context, as in run_layers."""
@@ -208,15 +206,15 @@ class PrefillGraphs:
         self.used = size
         self.residual[:t].copy_(h)
         if inputs is not None:
-            inputs.load(cast("StepAttention", context), cos, sin, size)
+            inputs.load(context, cos, sin, size)
             self.steps[size]()
             return self.normed[:t]
         pieces = self.pieces[size]
         pieces[0]()
-        heads = self.attn.view(1, self.attn.shape[0], -1, self.head_size).transpose(1, 2)  # [1, H, top, D]
+        heads = self.attn[:t].view(t, -1, self.head_size)  # [T, H, D]
         for i in range(len(self.layers)):
             q, k, v = (x.view(1, t, -1, self.head_size) for x in self.qkv[:t].split(self.widths, dim=-1))
-            heads[:, :, :t].copy_(context.attend(i, q, k, v, cos, sin))
+            context.attend(i, q, k, v, cos, sin, out=heads)
             pieces[i + 1]()
         return self.normed[:t]
 

@@ -32,7 +32,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from fp8route.engine.attention import DecodeAttention, FreshChunks, StepAttention, triton_decode_available
+from fp8route.engine.attention import (
+    LENGTH_CLASS,
+    DecodeAttention,
+    FreshChunks,
+    StepAttention,
+    fresh_attention,
+    triton_decode_available,
+)
 from fp8route.engine.blocks import SCRATCH_BLOCK, blocks_for
 from fp8route.engine.config import EngineConfig
 from fp8route.engine.decode_graphs import INPUTS, DecodeGraphs, buckets, padded_inputs
@@ -203,6 +210,7 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
         if self.device.type == "cuda" and self._fresh_route_open():
             self.fresh_min_tokens = self.measure_fresh_route()
+            self.warm_fresh_route()
         self.step_cost = self.measure_step_cost(read_gbs) if read_gbs is not None else None
         if not quiet:
             pool = self.pool
@@ -260,6 +268,19 @@ class ModelRunner:
         # The smallest size from which it wins at every larger one too.
         wins = [n for i, n in enumerate(sizes) if all(faster[i:])]
         return wins[0] if wins else None
+
+    def warm_fresh_route(self) -> None:
+        """cuDNN's plan for each length fresh chunks are read as (multiples of LENGTH_CLASS), made now in
+        the calling thread (torch keeps them per thread; each first costs tens of ms), so that no step
+        waits for one."""
+        if self.fresh_min_tokens is None or self.device.type != "cuda":
+            return
+        cfg = self.model.cfg
+        most = -(-min(self.max_num_batched_tokens, self.max_seq_len) // LENGTH_CLASS) * LENGTH_CLASS
+        q, out = torch.zeros(2, most, cfg.num_attention_heads, cfg.head_size, dtype=self.dtype, device=self.device)
+        kv = torch.zeros(2, most, cfg.num_key_value_heads, cfg.head_size, dtype=self.dtype, device=self.device)
+        for n in range(LENGTH_CLASS, most + 1, LENGTH_CLASS):
+            fresh_attention(q, kv[0], kv[1], [0, n], out, LENGTH_CLASS)
 
     def fresh_route_note(self) -> str:
         """One line on how fresh chunks attend, for the start-up summary, with what chose it."""

@@ -72,18 +72,24 @@ def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
     return (x.float() * cos + rotated * sin).to(x.dtype)
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, token_major: bool = False) -> torch.Tensor:
+def rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, token_major: bool = False, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Rotary embedding in Hugging Face's convention (the head's halves are the pairs) of x
     [B, T, H, D] (any strides, last dim contiguous) with cos/sin [T, D] or [B, T, D]; returns
     [B, H, T, D], the layout attention reads: contiguous, or with token_major a view of [B, T, H, D]
-    storage (FlashInfer's layout) on the kernel's path."""
+    storage (FlashInfer's layout) on the kernel's path. out: [B, H, T, D] to write instead (any
+    strides, last dim contiguous), returned."""
     b, t, heads, dim = x.shape
     half = dim // 2
     if not _use_kernel(x) or x.stride(-1) != 1 or half & (half - 1) or cos.stride(-1) != 1:
         if cos.dim() == 3:  # per row: [B, T, D] -> [B, 1, T, D], broadcast over the heads
             cos, sin = cos[:, None], sin[:, None]
-        return rope_reference(x.transpose(1, 2), cos, sin)
-    if token_major:
+        rotated = rope_reference(x.transpose(1, 2), cos, sin)
+        return rotated if out is None else out.copy_(rotated)
+    if out is not None:
+        assert out.shape == (b, heads, t, dim) and out.stride(-1) == 1, "rope: out is [B, H, T, D], unit stride on D"
+    elif token_major:
         out = torch.empty((b, t, heads, dim), dtype=x.dtype, device=x.device).transpose(1, 2)
     else:
         out = torch.empty((b, heads, t, dim), dtype=x.dtype, device=x.device)

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from checkpoint_helpers import TINY, llama_tensors
 from helpers import build_lm
 
 from fp8route import SamplingParams
 from fp8route.engine import EngineConfig
-from fp8route.engine.attention import FreshChunks, StepAttention
+from fp8route.engine.attention import FreshChunks, StepAttention, fresh_attention
 from fp8route.engine.kv_pool import KVPool
 from fp8route.engine.kv_quant import KVScales
 from fp8route.engine.scheduler_output import ScheduledSeq
@@ -73,6 +74,38 @@ def test_fresh_chunks_on_their_own_equal_the_paged_path_on_a_cpu(fp8):
     (out, k, v), (paged_out, paged_k, paged_v) = attend_both("cpu", torch.float32, fp8, triton=False)
     assert torch.allclose(out, paged_out, atol=1e-5)
     assert torch.equal(k, paged_k) and torch.equal(v, paged_v)
+
+
+@pytest.mark.parametrize("own", [True, False])
+def test_attend_writes_into_the_buffer_it_is_given(own):
+    pool, slots, seqs, inputs = step("cpu", torch.float32, False)
+    fresh = FreshChunks(3, tuple(seqs.cu_q[3:].tolist())) if own else None
+    expected = StepAttention(pool, slots, seqs, False, fresh=fresh).attend(0, *inputs)
+    pool, slots, seqs, inputs = step("cpu", torch.float32, False)
+    buffer = torch.full((sum(QUERIES), G * HKV, D), float("nan"))
+    out = StepAttention(pool, slots, seqs, False, fresh=fresh).attend(0, *inputs, out=buffer)
+    assert out.data_ptr() == buffer.data_ptr()
+    assert torch.allclose(buffer.transpose(0, 1)[None], expected, atol=1e-6)
+
+
+def test_fresh_attention_reads_chunks_padded_into_the_rows_after_them():
+    """Chunks of 5, 11 and 8 read as 8, 16 and 8 rows: the next chunk's, then slack (NaN queries, zero
+    K/V) past the last; each chunk's output is still its own causal attention, and only its rows are written."""
+    g = torch.Generator().manual_seed(5)
+    bounds, cls = [0, 5, 16, 24], 8
+    rows = bounds[-1] + cls - 1
+    q = torch.randn(rows, G * HKV, D, generator=g)
+    k, v = torch.randn(2, rows, HKV, D, generator=g)
+    q[bounds[-1] :] = float("nan")
+    k[bounds[-1] :], v[bounds[-1] :] = 0, 0
+    out = torch.full((bounds[-1] + 3, G * HKV, D), 7.0)
+    fresh_attention(q, k, v, bounds, out[1:], cls)
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        want = F.scaled_dot_product_attention(
+            *(x[a:b].transpose(0, 1)[None] for x in (q, k, v)), is_causal=True, enable_gqa=True
+        )[0].transpose(0, 1)
+        assert torch.allclose(out[1 + a : 1 + b], want, atol=1e-5)
+    assert (out[0] == 7).all() and (out[1 + bounds[-1] :] == 7).all()
 
 
 @pytest.mark.gpu
