@@ -61,6 +61,7 @@ log = logging.getLogger("fp8route")
 _LOGPROB_SLICE = 1024  # prompt positions per lm_head call when scoring a prompt
 CPU_KV_TOKENS = 32768  # a CPU pool's size: no device memory to size it from
 _GRAPH_RESERVE = 1 << 30  # decode graphs' own memory (logits and activations per bucket), kept free
+FRESH_CHUNKS_TIMED = (1, 3)  # how a measured step splits its fresh tokens: one prompt, several
 
 
 @dataclass
@@ -177,7 +178,8 @@ class ModelRunner:
         self.blocks: dict[int, list[int]] = {}  # each table row's blocks: the host's copy of the pool's tables
         self.prefill_graphs: PrefillGraphs | None = None
         self.step_cost: StepCost | None = None  # measured by initialize() under an ITL target
-        self.fresh_choice: dict[int, tuple[float, float]] = {}  # measure_fresh_route's ms: tokens -> (paged, own)
+        # measure_fresh_route's ms: (tokens, chunks) -> (paged, own)
+        self.fresh_choice: dict[tuple[int, int], tuple[float, float]] = {}
         self.set_pool(2)
         # The fewest fresh tokens a step sends through their own attention (None: none does): on a CPU
         # any; on a GPU measured by initialize(), the paged kernel until then.
@@ -204,13 +206,12 @@ class ModelRunner:
             # pieces' memory pool (the same activations, which the pool's sizing counted as taken).
             graphs.attach(self.pool, self.max_rows, self.rope_cos.dtype)
             graphs.capture_all()
+        if self.device.type == "cuda" and self._fresh_route_open():  # before warm_up, which then warms it
+            self.fresh_min_tokens = self.measure_fresh_route()
         if self.use_cuda_graphs:
             self.capture_decode_graphs(self.max_rows)
             self.warm_up()
             torch.cuda.synchronize(self.device)
-        if self.device.type == "cuda" and self._fresh_route_open():
-            self.fresh_min_tokens = self.measure_fresh_route()
-            self.warm_fresh_route()
         self.step_cost = self.measure_step_cost(read_gbs) if read_gbs is not None else None
         if not quiet:
             pool = self.pool
@@ -252,22 +253,25 @@ class ModelRunner:
     def measure_fresh_route(self) -> int | None:
         """The fewest fresh tokens from which a step of fresh chunks runs faster with them over their own
         K/V (SDPA, the step's attention outside the graphs) than through the paged kernel (the whole step
-        in a graph): steps of one chunk, timed here (median of three); None where the paged kernel is
-        never slower."""
+        in a graph), both in one chunk and split in three (a call per chunk): steps timed here (median of
+        three); None where the paged kernel is never slower."""
         most = min(self.max_num_batched_tokens, self.max_seq_len)
         sizes = [n for n in (256, 512, 1024, 2048, 4096, 8192) if n <= most]
         faster = []
         for tokens in sizes:
-            times = []
-            for route in (None, 1):
-                self.fresh_min_tokens = route
-                times.append(self._time(functools.partial(self.dummy_forward, tokens, 0)))
-            faster.append(times[1] < times[0])
-            self.fresh_choice[tokens] = (times[0], times[1])
+            wins = True
+            for chunks in FRESH_CHUNKS_TIMED:
+                times = []
+                for route in (None, 1):
+                    self.fresh_min_tokens = route
+                    times.append(self._time(functools.partial(self.dummy_forward, tokens, 0, chunks)))
+                self.fresh_choice[tokens, chunks] = (times[0], times[1])
+                wins = wins and times[1] < times[0]
+            faster.append(wins)
         self.fresh_min_tokens = None
         # The smallest size from which it wins at every larger one too.
-        wins = [n for i, n in enumerate(sizes) if all(faster[i:])]
-        return wins[0] if wins else None
+        wins_from = [n for i, n in enumerate(sizes) if all(faster[i:])]
+        return wins_from[0] if wins_from else None
 
     def warm_fresh_route(self) -> None:
         """cuDNN's plan for each length fresh chunks are read as (multiples of LENGTH_CLASS), made now in
@@ -284,8 +288,8 @@ class ModelRunner:
 
     def fresh_route_note(self) -> str:
         """One line on how fresh chunks attend, for the start-up summary, with what chose it."""
-        timed = "; ".join(f"{n}: {a:.2f} / {b:.2f} ms" for n, (a, b) in self.fresh_choice.items())
-        measured = f" (a step of one chunk, paged / SDPA: {timed})" if timed else ""
+        timed = "; ".join(f"{n} in {c}: {a:.2f} / {b:.2f} ms" for (n, c), (a, b) in self.fresh_choice.items())
+        measured = f" (steps of fresh tokens in chunks, paged / SDPA: {timed})" if timed else ""
         if self.fresh_min_tokens is None:
             return "fresh chunks through the paged kernel" + measured
         return f"fresh chunks of >= {self.fresh_min_tokens} tokens a step through SDPA" + measured
@@ -600,15 +604,16 @@ class ModelRunner:
             self.decode(padding, host_lengths=[1] * size, host_blocks=[[0]] * size)
         return len(sizes)
 
-    def dummy_forward(self, tokens: int, singles: int, chunks: int = 1) -> None:
-        """A mixed step of `singles` one-token rows and `chunks` chunks sharing the other tokens, every
-        row on the padding row (its K/V into the scratch block): to measure activations, and to compile
-        what a step of these counts compiles before any request waits for it."""
+    def dummy_forward(self, tokens: int, singles: int, chunks: int = 1, continuing: int = 0) -> None:
+        """A mixed step of `singles` one-token rows and `chunks` chunks sharing the other tokens (the
+        first `continuing` of them after one cached position, the rest fresh), every row on the padding
+        row (its K/V into the scratch block): to measure activations, and to compile what a step of these
+        counts compiles before any request waits for it."""
         pad = self.pool.pad_row
         rest = tokens - singles
         sizes = [rest // chunks + (i < rest % chunks) for i in range(chunks)]
         seqs = [ScheduledSeq("dummy", pad, 0, 1, [0], False, 0) for _ in range(singles)]
-        seqs += [ScheduledSeq("dummy", pad, 0, n, [0] * n, True, 0) for n in sizes]
+        seqs += [ScheduledSeq("dummy", pad, int(i < continuing), n, [0] * n, True, 0) for i, n in enumerate(sizes)]
         self._forward(SchedulerOutput(seqs))
 
     def warm_up(self) -> None:
@@ -618,6 +623,16 @@ class ModelRunner:
             for chunks in (1, 3, 16):
                 for extra in (0, 1):
                     self.dummy_forward(singles + 2 * chunks + extra, singles, chunks)
+        if self.fresh_min_tokens is not None:
+            # A step with fresh chunks on their own runs the paged kernel eagerly over its other
+            # sequences: the variants of those counts, each step's fresh chunks sent so.
+            chosen, self.fresh_min_tokens = self.fresh_min_tokens, 1
+            for singles in (0, 1, 3, 16):
+                for continuing in (0, 1, 3, 16):
+                    for extra in (0, 1):
+                        self.dummy_forward(singles + 2 * continuing + 2 + extra, singles, continuing + 1, continuing)
+            self.fresh_min_tokens = chosen
+            self.warm_fresh_route()
         if self.pad_lm_head:
             hidden = self.model.model.norm.weight.shape[0]
             for size in self.lm_head_rows:
