@@ -199,7 +199,7 @@ class StepAttention:
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q [1, T, H, D], k and v [1, T, Hkv, D], cos/sin [1, T, D] -> [1, H, T, D]. out [T, H, D]: where
-        every sequence's rows are written (rows of no sequence untouched), else new."""
+        the output goes (the paged kernel leaves rows of no sequence untouched there), else new."""
         pool = self.pool
         if self.flashinfer is not None:
             pool.store(layer, self.slots, rope(k, cos, sin, token_major=True)[0].transpose(0, 1), v[0])
