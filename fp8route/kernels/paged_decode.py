@@ -10,7 +10,8 @@ SMs idle at small batch; splitting the sequence puts cdiv(len, SPLIT) programs o
 CUDA-graph safe: the lengths, table rows and tables are device tensors read inside the kernel, and
 the grid is fixed (at most 64 splits a row). Each row's split length is computed in the kernel from
 its own length: the tuned length for the batch's (row, KV head) pairs, or longer where the row would
-need more than 64 splits. A program runs every P-th split of its row from its own index (P programs
+need more than 64 splits, or shorter for a short row of a small batch (target_splits). A program
+runs every P-th split of its row from its own index (P programs
 a row and KV head: by default programs_for's, sized from the batch, not the table's width), so a
 cache of 128k positions costs a short row no work, only programs that find no split of theirs, and
 the combine kernel counts each row's valid splits from its length the same way, never reading a
@@ -120,6 +121,21 @@ def split_len(pairs: int = 1) -> int:
     return 2 * BLOCK_N * scale
 
 
+# Splits over a small batch's short rows: about this many (row, KV head, split) programs in all.
+_SHORT_ROW_PROGRAMS = 256
+
+
+def target_splits(pairs: int) -> int:
+    """Splits a row is cut into at most before they grow past the launch's tile, for `pairs` (row, KV
+    head) pairs: about _SHORT_ROW_PROGRAMS programs over the batch, from up to 32 pairs (4 rows of
+    Llama-3.1-8B); 0 above (split_len's alone). On an H100 (benchmarks/results/h100/serve_bound), one
+    row of 512 / 1024 positions took 8.97 / 9.41 us a layer in splits of 128 and 7.37 / 8.16 in 64;
+    4 rows of 1024, 15.14 us in 256 and 12.72 in 128; at 4096 positions split_len's was the fastest."""
+    if pairs > _SHORT_ROW_PROGRAMS // 8:
+        return 0
+    return min(_MAX_SPLITS, _SHORT_ROW_PROGRAMS // pairs)
+
+
 def programs_for(pairs: int, num_splits: int, sms: int) -> int:
     """Programs per (row, KV head): enough for four waves of the SMs over all `pairs`, each running
     every programs-th split of its row, at most one per split. The grid then follows the batch, not
@@ -133,9 +149,17 @@ if TRITON_IMPORT_ERROR is None:
     from fp8route.kernels.pdl import wait_for_inputs
 
     @triton.jit
-    def _row_split(length, SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr):
-        """A row's positions per program: SPLIT, or whole tiles enough to cover it in MAX_SPLITS."""
-        return tl.maximum(SPLIT, ((length + MAX_SPLITS * BLOCK - 1) // (MAX_SPLITS * BLOCK)) * BLOCK)
+    def _row_split(
+        length, SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr, TARGET: tl.constexpr
+    ):  # fmt: skip
+        """A row's positions per program: SPLIT, or whole tiles enough to cover it in MAX_SPLITS; with a
+        TARGET, a row short enough takes fewer (whole tiles for TARGET splits, one tile at least)."""
+        whole = ((length + MAX_SPLITS * BLOCK - 1) // (MAX_SPLITS * BLOCK)) * BLOCK
+        size = tl.maximum(SPLIT, whole)
+        if TARGET > 0:
+            fit = ((length + TARGET * BLOCK - 1) // (TARGET * BLOCK)) * BLOCK
+            size = tl.maximum(tl.maximum(whole, BLOCK), tl.minimum(SPLIT, fit))
+        return size
 
     @triton.jit
     def _split_kernel(
@@ -149,8 +173,8 @@ if TRITON_IMPORT_ERROR is None:
         stride_nkb, stride_nkh, stride_nvb, stride_nvh, stride_cb,
         sm_scale, k_scale, v_scale, k_inv, v_inv,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr,
-        SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr,
-        NEW: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr, USE_PDL: tl.constexpr,
+        SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr, TARGET: tl.constexpr,
+        PRECISION: tl.constexpr, NEW: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         wait_for_inputs(USE_PDL)
         b = tl.program_id(0)
@@ -158,7 +182,7 @@ if TRITON_IMPORT_ERROR is None:
         first, programs = tl.program_id(2), tl.num_programs(2)  # this program runs splits first, + programs, ...
         length = tl.load(len_ptr + b).to(tl.int32)
         table = tab_ptr + tl.load(row_ptr + b).to(tl.int64) * stride_tab
-        size = _row_split(length, SPLIT, MAX_SPLITS, BLOCK)
+        size = _row_split(length, SPLIT, MAX_SPLITS, BLOCK, TARGET)
 
         g = tl.arange(0, G_PAD)
         d = tl.arange(0, D_PAD)
@@ -256,14 +280,14 @@ if TRITON_IMPORT_ERROR is None:
         stride_ob, stride_oh, stride_os,
         stride_lb, stride_lh,
         stride_rb, stride_rh,
-        SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr, S_PAD: tl.constexpr,
-        D: tl.constexpr, D_PAD: tl.constexpr, USE_PDL: tl.constexpr,
+        SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr, TARGET: tl.constexpr,
+        S_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         wait_for_inputs(USE_PDL)
         b = tl.program_id(0)
         h = tl.program_id(1)
         length = tl.load(len_ptr + b).to(tl.int32)
-        size = _row_split(length, SPLIT, MAX_SPLITS, BLOCK)
+        size = _row_split(length, SPLIT, MAX_SPLITS, BLOCK, TARGET)
         splits = (length + size - 1) // size
         s = tl.arange(0, S_PAD)
         d = tl.arange(0, D_PAD)
@@ -312,19 +336,21 @@ def decode_attention(
     fp8 = _check_pages(q, pages)
     hkv = pages.k.shape[2]
     launch = launch or LAUNCH[fp8]
-    split = split or split_len(q.shape[0] * hkv)
+    pairs = q.shape[0] * hkv
+    target = 0 if split else target_splits(pairs)  # a split asked for is kept whatever the batch
+    split = split or split_len(pairs)
     if split % BLOCK_N or split < BLOCK_N or split % launch.block:
         raise Fp8InputError(
             f"decode_attention: split {split} must be a positive multiple of {BLOCK_N} and of the tile, {launch.block}"
         )
-    num_splits = min(_MAX_SPLITS, triton.cdiv(pages.max_len, split))
-    programs = programs or programs_for(q.shape[0] * hkv, num_splits, launch_sms(q.device))
+    num_splits = min(_MAX_SPLITS, max(triton.cdiv(pages.max_len, split), min(target, pages.max_len // launch.block)))
+    programs = programs or programs_for(pairs, num_splits, launch_sms(q.device))
     if not 1 <= programs <= num_splits:
         raise Fp8InputError(f"decode_attention: programs {programs} must be 1 to a row's splits here, {num_splits}")
     if new is not None and (not fuses_new_token(q, new) or new.k.shape[1] != hkv):
         raise Fp8InputError("decode_attention: this new token cannot be fused (see fuses_new_token)")
-    partial, lse = _split_pass(q, pages, lengths, scale, split, num_splits, programs, new, launch)
-    return _combine_pass(q, partial, lse, lengths, split, launch)
+    partial, lse = _split_pass(q, pages, lengths, scale, split, target, num_splits, programs, new, launch)
+    return _combine_pass(q, partial, lse, lengths, split, target, launch)
 
 
 def _check_pages(q: torch.Tensor, pages: Pages) -> bool:
@@ -354,8 +380,8 @@ def _pad(n: int) -> int:
 
 
 def _split_pass(
-    q: torch.Tensor, pages: Pages, lengths: torch.Tensor, scale: float | None, split: int, num_splits: int,
-    programs: int, new: NewToken | None, launch: Launch,
+    q: torch.Tensor, pages: Pages, lengths: torch.Tensor, scale: float | None, split: int, target: int,
+    num_splits: int, programs: int, new: NewToken | None, launch: Launch,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Kernel 1: each split's normalized output [B, H, num_splits, D] and log-sum-exp [B, H, num_splits], fp32."""
     b, h, d = q.shape
@@ -377,7 +403,7 @@ def _split_pass(
         nk.stride(0), nk.stride(1), nv.stride(0), nv.stride(1), cos.stride(0),
         scale if scale is not None else d**-0.5, k_scale, v_scale, 1.0 / k_scale, 1.0 / v_scale,
         G=group, G_PAD=_pad(group), D=d, D_PAD=_pad(d), PAGE=page,
-        SPLIT=split, MAX_SPLITS=num_splits, BLOCK=launch.block, NEW=new is not None, FP8=fp8,
+        SPLIT=split, MAX_SPLITS=num_splits, BLOCK=launch.block, TARGET=target, NEW=new is not None, FP8=fp8,
         F16=fp8 and launch.f16 and q.dtype != torch.float32,
         # An fp32 cache asks for fp32 products (tl.dot would round them to TF32); 16-bit ones are exact.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
@@ -387,7 +413,13 @@ def _split_pass(
 
 
 def _combine_pass(
-    q: torch.Tensor, partial: torch.Tensor, lse: torch.Tensor, lengths: torch.Tensor, split: int, launch: Launch
+    q: torch.Tensor,
+    partial: torch.Tensor,
+    lse: torch.Tensor,
+    lengths: torch.Tensor,
+    split: int,
+    target: int,
+    launch: Launch,
 ) -> torch.Tensor:
     """Kernel 2: each row's valid splits combined -> [B, H, D] in q's dtype."""
     b, h, num_splits, d = partial.shape
@@ -397,7 +429,7 @@ def _combine_pass(
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
-        SPLIT=split, MAX_SPLITS=num_splits, BLOCK=launch.block, S_PAD=_pad(num_splits),
+        SPLIT=split, MAX_SPLITS=num_splits, BLOCK=launch.block, TARGET=target, S_PAD=_pad(num_splits),
         D=d, D_PAD=_pad(d), num_warps=4, **launch_options(),
     )  # fmt: skip
     return out

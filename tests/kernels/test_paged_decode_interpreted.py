@@ -38,6 +38,7 @@ def relative(out: torch.Tensor, ref: torch.Tensor) -> float:
         (2, 4, 1, 32, 1024, [1, 1000], 8, 64),  # 16 splits at most: the long row takes longer ones
         (3, 8, 2, 16, 256, [64, 65, 256], 16, 64),
         (1, 2, 1, 16, 4096, [4000], 32, 64),
+        (4, 16, 8, 16, 1024, [1, 100, 700, 1024], 16, None),  # 32 pairs: short rows cut into 8 splits or fewer
     ],
 )
 def test_the_kernel_is_sdpa_over_each_rows_positions(b, h, hkv, d, s, lengths, page, split):
@@ -68,6 +69,11 @@ def test_the_fused_new_token_is_rope_and_the_cache_write_then_attention():
     assert relative(out, decode_attention_torch(rope(q, cos, sin)[:, :, 0], *gathered, pos + 1)) < 1e-4
     assert torch.allclose(fused.k.nan_to_num(), ref.k.nan_to_num(), atol=1e-5)  # the same key written
     assert torch.equal(fused.v.nan_to_num(), ref.v.nan_to_num())
+
+
+def test_a_small_batchs_short_rows_take_shorter_splits():
+    """target_splits: about 256 programs over up to 32 (row, KV head) pairs, none above."""
+    assert [da.target_splits(p) for p in (2, 8, 16, 32, 40, 512)] == [64, 32, 16, 8, 0, 0]
 
 
 def test_with_a_fixed_split_a_rows_output_does_not_depend_on_its_batch():
