@@ -241,7 +241,7 @@ class ModelRunner:
         for singles, total in sorted(points):
             if total - singles < 1:
                 continue
-            ms = self._time(functools.partial(self.dummy_forward, total, singles))
+            ms = self._time(functools.partial(self.dummy_forward, total, singles, fresh_from=self.fresh_min_tokens))
             samples.append((singles + 1, total, ms))
         return replace(fit(samples), per_position_ms=self.pool.bytes_per_token / (read_gbs * 1e6))
 
@@ -261,14 +261,13 @@ class ModelRunner:
         for tokens in sizes:
             wins = True
             for chunks in FRESH_CHUNKS_TIMED:
-                times = []
-                for route in (None, 1):
-                    self.fresh_min_tokens = route
-                    times.append(self._time(functools.partial(self.dummy_forward, tokens, 0, chunks)))
-                self.fresh_choice[tokens, chunks] = (times[0], times[1])
-                wins = wins and times[1] < times[0]
+                paged, own = (
+                    self._time(functools.partial(self.dummy_forward, tokens, 0, chunks, fresh_from=route))
+                    for route in (None, 1)
+                )
+                self.fresh_choice[tokens, chunks] = (paged, own)
+                wins = wins and own < paged
             faster.append(wins)
-        self.fresh_min_tokens = None
         # The smallest size from which it wins at every larger one too.
         wins_from = [n for i, n in enumerate(sizes) if all(faster[i:])]
         return wins_from[0] if wins_from else None
@@ -320,7 +319,7 @@ class ModelRunner:
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
         tokens = min(self.max_num_batched_tokens, self.max_seq_len)
-        self.dummy_forward(tokens, min(self.max_rows, tokens - 1))
+        self.dummy_forward(tokens, min(self.max_rows, tokens - 1), fresh_from=self.fresh_min_tokens)
         torch.cuda.synchronize(self.device)
         activations = torch.cuda.max_memory_allocated(self.device) - before
         free, total = torch.cuda.mem_get_info(self.device)
@@ -388,7 +387,7 @@ class ModelRunner:
                 picked = upload(torch.tensor([i for i, s in enumerate(seqs) if s.samples]), self.device)
                 logits, greedy = logits[picked], greedy[picked]
         else:
-            (logits, prompt), greedy = self._forward(out), None
+            (logits, prompt), greedy = self._forward(out, self.fresh_min_tokens), None
         # The rows are taken now: a request that the step before ends (read back while the masks are
         # made) gives its row up before this step samples.
         rows = upload(torch.tensor([s.row for s in sampling]), self.device) if sampling else None
@@ -488,9 +487,10 @@ class ModelRunner:
         logits = self.model.lm_head(self.model.model.run_layers(h, cos, sin, context)[:, 0])
         return logits, greedy_tokens(logits)
 
-    def _forward(self, out: SchedulerOutput) -> tuple[torch.Tensor, PromptLogprobs | None]:
+    def _forward(self, out: SchedulerOutput, fresh_from: int | None) -> tuple[torch.Tensor, PromptLogprobs | None]:
         """One forward over every piece's tokens: the logits of the pieces that sample, and the
-        log-probabilities of the prompt positions asked for."""
+        log-probabilities of the prompt positions asked for. fresh_from: the fewest fresh tokens sent
+        over their own K/V (_fresh)."""
         seqs = out.seqs
         starts, counts, offsets, positions, ids, pending, token_rows, slots, sample_at = step_inputs(
             seqs, self.blocks, self.block_size
@@ -510,10 +510,10 @@ class ModelRunner:
             blocks = [self.blocks[s.row] for s in seqs]
             self.flashinfer.plan_prefill(counts.tolist(), (starts + counts).tolist(), blocks)
         layout = Sequences(cu_q, lengths, rows, out.singles)
+        fresh = self._fresh(seqs, out.singles, offsets, fresh_from)
         context = StepAttention(
-            self.pool, slots_d, layout, self.triton, self.flashinfer, self._fresh(seqs, out.singles, offsets),
-            self.config.deterministic, seq_counts,
-        )  # fmt: skip
+            self.pool, slots_d, layout, self.triton, self.flashinfer, fresh, self.config.deterministic, seq_counts
+        )
         h = self.model.model.embed_tokens(ids_d).to(self.dtype)
         cos, sin = self.rope_cos[pos_d][None], self.rope_sin[pos_d][None]
         graphs = self.prefill_graphs_for(total)
@@ -524,15 +524,17 @@ class ModelRunner:
         logits = self.model.lm_head(normed[sample_d])[:sampled]
         return logits, self._prompt_logprobs(seqs, offsets[:-1].tolist(), normed)
 
-    def _fresh(self, seqs: Sequence[ScheduledSeq], singles: int, offsets: np.ndarray) -> FreshChunks | None:
+    def _fresh(
+        self, seqs: Sequence[ScheduledSeq], singles: int, offsets: np.ndarray, fresh_from: int | None
+    ) -> FreshChunks | None:
         """The step's trailing fresh chunks (the scheduler puts them last), when they hold at least
-        fresh_min_tokens tokens; None: every sequence through the paged kernel."""
-        if self.fresh_min_tokens is None:
+        fresh_from tokens; None: every sequence through the paged kernel."""
+        if fresh_from is None:
             return None
         first = len(seqs)
         while first > singles and seqs[first - 1].start == 0 and seqs[first - 1].num_tokens > 1:
             first -= 1
-        if first == len(seqs) or int(offsets[-1] - offsets[first]) < self.fresh_min_tokens:
+        if first == len(seqs) or int(offsets[-1] - offsets[first]) < fresh_from:
             return None
         return FreshChunks(first, tuple(offsets[first:].tolist()))
 
@@ -604,17 +606,20 @@ class ModelRunner:
             self.decode(padding, host_lengths=[1] * size, host_blocks=[[0]] * size)
         return len(sizes)
 
-    def dummy_forward(self, tokens: int, singles: int, chunks: int = 1, continuing: int = 0) -> None:
+    def dummy_forward(
+        self, tokens: int, singles: int, chunks: int = 1, continuing: int = 0, *, fresh_from: int | None
+    ) -> None:
         """A mixed step of `singles` one-token rows and `chunks` chunks sharing the other tokens (the
         first `continuing` of them after one cached position, the rest fresh), every row on the padding
-        row (its K/V into the scratch block): to measure activations, and to compile what a step of these
-        counts compiles before any request waits for it."""
+        row (its K/V into the scratch block), fresh chunks of fresh_from tokens or more on their own
+        route: to measure activations and routes, and to compile what a step of these counts compiles
+        before any request waits for it."""
         pad = self.pool.pad_row
         rest = tokens - singles
         sizes = [rest // chunks + (i < rest % chunks) for i in range(chunks)]
         seqs = [ScheduledSeq("dummy", pad, 0, 1, [0], False, 0) for _ in range(singles)]
         seqs += [ScheduledSeq("dummy", pad, int(i < continuing), n, [0] * n, True, 0) for i, n in enumerate(sizes)]
-        self._forward(SchedulerOutput(seqs))
+        self._forward(SchedulerOutput(seqs), fresh_from)
 
     def warm_up(self) -> None:
         """Compile the kernel variants a mixed step can take (Triton tells apart a count of 1, one
@@ -622,16 +627,15 @@ class ModelRunner:
         for singles in (0, 1, 3, 16):
             for chunks in (1, 3, 16):
                 for extra in (0, 1):
-                    self.dummy_forward(singles + 2 * chunks + extra, singles, chunks)
+                    self.dummy_forward(singles + 2 * chunks + extra, singles, chunks, fresh_from=self.fresh_min_tokens)
         if self.fresh_min_tokens is not None:
             # A step with fresh chunks on their own runs the paged kernel eagerly over its other
             # sequences: the variants of those counts, each step's fresh chunks sent so.
-            chosen, self.fresh_min_tokens = self.fresh_min_tokens, 1
             for singles in (0, 1, 3, 16):
                 for continuing in (0, 1, 3, 16):
                     for extra in (0, 1):
-                        self.dummy_forward(singles + 2 * continuing + 2 + extra, singles, continuing + 1, continuing)
-            self.fresh_min_tokens = chosen
+                        tokens = singles + 2 * continuing + 2 + extra
+                        self.dummy_forward(tokens, singles, continuing + 1, continuing, fresh_from=1)
             self.warm_fresh_route()
         if self.pad_lm_head:
             hidden = self.model.model.norm.weight.shape[0]

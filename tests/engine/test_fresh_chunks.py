@@ -144,8 +144,8 @@ def test_the_runner_sends_only_trailing_fresh_chunks_of_enough_tokens():
 
     seqs = [piece(3, 1), piece(8, 4), piece(0, 5), piece(0, 3)]
     offsets = torch.tensor([0, 1, 5, 10, 13]).numpy()
-    fresh = runner._fresh(seqs, 1, offsets)
+    fresh = runner._fresh(seqs, 1, offsets, runner.fresh_min_tokens)
     assert fresh is not None and fresh.first == 2 and fresh.bounds == (5, 10, 13)
-    runner.fresh_min_tokens = 9
-    assert runner._fresh(seqs, 1, offsets) is None  # 8 fresh tokens
-    assert runner._fresh([piece(3, 1), piece(0, 5), piece(8, 4)], 1, offsets) is None  # not trailing
+    assert runner._fresh(seqs, 1, offsets, 9) is None  # 8 fresh tokens
+    assert runner._fresh(seqs, 1, offsets, None) is None  # the route off
+    assert runner._fresh([piece(3, 1), piece(0, 5), piece(8, 4)], 1, offsets, 1) is None  # not trailing

@@ -57,7 +57,7 @@ def forward(lm: CausalLM, pieces: list[tuple[Request, int, int]]) -> torch.Tenso
     seqs = [
         ScheduledSeq(r.request_id, r.row, start, n, r.token_ids[start : start + n], True, 0) for r, start, n in pieces
     ]
-    return lm.engine.runner._forward(SchedulerOutput(seqs))[0]
+    return lm.engine.runner._forward(SchedulerOutput(seqs), lm.engine.runner.fresh_min_tokens)[0]
 
 
 def falling_sizes_match(graphed: CausalLM, eager: CausalLM, seed: int) -> None:
