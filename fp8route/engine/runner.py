@@ -309,8 +309,9 @@ class ModelRunner:
 
     def fit_blocks(self) -> int:
         """Blocks that fit what is left of gpu_memory_utilization x the GPU's memory after the weights
-        and one largest step's activations (CPU_KV_TOKENS on a CPU); every rank of a tensor-parallel
-        group takes the smallest count, so that all schedule alike."""
+        and one largest step's activations, through the paged kernel and with a fresh chunk on its own
+        route (CPU_KV_TOKENS on a CPU); every rank of a tensor-parallel group takes the smallest count,
+        so that all schedule alike."""
         config = self.config
         if self.device.type != "cuda":
             tokens = min(CPU_KV_TOKENS, self.max_rows * self.max_seq_len)
@@ -320,6 +321,8 @@ class ModelRunner:
         before = torch.cuda.memory_allocated(self.device)
         tokens = min(self.max_num_batched_tokens, self.max_seq_len)
         self.dummy_forward(tokens, min(self.max_rows, tokens - 1), fresh_from=self.fresh_min_tokens)
+        if self._fresh_route_open():  # its buffers, whichever route the measurement picks later
+            self.dummy_forward(tokens, 0, fresh_from=1)
         torch.cuda.synchronize(self.device)
         activations = torch.cuda.max_memory_allocated(self.device) - before
         free, total = torch.cuda.mem_get_info(self.device)
