@@ -11,11 +11,11 @@ CUDA-graph safe: the lengths, table rows and tables are device tensors read insi
 the grid is fixed (at most 64 splits a row). Each row's split length is computed in the kernel from
 its own length: the tuned length for the batch's (row, KV head) pairs, or longer where the row would
 need more than 64 splits, or shorter for a short row of a small batch (target_splits). A program
-runs every P-th split of its row from its own index (P programs
-a row and KV head: by default programs_for's, sized from the batch, not the table's width), so a
-cache of 128k positions costs a short row no work, only programs that find no split of theirs, and
-the combine kernel counts each row's valid splits from its length the same way, never reading a
-stale partial. Offsets are int64: a pool of many blocks passes 2^31 elements.
+runs every P-th split of its row from its own index (P programs a row and KV head: by default
+programs_for's, sized from the batch, not the table's width), so a cache of 128k positions costs a
+short row no work, only programs that find no split of theirs, and the combine kernel counts each
+row's valid splits from its length the same way, never reading a stale partial. Offsets are int64: a
+pool of many blocks passes 2^31 elements.
 
 Kernel 1, grid (B, Hkv, P): the program loads the G = H / Hkv query heads that share its KV head
 (GQA, padded to 16 rows for tl.dot), and for each of its splits streams the split in BLOCK_N-position
