@@ -145,6 +145,11 @@ def fresh_attention(
     return out
 
 
+def _slack(device: torch.device) -> int:
+    """Rows fresh_attention reads past the last chunk: a length class's padding on CUDA, none elsewhere."""
+    return LENGTH_CLASS - 1 if device.type == "cuda" else 0
+
+
 def _into(heads: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """An attention's output [T, H, D], written into out where given (and not already there), as
     [1, H, T, D]."""
@@ -207,13 +212,17 @@ class StepAttention:
             return _into(heads, out)
         k_flat, v_flat = pool.flat(layer)
         scales = pool.layer_scales(layer) if pool.quantized else None
+        # The fresh chunks' K/V as the cache gives them back, from the same kernel, with fresh_attention's
+        # slack rows (zero) after them.
+        staged = self._staged(k) if self.fresh is not None else None
         rope_into_cache(
-            k[0][:, None], v[0][:, None], cos[0][:, None], sin[0][:, None], k_flat, v_flat, self.slots, scales
-        )
+            k[0][:, None], v[0][:, None], cos[0][:, None], sin[0][:, None], k_flat, v_flat, self.slots, scales,
+            None if staged is None else (staged[0, : k.shape[1]], staged[1, : k.shape[1]]),
+        )  # fmt: skip
         k_blocks, v_blocks = pool.layer(layer)
         cache = PagedKV(k_blocks, v_blocks, pool.tables, *pool.layer_scales(layer))
-        if self.fresh is not None:
-            return _into(self._with_fresh(layer, q, k, v, cos, sin, cache, out), out)
+        if staged is not None:
+            return _into(self._with_fresh(q, staged, cos, sin, cache, out), out)
         raw = q[0]  # [T, H, D] before RoPE: the deterministic decode rows rotate inside the decode kernel
         q = rope(q, cos, sin, token_major=True)[0].transpose(0, 1)  # [T, H, D]
         if self.alone and not self.triton:
@@ -223,30 +232,30 @@ class StepAttention:
         attend = paged_attention if self.triton else paged_attention_reference
         return _into(attend(q, cache, self.seqs, out=out), out)
 
+    def _staged(self, k: torch.Tensor) -> torch.Tensor:
+        """[2, T + slack, Hkv, D] for the step's K and V as cached, the slack rows (fresh_attention reads
+        the last chunk padded into them) zero."""
+        _, t, hkv, d = k.shape
+        staged = k.new_empty(2, t + _slack(k.device), hkv, d)
+        staged[:, t:].zero_()
+        return staged
+
     def _with_fresh(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-        cache: PagedKV, out: torch.Tensor | None,
+        self, q: torch.Tensor, staged: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: PagedKV,
+        out: torch.Tensor | None,
     ) -> torch.Tensor:  # fmt: skip
-        """q [1, T, H, D] before RoPE, k and v [1, T, Hkv, D] as projected (already in the cache): the
-        fresh chunks over their own K/V, then the other sequences through the paged kernel, into out
-        (else new) -> [T, H, D]. q, and the fresh chunks' K/V rotated and rounded again, are written
-        into buffers with fresh_attention's slack rows after them (zero for K/V)."""
-        fresh, pool = self.fresh, self.pool
+        """q [1, T, H, D] before RoPE, staged the step's K/V as cached (_staged): the fresh chunks over
+        their own K/V, then the other sequences through the paged kernel, into out (else new) ->
+        [T, H, D]. q is rotated into a buffer with fresh_attention's slack rows after it."""
+        fresh = self.fresh
         assert fresh is not None
         _, t, h, d = q.shape
         a = fresh.bounds[0]  # the fresh chunks' first token
-        length_class = LENGTH_CLASS if q.is_cuda else 1
-        slack = length_class - 1
-        rotated = q.new_empty(t + slack, h, d)
+        rotated = q.new_empty(t + _slack(q.device), h, d)
         rope(q, cos, sin, out=rotated[:t].transpose(0, 1)[None])
-        kv = k.new_empty(2, t - a + slack, k.shape[2], d)
-        kv[:, t - a :].zero_()
-        rope(k[:, a:], cos[:, a:], sin[:, a:], out=kv[0, : t - a].transpose(0, 1)[None])
-        kv[1, : t - a].copy_(v[0, a:])
-        if pool.quantized:  # as every later read gets them
-            kv[0, : t - a], kv[1, : t - a] = pool.round_trip(layer, kv[0, : t - a], kv[1, : t - a])
         out = torch.empty((t, h, d), dtype=q.dtype, device=q.device) if out is None else out
-        fresh_attention(rotated[a:], kv[0], kv[1], [b - a for b in fresh.bounds], out[a:], length_class)
+        bounds = [b - a for b in fresh.bounds]
+        fresh_attention(rotated[a:], staged[0, a:], staged[1, a:], bounds, out[a:], _slack(q.device) + 1)
         if fresh.first:
             seqs = self.seqs
             rest = Sequences(seqs.cu_q[: fresh.first + 1], seqs.lengths[: fresh.first], seqs.rows[: fresh.first],

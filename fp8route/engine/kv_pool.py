@@ -162,13 +162,6 @@ class KVPool:
         k_flat.view(torch.uint8).index_copy_(0, slots, quantize_kv(k, k_scale).view(torch.uint8))
         v_flat.view(torch.uint8).index_copy_(0, slots, quantize_kv(v, v_scale).view(torch.uint8))
 
-    def round_trip(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """k and v as this layer's blocks give them back once stored: rounded through e4m3 in an fp8 pool."""
-        if self.scales is None:
-            return k, v
-        k_scale, v_scale = self.layer_scales(layer)
-        return self.dequantize(layer, quantize_kv(k, k_scale), quantize_kv(v, v_scale))
-
     def dequantize(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V read from this layer's blocks, in the model's dtype (as they are, unquantized)."""
         if self.scales is None:

@@ -281,6 +281,8 @@ def _fused(model: Model, dtype: torch.dtype) -> None:
         for cache_dtype, scales in ((dtype, None), (FP8_DTYPE, (0.5, 0.25))):
             cache = torch.empty((4096, kv, dim), dtype=cache_dtype)
             fused.rope_into_cache(k, v, cos, cos, cache, torch.empty_like(cache), slots, scales)
+            staged = torch.empty((2, b + 127, kv, dim), dtype=dtype)  # a step with fresh chunks on their own
+            fused.rope_into_cache(k, v, cos, cos, cache, torch.empty_like(cache), slots, scales, (staged[0], staged[1]))
 
 
 def _attention(model: Model, dtype: torch.dtype) -> None:

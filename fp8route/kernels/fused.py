@@ -116,30 +116,41 @@ def rope_into_cache(
     v_slots: torch.Tensor,
     slots: torch.Tensor,
     scales: tuple[float, float] | None = None,
+    staged: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Decode's new keys and values into the cache in one launch: row b's k [B, 1, Hkv, D] rotated
     with its cos/sin [B, 1, D] and its v, written at slot slots[b] of k_slots/v_slots [S, Hkv, D]
     (a paged cache viewed by slot). (Eager torch: the rotation's kernels, then an index for each write.)
     With scales (k_scale, v_scale) the cache is float8_e4m3fn: the rotated key, rounded to k's dtype,
-    and v are stored as x / scale, saturated (fp8route.engine.kv_quant)."""
+    and v are stored as x / scale, saturated (fp8route.engine.kv_quant). staged: k and v [B, Hkv, D]
+    (unit stride on D, k's dtype) that also get row b's key and value as a read of the cache gives them
+    back (in an fp8 cache, the stored e4m3 value times its scale)."""
     b, _, heads, dim = k.shape
     half = dim // 2
     usable = _use_kernel(k) and k.stride(-1) == v.stride(-1) == 1 and k_slots.stride(-1) == v_slots.stride(-1) == 1
+    if staged is not None:
+        usable = usable and staged[0].stride(-1) == staged[1].stride(-1) == 1
     if not usable or half & (half - 1) or cos.stride(-1) != 1:
         k_new, v_new = rope(k, cos, sin)[:, :, 0], v[:, 0]
         if scales is not None:
             k_new, v_new = quantize_by_inverse(k_new, scales[0]), quantize_by_inverse(v_new, scales[1])
         k_slots[slots] = k_new
         v_slots[slots] = v_new
+        if staged is not None:
+            for out, x, scale in zip(staged, (k_new, v_new), scales or (None, None), strict=True):
+                out.copy_(x if scale is None else x.float() * scale)
         return
-    k_inv, v_inv = (1.0 / s for s in scales) if scales is not None else (1.0, 1.0)
+    k_scale, v_scale = scales if scales is not None else (1.0, 1.0)
+    k_out, v_out = staged if staged is not None else (k_slots, v_slots)  # unread without STAGE
     args = (
-        k, v, cos, sin, k_slots, v_slots, slots,
+        k, v, cos, sin, k_slots, v_slots, slots, k_out, v_out,
         k.stride(0), k.stride(2), v.stride(0), v.stride(2), cos.stride(0),
-        k_slots.stride(0), k_slots.stride(1), v_slots.stride(0), v_slots.stride(1), k_inv, v_inv,
+        k_slots.stride(0), k_slots.stride(1), v_slots.stride(0), v_slots.stride(1),
+        k_out.stride(0), k_out.stride(1), v_out.stride(0), v_out.stride(1),
+        1.0 / k_scale, 1.0 / v_scale, k_scale, v_scale,
     )  # fmt: skip
-    key = (k.dtype, v.dtype, cos.dtype, sin.dtype, k_slots.dtype, v_slots.dtype, slots.dtype, *args[7:-2])
-    meta = {"HALF": half, "FP8": scales is not None, "num_warps": 1}
+    key = (*(a.dtype for a in args[:9]), *args[9:-4])
+    meta = {"HALF": half, "FP8": scales is not None, "STAGE": staged is not None, "num_warps": 1}
     _ROPE_STORE((b, heads), key, args, meta)
 
 
@@ -216,9 +227,9 @@ if triton is not None:
 
     @triton.jit
     def _rope_store_kernel(
-        k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr,
-        skb, skh, svb, svh, scb, skcs, skch, svcs, svch, k_inv, v_inv,
-        HALF: tl.constexpr, FP8: tl.constexpr, USE_PDL: tl.constexpr,
+        k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr, ko_ptr, vo_ptr,
+        skb, skh, svb, svh, scb, skcs, skch, svcs, svch, skob, skoh, svob, svoh, k_inv, v_inv, k_scale, v_scale,
+        HALF: tl.constexpr, FP8: tl.constexpr, STAGE: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         wait_for_inputs(USE_PDL)
         b = tl.program_id(0)
@@ -235,20 +246,40 @@ if triton is not None:
         kc_row = kc_ptr + slot * skcs + h * skch
         v_row = v_ptr + b * svb + h * svh
         vc_row = vc_ptr + slot * svcs + h * svch
+        ko_row = ko_ptr + b * skob + h * skoh
+        vo_row = vo_ptr + b * svob + h * svoh
         if FP8:  # rounded to k's dtype first, as the torch path's rope() rounds it
             r1 = (k1 * c1 - k2 * s1).to(k_ptr.dtype.element_ty).to(tl.float32) * k_inv
             r2 = (k2 * c2 + k1 * s2).to(k_ptr.dtype.element_ty).to(tl.float32) * k_inv
-            tl.store(kc_row + offs, tl.minimum(tl.maximum(r1, -448.0), 448.0).to(kc_ptr.dtype.element_ty))
-            tl.store(kc_row + HALF + offs, tl.minimum(tl.maximum(r2, -448.0), 448.0).to(kc_ptr.dtype.element_ty))
+            q1 = tl.minimum(tl.maximum(r1, -448.0), 448.0).to(kc_ptr.dtype.element_ty)
+            q2 = tl.minimum(tl.maximum(r2, -448.0), 448.0).to(kc_ptr.dtype.element_ty)
+            tl.store(kc_row + offs, q1)
+            tl.store(kc_row + HALF + offs, q2)
             v1 = tl.load(v_row + offs).to(tl.float32) * v_inv
             v2 = tl.load(v_row + HALF + offs).to(tl.float32) * v_inv
-            tl.store(vc_row + offs, tl.minimum(tl.maximum(v1, -448.0), 448.0).to(vc_ptr.dtype.element_ty))
-            tl.store(vc_row + HALF + offs, tl.minimum(tl.maximum(v2, -448.0), 448.0).to(vc_ptr.dtype.element_ty))
+            w1 = tl.minimum(tl.maximum(v1, -448.0), 448.0).to(vc_ptr.dtype.element_ty)
+            w2 = tl.minimum(tl.maximum(v2, -448.0), 448.0).to(vc_ptr.dtype.element_ty)
+            tl.store(vc_row + offs, w1)
+            tl.store(vc_row + HALF + offs, w2)
+            if STAGE:  # what a read of the cache gives back
+                tl.store(ko_row + offs, (q1.to(tl.float32) * k_scale).to(ko_ptr.dtype.element_ty))
+                tl.store(ko_row + HALF + offs, (q2.to(tl.float32) * k_scale).to(ko_ptr.dtype.element_ty))
+                tl.store(vo_row + offs, (w1.to(tl.float32) * v_scale).to(vo_ptr.dtype.element_ty))
+                tl.store(vo_row + HALF + offs, (w2.to(tl.float32) * v_scale).to(vo_ptr.dtype.element_ty))
         else:
-            tl.store(kc_row + offs, (k1 * c1 - k2 * s1).to(kc_ptr.dtype.element_ty))
-            tl.store(kc_row + HALF + offs, (k2 * c2 + k1 * s2).to(kc_ptr.dtype.element_ty))
-            tl.store(vc_row + offs, tl.load(v_row + offs))
-            tl.store(vc_row + HALF + offs, tl.load(v_row + HALF + offs))
+            r1 = (k1 * c1 - k2 * s1).to(kc_ptr.dtype.element_ty)
+            r2 = (k2 * c2 + k1 * s2).to(kc_ptr.dtype.element_ty)
+            v1 = tl.load(v_row + offs)
+            v2 = tl.load(v_row + HALF + offs)
+            tl.store(kc_row + offs, r1)
+            tl.store(kc_row + HALF + offs, r2)
+            tl.store(vc_row + offs, v1)
+            tl.store(vc_row + HALF + offs, v2)
+            if STAGE:
+                tl.store(ko_row + offs, r1.to(ko_ptr.dtype.element_ty))
+                tl.store(ko_row + HALF + offs, r2.to(ko_ptr.dtype.element_ty))
+                tl.store(vo_row + offs, v1.to(vo_ptr.dtype.element_ty))
+                tl.store(vo_row + HALF + offs, v2.to(vo_ptr.dtype.element_ty))
 
     @triton.jit
     def _silu_mul_kernel(x_ptr, out_ptr, stride_row, width, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
@@ -265,7 +296,7 @@ if triton is not None:
     _RMS_NORM = DirectLauncher(_rms_norm_kernel, pointers=3, pdl=True)
     _ADD_RMS_NORM = DirectLauncher(_add_rms_norm_kernel, pointers=5, pdl=True)
     _ROPE = DirectLauncher(_rope_kernel, pointers=4, pdl=True)
-    _ROPE_STORE = DirectLauncher(_rope_store_kernel, pointers=7, pdl=True)  # k_inv, v_inv: fp32 arguments
+    _ROPE_STORE = DirectLauncher(_rope_store_kernel, pointers=9, pdl=True)  # the scales: fp32 arguments
     _SILU_MUL = DirectLauncher(_silu_mul_kernel, pointers=2, pdl=True)
     _SILU_BLOCK = 1024
     _SILU_META = {"BLOCK": _SILU_BLOCK, "num_warps": 4}

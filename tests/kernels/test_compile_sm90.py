@@ -127,6 +127,7 @@ def _entry_points(compile_check):
     qkv = torch.empty((2, 1, 48, 128), dtype=bf16)
     cos = torch.empty((2, 1, 128), dtype=torch.float32)
     cache = torch.empty((64, 8, 128), dtype=fp8)
+    staged = torch.empty((2, 2, 8, 128), dtype=bf16)
     return {
         "decode cuda-core, split-K": lambda: launch(x, w, one, one, None, bf16),
         "decode wgmma": lambda: launch(x16, torch.empty((4096, 14336), dtype=fp8), one, one, None, bf16),
@@ -141,6 +142,17 @@ def _entry_points(compile_check):
             cache.clone(),
             torch.zeros(2, dtype=torch.int64),
             (0.5, 0.5),
+        ),
+        "rope_into_cache staged": lambda: fused.rope_into_cache(
+            qkv[:, :, 32:40],
+            qkv[:, :, 40:],
+            cos,
+            cos,
+            cache,
+            cache.clone(),
+            torch.zeros(2, dtype=torch.int64),
+            (0.5, 0.5),
+            (staged[0], staged[1]),
         ),
         "silu_mul": lambda: fused.silu_mul(gate_up, 14336),
         "quantize": lambda: quantize_fp8(x, one),

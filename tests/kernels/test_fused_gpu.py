@@ -105,3 +105,25 @@ def test_rope_into_cache_writes_each_row_at_its_slot(dtype):
     torch.testing.assert_close(k_cache[where], expected_k, rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(v_cache[where], v[:, 0], rtol=0, atol=0)
     assert int((~k_cache.isnan()).sum()) == b * heads * dim  # nothing else written
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("dtype", HALF)
+def test_rope_into_cache_stages_the_rows_as_the_cache_gives_them_back(dtype, fp8):
+    """staged: each row's rotated key and value as read back from the cache (an fp8 one: e4m3 times
+    its scale), bit for bit, besides the cache write itself."""
+    b, heads, dim, slots = 5, 4, 64, 20
+    g = torch.Generator().manual_seed(1)
+    k, v = (torch.randn(b, 1, heads, dim, generator=g).to(DEVICE, dtype) for _ in range(2))
+    angles = torch.rand(b, 1, dim // 2, generator=g).to(DEVICE) * 100
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    where = torch.tensor([3, 0, 19, 7, 11], device=DEVICE)
+    cache_dtype = torch.float8_e4m3fn if fp8 else dtype
+    k_cache, v_cache = (torch.zeros(slots, heads, dim, device=DEVICE, dtype=cache_dtype) for _ in range(2))
+    scales = (0.02, 0.03) if fp8 else None
+    staged = torch.full((2, b + 3, heads, dim), float("nan"), device=DEVICE, dtype=dtype)
+    rope_into_cache(k, v, cos, sin, k_cache, v_cache, where, scales, (staged[0, :b], staged[1, :b]))
+    for i, cache in enumerate((k_cache, v_cache)):
+        read = cache[where].float() * scales[i] if scales else cache[where]
+        assert torch.equal(staged[i, :b], read.to(dtype))
+    assert staged[:, b:].isnan().all()  # rows past the step untouched
