@@ -10,6 +10,7 @@ CI installs triton for it (the `triton` extra); elsewhere it is skipped without 
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -128,32 +129,18 @@ def _entry_points(compile_check):
     cos = torch.empty((2, 1, 128), dtype=torch.float32)
     cache = torch.empty((64, 8, 128), dtype=fp8)
     staged = torch.empty((2, 2, 8, 128), dtype=bf16)
+    slots = torch.zeros(2, dtype=torch.int64)
+
+    def rope_store(into: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        fused.rope_into_cache(qkv[:, :, 32:40], qkv[:, :, 40:], cos, cos, cache, cache.clone(), slots, (0.5, 0.5), into)
+
     return {
         "decode cuda-core, split-K": lambda: launch(x, w, one, one, None, bf16),
         "decode wgmma": lambda: launch(x16, torch.empty((4096, 14336), dtype=fp8), one, one, None, bf16),
         "add_rms_norm": lambda: fused.add_rms_norm(x, x.clone(), x[0], 1e-5),
         "rope": lambda: fused.rope(qkv[:, :, :32], cos, cos),
-        "rope_into_cache fp8": lambda: fused.rope_into_cache(
-            qkv[:, :, 32:40],
-            qkv[:, :, 40:],
-            cos,
-            cos,
-            cache,
-            cache.clone(),
-            torch.zeros(2, dtype=torch.int64),
-            (0.5, 0.5),
-        ),
-        "rope_into_cache staged": lambda: fused.rope_into_cache(
-            qkv[:, :, 32:40],
-            qkv[:, :, 40:],
-            cos,
-            cos,
-            cache,
-            cache.clone(),
-            torch.zeros(2, dtype=torch.int64),
-            (0.5, 0.5),
-            (staged[0], staged[1]),
-        ),
+        "rope_into_cache fp8": functools.partial(rope_store, None),
+        "rope_into_cache staged": functools.partial(rope_store, (staged[0], staged[1])),
         "silu_mul": lambda: fused.silu_mul(gate_up, 14336),
         "quantize": lambda: quantize_fp8(x, one),
         "argmax": lambda: argmax_rows(torch.empty((2, 128256), dtype=bf16)),
