@@ -81,11 +81,13 @@ class E2ERow:
     # Where pdl is None: each decode graph's (batch bucket, PDL kept, replay ms without, with).
     pdl_choices: tuple[tuple[int, bool, float, float], ...] = ()
     round: int = 0  # of bench e2e --rounds (from 0); every summary compares rows of one round
+    kv_cache_dtype: str = "auto"  # EngineConfig.kv_cache_dtype
 
     @property
     def label(self) -> str:
         label = self.arm if self.scheme in ("tensor", "bf16") else f"{self.arm} {self.scheme}"
         label += "" if self.attention == "builtin" else f" {self.attention}"
+        label += "" if self.kv_cache_dtype == "auto" else f" kv-{self.kv_cache_dtype}"
         label += {None: "", True: " pdl", False: " pdl-off"}[self.pdl]
         label += " quantize-upstream" if self.quantize_upstream else ""
         label += f" round {self.round + 1}" if self.round else ""
@@ -135,6 +137,7 @@ def bench_arm(
     tp: int = 1,
     all_reduce: str = "nccl",
     attention: str = "builtin",
+    kv_cache_dtype: str = "auto",
     options: ArmOptions = ArmOptions(),
 ) -> list[E2ERow]:
     """One arm's rows; the FP8ROUTE_FORCE it needs is set for its load only, and the kernel options
@@ -143,22 +146,24 @@ def bench_arm(
     before = kernel_options()
     set_kernel_options(pdl=bool(options.pdl), quantize_upstream=options.quantize_upstream)
     try:
-        return _bench_arm(arm, folder, batches, inputs, output, copy_gbs, repeats, tp, all_reduce, attention, options)
+        return _bench_arm(
+            arm, folder, batches, inputs, output, copy_gbs, repeats, tp, all_reduce, attention, kv_cache_dtype, options
+        )
     finally:
         set_kernel_options(pdl=before.pdl, quantize_upstream=before.quantize_upstream)
 
 
 def _bench_arm(
     arm: str, folder: Path, batches: Sequence[int], inputs: Sequence[int], output: int, copy_gbs: float,
-    repeats: int, tp: int, all_reduce: str, attention: str, options: ArmOptions,
+    repeats: int, tp: int, all_reduce: str, attention: str, kv_cache_dtype: str, options: ArmOptions,
 ) -> list[E2ERow]:  # fmt: skip
     device = init_from_env("cuda") or torch.device("cuda")  # under run_ranks: this rank's GPU, set current
     torch.cuda.reset_peak_memory_stats(device)
     config = _engine_config(device, batches, inputs, output, tp, all_reduce, attention, arm == "deterministic")
-    config = config.replace(pdl=options.pdl)
+    config = config.replace(pdl=options.pdl, kv_cache_dtype=kv_cache_dtype)
     with _forced(arm):
         model = load_model(folder, policy=Policy.from_env(), config=config, quiet=True)
-    run = _ArmRun(arm, tp, all_reduce, attention, options, copy_gbs, output, repeats,
+    run = _ArmRun(arm, tp, all_reduce, attention, kv_cache_dtype, options, copy_gbs, output, repeats,
                   model_gb=torch.cuda.memory_allocated() / 1e9, weight_bytes=weight_bytes(model.module),
                   scheme=model_scheme(model.module))  # fmt: skip
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -185,6 +190,7 @@ class _ArmRun:
     tp: int
     all_reduce: str
     attention: str
+    kv_cache_dtype: str
     options: ArmOptions
     copy_gbs: float
     output: int
@@ -270,6 +276,7 @@ def _measure(model: CausalLM, ids: torch.Tensor, run: _ArmRun) -> E2ERow:
         run.scheme,
         *_split_fields(split),
         _pdl_choices(model),
+        kv_cache_dtype=run.kv_cache_dtype,
     )  # fmt: skip
 
 

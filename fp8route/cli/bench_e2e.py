@@ -48,7 +48,8 @@ PDL_HELP = (
 )
 
 
-_Run = tuple[int, str, str, ArmOptions, str, str]  # (tp, arm, attention, options, checkpoint, all-reduce method)
+# (tp, arm, attention, KV cache dtype, options, checkpoint, all-reduce method)
+_Run = tuple[int, str, str, str, ArmOptions, str, str]
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class _Plan:
     sizes: list[int]  # tensor parallel sizes
     methods: list[str]  # all-reduce methods, for tp > 1
     attentions: list[str]
+    kv_dtypes: list[str]  # EngineConfig.kv_cache_dtype
     options: list[ArmOptions]
     schemes: list[Scheme]  # of the random checkpoints (one each); a given checkpoint's is its own
 
@@ -115,7 +117,8 @@ def _plan(args: argparse.Namespace, device: torch.device) -> _Plan:
     schemes = [check_scheme(s.strip()) for s in args.scheme.split(",") if s.strip()]
     if args.model is not None and args.scheme != "tensor":
         raise Fp8InputError("--scheme is for --random checkpoints; a checkpoint folder's scheme is its own")
-    return _Plan(arms, batches, inputs, sizes, methods, attentions, options, list(dict.fromkeys(schemes)))
+    kv_dtypes = sweep_values(args, "kv_cache_dtype")
+    return _Plan(arms, batches, inputs, sizes, methods, attentions, kv_dtypes, options, list(dict.fromkeys(schemes)))
 
 
 def _pdl_arms(text: str) -> list[bool | None]:
@@ -145,16 +148,18 @@ def _bench(plan: _Plan, folders: dict[str, Path], output: int, copy_gbs: float, 
     rows: list[E2ERow] = []
     fp8 = [name for name in folders if name != "bf16"]
     runs = [
-        (tp, arm, attention, option, checkpoint, method)
+        (tp, arm, attention, kv, option, checkpoint, method)
         for tp in plan.sizes
-        for arm, attention, option in itertools.product(plan.arms, plan.attentions, plan.options)
+        for arm, attention, kv, option in itertools.product(plan.arms, plan.attentions, plan.kv_dtypes, plan.options)
         for checkpoint in (["bf16"] if arm == "bf16" else fp8)
         for method in (plan.methods if tp > 1 else ["nccl"])
     ]
     for round_, order in enumerate(round_orders(runs, rounds)):
-        for tp, arm, attention, option, checkpoint, method in order:
+        for tp, arm, attention, kv, option, checkpoint, method in order:
             run_args = (arm, folders[checkpoint], plan.batches, plan.inputs, output, copy_gbs)
-            bench = functools.partial(bench_arm, tp=tp, all_reduce=method, attention=attention, options=option)
+            bench = functools.partial(
+                bench_arm, tp=tp, all_reduce=method, attention=attention, kv_cache_dtype=kv, options=option
+            )
             new = [replace(r, round=round_) for r in (bench(*run_args) if tp == 1 else run_ranks(tp, bench, *run_args))]
             rows += new
             print(table(new).split("\n", 1)[1], flush=True)
@@ -211,7 +216,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     e2e.add_argument("--policy", default="routed,cublas,rowwise,bf16", help=f"arms: {', '.join(ARMS)}")
     add_engine_args(
-        e2e, ["attention", "pdl", "quantize_upstream", "tp", "all_reduce"], sweep=True,
+        e2e, ["attention", "kv_cache_dtype", "pdl", "quantize_upstream", "tp", "all_reduce"], sweep=True,
         # an arm names a value: as a process starts
         pdl=Flag(default="auto", help=PDL_HELP), quantize_upstream=Flag(default=START.quantize_upstream),
     )  # fmt: skip

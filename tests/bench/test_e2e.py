@@ -114,3 +114,16 @@ def test_rounds_run_the_arms_forward_then_back_and_each_summary_compares_within_
         ["routed", "block", "1", "1024", "1.200", "1.000"],
         ["routed", "block", "round", "2", "1", "1024", "1.100", "1.000"],
     ]
+
+
+def test_each_kv_cache_dtype_asked_for_is_an_arm_and_labels_its_rows(monkeypatch):
+    import torch
+
+    from fp8route.cli import build_parser
+    from fp8route.cli.bench_e2e import _plan
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # the plan asks for a GPU per rank
+    args = build_parser().parse_args(["bench", "e2e", "--random", "llama-3.1-8b", "--kv-cache-dtype", "auto,fp8"])
+    assert _plan(args, torch.device("cpu")).kv_dtypes == ["auto", "fp8"]
+    assert E2ERow("routed", 64, 4096, 1.0, 1.0, 1.0, 1.0, 8.0, 1.0, 0.5, kv_cache_dtype="fp8").label == "routed kv-fp8"
+    assert ROWS[0].label == "routed"
