@@ -215,7 +215,7 @@ class AsyncLLM(EngineClient):
                 self._deliver(request_id, EngineError(f"request {request_id} was refused: {exc}"))
 
     def _loop(self) -> None:
-        device = self.engine.device
+        device = self.engine.kv_cache.device  # indexed, where the engine's own may be plain "cuda"
         if device.type == "cuda":  # a new thread has no current CUDA context; cuBLAS warns and makes one
             torch.cuda.set_device(device)
             self.engine.runner.warm_fresh_route()  # cuDNN's plans are per thread

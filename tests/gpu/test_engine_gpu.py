@@ -243,3 +243,30 @@ def test_no_cycle_collection_runs_inside_a_capture():
     graph.replay()
     assert during and not any(during), "a collection ran inside the capture"
     assert torch.equal(y.cpu(), torch.full((8,), 65.0))
+
+
+@gpu
+def test_async_llm_streams_on_a_gpu_given_as_plain_cuda(tmp_path):
+    """AsyncLLM's engine thread makes the engine's GPU current first: a device given without its index
+    too (its thread died at start there, and every stream waited for ever)."""
+    import asyncio
+
+    from checkpoint_helpers import text_model_folder
+
+    from fp8route import LLM, SamplingParams
+    from fp8route.engine.async_llm import AsyncLLM
+
+    llm = LLM(text_model_folder(tmp_path / "tiny"), device="cuda", max_num_seqs=4, max_num_batched_tokens=64)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    ids = llm.encode("hello there, the world")
+    offline = llm.generate([ids], params, use_tqdm=False)[0].outputs[0].token_ids
+    engine = AsyncLLM(llm)
+    try:
+
+        async def stream():
+            return [t async for out in engine.generate(ids, params) for t in out.new_token_ids]
+
+        assert asyncio.run(asyncio.wait_for(stream(), timeout=120)) == list(offline)
+        assert engine.alive
+    finally:
+        engine.shutdown()
