@@ -545,8 +545,9 @@ def _resource_usage(cubin: bytes) -> tuple[int | None, int | None]:
         f.write(cubin)
         f.flush()
         usage = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    regs, local = re.search(r"REG:(\d+)", usage), re.search(r"LOCAL:(\d+)", usage)
-    return (int(regs.group(1)) if regs else None, int(local.group(1)) if local else None)
+    # Spilled registers live in the thread's stack frame (STACK); LOCAL counts none of them.
+    regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
+    return (int(regs.group(1)) if regs else None, int(stack.group(1)) if stack else None)
 
 
 def main() -> None:
