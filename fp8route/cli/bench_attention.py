@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
               f"| {t.tflops(tokens, best):.0f} |", flush=True)  # fmt: skip
     for name, cache_dtype in (("bf16", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
         asked = decode_launches[cache_dtype == torch.float8_e4m3fn]
-        names = " | ".join(f"decode {launch} us" for launch in asked)
+        names = " | ".join(f"decode {launch or 'default'} us" for launch in asked)
         print(f"\n| decode {name} | B | ctx | paged_attention us | {names} | new/old | KV TB/s |")
         print("|---" * (6 + len(asked)) + "|")
         for batch, ctx in ab.DECODE_CASES:
@@ -54,11 +54,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _decode_launches(text: str, fp8: bool) -> list[pd.Launch]:
-    """--decode-launches for one cache dtype: "default" is paged_decode.LAUNCH's for it; others as
-    Launch.parse reads them."""
+def _decode_launches(text: str, fp8: bool) -> list[pd.Launch | None]:
+    """--decode-launches for one cache dtype: "default" (None) is decode_attention's own for each
+    case's batch (paged_decode.default_launch); others as Launch.parse reads them."""
     words = [w.strip() for w in text.split(",") if w.strip()]
-    launches = [pd.LAUNCH[fp8] if w == "default" else pd.Launch.parse(w) for w in words]
+    launches = [None if w == "default" else pd.Launch.parse(w) for w in words]
     if not launches:
         raise Fp8InputError(f"--decode-launches: one or more launches, comma-separated, got {text!r}")
     return launches

@@ -49,32 +49,55 @@ _MAX_SPLITS = 64  # the combine kernel reads one row of this many partials
 
 
 class Launch(NamedTuple):
-    """Kernel 1's tiling: positions per tile (a divisor of every split), warps, pipeline stages, and
-    for an fp8 cache whether its tiles meet q in fp16 rather than q's dtype (e4m3 values are exact in
-    both; e4m3 -> fp16 is one conversion instruction on SM89+)."""
+    """Kernel 1's tiling: positions per tile (a divisor of every split), warps, pipeline stages, for
+    an fp8 cache whether its tiles meet q in fp16 rather than q's dtype (e4m3 values are exact in
+    both; e4m3 -> fp16 is one conversion instruction on SM89+), and the registers a thread may take
+    at most (ptxas's maxnreg; 0: ptxas's own choice)."""
 
     block: int = BLOCK_N
     warps: int = 4
     stages: int = 3
     f16: bool = False
+    regs: int = 0
 
     @classmethod
     def parse(cls, text: str) -> Launch:
-        """BLOCKxWARPSxSTAGES, then h for fp16 tiles: "64x4x3", "128x4x2h" (how benchmarks name them)."""
+        """BLOCKxWARPSxSTAGES, then h for fp16 tiles, then -rREGS for a register cap: "64x4x3",
+        "128x4x2h", "64x4x3h-r128" (how benchmarks name them)."""
+        tiling, _, regs = text.partition("-r")
         try:
-            block, warps, stages = (int(x) for x in text.removesuffix("h").split("x"))
+            block, warps, stages = (int(x) for x in tiling.removesuffix("h").split("x"))
+            cap = int(regs) if regs else 0
         except ValueError:
-            example = "e.g. 64x4x3 or 128x4x2h"
-            raise Fp8InputError(f"a decode launch is BLOCKxWARPSxSTAGES[h] ({example}), not {text!r}") from None
-        return cls(block, warps, stages, text.endswith("h"))
+            example = "e.g. 64x4x3, 128x4x2h or 64x4x3h-r128"
+            raise Fp8InputError(f"a decode launch is BLOCKxWARPSxSTAGES[h][-rREGS] ({example}), not {text!r}") from None
+        return cls(block, warps, stages, tiling.endswith("h"), cap)
 
     def __str__(self) -> str:
-        return f"{self.block}x{self.warps}x{self.stages}{'h' if self.f16 else ''}"
+        return (
+            f"{self.block}x{self.warps}x{self.stages}{'h' if self.f16 else ''}{f'-r{self.regs}' if self.regs else ''}"
+        )
+
+    def options(self) -> dict[str, int]:
+        """Kernel 1's launch options beyond warps and stages."""
+        return {"maxnreg": self.regs} if self.regs else {}
 
 
 # By whether the cache is fp8, as the engine's step measured fastest (benchmarks/results/h200/fp8_kv/):
 # a bf16 cache's step is slower with 128-position tiles, an fp8 cache's faster with fp16 ones.
 LAUNCH = {False: Launch(), True: Launch(128, 4, 2, f16=True)}
+# An fp8 cache's launch for a batch of at least _MANY_PAIRS (row, KV head) pairs: ptxas gives
+# LAUNCH[True] ~200 registers a thread, two programs a SM, too few reads in flight for e4m3 tiles;
+# capped at 128, four run a SM. On an H100 (benchmarks/results/h100/serve_bound/), 64 rows of 4096
+# positions: 232 us a layer against 257 (0.77 of copy bandwidth against 0.69; a plain read of the
+# same pages 0.97); 16 rows of 1024 (too few programs to fill the SMs twice): 30.1 against 26.2.
+MANY_PAIRS_LAUNCH = Launch(64, 4, 3, f16=True, regs=128)
+_MANY_PAIRS = 256
+
+
+def default_launch(fp8: bool, pairs: int) -> Launch:
+    """Kernel 1's launch for a batch of `pairs` (row, KV head) pairs."""
+    return MANY_PAIRS_LAUNCH if fp8 and pairs >= _MANY_PAIRS else LAUNCH[fp8]
 
 
 class NewToken(NamedTuple):
@@ -327,17 +350,19 @@ def decode_attention(
     """q [B, H, D] (one token per row) over the first lengths[b] positions (each 1..the table's
     reach) of the row pages.rows[b] -> [B, H, D] in q's dtype. split (the least positions per
     split, a multiple of BLOCK_N and of the launch's tile; default split_len), launch (default
-    LAUNCH) and programs (per row and KV head, each running every programs-th split of its row;
-    default programs_for) are for benchmarks: none changes the result.
+    default_launch's for the batch, LAUNCH's with a split given) and programs (per row and KV head,
+    each running every programs-th split of its row; default programs_for) are for benchmarks: none
+    changes the result.
     With `new` (fuses_new_token), q is before RoPE, and the new key (rotated) and value are written
     at position lengths[b] - 1 first."""
     if TRITON_IMPORT_ERROR is not None:
         raise RuntimeError(TRITON_IMPORT_ERROR)
     fp8 = _check_pages(q, pages)
     hkv = pages.k.shape[2]
-    launch = launch or LAUNCH[fp8]
     pairs = q.shape[0] * hkv
-    target = 0 if split else target_splits(pairs)  # a split asked for is kept whatever the batch
+    # A split asked for (the deterministic mode's) is kept whatever the batch, and so is its tiling.
+    launch = launch or (LAUNCH[fp8] if split else default_launch(fp8, pairs))
+    target = 0 if split else target_splits(pairs)
     split = split or split_len(pairs)
     if split % BLOCK_N or split < BLOCK_N or split % launch.block:
         raise Fp8InputError(
@@ -407,7 +432,7 @@ def _split_pass(
         F16=fp8 and launch.f16 and q.dtype != torch.float32,
         # An fp32 cache asks for fp32 products (tl.dot would round them to TF32); 16-bit ones are exact.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=launch.warps, num_stages=launch.stages, **launch_options(),
+        num_warps=launch.warps, num_stages=launch.stages, **launch.options(), **launch_options(),
     )  # fmt: skip
     return partial, lse
 

@@ -9,13 +9,13 @@ import torch
 from fp8route.bench.attention import _checked_arm
 from fp8route.cli.bench_attention import _decode_launches
 from fp8route.errors import Fp8InputError
-from fp8route.kernels.paged_decode import LAUNCH, Launch
+from fp8route.kernels.paged_decode import Launch
 
 
-def test_the_default_launch_is_each_caches_own():
+def test_the_default_launch_is_the_kernels_own_choice():
     for fp8 in (False, True):
-        assert _decode_launches("default", fp8) == [LAUNCH[fp8]]
-    assert _decode_launches("64x4x3, 128x4x2h", True) == [Launch(), Launch(128, 4, 2, f16=True)]
+        assert _decode_launches("default", fp8) == [None]
+    assert _decode_launches("64x4x3, 128x4x2h-r128", True) == [Launch(), Launch(128, 4, 2, f16=True, regs=128)]
     for bad in ("", "default,12x4"):
         with pytest.raises(Fp8InputError, match="decode"):
             _decode_launches(bad, False)

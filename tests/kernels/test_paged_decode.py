@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fp8route.errors import Fp8InputError
-from fp8route.kernels.paged_decode import LAUNCH, Launch, NewToken, fuses_new_token
+from fp8route.kernels.paged_decode import LAUNCH, MANY_PAIRS_LAUNCH, Launch, NewToken, default_launch, fuses_new_token
 
 
 def test_the_attention_kernel_takes_the_engines_new_token_and_refuses_other_shapes():
@@ -27,6 +27,16 @@ def test_the_attention_kernel_takes_the_engines_new_token_and_refuses_other_shap
 def test_a_decode_launch_is_named_as_benchmarks_write_it_and_a_bad_name_is_one_line():
     assert Launch.parse("128x4x2h") == Launch(128, 4, 2, f16=True)
     assert Launch.parse(str(LAUNCH[True])) == LAUNCH[True] and str(Launch()) == "64x4x3"
-    for bad in ("12x4", "128x4x2q", ""):
+    capped = Launch(64, 4, 3, f16=True, regs=128)
+    assert Launch.parse("64x4x3h-r128") == capped and str(capped) == "64x4x3h-r128"
+    assert capped.options() == {"maxnreg": 128} and Launch().options() == {}
+    for bad in ("12x4", "128x4x2q", "", "64x4x3-rx"):
         with pytest.raises(Fp8InputError, match="BLOCKxWARPSxSTAGES"):
             Launch.parse(bad)
+
+
+def test_a_large_batch_over_an_fp8_cache_takes_the_register_capped_launch():
+    """Only an fp8 cache's, only from _MANY_PAIRS (row, KV head) pairs; a bf16 cache's stays."""
+    assert default_launch(True, 255) == LAUNCH[True] and default_launch(True, 256) == MANY_PAIRS_LAUNCH
+    assert MANY_PAIRS_LAUNCH.regs and MANY_PAIRS_LAUNCH.f16
+    assert default_launch(False, 4096) == LAUNCH[False]
