@@ -77,7 +77,9 @@ def _with_regs(regs: int) -> None:
     pd.launch_options = (lambda: {**pdl.launch_options(), "maxnreg": regs}) if regs else pdl.launch_options
 
 
-def case(batch: int, ctx: int, dtype: torch.dtype, regs: list[int], copy_gbs: float) -> None:
+def case(
+    batch: int, ctx: int, dtype: torch.dtype, launches: list[str], regs: list[int], read: bool, copy_gbs: float
+) -> None:
     caches = ab._pools(batch, ctx, LAYERS, dtype)
     q = torch.randn(batch, ab.H, ab.D, device="cuda", dtype=ab.BF16)
     k_new, v_new = (torch.randn(batch, ab.HKV, ab.D, device="cuda", dtype=ab.BF16) for _ in range(2))
@@ -97,12 +99,14 @@ def case(batch: int, ctx: int, dtype: torch.dtype, regs: list[int], copy_gbs: fl
         print(f"{name} {batch}x{ctx} {what:22s} {us:8.2f} us/layer  {frac:.2f} of copy", flush=True)
 
     pairs = batch * ab.HKV
-    for text in LAUNCHES[dtype]:
+    for text in launches:
         launch = pd.Launch.parse(text)
-        for programs in sorted({pd.programs_for(pairs, 64, launch_sms(q.device)), max(1, 1024 // pairs)}):
+        for programs in sorted(
+            {pd.programs_for(pairs, 64, launch_sms(q.device)), max(1, 1024 // pairs)} if read else []
+        ):
             out = torch.empty(batch * ab.HKV * programs, dtype=torch.int32, device="cuda")
             calls = [functools.partial(_read, c, batch, ctx, programs, launch, out) for c in caches]
-            show(f"read {text[:-1] if launch.f16 else text} p{programs}", calls)
+            show(f"read {launch.block}x{launch.warps}x{launch.stages} p{programs}", calls)
         for reg in regs:
             _with_regs(reg)
             calls = [functools.partial(_decode, c, q, token, seqs, launch) for c in caches]
@@ -114,14 +118,20 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default="64x4096,1x32768", help="ROWSxPOSITIONS,...")
     parser.add_argument("--regs", default="0,168,128", help="register caps for the decode arms (0: none)")
+    parser.add_argument("--dtypes", default="bf16,e4m3", help="cache dtypes: bf16, e4m3")
+    parser.add_argument("--bf16-launches", default=",".join(LAUNCHES[torch.bfloat16]))
+    parser.add_argument("--e4m3-launches", default=",".join(LAUNCHES[FP8]))
+    parser.add_argument("--no-read", action="store_true", help="no plain-read arms")
     args = parser.parse_args()
     copy_gbs = copy_bandwidth_gbs(1 << 30, repeats=5)
     print(f"{torch.cuda.get_device_name()}: copy {copy_gbs:.0f} GB/s (read + write)", flush=True)
     regs = [int(r) for r in args.regs.split(",")]
     for item in args.cases.split(","):
         batch, ctx = (int(x) for x in item.split("x"))
-        for dtype in (torch.bfloat16, FP8):
-            case(batch, ctx, dtype, regs, copy_gbs)
+        for name in args.dtypes.split(","):
+            dtype = FP8 if name == "e4m3" else torch.bfloat16
+            launches = getattr(args, f"{name}_launches").split(",")
+            case(batch, ctx, dtype, launches, regs, not args.no_read, copy_gbs)
 
 
 if __name__ == "__main__":
