@@ -88,7 +88,7 @@ TILES = FixedTiles()
 # by these names): the best of benchmarks/scripts/fixed_gemm_sweep.py's candidates summed over a model's
 # projections at small M, the best at a few hundred rows, a narrow one that won on the shorter
 # projections at M <= 256, and a large one loaded through TMA for M in the thousands (its two fp32
-# accumulators fill 255 registers without spilling; by pointer loads it spilled). They share the K
+# accumulators fill 255 registers and spill 736 bytes with Triton 3.6, more by pointer loads). They share the K
 # chunking, so a row gets the same bits from each: the mode may change tiling with M
 # (tests/kernels/test_fixed_gemm.py).
 TILINGS = {
