@@ -74,9 +74,8 @@ class Launch(NamedTuple):
         return cls(block, warps, stages, tiling.endswith("h"), cap)
 
     def __str__(self) -> str:
-        return (
-            f"{self.block}x{self.warps}x{self.stages}{'h' if self.f16 else ''}{f'-r{self.regs}' if self.regs else ''}"
-        )
+        cap = f"-r{self.regs}" if self.regs else ""
+        return f"{self.block}x{self.warps}x{self.stages}{'h' if self.f16 else ''}{cap}"
 
     def options(self) -> dict[str, int]:
         """Kernel 1's launch options beyond warps and stages."""
@@ -87,7 +86,7 @@ class Launch(NamedTuple):
 # a bf16 cache's step is slower with 128-position tiles, an fp8 cache's faster with fp16 ones.
 LAUNCH = {False: Launch(), True: Launch(128, 4, 2, f16=True)}
 # An fp8 cache's launch for a batch of at least _MANY_PAIRS (row, KV head) pairs: ptxas gives
-# LAUNCH[True] ~200 registers a thread, two programs a SM, too few reads in flight for e4m3 tiles;
+# LAUNCH[True] 200-255 registers a thread, two programs a SM, too few reads in flight for e4m3 tiles;
 # capped at 128, four run a SM. On an H100 (benchmarks/results/h100/serve_bound/), 64 rows of 4096
 # positions: 232 us a layer against 257 (0.77 of copy bandwidth against 0.69; a plain read of the
 # same pages 0.97); 16 rows of 1024 (too few programs to fill the SMs twice): 30.1 against 26.2.
