@@ -10,6 +10,7 @@ import re
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -42,14 +43,24 @@ from fp8route.tuning.timing import copy_bandwidth_gbs
 # deterministic: routed with the engine in its deterministic mode (EngineConfig.deterministic).
 ARMS = ("routed", "deterministic", "bf16", *BACKENDS)
 PDL_ARMS = {"auto": None, "on": True, "off": False}
+T = TypeVar("T")
 PDL_HELP = (
     "programmatic dependent launch of fp8route's kernels: auto (the engine's default: each decode graph captured "
     "with and without it, the faster kept), on, off (every launch), or several comma-separated (each an arm)"
 )
 
 
-# (tp, arm, attention, KV cache dtype, options, checkpoint, all-reduce method)
-_Run = tuple[int, str, str, str, ArmOptions, str, str]
+@dataclass(frozen=True)
+class _Run:
+    """One arm of a round: the policy arm on one checkpoint, how it runs, at one tensor parallel size."""
+
+    tp: int
+    arm: str
+    attention: str
+    kv_cache_dtype: str
+    options: ArmOptions
+    checkpoint: str  # a key of the folders: a scheme's FP8 checkpoint, or "bf16"
+    all_reduce: str
 
 
 @dataclass(frozen=True)
@@ -148,25 +159,27 @@ def _bench(plan: _Plan, folders: dict[str, Path], output: int, copy_gbs: float, 
     rows: list[E2ERow] = []
     fp8 = [name for name in folders if name != "bf16"]
     runs = [
-        (tp, arm, attention, kv, option, checkpoint, method)
+        _Run(tp, arm, attention, kv, option, checkpoint, method)
         for tp in plan.sizes
         for arm, attention, kv, option in itertools.product(plan.arms, plan.attentions, plan.kv_dtypes, plan.options)
         for checkpoint in (["bf16"] if arm == "bf16" else fp8)
         for method in (plan.methods if tp > 1 else ["nccl"])
     ]
     for round_, order in enumerate(round_orders(runs, rounds)):
-        for tp, arm, attention, kv, option, checkpoint, method in order:
-            run_args = (arm, folders[checkpoint], plan.batches, plan.inputs, output, copy_gbs)
+        for run in order:
+            run_args = (run.arm, folders[run.checkpoint], plan.batches, plan.inputs, output, copy_gbs)
             bench = functools.partial(
-                bench_arm, tp=tp, all_reduce=method, attention=attention, kv_cache_dtype=kv, options=option
-            )
-            new = [replace(r, round=round_) for r in (bench(*run_args) if tp == 1 else run_ranks(tp, bench, *run_args))]
+                bench_arm, tp=run.tp, all_reduce=run.all_reduce, attention=run.attention,
+                kv_cache_dtype=run.kv_cache_dtype, options=run.options,
+            )  # fmt: skip
+            timed = bench(*run_args) if run.tp == 1 else run_ranks(run.tp, bench, *run_args)
+            new = [replace(r, round=round_) for r in timed]
             rows += new
             print(table(new).split("\n", 1)[1], flush=True)
     return rows
 
 
-def round_orders(runs: list[_Run], rounds: int) -> list[list[_Run]]:
+def round_orders(runs: list[T], rounds: int) -> list[list[T]]:
     """The runs of each round: in order, then reversed, and so on, so that no arm's place in the run
     weighs on a ratio taken within rounds (benchmarks/results/h100/serve_bound/ saw it weigh)."""
     return [runs if r % 2 == 0 else runs[::-1] for r in range(rounds)]

@@ -105,7 +105,7 @@ def test_rounds_run_the_arms_forward_then_back_and_each_summary_compares_within_
     from fp8route.cli.bench_e2e import round_orders
 
     runs = [(1, "routed", "builtin", None, s, "nccl") for s in ("tensor", "block", "channel")]
-    assert round_orders(runs, 3) == [runs, runs[::-1], runs]  # type: ignore[arg-type]
+    assert round_orders(runs, 3) == [runs, runs[::-1], runs]
     tensor = ROWS[0]
     block = replace(tensor, decode_step_ms=tensor.decode_step_ms * 1.2, scheme="block")
     later = [replace(tensor, decode_step_ms=4.0, round=1), replace(block, decode_step_ms=4.4, round=1)]
@@ -127,3 +127,27 @@ def test_each_kv_cache_dtype_asked_for_is_an_arm_and_labels_its_rows(monkeypatch
     assert _plan(args, torch.device("cpu")).kv_dtypes == ["auto", "fp8"]
     assert E2ERow("routed", 64, 4096, 1.0, 1.0, 1.0, 1.0, 8.0, 1.0, 0.5, kv_cache_dtype="fp8").label == "routed kv-fp8"
     assert ROWS[0].label == "routed"
+
+
+def test_every_kv_cache_dtype_and_arm_is_benched_in_each_round_with_its_own_settings(monkeypatch, capsys):
+    from pathlib import Path
+
+    import fp8route.cli.bench_e2e as cli
+    from fp8route.bench.e2e import ArmOptions
+
+    calls = []
+
+    def bench_arm(arm, folder, batches, inputs, output, copy_gbs, **kw):
+        calls.append((arm, folder.name, kw["kv_cache_dtype"], kw["attention"], kw["tp"]))
+        return [E2ERow(arm, 1, 1024, 1.0, 1.0, 1.0, 1.0, 8.0, 1.0, 0.5, kv_cache_dtype=kw["kv_cache_dtype"])]
+
+    monkeypatch.setattr(cli, "bench_arm", bench_arm)
+    plan = cli._Plan(["routed", "bf16"], [1], [1024], [1], ["nccl"], ["builtin"], ["auto", "fp8"], [ArmOptions()],
+                     ["tensor"])  # fmt: skip
+    folders = {"tensor": Path("fp8-tensor"), "bf16": Path("bf16")}
+    rows = cli._bench(plan, folders, 8, 1000.0, rounds=2)
+    first = [("routed", "fp8-tensor", "auto", "builtin", 1), ("routed", "fp8-tensor", "fp8", "builtin", 1),
+             ("bf16", "bf16", "auto", "builtin", 1), ("bf16", "bf16", "fp8", "builtin", 1)]  # fmt: skip
+    assert calls == first + first[::-1]
+    assert [r.round for r in rows] == [0] * 4 + [1] * 4
+    assert [r.label for r in rows[:2]] == ["routed", "routed kv-fp8"]
