@@ -6,9 +6,9 @@ fraction of the run's copy bandwidth:
 - read BLOCKxWARPSxSTAGES: a Triton kernel that reads each row's K and V tiles through its block table, as the
   decode kernel does (the same pages, (row, KV head) grid and programs per pair), and folds them with XOR:
   what this access pattern allows without the attention's work;
-- decode LAUNCH rN: decode_attention with the new token fused, launched with at most N registers a thread
-  (ptxas's `maxnreg`; without it ptxas takes 203-255 for the e4m3 tiles, two programs a SM, where 128 leaves
-  room for four and the sm_90 compile shows no spill).
+- decode LAUNCH[/sSPLIT] rN: decode_attention with the new token fused (at splits of SPLIT positions where
+  given), launched with at most N registers a thread (ptxas's `maxnreg`; without it ptxas takes 203-255 for the
+  e4m3 tiles, two programs a SM, where 128 leaves room for four).
 
     PYTHONPATH=$PWD python3 benchmarks/scripts/kv_read_probe.py [--cases 64x4096,1x32768] [--regs 0,168,128]
 """
@@ -65,9 +65,9 @@ def _read(c: ab.pa.PagedKV, batch: int, ctx: int, programs: int, launch: pd.Laun
     )  # fmt: skip
 
 
-def _decode(c: ab.pa.PagedKV, q, token, seqs, launch: pd.Launch) -> None:  # noqa: ANN001 (a probe's plumbing)
+def _decode(c: ab.pa.PagedKV, q, token, seqs, launch: pd.Launch, split: int | None) -> None:  # noqa: ANN001 (a probe's plumbing)
     pages = pd.Pages(c.k, c.v, c.tables, seqs.rows, c.k_scale, c.v_scale)
-    pd.decode_attention(q, pages, seqs.lengths.long(), new=token, launch=launch)
+    pd.decode_attention(q, pages, seqs.lengths.long(), new=token, launch=launch, split=split)
 
 
 def _with_regs(regs: int) -> None:
@@ -100,7 +100,8 @@ def case(
 
     pairs = batch * ab.HKV
     for text in launches:
-        launch = pd.Launch.parse(text)
+        tiling, _, split_text = text.partition("/s")  # "64x4x3h-r128/s256": that launch at splits of 256
+        launch, split = pd.Launch.parse(tiling), int(split_text) if split_text else None
         for programs in sorted(
             {pd.programs_for(pairs, 64, launch_sms(q.device)), max(1, 1024 // pairs)} if read else []
         ):
@@ -109,8 +110,8 @@ def case(
             show(f"read {launch.block}x{launch.warps}x{launch.stages} p{programs}", calls)
         for reg in regs:
             _with_regs(reg)
-            calls = [functools.partial(_decode, c, q, token, seqs, launch) for c in caches]
-            show(f"decode {launch} r{reg or '-'}", calls)
+            calls = [functools.partial(_decode, c, q, token, seqs, launch, split) for c in caches]
+            show(f"decode {text} r{reg or '-'}", calls)
         _with_regs(0)
 
 
