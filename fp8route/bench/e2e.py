@@ -30,6 +30,7 @@ from fp8route.kernels.options import KernelOptions, kernel_options, set_kernel_o
 from fp8route.linear.layer import Fp8Linear
 from fp8route.linear.policy import Policy
 from fp8route.models.parallel import init_from_env
+from fp8route.tuning.cupti import cupti_available
 
 FORCE_ENV = "FP8ROUTE_FORCE"
 START = KernelOptions()  # the kernel options a process starts with
@@ -323,7 +324,7 @@ def split_table(rows: Sequence[E2ERow]) -> str:
     GPU's idle time between kernels (at their boundaries, and longer stalls), the launches a step, how
     much of the step the GPU was busy, and the largest kernels."""
     profiled = [r for r in rows if r.kernels_per_step]
-    if not profiled:
+    if not profiled and not cupti_available():
         return "decode step by kernel: not recorded (torch.profiler sees no GPU kernels here)"
     lines = [
         f"decode step by kernel ({step_split.STEPS} profiled steps, device ms and share of the step)",
@@ -341,7 +342,7 @@ def split_table(rows: Sequence[E2ERow]) -> str:
     missed = [f"{r.label} {r.batch}x{r.input_tokens}" for r in rows if not r.kernels_per_step]
     if missed:  # step_split.measure found too few positions left to decode through its steps
         lines.append(f"not recorded for {', '.join(missed)}: the context left too few tokens (raise --output)")
-    lines.append("largest kernels (ms a step):")
+    lines += ["largest kernels (ms a step):"] if profiled else []
     for r in profiled:
         top = ", ".join(f"{name[:48]} {ms:.3f}" for name, ms in r.top_kernels[:4])
         lines.append(f"  {r.label} {r.batch}x{r.input_tokens}: {top}")

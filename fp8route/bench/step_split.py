@@ -125,7 +125,9 @@ def measure(engine: LLMEngine, prompts: Sequence[Sequence[int]]) -> StepSplit | 
     to decode through the profiled steps."""
     if not cupti_available():
         return None
-    params = SamplingParams(temperature=0, ignore_eos=True)  # each up to the engine's context
+    # Each up to the engine's context, not a default max_tokens: the first prompts of a batch that takes many
+    # steps to prefill decode while the last prefill, and must still be running for the profiled steps.
+    params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=None)
     requests = [engine.add_request(ids, params, request_id=f"step-split-{i}") for i, ids in enumerate(prompts)]
     try:
         while engine.has_unfinished and any(r.num_output_tokens == 0 for r in requests):

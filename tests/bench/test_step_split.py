@@ -104,9 +104,21 @@ def test_without_a_gpu_the_profiler_records_nothing_and_says_so():
     assert split_table([row]).startswith("decode step by kernel: not recorded")
 
 
+def test_a_row_the_profiler_could_see_but_did_not_record_is_named_with_why(monkeypatch):
+    import fp8route.bench.e2e as e2e
+
+    monkeypatch.setattr(e2e, "cupti_available", lambda: True)
+    row = E2ERow("routed", 64, 4096, 26.0, 39384.0, 9.6, 324.9, 8.03, 2609.0, 0.58)
+    lines = split_table([row]).splitlines()
+    assert lines[0].startswith("decode step by kernel (") and "largest kernels" not in lines[-1]
+    assert lines[-1] == "not recorded for routed 64x4096: the context left too few tokens (raise --output)"
+
+
+@pytest.mark.parametrize("lengths", [(30, 20, 10, 25), (30,) * 8], ids=["four", "eight-long"])
 @pytest.mark.parametrize("ahead", [False, True], ids=["sync", "async"])
-def test_the_profiled_steps_are_decode_steps_of_every_prompt_after_every_prefill(monkeypatch, ahead):
-    # Prompts chunked by a 16-token budget: the first decode while the others still prefill. The
+def test_the_profiled_steps_are_decode_steps_of_every_prompt_after_every_prefill(monkeypatch, ahead, lengths):
+    # Prompts chunked by a 16-token budget: the first decode while the others still prefill (eight of 30
+    # tokens: the first has decoded 16 tokens, a request's default max_tokens, before the last prefilled). The
     # profiler is stood in for by the engine's own record of each step it launched.
     engine = tiny_engine(max_num_batched_tokens=16, max_num_seqs=8, enable_prefix_caching=False, record_stats=True,
                          async_scheduling=ahead)  # fmt: skip
@@ -121,7 +133,7 @@ def test_the_profiled_steps_are_decode_steps_of_every_prompt_after_every_prefill
     monkeypatch.setattr(step_split, "cupti_available", lambda: True)
     monkeypatch.setattr(step_split.torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(step_split, "kernel_times", kernel_times)
-    prompts = [list(range(1, 1 + n)) for n in (30, 20, 10, 25)]
+    prompts = [list(range(1, 1 + n)) for n in lengths]
     split = step_split.measure(engine, prompts)
     assert len(profiled) == step_split.STEPS
     assert all(s.prefill_tokens == 0 and s.decodes == len(prompts) for s in profiled), profiled
