@@ -28,10 +28,25 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the program is, so every cleanup that Ctrl-C runs runs for it too."""
 
 
+# Set by the handler: an extension the signal lands in may turn Terminated into an error of its own
+# (safetensors' get_tensor raised a ValueError), which is still the SIGTERM's.
+_sigterm = threading.Event()
+
+
 def _terminate(signum: int, frame: FrameType | None) -> None:
     # A second SIGTERM must not cut the cleanup of the first short; SIGKILL still ends us.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _sigterm.set()
     raise Terminated
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        return int(args.run(args))
+    except Exception:
+        if _sigterm.is_set():
+            raise Terminated from None
+        raise
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,9 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
     args = build_parser().parse_args(argv)
     in_main_thread = threading.current_thread() is threading.main_thread()
+    _sigterm.clear()
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     try:
-        return int(args.run(args))
+        return _run(args)
     except Fp8RouteError as exc:
         # Every error fp8route raises on purpose names the problem and the fix: one line is enough.
         print(f"fp8route {args.command}: {exc}", file=sys.stderr)

@@ -247,3 +247,26 @@ def test_no_log_message_begins_with_the_loggers_name():
     call = re.compile(r"log\.(?:debug|info|warning|error|exception)\(\s*f?[\"']fp8route")
     found = [f"{p.relative_to(package)}" for p in package.rglob("*.py") if call.search(p.read_text())]
     assert found == []
+
+
+def test_sigterm_is_exit_143_even_where_an_extension_turned_it_into_its_own_error(monkeypatch, tmp_path, capsys):
+    """The signal's exception can land inside an extension's call back into Python, which raises an error of its
+    own instead (safetensors' get_tensor raised a ValueError): still SIGTERM, exit 143, one line."""
+    import os
+    import signal
+
+    from fp8route.cli import inspect
+
+    def run(args):  # type: ignore[no-untyped-def]
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises at the next bytecode, inside this try
+        except KeyboardInterrupt:
+            raise ValueError("could not determine the shape of object type 'torch.storage.UntypedStorage'") from None
+        return 0
+
+    monkeypatch.setattr(inspect, "run", run)
+    assert main(["inspect", str(tmp_path)]) == 143
+    assert one_line_error(capsys, "inspect") == "fp8route inspect: terminated (SIGTERM)"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    monkeypatch.undo()
+    assert main(["inspect", str(tmp_path / "absent")]) == 2  # the next call's error is not taken for a SIGTERM
