@@ -37,7 +37,7 @@ SHAPES = {  # name: (N, K), Llama-3.1-8B's projections per tensor-parallel rank
 MS = (1, 2, 4, 8, 16, 32, 64, 128)
 SWEEP_MS = (1, 2, 4, 8, 16)
 # (block_n, block_k, num_stages, num_warps) per block_m; each compiles for sm_90 in shared memory for one
-# or two CTAs per SM (cuobjdump --dump-resource-usage; its spill count was read from LOCAL, which holds none).
+# or two CTAs per SM (cuobjdump --dump-resource-usage; spills not checked).
 SWEEP_BLOCKS = {
     16: ((256, 128, 4, 8), (128, 256, 3, 8), (128, 128, 5, 8), (64, 128, 6, 4), (128, 256, 2, 8), (256, 128, 2, 8),
          (256, 256, 2, 8), (128, 128, 3, 4), (64, 256, 3, 4), (128, 512, 2, 8)),

@@ -43,7 +43,6 @@ from fp8route.tuning.timing import copy_bandwidth_gbs
 # deterministic: routed with the engine in its deterministic mode (EngineConfig.deterministic).
 ARMS = ("routed", "deterministic", "bf16", *BACKENDS)
 PDL_ARMS = {"auto": None, "on": True, "off": False}
-T = TypeVar("T")
 PDL_HELP = (
     "programmatic dependent launch of fp8route's kernels: auto (the engine's default: each decode graph captured "
     "with and without it, the faster kept), on, off (every launch), or several comma-separated (each an arm)"
@@ -177,6 +176,9 @@ def _bench(plan: _Plan, folders: dict[str, Path], output: int, copy_gbs: float, 
             rows += new
             print(table(new).split("\n", 1)[1], flush=True)
     return rows
+
+
+T = TypeVar("T")
 
 
 def round_orders(runs: list[T], rounds: int) -> list[list[T]]:

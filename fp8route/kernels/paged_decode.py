@@ -88,11 +88,8 @@ LAUNCH = {False: Launch(), True: Launch(128, 4, 2, f16=True)}
 # An fp8 cache's launch where enough programs have work: ptxas gives LAUNCH[True] 200-255 registers a
 # thread, two programs a SM, too few reads in flight for e4m3 tiles; capped at 128, four run a SM. On an
 # H100 (benchmarks/results/h100/serve_bound/) it read 1.11-1.25x faster wherever about 512 programs had
-# work (64 rows of 4096, 232 against 257 us a layer: 0.77 of copy bandwidth against 0.69, where a plain
-# read of the same pages reaches 0.97) and one row at any length (1024-32768: target_splits cuts a lone
-# row into 64-position tiles), and 1.14x slower where a batch's short rows gave 256 (16 and 32 rows of
-# 1024). So it is taken for one row's pairs, and from _MANY_PAIRS, where 32 rows of 4096 gained 1.11x and
-# 32 of 1024 lost 1.14x (their splits too long for 512 programs: not settled).
+# work and for one row at any length, 1.14x slower where a batch's short rows gave 256 (16 and 32 rows of
+# 1024). Hence one row's pairs and from _MANY_PAIRS, where 32 rows of 4096 gain what 32 of 1024 lose.
 CAPPED_LAUNCH = Launch(64, 4, 3, f16=True, regs=128)
 _FEW_PAIRS, _MANY_PAIRS = 8, 256
 
