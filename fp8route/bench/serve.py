@@ -21,12 +21,14 @@ import torch
 
 from fp8route.bench.e2e import FORCE_ENV, model_scheme, timed_calls, weight_bytes
 from fp8route.bench.workload import LoadRequest, RequestResult, ServeReport, summarize
+from fp8route.device import default_device
 from fp8route.engine.config import EngineConfig
 from fp8route.engine.generate import generate
 from fp8route.engine.llm import LLM
 from fp8route.engine.llm_engine import StepStats
 from fp8route.engine.request import Request
 from fp8route.engine.sampling import SamplingParams
+from fp8route.engine.step_cost import copy_gbs as measured_copy_gbs
 from fp8route.engine.structured import StructuredOutputs
 from fp8route.kernels.launcher import first_launched, first_launches
 from fp8route.linear.policy import Policy
@@ -261,9 +263,11 @@ def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tup
     else:
         os.environ.pop(FORCE_ENV, None)
     config = arm.config.replace(skip_tokenizer_init=True, record_stats=True)
+    device = default_device(config.device)
+    cuda = device.type == "cuda"
+    copy_gbs = measured_copy_gbs(device, 1 << 30) if cuda else 0.0  # before the engine's pool takes the memory
     llm = LLM(arm.folder, policy=Policy.from_env(), config=config)
     engine = llm.engine
-    cuda = engine.device.type == "cuda"
     pool = engine.kv_cache
     extra: dict[str, Any] = {
         "policy": arm.policy, "prefix_caching": config.enable_prefix_caching, "kv_cache_dtype": config.kv_cache_dtype,
@@ -304,9 +308,6 @@ def run_arm(arm: Arm, load: list[LoadRequest], warmup: list[LoadRequest]) -> tup
         }
     )
     if cuda:
-        from fp8route.tuning.timing import copy_bandwidth_gbs
-
-        copy_gbs = copy_bandwidth_gbs()
         extra["copy_gbs"] = copy_gbs
         extra.update(_step_floors(llm, stats, copy_gbs))
         extra.update(_prefill_steps(stats))
