@@ -55,8 +55,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _decode_launches(text: str, fp8: bool) -> list[pd.Launch | None]:
-    """--decode-launches for one cache dtype: "default" (None) is decode_attention's own for each
-    case's batch (paged_decode.default_launch); others as Launch.parse reads them."""
+    """--decode-launches for one cache dtype: "default" (None) is decode_attention's own
+    (paged_decode.LAUNCH for the cache's dtype); others as Launch.parse reads them."""
     words = [w.strip() for w in text.split(",") if w.strip()]
     launches = [None if w == "default" else pd.Launch.parse(w) for w in words]
     if not launches:

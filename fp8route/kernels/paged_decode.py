@@ -82,21 +82,13 @@ class Launch(NamedTuple):
         return {"maxnreg": self.regs} if self.regs else {}
 
 
-# By whether the cache is fp8, as the engine's step measured fastest (benchmarks/results/h200/fp8_kv/):
-# a bf16 cache's step is slower with 128-position tiles, an fp8 cache's faster with fp16 ones.
-LAUNCH = {False: Launch(), True: Launch(128, 4, 2, f16=True)}
-# An fp8 cache's launch where enough programs have work: ptxas gives LAUNCH[True] 200-255 registers a
-# thread, two programs a SM, too few reads in flight for e4m3 tiles; capped at 128, four run a SM. On an
-# H100 (benchmarks/results/h100/serve_bound/) it read 1.11-1.25x faster wherever about 512 programs had
-# work and for one row at any length, 1.14x slower where a batch's short rows gave 256 (16 and 32 rows of
-# 1024). Hence one row's pairs and from _MANY_PAIRS, where 32 rows of 4096 gain what 32 of 1024 lose.
-CAPPED_LAUNCH = Launch(64, 4, 3, f16=True, regs=128)
-_FEW_PAIRS, _MANY_PAIRS = 8, 256
-
-
-def default_launch(fp8: bool, pairs: int) -> Launch:
-    """Kernel 1's launch for a batch of `pairs` (row, KV head) pairs."""
-    return CAPPED_LAUNCH if fp8 and (pairs <= _FEW_PAIRS or pairs >= _MANY_PAIRS) else LAUNCH[fp8]
+# By whether the cache is fp8. A bf16 cache's step is slower with 128-position tiles (benchmarks/results/h200/fp8_kv/).
+# An fp8 cache's e4m3 tiles take ptxas 200-255 registers a thread uncapped, two programs a SM with too few reads in
+# flight; capped at 128 with 64-position tiles, four run a SM. On an H100 (benchmarks/results/h100/serve_bound/)
+# the capped launch read 1.11-1.25x faster than 128x4x2h wherever about 512 programs had work (64 rows of 4096,
+# 8 of 4096, one row of 1024-32768) and 1.14x slower where 256 had (16 and 32 rows of 1024), hence its
+# short-row target of twice the programs (target_splits).
+LAUNCH = {False: Launch(), True: Launch(64, 4, 3, f16=True, regs=128)}
 
 
 class NewToken(NamedTuple):
@@ -143,16 +135,20 @@ def split_len(pairs: int = 1) -> int:
     return 2 * BLOCK_N * scale
 
 
-# Splits over a small batch's short rows: about this many (row, KV head, split) programs in all.
+# Splits over a small batch's short rows: about this many (row, KV head, split) programs in all, twice as many
+# for a launch capped to run four programs a SM.
 _SHORT_ROW_PROGRAMS = 256
 
 
-def target_splits(pairs: int) -> int:
+def target_splits(pairs: int, launch: Launch) -> int:
     """Splits a row is cut into at most before they grow past the launch's tile, for `pairs` (row, KV
-    head) pairs: about _SHORT_ROW_PROGRAMS programs over the batch, from up to 32 pairs (4 rows of
-    Llama-3.1-8B); 0 above (split_len's alone). On an H100 (benchmarks/results/h100/serve_bound), one
+    head) pairs; 0 where split_len's alone. Uncapped: about _SHORT_ROW_PROGRAMS programs over the batch,
+    from up to 32 pairs (4 rows of Llama-3.1-8B). On an H100 (benchmarks/results/h100/serve_bound), one
     row of 512 / 1024 positions took 8.97 / 9.41 us a layer in splits of 128 and 7.37 / 8.16 in 64;
-    4 rows of 1024, 15.14 us in 256 and 12.72 in 128; at 4096 positions split_len's was the fastest."""
+    4 rows of 1024, 15.14 us in 256 and 12.72 in 128; at 4096 positions split_len's was the fastest.
+    Capped (launch.regs): twice the programs, over up to _SHORT_ROW_PROGRAMS pairs (32 rows)."""
+    if launch.regs:
+        return min(_MAX_SPLITS, 2 * _SHORT_ROW_PROGRAMS // pairs) if pairs <= _SHORT_ROW_PROGRAMS else 0
     if pairs > _SHORT_ROW_PROGRAMS // 8:
         return 0
     return min(_MAX_SPLITS, _SHORT_ROW_PROGRAMS // pairs)
@@ -349,7 +345,7 @@ def decode_attention(
     """q [B, H, D] (one token per row) over the first lengths[b] positions (each 1..the table's
     reach) of the row pages.rows[b] -> [B, H, D] in q's dtype. split (the least positions per
     split, a multiple of BLOCK_N and of the launch's tile; default split_len), launch (default
-    default_launch's for the batch, LAUNCH's with a split given) and programs (per row and KV head,
+    LAUNCH's for the cache's dtype) and programs (per row and KV head,
     each running every programs-th split of its row; default programs_for) are for benchmarks: none
     changes the result.
     With `new` (fuses_new_token), q is before RoPE, and the new key (rotated) and value are written
@@ -359,9 +355,8 @@ def decode_attention(
     fp8 = _check_pages(q, pages)
     hkv = pages.k.shape[2]
     pairs = q.shape[0] * hkv
-    # A split asked for (the deterministic mode's) is kept whatever the batch, and so is its tiling.
-    launch = launch or (LAUNCH[fp8] if split else default_launch(fp8, pairs))
-    target = 0 if split else target_splits(pairs)
+    launch = launch or LAUNCH[fp8]
+    target = 0 if split else target_splits(pairs, launch)
     split = split or split_len(pairs)
     if split % BLOCK_N or split < BLOCK_N or split % launch.block:
         raise Fp8InputError(

@@ -62,7 +62,7 @@ if torch.cuda.is_available():
     SHAPES += [(1, 32, 8, 128, 32768, [32768], 16), (16, 32, 8, 128, 4096, [256 * i + 1 for i in range(16)], 16)]
 
 
-LAUNCHES = [None, da.Launch(), da.Launch(f16=True), da.CAPPED_LAUNCH]  # None: default_launch for the batch
+LAUNCHES = [None, da.Launch(), da.Launch(f16=True), da.Launch(128, 4, 2, f16=True)]  # None: LAUNCH's for the cache
 
 
 @pytest.mark.parametrize("launch", LAUNCHES, ids=str)

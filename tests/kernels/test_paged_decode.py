@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fp8route.errors import Fp8InputError
-from fp8route.kernels.paged_decode import CAPPED_LAUNCH, LAUNCH, Launch, NewToken, default_launch, fuses_new_token
+from fp8route.kernels.paged_decode import LAUNCH, Launch, NewToken, fuses_new_token
 
 
 def test_the_attention_kernel_takes_the_engines_new_token_and_refuses_other_shapes():
@@ -35,9 +35,6 @@ def test_a_decode_launch_is_named_as_benchmarks_write_it_and_a_bad_name_is_one_l
             Launch.parse(bad)
 
 
-def test_a_lone_row_or_a_large_batch_over_an_fp8_cache_takes_the_register_capped_launch():
-    """Only an fp8 cache's, for up to _FEW_PAIRS and from _MANY_PAIRS (row, KV head) pairs; a bf16 cache's stays."""
-    expected = {1: CAPPED_LAUNCH, 8: CAPPED_LAUNCH, 9: LAUNCH[True], 255: LAUNCH[True], 256: CAPPED_LAUNCH}
-    assert {pairs: default_launch(True, pairs) for pairs in expected} == expected
-    assert CAPPED_LAUNCH.regs and CAPPED_LAUNCH.f16
-    assert default_launch(False, 4096) == LAUNCH[False]
+def test_an_fp8_cache_takes_the_register_capped_launch_and_a_bf16_cache_does_not():
+    assert LAUNCH[True] == Launch(64, 4, 3, f16=True, regs=128)
+    assert not LAUNCH[False].regs

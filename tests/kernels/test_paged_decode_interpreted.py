@@ -72,8 +72,11 @@ def test_the_fused_new_token_is_rope_and_the_cache_write_then_attention():
 
 
 def test_a_small_batchs_short_rows_take_shorter_splits():
-    """target_splits: about 256 programs over up to 32 (row, KV head) pairs, none above."""
-    assert [da.target_splits(p) for p in (2, 8, 16, 32, 40, 512)] == [64, 32, 16, 8, 0, 0]
+    """target_splits: about 256 programs over up to 32 (row, KV head) pairs, none above; for the register-capped
+    launch (four programs a SM) about 512 over up to 256 pairs."""
+    assert [da.target_splits(p, da.Launch()) for p in (2, 8, 16, 32, 40, 512)] == [64, 32, 16, 8, 0, 0]
+    capped = da.LAUNCH[True]
+    assert [da.target_splits(p, capped) for p in (2, 8, 32, 128, 256, 257, 512)] == [64, 64, 16, 4, 2, 0, 0]
 
 
 def test_with_a_fixed_split_a_rows_output_does_not_depend_on_its_batch():
