@@ -83,11 +83,9 @@ class Launch(NamedTuple):
 
 
 # By whether the cache is fp8. A bf16 cache's step is slower with 128-position tiles (benchmarks/results/h200/fp8_kv/).
-# An fp8 cache's e4m3 tiles take ptxas 200-255 registers a thread uncapped, two programs a SM with too few reads in
-# flight; capped at 128 with 64-position tiles, four run a SM. On an H100 (benchmarks/results/h100/serve_bound/)
-# the capped launch read 1.11-1.25x faster than 128x4x2h wherever about 512 programs had work (64 rows of 4096,
-# 8 of 4096, one row of 1024-32768) and 1.14x slower where 256 had (16 and 32 rows of 1024), hence its
-# short-row target of twice the programs (target_splits).
+# An fp8 cache's e4m3 tiles take ptxas 200-255 registers a thread uncapped: two programs a SM, too few reads in
+# flight. Capped at 128 with 64-position tiles, four run a SM, and the batch needs about twice the programs to
+# fill them (target_splits); measured over batches and row lengths in benchmarks/results/h100/serve_bound/.
 LAUNCH = {False: Launch(), True: Launch(64, 4, 3, f16=True, regs=128)}
 
 
