@@ -214,13 +214,16 @@ class EngineConfig:
 
     def resolved(self, device: torch.device, context: int) -> EngineConfig:
         """This config with what it leaves to the model and the device filled in, as the engine's
-        parts read it: device, max_model_len (the model's context, which it may not exceed) and
-        max_num_batched_tokens (the device's default)."""
+        parts read it: device, max_model_len (the model's context, which it may not exceed),
+        max_num_batched_tokens (the device's default) and async_scheduling (on a GPU unless attention
+        is flashinfer)."""
         if self.max_model_len is not None and self.max_model_len > context:
             raise Fp8InputError(f"max_model_len={self.max_model_len} exceeds the model's context of {context} tokens")
         return self.replace(
             device=str(device), max_model_len=self.max_model_len or context,
             max_num_batched_tokens=self.batched_tokens(device),
+            async_scheduling=self.async_scheduling if self.async_scheduling is not None
+            else device.type == "cuda" and self.attention != "flashinfer",
         )  # fmt: skip
 
     def threads(self) -> int | None:

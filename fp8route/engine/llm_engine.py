@@ -187,10 +187,7 @@ class LLMEngine:
         self.model, self.device, self.parallel = model, device, parallel
         self.runner = ModelRunner(config, model, device=device, kv_scales=kv_scales, eos_token_ids=eos_token_ids)
         self.scheduler = Scheduler(config, self.runner.initialize(quiet), self.runner.step_cost)
-        async_scheduling = config.async_scheduling
-        if async_scheduling is None:
-            async_scheduling = device.type == "cuda" and config.attention != "flashinfer"
-        self.async_scheduling = async_scheduling
+        self.async_scheduling = bool(config.async_scheduling)
         self.requests: dict[str, Request] = {}
         self.groups: dict[str, list[Request]] = {}  # a request of n > 1 samples: its samples
         self._held: dict[str, list[Request]] = {}  # samples that wait for the first one's prompt

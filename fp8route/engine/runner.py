@@ -61,6 +61,9 @@ log = logging.getLogger("fp8route")
 _LOGPROB_SLICE = 1024  # prompt positions per lm_head call when scoring a prompt
 CPU_KV_TOKENS = 32768  # a CPU pool's size: no device memory to size it from
 _GRAPH_RESERVE = 1 << 30  # decode graphs' own memory (logits and activations per bucket), kept free
+# Steps timed for the step cost, in a row: with async scheduling a step's host work overlaps the step
+# before, and a cost fitted to steps timed one at a time counts it again (and an ITL target's chunks shrink).
+STEPS_IN_A_ROW = 4
 FRESH_CHUNKS_TIMED = (1, 3)  # how a measured step splits its fresh tokens: one prompt, several
 
 
@@ -231,9 +234,9 @@ class ModelRunner:
         return self.pool.num_blocks
 
     def measure_step_cost(self, read_gbs: float) -> StepCost:
-        """A StepCost fitted to mixed steps timed here (the median of three each): one short and one full
-        chunk, alone and beside a quarter of the budget in decodes; a cached position priced at its K/V
-        bytes read at read_gbs."""
+        """A StepCost fitted to mixed steps timed here (_time's, run in a row as serving runs them): one
+        short and one full chunk, alone and beside a quarter of the budget in decodes; a cached position
+        priced at its K/V bytes read at read_gbs."""
         tokens = min(self.max_num_batched_tokens, self.max_seq_len)
         decodes = max(1, min(self.max_rows - 1, tokens // 4))
         points = {(0, min(16, tokens)), (0, tokens), (decodes, min(decodes + 16, tokens)), (decodes, tokens)}
@@ -241,7 +244,8 @@ class ModelRunner:
         for singles, total in sorted(points):
             if total - singles < 1:
                 continue
-            ms = self._time(functools.partial(self.dummy_forward, total, singles, fresh_from=self.fresh_min_tokens))
+            step = functools.partial(self.dummy_forward, total, singles, fresh_from=self.fresh_min_tokens)
+            ms = self._time(step, in_a_row=STEPS_IN_A_ROW if self.config.async_scheduling else 1)
             samples.append((singles + 1, total, ms))
         return replace(fit(samples), per_position_ms=self.pool.bytes_per_token / (read_gbs * 1e6))
 
@@ -293,18 +297,21 @@ class ModelRunner:
             return "fresh chunks through the paged kernel" + measured
         return f"fresh chunks of >= {self.fresh_min_tokens} tokens a step through SDPA" + measured
 
-    def _time(self, run: Callable[[], object]) -> float:
-        """run's median wall time over three calls after an untimed one (a first call may compile), in ms."""
+    def _time(self, run: Callable[[], object], in_a_row: int = 1) -> float:
+        """run's median wall time over three timings after an untimed call (a first call may compile), in
+        ms; each timing runs it in_a_row times between syncs, so that the host's work for a call
+        overlaps the device's for the one before, as it does for steps in serving."""
         run()
         times = []
         for _ in range(3):
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             start = time.perf_counter()
-            run()
+            for _ in range(in_a_row):
+                run()
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            times.append(time.perf_counter() - start)
+            times.append((time.perf_counter() - start) / in_a_row)
         return 1e3 * sorted(times)[1]
 
     def fit_blocks(self) -> int:

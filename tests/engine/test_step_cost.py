@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from fp8route.engine.config import EngineConfig
 from fp8route.engine.request import Request, RequestMetrics
+from fp8route.engine.runner import ModelRunner
 from fp8route.engine.sampling import SamplingParams
 from fp8route.engine.scheduler import Scheduler
 from fp8route.engine.step_cost import StepCost, copy_gbs, fit
@@ -42,6 +45,31 @@ def test_the_cached_positions_a_step_reads_take_their_share_of_the_target():
 
 def test_the_copy_bandwidth_a_position_is_priced_at_is_measured():
     assert copy_gbs(torch.device("cpu"), nbytes=16 << 20) > 0.1
+
+
+def test_steps_timed_in_a_row_are_each_priced_at_their_share():
+    calls = []
+
+    def step() -> None:
+        calls.append(time.perf_counter())
+        time.sleep(0.002)
+
+    cpu = SimpleNamespace(device=torch.device("cpu"))
+    ms = ModelRunner._time(cpu, step, in_a_row=4)  # type: ignore[arg-type]
+    assert len(calls) == 1 + 3 * 4  # an untimed call, then three timings of four
+    assert 2.0 <= ms < 4.0
+
+
+@pytest.mark.parametrize(
+    ("device", "attention", "expected"),
+    [("cuda", "builtin", True), ("cpu", "builtin", False), ("cuda", "flashinfer", False)],
+)
+def test_async_scheduling_is_resolved_with_the_device_so_the_step_cost_times_steps_as_they_run(
+    device: str, attention: str, expected: bool
+):
+    config = EngineConfig(attention=attention).resolved(torch.device(device), 4096)
+    assert config.async_scheduling is expected
+    assert EngineConfig(async_scheduling=False).resolved(torch.device("cuda"), 4096).async_scheduling is False
 
 
 def request(name: str, prompt: list[int], max_tokens: int = 64) -> Request:
