@@ -149,14 +149,15 @@ def _static_generate(llm: LLM, batch: int, input_len: int, output_len: int) -> d
 
 
 def load_bound(llm: LLM, load: list[LoadRequest], lone_tok_s: float, copy_gbs: float) -> float:
-    """The output tokens/s no engine can beat on this load: every prompt at the lone-prefill rate, then
-    every output token's KV read plus the weights once per step of max_num_seqs rows, at copy bandwidth."""
+    """The output tokens/s this load allows: every prompt at the lone-prefill rate, then its decodes in
+    the longer of two: every output token's KV read plus the weights once per step of max_num_seqs rows at
+    copy bandwidth, or the output tokens' own GEMMs at the lone-prefill rate (the larger at high concurrency)."""
     per_token = llm.engine.kv_cache.bytes_per_token
     outputs = sum(r.output_len for r in load)
     prefill_s = sum(len(r.prompt_ids) for r in load) / lone_tok_s
     kv = sum(per_token * (r.output_len * len(r.prompt_ids) + r.output_len * (r.output_len - 1) / 2) for r in load)
     steps = -(-outputs // llm.config.max_num_seqs)
-    decode_s = (steps * weight_bytes(llm.engine.model) + kv) / (copy_gbs * 1e9)
+    decode_s = max((steps * weight_bytes(llm.engine.model) + kv) / (copy_gbs * 1e9), outputs / lone_tok_s)
     return outputs / (prefill_s + decode_s)
 
 

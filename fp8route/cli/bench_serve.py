@@ -220,7 +220,8 @@ def _ratios(r: ServeReport) -> list[str]:
         lines.append(
             f"{r.arm}: output {r.output_throughput:,.0f} tok/s = {r.output_throughput / bound:.2f} of the load's own "
             f"bound ({bound:,.0f} tok/s: prompts at the lone-prefill rate, then each output token's KV and the "
-            f"weights once per step of {e['max_num_seqs']} rows at {e['copy_gbs']:,.0f} GB/s)"
+            f"weights once per step of {e['max_num_seqs']} rows at {e['copy_gbs']:,.0f} GB/s, or the output tokens "
+            "at the lone-prefill rate where that is longer)"
         )
     if e.get("static_output_tok_s"):
         static = float(e["static_output_tok_s"])  # type: ignore[arg-type]

@@ -9,7 +9,8 @@ from checkpoint_helpers import text_model_folder
 
 from fp8route import LLM
 from fp8route.bench.e2e import weight_bytes
-from fp8route.bench.serve import _Collections, _percentiles, _prefill_steps, _step_floors
+from fp8route.bench.serve import _Collections, _percentiles, _prefill_steps, _step_floors, load_bound
+from fp8route.bench.workload import LoadRequest
 from fp8route.engine.llm_engine import StepStats
 
 
@@ -58,3 +59,15 @@ def test_collections_count_the_full_ones_apart():
         gc.collect()
     assert collected.full == 1 and 0 < collected.full_s <= collected.all_s
     assert collected._note not in gc.callbacks
+
+
+def test_a_loads_bound_takes_the_longer_of_its_decodes_bytes_and_their_tokens_at_the_lone_rate(tmp_path):
+    llm = LLM(text_model_folder(tmp_path / "tiny"), max_num_seqs=4, max_num_batched_tokens=32, device="cpu")
+    weights, per_token = weight_bytes(llm.engine.model), llm.engine.runner.pool.bytes_per_token
+    load = [LoadRequest([1] * 10, 8, 0.0) for _ in range(4)]  # 40 prompt tokens, 32 out in 8 steps of 4 rows
+    kv = 4 * per_token * (8 * 10 + 8 * 7 / 2)
+    lone = 100.0  # tokens a second: prompts take 0.4 s
+    slow_copy = (8 * weights + kv) / 1.0  # GB/s at which the decodes' bytes take 1 s, longer than 0.32 s of GEMMs
+    assert load_bound(llm, load, lone, slow_copy / 1e9) == pytest.approx(32 / (0.4 + 1.0))
+    fast_copy = 1e3 * slow_copy  # bytes in 1 ms: the 32 tokens at the lone rate bound the decodes
+    assert load_bound(llm, load, lone, fast_copy / 1e9) == pytest.approx(32 / (0.4 + 0.32))

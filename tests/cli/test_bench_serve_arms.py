@@ -113,7 +113,8 @@ def test_the_must_show_ratios_are_printed_against_what_the_arm_measured_apart():
         "routed: TTFT p50 2.50x a request alone (20.0 ms), ITL p99 15.0x its step (3.00 ms)",
         "routed: input 54,000 tok/s = 0.90x a lone 4096-token prefill (60,000 tok/s)",
         "routed: output 7,500 tok/s = 0.75 of the load's own bound (10,000 tok/s: prompts at the lone-prefill rate, "
-        "then each output token's KV and the weights once per step of 256 rows at 4,250 GB/s)",
+        "then each output token's KV and the weights once per step of 256 rows at 4,250 GB/s, or the output tokens "
+        "at the lone-prefill rate where that is longer)",
         "routed: output 7,500 tok/s = 2.50x the static generate at batch 16 (3,000 tok/s)",
     ]
     assert _ratios(ServeReport("cpu", 1, 0, 1.0, 1.0, 1.0, 1.0, {"p50": 1.0}, {}, {"p99": 1.0}, {}, 0)) == []
