@@ -141,10 +141,8 @@ _SHORT_ROW_PROGRAMS = 256
 def target_splits(pairs: int, launch: Launch) -> int:
     """Splits a row is cut into at most before they grow past the launch's tile, for `pairs` (row, KV
     head) pairs; 0 where split_len's alone. Uncapped: about _SHORT_ROW_PROGRAMS programs over the batch,
-    from up to 32 pairs (4 rows of Llama-3.1-8B). On an H100 (benchmarks/results/h100/serve_bound), one
-    row of 512 / 1024 positions took 8.97 / 9.41 us a layer in splits of 128 and 7.37 / 8.16 in 64;
-    4 rows of 1024, 15.14 us in 256 and 12.72 in 128; at 4096 positions split_len's was the fastest.
-    Capped (launch.regs): twice the programs, over up to _SHORT_ROW_PROGRAMS pairs (32 rows)."""
+    from up to 32 pairs (4 rows of Llama-3.1-8B); capped (launch.regs): twice the programs, over up to
+    _SHORT_ROW_PROGRAMS pairs (32 rows). Swept in benchmarks/results/h100/serve_bound/."""
     if launch.regs:
         return min(_MAX_SPLITS, 2 * _SHORT_ROW_PROGRAMS // pairs) if pairs <= _SHORT_ROW_PROGRAMS else 0
     if pairs > _SHORT_ROW_PROGRAMS // 8:
