@@ -256,7 +256,10 @@ def test_async_llm_streams_on_a_gpu_given_as_plain_cuda(tmp_path):
     from fp8route import LLM, SamplingParams
     from fp8route.engine.async_llm import AsyncLLM
 
-    llm = LLM(text_model_folder(tmp_path / "tiny"), device="cuda", max_num_seqs=4, max_num_batched_tokens=64)
+    # A pool of a fixed size, not most of a GPU other test processes share.
+    llm = LLM(
+        text_model_folder(tmp_path / "tiny"), device="cuda", max_num_seqs=4, max_num_batched_tokens=64, num_kv_blocks=64
+    )
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     ids = llm.encode("hello there, the world")
     offline = llm.generate([ids], params, use_tqdm=False)[0].outputs[0].token_ids

@@ -17,7 +17,9 @@ def test_a_decode_steps_kernels_are_recorded_and_sorted_by_kind(tmp_path):
 
     config = {**TINY, "hidden_size": 256}
     folder = write_random(tmp_path / "m", config, fp8=True, device="cuda")
-    model = load_model(folder, device="cuda", max_model_len=128, max_num_seqs=4, max_num_batched_tokens=32, quiet=True)
+    # A pool of a fixed size, not most of a GPU other test processes share.
+    settings = {"max_model_len": 128, "max_num_seqs": 4, "max_num_batched_tokens": 32, "num_kv_blocks": 64}
+    model = load_model(folder, device="cuda", quiet=True, **settings)
     ids = torch.randint(0, config["vocab_size"], (2, 24), device="cuda")
     model.generate(ids, 4)  # the kernels' first calls
     split = step_split.measure(model.engine, ids.tolist())
