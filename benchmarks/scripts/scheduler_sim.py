@@ -2,9 +2,10 @@
 decodes, what preemption costs in tokens computed again for a pool of a given size, and an estimate of
 the load's time from a step-time model (its three rates are arguments: an H100's by default). Issue 47's
 1000/1000 throughput load (1536 prompts, max_num_seqs 1024) is the default; --pool-tokens is what the
-engine's start-up line says its KV pool holds on the GPU in question. --reserve admits a request only
-while the pool holds what every running request may still write (TensorRT-LLM's "guaranteed no evict"
-admission); --eos stops each output at a uniform random length up to its max_tokens.
+engine's start-up line says its KV pool holds on the GPU in question. --reserve runs the engine's
+admission="reserve" (a request admitted only while the pool holds every running one to its max_tokens,
+as TensorRT-LLM's "guaranteed no evict"); --eos stops each output at a uniform random length up to its
+max_tokens.
 
     python benchmarks/scripts/scheduler_sim.py --pool-tokens 1850000 [--reserve] [--eos]
 """
@@ -15,32 +16,18 @@ import argparse
 import random
 import statistics
 
-from fp8route.engine.blocks import blocks_for
 from fp8route.engine.config import EngineConfig
 from fp8route.engine.request import Request, RequestMetrics
 from fp8route.engine.sampling import SamplingParams
 from fp8route.engine.scheduler import Scheduler
-from fp8route.engine.scheduler_output import ScheduledSeq, SchedulerOutput
-
-
-class ReservingScheduler(Scheduler):
-    """Admits a request only while the free blocks, less its own prompt and max_tokens, hold what every
-    running request may still write (and a block each to grow into, as the engine's does)."""
-
-    def _admit(self, request: Request, budget: int, out: SchedulerOutput) -> ScheduledSeq | None:
-        rest = sum(len(r.prompt_token_ids) + r.max_tokens - r.num_computed for r in self.running)
-        own = blocks_for(len(request.prompt_token_ids) + request.max_tokens, self.block_size)
-        if self.blocks.free_blocks - own < len(self.running) + blocks_for(rest, self.block_size):
-            return None
-        return super()._admit(request, budget, out)
 
 
 def simulate(args: argparse.Namespace) -> dict[str, float]:
     config = EngineConfig(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.budget, max_model_len=args.input + args.output,
-        block_size=args.block_size, enable_prefix_caching=True,
+        block_size=args.block_size, enable_prefix_caching=True, admission="reserve" if args.reserve else "on_demand",
     )  # fmt: skip
-    s = (ReservingScheduler if args.reserve else Scheduler)(config, args.pool_tokens // args.block_size + 1)
+    s = Scheduler(config, args.pool_tokens // args.block_size + 1)
     rng = random.Random(0)
     stop_at = {}
     for i in range(args.prompts):  # distinct prompts: nothing shared but what a recompute finds cached

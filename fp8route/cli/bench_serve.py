@@ -36,6 +36,7 @@ AXES = {
     "enable_prefix_caching": ("--prefix-caching", "prefix"),
     "async_scheduling": ("--async-scheduling", "async"),
     "prefill_graphs": ("--prefill-graphs", "graphs"),
+    "admission": ("--admission", "admission"),
 }
 ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "max_model_len", "num_kv_blocks",
                "block_size", "attention", "use_cuda_graphs", "dtype", "itl_target_ms", "deterministic")  # fmt: skip
@@ -64,7 +65,8 @@ def _arms(args: argparse.Namespace, folders: dict[str, Path]) -> list[Arm]:
             name = policy + (f" {checkpoint}" if len(fp8) > 1 and policy != "bf16" else "")
             name += (f" {sampling}" if len(samplings) > 1 else "") + (f" kv-{kv}" if len(kv_dtypes) > 1 else "")
             for axis, value in settings.items():
-                name += f" {AXES[axis][1]}-{'on' if value else 'off'}" if len(axes[axis]) > 1 else ""
+                shown = ("on" if value else "off") if isinstance(value, bool) else value
+                name += f" {AXES[axis][1]}-{shown}" if len(axes[axis]) > 1 else ""
             folder = folders[checkpoint]
             config = base.replace(kv_cache_dtype=kv, **settings)
             arms.append(Arm(name, policy, folder, config, args.lone_prefill, args.static_batch, sampling))
@@ -181,14 +183,15 @@ def _checks(reports: list[ServeReport], digests: dict[str, list[str]], arms: lis
                 f"host {e['prefill_host_ms_mean']:.1f} ms a step"
             )
     # Arms that differ only in the prefix cache, async scheduling or prefill graphs should give the same
-    # tokens (an fp8 KV cache's are compared with its own, not bf16's; a sampling's with its own).
+    # tokens (an fp8 KV cache's are compared with its own, not bf16's; a sampling's with its own). Admission
+    # changes which requests share a step, and an FP8 model's tokens depend on that: not compared.
     labels = {"enable_prefix_caching": "the prefix cache", "async_scheduling": "async scheduling",
               "prefill_graphs": "prefill graphs"}  # fmt: skip
     for axis, label in labels.items():
         groups: dict[tuple[object, ...], list[Arm]] = {}
         for arm in arms:
             c = arm.config
-            key = (arm.policy, arm.sampling, c.kv_cache_dtype, *(getattr(c, a) for a in labels if a != axis))
+            key = (arm.policy, arm.sampling, c.kv_cache_dtype, *(getattr(c, a) for a in AXES if a != axis))
             groups.setdefault(key, []).append(arm)
         for group in groups.values():
             if len(group) == 2:

@@ -11,7 +11,7 @@ from fp8route.errors import Fp8InputError
 SERVE_ENGINE_ARGS = (
     "dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
     "num_kv_blocks", "block_size", "enable_prefix_caching", "kv_cache_dtype", "attention", "use_cuda_graphs",
-    "prefill_graphs", "async_scheduling", "cpu_threads", "itl_target_ms", "deterministic",
+    "prefill_graphs", "async_scheduling", "cpu_threads", "itl_target_ms", "admission", "deterministic",
 )  # fmt: skip
 
 # What the serve extra brings; a missing one of these is the user's to install, anything else is ours.

@@ -30,6 +30,7 @@ from fp8route.models.parallel import LM_HEADS, LmHead
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 KV_CACHE_DTYPES = ("auto", "fp8")
 ATTENTION = ("builtin", "flashinfer")
+ADMISSION = ("on_demand", "reserve")
 # A CPU's token budget when none is given: a step of 512 tokens of SmolLM2-135M takes about a second
 # on two cores, so a long prompt's chunks hold every other stream up by that much (8192 held them ~14 s).
 CPU_BATCHED_TOKENS = 512
@@ -110,6 +111,12 @@ class EngineConfig:
         None, "keep each step within this many ms: its prefill chunks sized from a cost model of a step "
         "measured at start (default: the token budget alone)",
         check=_milliseconds_or_none,
+    )  # fmt: skip
+    admission: str = _setting(
+        "on_demand", "on_demand: admit a request while the KV pool has room for it now, and preempt the newest "
+        "(computed again later) when the pool runs out; reserve: admit one only while the pool holds every running "
+        "request to its max_tokens (the context, where not given), so none is ever preempted",
+        ADMISSION,
     )  # fmt: skip
     gpu_memory_utilization: float = _setting(
         0.9, "the share of GPU memory the weights, activations and KV cache take", check=_share

@@ -11,7 +11,9 @@ Every step, in this order:
    full blocks stay in the prefix cache, so the recompute often finds them), until the pool can
    give it or it was the newest.
 2. Waiting requests are admitted in arrival order while a table row, budget and blocks remain:
-   the longest cached prefix of a new request is taken from the prefix cache and not computed.
+   the longest cached prefix of a new request is taken from the prefix cache and not computed. Under
+   admission="reserve" the blocks must also hold every running request, and this one, to their
+   max_tokens, so step 1 never preempts.
 
 A step is scheduled before the tokens of the step before it are read back (the engine overlaps the
 two), so a request's positions count as computed once scheduled, and a token sampled but not yet
@@ -45,6 +47,7 @@ class Scheduler:
         self.max_num_seqs, self.max_model_len = config.max_num_seqs, config.max_model_len
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.itl_target_ms, self.step_cost = config.itl_target_ms, step_cost
+        self.reserve = config.admission == "reserve"
         self.deterministic = config.deterministic
         self._warned_preemption = False  # the deterministic mode's warning, once
         assert self.itl_target_ms is None or step_cost is not None, "an ITL target needs a step cost"
@@ -85,10 +88,12 @@ class Scheduler:
             (singles if self._decode_row(request, piece) else chunks).append(piece)
             budget -= n
             i += 1
+        to_come = self._blocks_to_come() if self.reserve else 0
         while self.waiting and not out.preempted_ids and budget > 0 and len(self.running) < self.max_num_seqs:
-            admitted = self._admit(self.waiting[0], budget, out)
+            admitted = self._admit(self.waiting[0], budget, out, to_come)
             if admitted is None:
                 break
+            to_come += self._blocks_to_come([self.running[-1]]) if self.reserve else 0
             (singles if self._decode_row(self.running[-1], admitted) else chunks).append(admitted)
             budget -= admitted.num_tokens
         # Fresh chunks (their prompts' first, nothing before them cached) last: the runner attends over
@@ -134,8 +139,9 @@ class Scheduler:
             request.num_preemptions, request.num_output_scheduled - 1,
         )  # fmt: skip
 
-    def _admit(self, request: Request, budget: int, out: SchedulerOutput) -> ScheduledSeq | None:
-        """Admit the first waiting request with up to budget tokens; None if it must wait."""
+    def _admit(self, request: Request, budget: int, out: SchedulerOutput, to_come: int) -> ScheduledSeq | None:
+        """Admit the first waiting request with up to budget tokens; None if it must wait. to_come: the
+        blocks the running requests will still take (reserve admission's)."""
         if not self.free_rows or request.num_pending:  # a preempted request's last token is still on its way
             return None
         # A request that scores its prompt computes every position of it: it takes nothing from the cache.
@@ -144,8 +150,13 @@ class Scheduler:
         computed = len(cached) * self.block_size
         n = min(len(request.token_ids) - computed, budget)
         need = blocks_for(computed + n, self.block_size) - len(cached)
-        # Keep a block for each running request to grow into, so admitting does not force preemption.
-        fresh = self.blocks.allocate(need) if self.blocks.free_blocks - need >= len(self.running) else None
+        if not self.reserve:  # a block for each running request to grow into, so admitting forces no preemption
+            keep = len(self.running)
+        elif self.running:  # what they and this request will still take, to their max_tokens
+            keep = to_come + max(0, self._lifetime_blocks(request) - len(cached) - need)
+        else:  # alone it runs, reaching its max_tokens or not (as on_demand admission would)
+            keep = 0
+        fresh = self.blocks.allocate(need) if self.blocks.free_blocks - need >= keep else None
         if fresh is None:
             self.blocks.free(cached)
             return None
@@ -161,6 +172,14 @@ class Scheduler:
         self._given[request.row] = request
         self.running.append(request)
         return self._take(request, n)
+
+    def _lifetime_blocks(self, request: Request) -> int:
+        """The blocks request holds once it has written its prompt and max_tokens."""
+        return blocks_for(len(request.prompt_token_ids) + request.max_tokens, self.block_size)
+
+    def _blocks_to_come(self, requests: list[Request] | None = None) -> int:
+        """The blocks requests (default: the running ones) will still take to reach their max_tokens."""
+        return sum(max(0, self._lifetime_blocks(r) - len(r.blocks)) for r in requests or self.running)
 
     def _grow(self, request: Request, n: int, out: SchedulerOutput) -> bool:
         """Blocks for positions up to num_computed + n - 1; False if the pool is short (nothing taken)."""

@@ -11,7 +11,7 @@ from fp8route.cli.bench_serve import _arms, _checks, _ratios, _run_arms
 def args(**over: str) -> argparse.Namespace:
     base = {
         "policy": "routed", "enable_prefix_caching": "on", "kv_cache_dtype": "auto", "async_scheduling": "off",
-        "prefill_graphs": "on", "sampling": "greedy",
+        "prefill_graphs": "on", "admission": "on_demand", "sampling": "greedy",
     }  # fmt: skip
     base.update(over)
     return argparse.Namespace(
@@ -39,6 +39,10 @@ def test_arms_cross_the_options_and_name_what_varies():
         ("auto", False), ("auto", True), ("fp8", False), ("fp8", True)
     ]  # fmt: skip
     assert all(a.config.max_num_seqs == 8 and a.config.max_num_batched_tokens == 64 for a in arms)
+    arms = _arms(args(admission="on_demand,reserve"), folders)
+    assert [(a.name, a.config.admission) for a in arms] == [
+        ("routed admission-on_demand", "on_demand"), ("routed admission-reserve", "reserve")
+    ]  # fmt: skip
 
 
 def test_tokens_are_compared_between_arms_that_differ_in_one_option():

@@ -28,6 +28,7 @@ from fp8route.engine.generate import generate
         ({"max_num_seqs": 2.5}, "max_num_seqs must be an integer >= 1, got 2.5"),
         ({"max_num_batched_tokens": -3}, "max_num_batched_tokens must be an integer >= 1, got -3"),
         ({"max_num_seqs": 64, "max_num_batched_tokens": 32}, "max_num_batched_tokens (32) must be at least"),
+        ({"admission": "fcfs"}, "admission must be one of on_demand, reserve, got 'fcfs'"),
         ({"gpu_memory_utilization": 0}, "gpu_memory_utilization must be in (0, 1], got 0"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in (0, 1], got 1.5"),
         ({"gpu_memory_utilization": float("nan")}, "gpu_memory_utilization must be in (0, 1], got nan"),

@@ -20,11 +20,14 @@ TENSORS = {k: v.float() for k, v in llama_tensors().items()}
 GREEDY = SamplingParams(max_tokens=6, temperature=0)
 
 
-def engine(num_blocks=200, block_size=4, budget=16, max_num_seqs=8, prefix=True, max_seq_len=64, ahead=False, itl=None):
+def engine(
+    num_blocks=200, block_size=4, budget=16, max_num_seqs=8, prefix=True, max_seq_len=64, ahead=False, itl=None,
+    admission="on_demand",
+):  # fmt: skip
     config = EngineConfig(
         dtype="float32", max_num_seqs=max_num_seqs, max_model_len=max_seq_len, num_kv_blocks=num_blocks,
         block_size=block_size, enable_prefix_caching=prefix, max_num_batched_tokens=budget, async_scheduling=ahead,
-        itl_target_ms=itl,
+        itl_target_ms=itl, admission=admission,
     )  # fmt: skip
     return build_lm(CFG, {}, TENSORS, config).engine
 
@@ -95,6 +98,17 @@ def test_a_small_pool_preempts_and_recomputes_without_changing_any_output(ahead)
     outputs = run(eng, {0: [(rid, ids, params) for rid, ids in requests.items()]})
     preemptions = sum(r.num_preemptions for r in FINISHED.values())
     assert preemptions > 0
+    for rid, ids in requests.items():
+        assert outputs[rid] == alone(ids, 12), rid
+    assert eng.leaked() is None and launched_ahead(eng, ahead)
+
+
+def test_reserve_admission_runs_the_same_load_without_preempting_and_the_same_outputs(ahead):
+    eng = engine(num_blocks=14, block_size=4, budget=32, prefix=False, ahead=ahead, admission="reserve")
+    params = SamplingParams(max_tokens=12, temperature=0)
+    requests = {f"r{i}": prompt(8 + i, 10 + i) for i in range(6)}  # the load that preempts on demand, above
+    outputs = run(eng, {0: [(rid, ids, params) for rid, ids in requests.items()]})
+    assert sum(r.num_preemptions for r in FINISHED.values()) == 0 and eng.scheduler.preemptions == 0
     for rid, ids in requests.items():
         assert outputs[rid] == alone(ids, 12), rid
     assert eng.leaked() is None and launched_ahead(eng, ahead)

@@ -13,12 +13,17 @@ BLOCK = 4
 
 
 def scheduler(
-    blocks: int = 64, max_num_seqs: int = 8, budget: int = 32, max_model_len: int = 256, caching: bool = True
+    blocks: int = 64,
+    max_num_seqs: int = 8,
+    budget: int = 32,
+    max_model_len: int = 256,
+    caching: bool = True,
+    admission: str = "on_demand",
 ) -> Scheduler:
     """blocks: the pool's, the scratch block among them."""
     config = EngineConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len, block_size=BLOCK,
-        enable_prefix_caching=caching,
+        enable_prefix_caching=caching, admission=admission,
     )  # fmt: skip
     return Scheduler(config, blocks)
 
@@ -290,3 +295,33 @@ def test_a_deterministic_scheduler_warns_once_when_it_preempts_a_request_with_ou
         s.preempt(b)
     warnings = [r.getMessage() for r in caplog.records if "deterministic mode" in r.getMessage()]
     assert len(warnings) == 1 and "request a was preempted" in warnings[0] and "1 output positions" in warnings[0]
+
+
+def drain(s: Scheduler, requests: list[Request]) -> int:
+    """Run requests to their max_tokens through s; the most running at once."""
+    for r in requests:
+        s.add(r)
+    most = 0
+    while s.waiting or s.running:
+        out = s.schedule()
+        most = max(most, len(s.running))
+        read_back(s, out)
+        for r in [r for r in s.running if len(r.output_token_ids) >= r.max_tokens]:
+            s.finish(r, "length")
+    return most
+
+
+def test_reserve_admission_holds_every_running_request_to_its_max_tokens_so_none_is_preempted():
+    # 8 prompts of 4 tokens, 12 out each: 4 blocks a request over its life, a pool of 12 usable blocks.
+    load = [[request(f"r{i}", [i + 1] * 4, max_tokens=12) for i in range(8)] for _ in range(2)]
+    on_demand, reserve = scheduler(blocks=13, caching=False), scheduler(blocks=13, caching=False, admission="reserve")
+    assert drain(on_demand, load[0]) > 3 and on_demand.preemptions > 0  # admitted on room now, then preempted
+    assert drain(reserve, load[1]) == 3 and reserve.preemptions == 0  # 3 x 4 blocks: all the pool holds
+    assert all(len(r.output_token_ids) == 12 for r in load[1])
+
+
+def test_under_reserve_admission_a_request_alone_runs_though_its_max_tokens_outlast_the_pool():
+    s = scheduler(blocks=5, caching=False, admission="reserve")
+    lone = request("lone", [1] * 4, max_tokens=100)  # 26 blocks over its life, 4 in the pool
+    s.add(lone)
+    assert pieces(s.schedule()) == [("lone", 0, 4, True)]
