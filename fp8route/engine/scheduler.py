@@ -88,7 +88,7 @@ class Scheduler:
             (singles if self._decode_row(request, piece) else chunks).append(piece)
             budget -= n
             i += 1
-        to_come = self._blocks_to_come() if self.reserve else 0
+        to_come = self._blocks_to_come(self.running) if self.reserve else 0
         while self.waiting and not out.preempted_ids and budget > 0 and len(self.running) < self.max_num_seqs:
             admitted = self._admit(self.waiting[0], budget, out, to_come)
             if admitted is None:
@@ -177,9 +177,9 @@ class Scheduler:
         """The blocks request holds once it has written its prompt and max_tokens."""
         return blocks_for(len(request.prompt_token_ids) + request.max_tokens, self.block_size)
 
-    def _blocks_to_come(self, requests: list[Request] | None = None) -> int:
-        """The blocks requests (default: the running ones) will still take to reach their max_tokens."""
-        return sum(max(0, self._lifetime_blocks(r) - len(r.blocks)) for r in requests or self.running)
+    def _blocks_to_come(self, requests: list[Request]) -> int:
+        """The blocks requests will still take to reach their max_tokens."""
+        return sum(max(0, self._lifetime_blocks(r) - len(r.blocks)) for r in requests)
 
     def _grow(self, request: Request, n: int, out: SchedulerOutput) -> bool:
         """Blocks for positions up to num_computed + n - 1; False if the pool is short (nothing taken)."""
