@@ -13,7 +13,7 @@ Every step, in this order:
 2. Waiting requests are admitted in arrival order while a table row, budget and blocks remain:
    the longest cached prefix of a new request is taken from the prefix cache and not computed. Under
    admission="reserve" the blocks must also hold every running request, and this one, to their
-   max_tokens, so step 1 never preempts.
+   max_tokens, so step 1 preempts only past a request admitted alone whose max_tokens outlast the pool.
 
 A step is scheduled before the tokens of the step before it are read back (the engine overlaps the
 two), so a request's positions count as computed once scheduled, and a token sampled but not yet
