@@ -51,31 +51,38 @@ _MAX_SPLITS = 64  # the combine kernel reads one row of this many partials
 class Launch(NamedTuple):
     """Kernel 1's tiling: positions per tile (a divisor of every split), warps, pipeline stages, for
     an fp8 cache whether its tiles meet q in fp16 rather than q's dtype (e4m3 values are exact in
-    both; e4m3 -> fp16 is one conversion instruction on SM89+), and the registers a thread may take
-    at most (ptxas's maxnreg; 0: ptxas's own choice)."""
+    both; e4m3 -> fp16 is one conversion instruction on SM89+) and whether its V tiles are converted
+    before the MMA reads them (v16), and the registers a thread may take at most (ptxas's maxnreg;
+    0: ptxas's own choice)."""
 
     block: int = BLOCK_N
     warps: int = 4
     stages: int = 3
     f16: bool = False
     regs: int = 0
+    v16: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Launch:
-        """BLOCKxWARPSxSTAGES, then h for fp16 tiles, then -rREGS for a register cap: "64x4x3",
-        "128x4x2h", "64x4x3h-r128" (how benchmarks name them)."""
+        """BLOCKxWARPSxSTAGES, then h for fp16 tiles, v for V tiles converted first, then -rREGS for a
+        register cap: "64x4x3", "128x4x2h", "64x4x3hv-r128" (how benchmarks name them)."""
         tiling, _, regs = text.partition("-r")
+        letters = tiling.lstrip("0123456789x")
         try:
-            block, warps, stages = (int(x) for x in tiling.removesuffix("h").split("x"))
+            block, warps, stages = (int(x) for x in tiling.removesuffix(letters).split("x"))
             cap = int(regs) if regs else 0
+            if letters not in ("", "h", "v", "hv"):
+                raise ValueError(letters)
         except ValueError:
-            example = "e.g. 64x4x3, 128x4x2h or 64x4x3h-r128"
-            raise Fp8InputError(f"a decode launch is BLOCKxWARPSxSTAGES[h][-rREGS] ({example}), not {text!r}") from None
-        return cls(block, warps, stages, tiling.endswith("h"), cap)
+            example = "e.g. 64x4x3, 128x4x2h or 64x4x3hv-r128"
+            form = "BLOCKxWARPSxSTAGES[h][v][-rREGS]"
+            raise Fp8InputError(f"a decode launch is {form} ({example}), not {text!r}") from None
+        return cls(block, warps, stages, "h" in letters, cap, "v" in letters)
 
     def __str__(self) -> str:
         cap = f"-r{self.regs}" if self.regs else ""
-        return f"{self.block}x{self.warps}x{self.stages}{'h' if self.f16 else ''}{cap}"
+        letters = ("h" if self.f16 else "") + ("v" if self.v16 else "")
+        return f"{self.block}x{self.warps}x{self.stages}{letters}{cap}"
 
     def options(self) -> dict[str, int]:
         """Kernel 1's launch options beyond warps and stages."""
@@ -86,7 +93,7 @@ class Launch(NamedTuple):
 # An fp8 cache's e4m3 tiles take ptxas 200-255 registers a thread uncapped: two programs a SM, too few reads in
 # flight. Capped at 128 with 64-position tiles, four run a SM, and the batch needs about twice the programs to
 # fill them (target_splits); measured over batches and row lengths in benchmarks/results/h100/serve_bound/.
-LAUNCH = {False: Launch(), True: Launch(64, 4, 3, f16=True, regs=128)}
+LAUNCH = {False: Launch(), True: Launch(64, 4, 3, f16=True, regs=128, v16=True)}
 
 
 class NewToken(NamedTuple):
@@ -188,7 +195,8 @@ if TRITON_IMPORT_ERROR is None:
         sm_scale, k_scale, v_scale, k_inv, v_inv,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr,
         SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr, TARGET: tl.constexpr,
-        PRECISION: tl.constexpr, NEW: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr, USE_PDL: tl.constexpr,
+        PRECISION: tl.constexpr, NEW: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr, V16: tl.constexpr,
+        USE_PDL: tl.constexpr,
     ):  # fmt: skip
         wait_for_inputs(USE_PDL)
         b = tl.program_id(0)
@@ -242,7 +250,7 @@ if TRITON_IMPORT_ERROR is None:
                 q, table, k_head, v_head, o_ptr, lse_ptr, b, heads, g_mask, d, d_mask, split * size,
                 tl.minimum(split * size + size, length), split, qk_scale, v_scale,
                 stride_kblk, stride_ks, stride_vblk, stride_vs, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                G_PAD, D_PAD, PAGE, BLOCK, PRECISION, FP8,
+                G_PAD, D_PAD, PAGE, BLOCK, PRECISION, FP8, V16,
             )  # fmt: skip
 
     @triton.jit
@@ -250,7 +258,7 @@ if TRITON_IMPORT_ERROR is None:
         q, table, k_head, v_head, o_ptr, lse_ptr, b, heads, g_mask, d, d_mask, start, end, split, qk_scale, v_scale,
         stride_kblk, stride_ks, stride_vblk, stride_vs, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
         G_PAD: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr,
-        PRECISION: tl.constexpr, FP8: tl.constexpr,
+        PRECISION: tl.constexpr, FP8: tl.constexpr, V16: tl.constexpr,
     ):  # fmt: skip
         """One split of a row's positions [start, end) for its KV head's query heads: the online softmax
         over its tiles, then its normalized output and log-sum-exp stored at index split."""
@@ -274,6 +282,11 @@ if TRITON_IMPORT_ERROR is None:
             v_at = v_head + blocks * stride_vblk + within * stride_vs
             v = tl.load(v_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
             v = v.to(q.dtype)
+            if V16:
+                # A select stops Triton from moving the conversion past the tile's shared-memory read: the
+                # MMA takes V transposed, which an e4m3 tile gives a byte at a time, a 16-bit one through
+                # ldmatrix.trans (the tile then goes through shared memory once more, in fp16).
+                v = tl.where(n_mask[:, None], v, 0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             s_sum = s_sum * alpha + tl.sum(p, 1)
             m = m_new
@@ -419,7 +432,7 @@ def _split_pass(
         scale if scale is not None else d**-0.5, k_scale, v_scale, 1.0 / k_scale, 1.0 / v_scale,
         G=group, G_PAD=_pad(group), D=d, D_PAD=_pad(d), PAGE=page,
         SPLIT=split, MAX_SPLITS=num_splits, BLOCK=launch.block, TARGET=target, NEW=new is not None, FP8=fp8,
-        F16=fp8 and launch.f16 and q.dtype != torch.float32,
+        F16=fp8 and launch.f16 and q.dtype != torch.float32, V16=fp8 and launch.v16,
         # An fp32 cache asks for fp32 products (tl.dot would round them to TF32); 16-bit ones are exact.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=launch.warps, num_stages=launch.stages, **launch.options(), **launch_options(),
