@@ -150,6 +150,7 @@ def test_an_fp8_caches_v_tiles_converted_first_give_the_same_bits_and_the_dequan
     n = torch.tensor([1, 200, 512])
     assert da.LAUNCH[True].v16
     out = da.decode_attention(q, pages, n)
-    assert torch.equal(out, da.decode_attention(q, pages, n, launch=da.LAUNCH[True]._replace(v16=False)))
+    for other in (da.LAUNCH[True]._replace(v16=False), da.Launch.parse("64x4x1hvp")):  # and tiles prefetched
+        assert torch.equal(out, da.decode_attention(q, pages, n, launch=other))
     k_ref, v_ref = (x.div(0.5).to(torch.float8_e4m3fn).float() * 0.5 for x in (k, v))  # what the blocks hold
     assert relative(out, decode_attention_torch(q, k_ref, v_ref, n)) < 1e-4
