@@ -96,7 +96,8 @@ class Launch(NamedTuple):
 # An fp8 cache's e4m3 tiles take ptxas 200-255 registers a thread uncapped: two programs a SM, too few reads in
 # flight. Capped at 128 with 64-position tiles, four run a SM, and the batch needs about twice the programs to
 # fill them (target_splits); measured over batches and row lengths in benchmarks/results/h100/serve_bound/.
-LAUNCH = {False: Launch(), True: Launch(64, 4, 3, f16=True, regs=128, v16=True)}
+# v16 and prefetch are not measured yet (kv_read_probe.py's arms).
+LAUNCH = {False: Launch(), True: Launch(64, 4, 3, f16=True, regs=128)}
 
 
 class NewToken(NamedTuple):
@@ -296,14 +297,20 @@ if TRITON_IMPORT_ERROR is None:
                 k_next, v_next = _load_tile(table, k_head, v_head, n0 + BLOCK, end, d, d_mask, stride_kblk, stride_ks,
                                             stride_vblk, stride_vs, PAGE, BLOCK)  # fmt: skip
             else:
-                k, v = _load_tile(table, k_head, v_head, n0, end, d, d_mask, stride_kblk, stride_ks,
-                                  stride_vblk, stride_vs, PAGE, BLOCK)  # fmt: skip
+                blocks = tl.load(table + n // PAGE, mask=n_mask, other=0).to(tl.int64)
+                within = n % PAGE
+                kv_mask = n_mask[:, None] & d_mask[None, :]
+                k_at = k_head + blocks * stride_kblk + within * stride_ks
+                k = tl.load(k_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
             k = k.to(q.dtype)  # e4m3, or a 16-bit cache under fp32 queries (a no-op when they match)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
             s = tl.where(n_mask[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
             p = tl.exp2(s - m_new[:, None])
             alpha = tl.exp2(m - m_new)
+            if not PREFETCH:
+                v_at = v_head + blocks * stride_vblk + within * stride_vs
+                v = tl.load(v_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
             v = v.to(q.dtype)
             if V16:
                 # A select stops Triton from moving the conversion past the tile's shared-memory read: the
