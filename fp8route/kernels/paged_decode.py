@@ -296,7 +296,7 @@ if TRITON_IMPORT_ERROR is None:
                 k, v = k_next, v_next
                 k_next, v_next = _load_tile(table, k_head, v_head, n0 + BLOCK, end, d, d_mask, stride_kblk, stride_ks,
                                             stride_vblk, stride_vs, PAGE, BLOCK)  # fmt: skip
-            else:
+            else:  # _load_tile's loads, V's after the softmax: the order the measured launches compiled to
                 blocks = tl.load(table + n // PAGE, mask=n_mask, other=0).to(tl.int64)
                 within = n % PAGE
                 kv_mask = n_mask[:, None] & d_mask[None, :]
