@@ -51,41 +51,31 @@ _MAX_SPLITS = 64  # the combine kernel reads one row of this many partials
 class Launch(NamedTuple):
     """Kernel 1's tiling: positions per tile (a divisor of every split), warps, pipeline stages, for
     an fp8 cache whether its tiles meet q in fp16 rather than q's dtype (e4m3 values are exact in
-    both; e4m3 -> fp16 is one conversion instruction on SM89+) and whether its V tiles are converted
-    before the MMA reads them (v16), the registers a thread may take at most (ptxas's maxnreg;
-    0: ptxas's own choice), and whether each tile's K and V loads are issued while the tile before
-    is attended (prefetch; for one stage, where Triton's pipeliner keeps a single tile in flight)."""
+    both; e4m3 -> fp16 is one conversion instruction on SM89+), and the registers a thread may take
+    at most (ptxas's maxnreg; 0: ptxas's own choice)."""
 
     block: int = BLOCK_N
     warps: int = 4
     stages: int = 3
     f16: bool = False
     regs: int = 0
-    v16: bool = False
-    prefetch: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Launch:
-        """BLOCKxWARPSxSTAGES, then h for fp16 tiles, v for V tiles converted first, p for prefetched
-        tiles, then -rREGS for a register cap: "64x4x3", "128x4x2h", "64x4x3hv-r128" (how benchmarks
-        name them)."""
+        """BLOCKxWARPSxSTAGES, then h for fp16 tiles, then -rREGS for a register cap: "64x4x3",
+        "128x4x2h", "64x4x3h-r128" (how benchmarks name them)."""
         tiling, _, regs = text.partition("-r")
-        letters = tiling.lstrip("0123456789x")
         try:
-            block, warps, stages = (int(x) for x in tiling.removesuffix(letters).split("x"))
+            block, warps, stages = (int(x) for x in tiling.removesuffix("h").split("x"))
             cap = int(regs) if regs else 0
-            if letters != "".join(x for x in "hvp" if x in letters):
-                raise ValueError(letters)
         except ValueError:
-            example = "e.g. 64x4x3, 128x4x2h or 64x4x3hv-r128"
-            form = "BLOCKxWARPSxSTAGES[h][v][p][-rREGS]"
-            raise Fp8InputError(f"a decode launch is {form} ({example}), not {text!r}") from None
-        return cls(block, warps, stages, "h" in letters, cap, "v" in letters, "p" in letters)
+            example = "e.g. 64x4x3, 128x4x2h or 64x4x3h-r128"
+            raise Fp8InputError(f"a decode launch is BLOCKxWARPSxSTAGES[h][-rREGS] ({example}), not {text!r}") from None
+        return cls(block, warps, stages, tiling.endswith("h"), cap)
 
     def __str__(self) -> str:
         cap = f"-r{self.regs}" if self.regs else ""
-        letters = ("h" if self.f16 else "") + ("v" if self.v16 else "") + ("p" if self.prefetch else "")
-        return f"{self.block}x{self.warps}x{self.stages}{letters}{cap}"
+        return f"{self.block}x{self.warps}x{self.stages}{'h' if self.f16 else ''}{cap}"
 
     def options(self) -> dict[str, int]:
         """Kernel 1's launch options beyond warps and stages."""
@@ -96,7 +86,6 @@ class Launch(NamedTuple):
 # An fp8 cache's e4m3 tiles take ptxas 200-255 registers a thread uncapped: two programs a SM, too few reads in
 # flight. Capped at 128 with 64-position tiles, four run a SM, and the batch needs about twice the programs to
 # fill them (target_splits); measured over batches and row lengths in benchmarks/results/h100/serve_bound/.
-# v16 and prefetch are not measured yet (kv_read_probe.py's arms).
 LAUNCH = {False: Launch(), True: Launch(64, 4, 3, f16=True, regs=128)}
 
 
@@ -199,8 +188,7 @@ if TRITON_IMPORT_ERROR is None:
         sm_scale, k_scale, v_scale, k_inv, v_inv,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr,
         SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr, TARGET: tl.constexpr,
-        PRECISION: tl.constexpr, NEW: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr, V16: tl.constexpr,
-        PREFETCH: tl.constexpr, USE_PDL: tl.constexpr,
+        PRECISION: tl.constexpr, NEW: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         wait_for_inputs(USE_PDL)
         b = tl.program_id(0)
@@ -254,69 +242,38 @@ if TRITON_IMPORT_ERROR is None:
                 q, table, k_head, v_head, o_ptr, lse_ptr, b, heads, g_mask, d, d_mask, split * size,
                 tl.minimum(split * size + size, length), split, qk_scale, v_scale,
                 stride_kblk, stride_ks, stride_vblk, stride_vs, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                G_PAD, D_PAD, PAGE, BLOCK, PRECISION, FP8, V16, PREFETCH,
+                G_PAD, D_PAD, PAGE, BLOCK, PRECISION, FP8,
             )  # fmt: skip
-
-    @triton.jit
-    def _load_tile(
-        table, k_head, v_head, n0, end, d, d_mask, stride_kblk, stride_ks, stride_vblk, stride_vs,
-        PAGE: tl.constexpr, BLOCK: tl.constexpr,
-    ):  # fmt: skip
-        """The K and V of positions n0 .. n0 + BLOCK - 1 (zeros at end and past it)."""
-        n = n0 + tl.arange(0, BLOCK)
-        n_mask = n < end
-        blocks = tl.load(table + n // PAGE, mask=n_mask, other=0).to(tl.int64)
-        within = n % PAGE
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k_at = k_head + blocks * stride_kblk + within * stride_ks
-        v_at = v_head + blocks * stride_vblk + within * stride_vs
-        k = tl.load(k_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        return k, v
 
     @triton.jit
     def _attend_split(
         q, table, k_head, v_head, o_ptr, lse_ptr, b, heads, g_mask, d, d_mask, start, end, split, qk_scale, v_scale,
         stride_kblk, stride_ks, stride_vblk, stride_vs, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
         G_PAD: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr,
-        PRECISION: tl.constexpr, FP8: tl.constexpr, V16: tl.constexpr, PREFETCH: tl.constexpr,
+        PRECISION: tl.constexpr, FP8: tl.constexpr,
     ):  # fmt: skip
         """One split of a row's positions [start, end) for its KV head's query heads: the online softmax
         over its tiles, then its normalized output and log-sum-exp stored at index split."""
         m = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
         s_sum = tl.zeros([G_PAD], dtype=tl.float32)
         acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
-        if PREFETCH:
-            k_next, v_next = _load_tile(table, k_head, v_head, start, end, d, d_mask, stride_kblk, stride_ks,
-                                        stride_vblk, stride_vs, PAGE, BLOCK)  # fmt: skip
         for n0 in range(start, end, BLOCK):
             n = n0 + tl.arange(0, BLOCK)
             n_mask = n < end
-            if PREFETCH:
-                k, v = k_next, v_next
-                k_next, v_next = _load_tile(table, k_head, v_head, n0 + BLOCK, end, d, d_mask, stride_kblk, stride_ks,
-                                            stride_vblk, stride_vs, PAGE, BLOCK)  # fmt: skip
-            else:  # _load_tile's loads, V's after the softmax: the order the measured launches compiled to
-                blocks = tl.load(table + n // PAGE, mask=n_mask, other=0).to(tl.int64)
-                within = n % PAGE
-                kv_mask = n_mask[:, None] & d_mask[None, :]
-                k_at = k_head + blocks * stride_kblk + within * stride_ks
-                k = tl.load(k_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            blocks = tl.load(table + n // PAGE, mask=n_mask, other=0).to(tl.int64)
+            within = n % PAGE
+            kv_mask = n_mask[:, None] & d_mask[None, :]
+            k_at = k_head + blocks * stride_kblk + within * stride_ks
+            k = tl.load(k_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
             k = k.to(q.dtype)  # e4m3, or a 16-bit cache under fp32 queries (a no-op when they match)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
             s = tl.where(n_mask[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
             p = tl.exp2(s - m_new[:, None])
             alpha = tl.exp2(m - m_new)
-            if not PREFETCH:
-                v_at = v_head + blocks * stride_vblk + within * stride_vs
-                v = tl.load(v_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            v_at = v_head + blocks * stride_vblk + within * stride_vs
+            v = tl.load(v_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
             v = v.to(q.dtype)
-            if V16:
-                # A select stops Triton from moving the conversion past the tile's shared-memory read: the
-                # MMA takes V transposed, which an e4m3 tile gives a byte at a time, a 16-bit one through
-                # ldmatrix.trans (the tile then goes through shared memory once more, in fp16).
-                v = tl.where(n_mask[:, None], v, 0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             s_sum = s_sum * alpha + tl.sum(p, 1)
             m = m_new
@@ -462,8 +419,7 @@ def _split_pass(
         scale if scale is not None else d**-0.5, k_scale, v_scale, 1.0 / k_scale, 1.0 / v_scale,
         G=group, G_PAD=_pad(group), D=d, D_PAD=_pad(d), PAGE=page,
         SPLIT=split, MAX_SPLITS=num_splits, BLOCK=launch.block, TARGET=target, NEW=new is not None, FP8=fp8,
-        F16=fp8 and launch.f16 and q.dtype != torch.float32, V16=fp8 and launch.v16,
-        PREFETCH=launch.prefetch,
+        F16=fp8 and launch.f16 and q.dtype != torch.float32,
         # An fp32 cache asks for fp32 products (tl.dot would round them to TF32); 16-bit ones are exact.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=launch.warps, num_stages=launch.stages, **launch.options(), **launch_options(),

@@ -135,21 +135,3 @@ def test_the_default_programs_follow_the_batch_not_the_tables_width():
     assert da.programs_for(16 * 8, 64, sms) == 5  # batch 16: four waves' worth, each program 13 splits
     assert da.programs_for(256 * 8, 64, sms) == 1
     assert da.programs_for(16 * 8, 2, sms) == 2  # never more than the splits
-
-
-def test_an_fp8_caches_tiles_converted_first_or_prefetched_give_the_same_bits():
-    """e4m3 V tiles converted before the MMA reads them (Launch.v16), and tiles prefetched: the same
-    values reach the same products as LAUNCH[True]'s, attention over the dequantized cache."""
-    g = torch.Generator().manual_seed(5)
-    b, h, hkv, d, s = 3, 8, 2, 32, 512
-    q = torch.randn(b, h, d, generator=g)
-    k, v = torch.randn(b, hkv, s, d, generator=g), torch.randn(b, hkv, s, d, generator=g)
-    (k_blocks, tables), (v_blocks, _) = paged(k, 16), paged(v, 16)
-    k8, v8 = (x.div(0.5).to(torch.float8_e4m3fn) for x in (k_blocks, v_blocks))
-    pages = da.Pages(k8, v8, tables, torch.arange(b), 0.5, 0.5)
-    n = torch.tensor([1, 200, 512])
-    out = da.decode_attention(q, pages, n)
-    for other in (da.LAUNCH[True]._replace(v16=True), da.Launch.parse("64x4x1hvp")):
-        assert torch.equal(out, da.decode_attention(q, pages, n, launch=other))
-    k_ref, v_ref = (x.div(0.5).to(torch.float8_e4m3fn).float() * 0.5 for x in (k, v))  # what the blocks hold
-    assert relative(out, decode_attention_torch(q, k_ref, v_ref, n)) < 1e-4
