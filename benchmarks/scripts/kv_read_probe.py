@@ -8,7 +8,9 @@ fraction of the run's copy bandwidth:
   what this access pattern allows without the attention's work;
 - decode LAUNCH[/sSPLIT] rN: decode_attention with the new token fused (at splits of SPLIT positions where
   given), launched with at most N registers a thread (ptxas's `maxnreg`; without it ptxas takes 203-255 for the
-  e4m3 tiles, two programs a SM, where 128 leaves room for four).
+  e4m3 tiles, two programs a SM, where 128 leaves room for four);
+- one-query LAUNCH (--one-query-launches): the same rows as a mixed step's decode rows, through the paged
+  attention kernel's one-query grid with its counts on the device (a captured step's form) and its merge.
 
     PYTHONPATH=$PWD python3 benchmarks/scripts/kv_read_probe.py [--cases 64x4096,1x32768] [--regs 0,168,128]
 """
@@ -16,6 +18,7 @@ fraction of the run's copy bandwidth:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import statistics
 
@@ -70,6 +73,10 @@ def _decode(c: ab.pa.PagedKV, q, token, seqs, launch: pd.Launch, split: int | No
     pd.decode_attention(q, pages, seqs.lengths.long(), new=token, launch=launch, split=split)
 
 
+def _one_query(c: ab.pa.PagedKV, q, seqs, launch: pd.Launch, out: torch.Tensor) -> None:  # noqa: ANN001 (a probe's plumbing)
+    ab.pa.paged_attention(q, c, seqs, out=out, one_query=launch)
+
+
 def _with_regs(regs: int) -> None:
     """decode_attention's kernels launched with at most `regs` registers a thread (0: ptxas's choice)."""
     import fp8route.kernels.pdl as pdl
@@ -78,8 +85,9 @@ def _with_regs(regs: int) -> None:
 
 
 def case(
-    batch: int, ctx: int, dtype: torch.dtype, launches: list[str], regs: list[int], read: bool, copy_gbs: float
-) -> None:
+    batch: int, ctx: int, dtype: torch.dtype, launches: list[str], regs: list[int], read: bool, copy_gbs: float,
+    one_query: list[str],
+) -> None:  # fmt: skip
     caches = ab._pools(batch, ctx, LAYERS, dtype)
     q = torch.randn(batch, ab.H, ab.D, device="cuda", dtype=ab.BF16)
     k_new, v_new = (torch.randn(batch, ab.HKV, ab.D, device="cuda", dtype=ab.BF16) for _ in range(2))
@@ -113,6 +121,11 @@ def case(
             calls = [functools.partial(_decode, c, q, token, seqs, launch, split) for c in caches]
             show(f"decode {text} r{reg or '-'}", calls)
         _with_regs(0)
+    counted = dataclasses.replace(seqs, counts=torch.tensor([batch, batch], dtype=torch.int32, device="cuda"))
+    out = torch.empty_like(q)
+    for text in one_query:
+        calls = [functools.partial(_one_query, c, q, counted, pd.Launch.parse(text), out) for c in caches]
+        show(f"one-query {text}", calls)
 
 
 def main() -> None:
@@ -123,6 +136,7 @@ def main() -> None:
     parser.add_argument("--bf16-launches", default=",".join(LAUNCHES[torch.bfloat16]))
     parser.add_argument("--e4m3-launches", default=",".join(LAUNCHES[FP8]))
     parser.add_argument("--no-read", action="store_true", help="no plain-read arms")
+    parser.add_argument("--one-query-launches", default="", help="the one-query grid's launches (64x4x3: its default)")
     args = parser.parse_args()
     copy_gbs = copy_bandwidth_gbs(1 << 30, repeats=5)
     print(f"{torch.cuda.get_device_name()}: copy {copy_gbs:.0f} GB/s (read + write)", flush=True)
@@ -132,7 +146,8 @@ def main() -> None:
         for name in args.dtypes.split(","):
             dtype = FP8 if name == "e4m3" else torch.bfloat16
             launches = getattr(args, f"{name}_launches").split(",")
-            case(batch, ctx, dtype, launches, regs, not args.no_read, copy_gbs)
+            one_query = [t for t in args.one_query_launches.split(",") if t]
+            case(batch, ctx, dtype, launches, regs, not args.no_read, copy_gbs, one_query)
 
 
 if __name__ == "__main__":

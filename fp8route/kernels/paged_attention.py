@@ -53,6 +53,9 @@ class Launch(NamedTuple):
 
 
 MULTI = Launch()
+# The one-query grid's launch: paged_decode's, whose fp16 tiles, register cap and table read once a
+# segment mean the same here; its tile is always TILE.
+ONE_QUERY = paged_decode.Launch(TILE, 4, 3)
 _LOG2E = 1.4426950408889634
 
 
@@ -121,15 +124,19 @@ def paged_attention(
     out: torch.Tensor | None = None,
     launch: Launch = MULTI,
     decode_split: int | None = None,
+    one_query: paged_decode.Launch = ONE_QUERY,
 ) -> torch.Tensor:
     """q [T, H, D] (after RoPE; unit stride on D) attending causally over its sequences' cached
     positions -> [T, H, D] in q's dtype (into out when given), by the Triton kernels (on CUDA, or on
-    a CPU under Triton's interpreter; paged_attention_reference is the torch path). launch: the
-    multi-query grid's tiling (for benchmarks). decode_split: the one-query sequences through the
-    decode kernel (fp8route.kernels.paged_decode) with this many positions per split instead of the
-    one-query grid: a split fixed by no batch, so a row's result still depends on its own length alone."""
+    a CPU under Triton's interpreter; paged_attention_reference is the torch path). launch and
+    one_query: the multi-query and one-query grids' tilings (for benchmarks). decode_split: the
+    one-query sequences through the decode kernel (fp8route.kernels.paged_decode) with this many
+    positions per split instead of the one-query grid: a split fixed by no batch, so a row's result
+    still depends on its own length alone."""
     if TRITON_IMPORT_ERROR is not None:
         raise RuntimeError(TRITON_IMPORT_ERROR)
+    if one_query.block != TILE:
+        raise Fp8InputError(f"paged_attention: the one-query grid's tile is {TILE} positions, not {one_query.block}")
     t, h, d = q.shape
     k, v, tables, k_scale, v_scale = cache
     hkv = k.shape[2]
@@ -157,7 +164,7 @@ def paged_attention(
             q[:singles], pages, seqs.lengths[:singles], scale, split=decode_split
         )
     elif singles:
-        _singles(q, cache, seqs, out, qk_scale, v_scale, common)
+        _singles(q, cache, seqs, out, qk_scale, v_scale, common, one_query)
     if rest:
         block_m = block_m_for(group, q.dtype, launch)
         block_q = block_m // group
@@ -170,6 +177,7 @@ def paged_attention(
             args = _args(q, cache, *tail, out, out, out, rest)
         meta = {
             **common, "TILE": launch.tile, "BLOCK_M": block_m, "BLOCK_Q": block_q, "SPLITS": 1, "COUNTED": counted,
+            "F16": False, "TAB": 0,
         }  # fmt: skip
         _ATTENTION(grid, _key(args), (*args, qk_scale, v_scale), {**meta, "num_warps": launch.warps,
                                                                   "num_stages": launch.stages})  # fmt: skip
@@ -177,8 +185,9 @@ def paged_attention(
 
 
 def _singles(
-    q: torch.Tensor, cache: PagedKV, seqs: Sequences, out: torch.Tensor, qk_scale: float, v_scale: float, common: dict
-) -> None:
+    q: torch.Tensor, cache: PagedKV, seqs: Sequences, out: torch.Tensor, qk_scale: float, v_scale: float, common: dict,
+    launch: paged_decode.Launch,
+) -> None:  # fmt: skip
     """The one-query sequences: segments, then their merge."""
     h, d = q.shape[1], q.shape[2]
     n = seqs.singles
@@ -190,15 +199,27 @@ def _singles(
     counted = seqs.counts is not None
     args = _args(q, cache, cu_q, seqs.lengths[:n], seqs.rows[:n], out, partial, lse, n, seqs.counts)
     meta = {**common, "TILE": TILE, "BLOCK_M": block_m, "BLOCK_Q": block_m // group, "SPLITS": MAX_SPLITS,
-            "COUNTED": counted}  # fmt: skip
+            "COUNTED": counted, "F16": common["FP8"] and launch.f16 and q.dtype != torch.float32,
+            "TAB": _table_entries(cache) if launch.table else 0}  # fmt: skip
     grid = (n, cache.k.shape[2], MAX_SPLITS)
-    _ATTENTION(grid, _key(args), (*args, qk_scale, v_scale), {**meta, "num_warps": 4, "num_stages": 3})
+    options = {"num_warps": launch.warps, "num_stages": launch.stages, **launch.options()}
+    _ATTENTION(grid, _key(args), (*args, qk_scale, v_scale), {**meta, **options})
     counts = seqs.counts if counted else lse  # unread when not counted
     merge = (partial, lse, cu_q, seqs.lengths[:n], out, counts,
              *partial.stride()[:3], *lse.stride()[:2], *out.stride()[:2])  # fmt: skip
     meta = {"D": d, "D_PAD": common["D_PAD"], "TILE": TILE, "SPLIT_MIN": SPLIT_MIN, "SPLITS": MAX_SPLITS,
             "COUNTED": counted}  # fmt: skip
     _MERGE((n, h), _key(merge, pointers=6), merge, {**meta, "num_warps": 4})
+
+
+def _table_entries(cache: PagedKV) -> int:
+    """The table entries a one-query segment spans at most, read once when its launch asks (Launch.table):
+    the longest segment a row of the table's reach is cut into, one more for a segment starting inside a
+    page, as a power of two."""
+    page = cache.k.shape[1]
+    # A row's segments hold at most SPLIT_MIN positions up to MAX_SPLITS of them, more (growing) above.
+    size = max(SPLIT_MIN, splits_for(cache.tables.shape[1] * page)[1])
+    return triton.next_power_of_2(_cdiv(size, page) + 1)
 
 
 def _args(q: torch.Tensor, cache: PagedKV, cu_q: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor,
@@ -312,19 +333,25 @@ if TRITON_IMPORT_ERROR is None:
 
     @triton.jit
     def _tile(
-        q, acc, m_i, l_i, n0, end, sees, table, k_head, v_head, d, d_ok,
+        q, acc, m_i, l_i, n0, end, sees, table, entries, first_page, k_head, v_head, d, d_ok,
         stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
         PAGE: tl.constexpr, TILE: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr,
+        TAB: tl.constexpr,
     ):  # fmt: skip
         """One tile of positions n0 .. n0 + TILE - 1 into the online softmax; MASKED: some of them lie
-        at or past `end`, or past what a row sees."""
+        at or past `end`, or past what a row sees. With TAB, the tile's blocks come from entries (the
+        table from page first_page on, loaded once), else from a load of the table of their own."""
         pos = n0 + tl.arange(0, TILE)
+        if TAB:
+            blocks = tl.gather(entries, pos // PAGE - first_page, 0).to(tl.int64)
         if MASKED:
             pos_ok = pos < end
-            blocks = tl.load(table + pos // PAGE, mask=pos_ok, other=0).to(tl.int64)
+            if not TAB:
+                blocks = tl.load(table + pos // PAGE, mask=pos_ok, other=0).to(tl.int64)
             kv_ok = pos_ok[:, None] & d_ok[None, :]
         else:
-            blocks = tl.load(table + pos // PAGE).to(tl.int64)
+            if not TAB:
+                blocks = tl.load(table + pos // PAGE).to(tl.int64)
             kv_ok = d_ok[None, :]
         within = pos % PAGE
         k_at = k_head + blocks[:, None] * stride_kb + within[:, None] * stride_ks + d[None, :]
@@ -354,7 +381,7 @@ if TRITON_IMPORT_ERROR is None:
         G: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr, TILE: tl.constexpr,
         SPLIT_MIN: tl.constexpr, FP8: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, SPLITS: tl.constexpr, COUNTED: tl.constexpr,
-        USE_PDL: tl.constexpr,
+        F16: tl.constexpr, TAB: tl.constexpr, USE_PDL: tl.constexpr,
     ):  # fmt: skip
         wait_for_inputs(USE_PDL)
         kvh = tl.program_id(1)
@@ -405,8 +432,15 @@ if TRITON_IMPORT_ERROR is None:
         at = (first + tok).to(tl.int64)
         q = tl.load(q_ptr + at[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
                     mask=live[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+        if F16:  # an fp8 cache's tiles meet q in fp16, one conversion from e4m3 (exact in either)
+            q = q.to(tl.float16)
         sees = context + tok  # the last position each row sees
         table = tab_ptr + tl.load(row_ptr + seq).to(tl.int64) * stride_tab
+        first_page = start // PAGE
+        entries = table  # unread without TAB
+        if TAB:  # the segment's table entries, once: a tile's addresses then wait on no load of their own
+            pages = first_page + tl.arange(0, TAB)
+            entries = tl.load(table + pages, mask=pages * PAGE < end, other=0)
         k_head = k_ptr + kvh * stride_kh
         v_head = v_ptr + kvh * stride_vh
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -416,13 +450,13 @@ if TRITON_IMPORT_ERROR is None:
         # rest (the causal diagonal, a segment's or the length's ragged end) with them.
         whole = tl.maximum(start + (tl.minimum(context + local * BLOCK_Q + 1, end) - start) // TILE * TILE, start)
         for n0 in range(start, whole, TILE):
-            acc, m_i, l_i = _tile(q, acc, m_i, l_i, n0, end, sees, table, k_head, v_head, d, d_ok,
-                                  stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
-                                  PAGE, TILE, D == D_PAD, PRECISION, False)  # fmt: skip
+            acc, m_i, l_i = _tile(q, acc, m_i, l_i, n0, end, sees, table, entries, first_page, k_head, v_head, d,
+                                  d_ok, stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
+                                  PAGE, TILE, D == D_PAD, PRECISION, False, TAB)  # fmt: skip
         for n0 in range(whole, end, TILE):
-            acc, m_i, l_i = _tile(q, acc, m_i, l_i, n0, end, sees, table, k_head, v_head, d, d_ok,
-                                  stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
-                                  PAGE, TILE, D == D_PAD, PRECISION, True)  # fmt: skip
+            acc, m_i, l_i = _tile(q, acc, m_i, l_i, n0, end, sees, table, entries, first_page, k_head, v_head, d,
+                                  d_ok, stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
+                                  PAGE, TILE, D == D_PAD, PRECISION, True, TAB)  # fmt: skip
         result = acc / l_i[:, None]
         if FP8:
             result = result * v_scale

@@ -51,31 +51,35 @@ _MAX_SPLITS = 64  # the combine kernel reads one row of this many partials
 class Launch(NamedTuple):
     """Kernel 1's tiling: positions per tile (a divisor of every split), warps, pipeline stages, for
     an fp8 cache whether its tiles meet q in fp16 rather than q's dtype (e4m3 values are exact in
-    both; e4m3 -> fp16 is one conversion instruction on SM89+), and the registers a thread may take
-    at most (ptxas's maxnreg; 0: ptxas's own choice)."""
+    both; e4m3 -> fp16 is one conversion instruction on SM89+), the registers a thread may take at
+    most (ptxas's maxnreg; 0: ptxas's own choice), and whether a split's block-table entries are
+    loaded once before its tiles (table): a tile's K/V addresses then wait on no load of their own,
+    and Triton's pipeliner keeps stages - 1 tiles in flight where a load per tile keeps one."""
 
     block: int = BLOCK_N
     warps: int = 4
     stages: int = 3
     f16: bool = False
     regs: int = 0
+    table: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Launch:
-        """BLOCKxWARPSxSTAGES, then h for fp16 tiles, then -rREGS for a register cap: "64x4x3",
-        "128x4x2h", "64x4x3h-r128" (how benchmarks name them)."""
+        """BLOCKxWARPSxSTAGES, then h for fp16 tiles, g for the table read once, then -rREGS for a
+        register cap: "64x4x3", "128x4x2h", "64x4x3hg-r128" (how benchmarks name them)."""
         tiling, _, regs = text.partition("-r")
         try:
-            block, warps, stages = (int(x) for x in tiling.removesuffix("h").split("x"))
+            block, warps, stages = (int(x) for x in tiling.removesuffix("g").removesuffix("h").split("x"))
             cap = int(regs) if regs else 0
         except ValueError:
-            example = "e.g. 64x4x3, 128x4x2h or 64x4x3h-r128"
-            raise Fp8InputError(f"a decode launch is BLOCKxWARPSxSTAGES[h][-rREGS] ({example}), not {text!r}") from None
-        return cls(block, warps, stages, tiling.endswith("h"), cap)
+            shape = "BLOCKxWARPSxSTAGES[h][g][-rREGS] (e.g. 64x4x3, 128x4x2h or 64x4x3hg-r128)"
+            raise Fp8InputError(f"a decode launch is {shape}, not {text!r}") from None
+        table = tiling.endswith("g")
+        return cls(block, warps, stages, tiling.removesuffix("g").endswith("h"), cap, table)
 
     def __str__(self) -> str:
         cap = f"-r{self.regs}" if self.regs else ""
-        return f"{self.block}x{self.warps}x{self.stages}{'h' if self.f16 else ''}{cap}"
+        return f"{self.block}x{self.warps}x{self.stages}{'h' if self.f16 else ''}{'g' if self.table else ''}{cap}"
 
     def options(self) -> dict[str, int]:
         """Kernel 1's launch options beyond warps and stages."""
@@ -188,7 +192,8 @@ if TRITON_IMPORT_ERROR is None:
         sm_scale, k_scale, v_scale, k_inv, v_inv,
         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr,
         SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK: tl.constexpr, TARGET: tl.constexpr,
-        PRECISION: tl.constexpr, NEW: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr, USE_PDL: tl.constexpr,
+        PRECISION: tl.constexpr, NEW: tl.constexpr, FP8: tl.constexpr, F16: tl.constexpr, TAB: tl.constexpr,
+        USE_PDL: tl.constexpr,
     ):  # fmt: skip
         wait_for_inputs(USE_PDL)
         b = tl.program_id(0)
@@ -242,7 +247,7 @@ if TRITON_IMPORT_ERROR is None:
                 q, table, k_head, v_head, o_ptr, lse_ptr, b, heads, g_mask, d, d_mask, split * size,
                 tl.minimum(split * size + size, length), split, qk_scale, v_scale,
                 stride_kblk, stride_ks, stride_vblk, stride_vs, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                G_PAD, D_PAD, PAGE, BLOCK, PRECISION, FP8,
+                G_PAD, D_PAD, PAGE, BLOCK, PRECISION, FP8, TAB,
             )  # fmt: skip
 
     @triton.jit
@@ -250,17 +255,24 @@ if TRITON_IMPORT_ERROR is None:
         q, table, k_head, v_head, o_ptr, lse_ptr, b, heads, g_mask, d, d_mask, start, end, split, qk_scale, v_scale,
         stride_kblk, stride_ks, stride_vblk, stride_vs, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
         G_PAD: tl.constexpr, D_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr,
-        PRECISION: tl.constexpr, FP8: tl.constexpr,
+        PRECISION: tl.constexpr, FP8: tl.constexpr, TAB: tl.constexpr,
     ):  # fmt: skip
         """One split of a row's positions [start, end) for its KV head's query heads: the online softmax
         over its tiles, then its normalized output and log-sum-exp stored at index split."""
         m = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
         s_sum = tl.zeros([G_PAD], dtype=tl.float32)
         acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+        if TAB:  # the split's table entries, once: each tile's addresses then need no load of its own
+            first_page = start // PAGE
+            pages = first_page + tl.arange(0, TAB)
+            entries = tl.load(table + pages, mask=pages * PAGE < end, other=0)
         for n0 in range(start, end, BLOCK):
             n = n0 + tl.arange(0, BLOCK)
             n_mask = n < end
-            blocks = tl.load(table + n // PAGE, mask=n_mask, other=0).to(tl.int64)
+            if TAB:
+                blocks = tl.gather(entries, n // PAGE - first_page, 0).to(tl.int64)
+            else:
+                blocks = tl.load(table + n // PAGE, mask=n_mask, other=0).to(tl.int64)
             within = n % PAGE
             kv_mask = n_mask[:, None] & d_mask[None, :]
             k_at = k_head + blocks * stride_kblk + within * stride_ks
@@ -419,12 +431,21 @@ def _split_pass(
         scale if scale is not None else d**-0.5, k_scale, v_scale, 1.0 / k_scale, 1.0 / v_scale,
         G=group, G_PAD=_pad(group), D=d, D_PAD=_pad(d), PAGE=page,
         SPLIT=split, MAX_SPLITS=num_splits, BLOCK=launch.block, TARGET=target, NEW=new is not None, FP8=fp8,
-        F16=fp8 and launch.f16 and q.dtype != torch.float32,
+        F16=fp8 and launch.f16 and q.dtype != torch.float32, TAB=_table_entries(pages, split, num_splits, launch),
         # An fp32 cache asks for fp32 products (tl.dot would round them to TF32); 16-bit ones are exact.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=launch.warps, num_stages=launch.stages, **launch.options(), **launch_options(),
     )  # fmt: skip
     return partial, lse
+
+
+def _table_entries(pages: Pages, split: int, num_splits: int, launch: Launch) -> int:
+    """Launch.table's entries a program reads once: a split's pages (at most _row_split's size), one more
+    for a split starting inside a page, as a power of two; 0 without it."""
+    if not launch.table:
+        return 0
+    longest = min(pages.max_len, max(split, triton.cdiv(pages.max_len, num_splits * launch.block) * launch.block))
+    return triton.next_power_of_2(triton.cdiv(longest, pages.k.shape[1]) + 1)
 
 
 def _combine_pass(

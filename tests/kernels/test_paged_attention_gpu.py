@@ -73,3 +73,20 @@ def test_a_captured_call_replays_new_lengths():
     graph.replay()
     torch.cuda.synchronize()
     assert relative(out.cpu(), reference(batch[0], queries, lengths, batch[3], 8)) < 1e-2
+
+
+@pytest.mark.parametrize("one_query", ["64x4x3h", "64x4x3g", "64x4x3hg-r128", "64x4x4g"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fp8", [False, True], ids=["16-bit cache", "fp8 cache"])
+def test_the_one_query_grids_launches_are_the_reference(one_query, dtype, fp8):
+    """The one-query grid's other launches (fp16 tiles, the table read once a segment, a register cap)
+    over rows of 1 to 32k positions: the reference's result, as the default launch gives it."""
+    queries, lengths, singles = LONG
+    cache_dtype = torch.float8_e4m3fn if fp8 else dtype
+    scales = (0.05, 0.02) if fp8 else (1.0, 1.0)
+    batch = make_batch(queries, lengths, singles, 32, 8, 128, 16, dtype, cache_dtype, seed=6, scales=scales)
+    q, cache, seqs = on_gpu(*batch[:3])
+    out = pa.paged_attention(q, cache, seqs, one_query=pd.Launch.parse(one_query))
+    torch.cuda.synchronize()
+    assert out.isfinite().all()
+    assert relative(out.cpu(), reference(batch[0], queries, lengths, batch[3], 8)) < 1e-2

@@ -12,7 +12,9 @@ import torch
 from helpers import paged
 from paged_cases import MIXED, make_batch, reference, relative
 
+from fp8route.errors import Fp8InputError
 from fp8route.kernels import paged_attention as pa
+from fp8route.kernels import paged_decode as pd
 
 pytestmark = [
     pytest.mark.interpreter,
@@ -136,3 +138,20 @@ def test_counts_with_no_multi_query_sequences_or_no_single_ones():
         if want is not None:
             assert torch.equal(out[:real], want[:real])
         assert (out[real:] == 7.0).all()
+
+
+@pytest.mark.parametrize(("cache_dtype", "page"), [(torch.float32, 16), (torch.float8_e4m3fn, 128)])
+def test_the_one_query_grids_launches_give_the_same_bits(cache_dtype, page):
+    """one_query: the table read once a segment ("g"; segments of 64-position tiles start inside a
+    128-position page), fp16 tiles ("h", a no-op for fp32 queries) and a register cap: the same blocks
+    read in the same order, so every token's bits, decode rows of one to four segments and the chunks."""
+    queries, lengths, singles = MIXED
+    scales = (0.05, 0.02) if cache_dtype == torch.float8_e4m3fn else (1.0, 1.0)
+    q, cache, seqs, _ = make_batch(
+        queries, lengths, singles, 4, 2, 32, page, torch.float32, cache_dtype, seed=9, scales=scales
+    )
+    want = pa.paged_attention(q, cache, seqs)
+    for text in ("64x4x3g", "64x4x3hg-r128", "64x4x4g"):
+        assert torch.equal(pa.paged_attention(q, cache, seqs, one_query=pd.Launch.parse(text)), want), text
+    with pytest.raises(Fp8InputError, match="one-query grid's tile is 64 positions, not 128"):
+        pa.paged_attention(q, cache, seqs, one_query=pd.Launch.parse("128x4x3"))

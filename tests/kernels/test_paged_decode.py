@@ -30,7 +30,10 @@ def test_a_decode_launch_is_named_as_benchmarks_write_it_and_a_bad_name_is_one_l
     capped = Launch(64, 4, 3, f16=True, regs=128)
     assert Launch.parse("64x4x3h-r128") == capped and str(capped) == "64x4x3h-r128"
     assert capped.options() == {"maxnreg": 128} and Launch().options() == {}
-    for bad in ("12x4", "128x4x2q", "", "64x4x3-rx"):
+    gathered = Launch(64, 4, 3, f16=True, regs=128, table=True)
+    assert Launch.parse("64x4x3hg-r128") == gathered and str(gathered) == "64x4x3hg-r128"
+    assert Launch.parse("64x4x4g") == Launch(64, 4, 4, table=True)
+    for bad in ("12x4", "128x4x2q", "", "64x4x3-rx", "64x4x3gh"):
         with pytest.raises(Fp8InputError, match="BLOCKxWARPSxSTAGES"):
             Launch.parse(bad)
 

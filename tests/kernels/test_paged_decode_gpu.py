@@ -64,6 +64,22 @@ def test_matches_sdpa_reference_through_shuffled_blocks(case, dtype):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("launch", ["64x4x3hg-r128", "64x4x3g", "64x4x4hg-r128"])
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16 cache", "fp8 cache"])
+@pytest.mark.parametrize("case", [CASES[1], CASES[4], CASES[8]], ids=["page16", "page1", "page128"])
+def test_a_launch_reading_its_tables_once_matches_the_reference(launch, fp8, case):
+    """Launch.table ("g": a split's block-table entries loaded once, each tile's gathered from them),
+    with and without fp16 tiles and a register cap, over pages of 1, 16 and 128 positions."""
+    q, k, v, pages, lengths = make(*case, torch.bfloat16)
+    if fp8:  # the cache as e4m3 at scale 1 (randn values are within its range); the reference reads the same values
+        pages = pages._replace(k=pages.k.to(torch.float8_e4m3fn), v=pages.v.to(torch.float8_e4m3fn))
+        k, v = k.to(torch.float8_e4m3fn).to(torch.bfloat16), v.to(torch.float8_e4m3fn).to(torch.bfloat16)
+    out = da.decode_attention(q, pages, lengths, launch=da.Launch.parse(launch))
+    assert_close_relative(out, reference(q, k, v, lengths))
+
+
+@pytest.mark.gpu
+@gpu
 def test_a_dropped_block_fails_the_tolerance():
     """The check above can fail: zero one block of one row and it does."""
     q, k, v, pages, lengths = make(2, 32, 8, 128, 2048, [2000, 1500], 16, torch.bfloat16)

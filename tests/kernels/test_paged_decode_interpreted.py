@@ -135,3 +135,31 @@ def test_the_default_programs_follow_the_batch_not_the_tables_width():
     assert da.programs_for(16 * 8, 64, sms) == 5  # batch 16: four waves' worth, each program 13 splits
     assert da.programs_for(256 * 8, 64, sms) == 1
     assert da.programs_for(16 * 8, 2, sms) == 2  # never more than the splits
+
+
+@pytest.mark.parametrize(
+    ("cache_dtype", "page", "split", "fused"),
+    [
+        (torch.float32, 16, None, False),
+        (torch.float32, 32, 64, True),
+        (torch.float8_e4m3fn, 128, None, False),  # splits of 64 positions start inside a page
+        (torch.float8_e4m3fn, 16, 64, True),
+    ],
+)
+def test_a_launch_that_reads_its_splits_table_entries_once_gives_the_same_bits(cache_dtype, page, split, fused):
+    """Launch.table ("g"): a split's block-table entries loaded once and each tile's gathered from them,
+    instead of a load per tile: the same blocks read, so the same bits, the fused new token's write too."""
+    b, h, hkv, d, s = 3, 4, 2, 32, 1024
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(b, h, d, generator=g)
+    (k_blocks, tables), (v_blocks, _) = (paged(torch.randn(b, hkv, s, d, generator=g), page) for _ in range(2))
+    k_blocks, v_blocks = k_blocks.to(cache_dtype), v_blocks.to(cache_dtype)
+    new = da.NewToken(*(torch.randn(b, hkv, d, generator=g) for _ in range(2)), *torch.randn(2, b, d, generator=g))
+    lengths = torch.tensor([1000, 1, 333])
+    outs = []
+    for launch in (da.Launch(64, 4, 3, f16=True, regs=128), da.Launch.parse("64x4x3hg-r128")):
+        pages = da.Pages(k_blocks.clone(), v_blocks.clone(), tables, torch.arange(b))
+        out = da.decode_attention(q, pages, lengths, split=split, new=new if fused else None, launch=launch)
+        outs.append([out, pages.k.float(), pages.v.float()])
+    for x, y in zip(*outs, strict=True):
+        assert torch.equal(x.nan_to_num(), y.nan_to_num())
