@@ -39,12 +39,14 @@ PREFILL_TOKENS = (512, 2048, 4096, 8192)
 
 
 def parse_launches(text: str) -> list[pa.Launch]:
-    """'BLOCK_MxTILExWARPSxSTAGES,...' as the multi-query grid's tilings."""
+    """'BLOCK_MxTILExWARPSxSTAGES[xTABLE],...' as the multi-query grid's tilings (TABLE: the block-table
+    entries its whole tiles read at a time)."""
     launches = []
     for item in (t.strip() for t in text.split(",") if t.strip()):
         parts = item.split("x")
-        if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise Fp8InputError(f"--launches: {item!r} is not BLOCK_MxTILExWARPSxSTAGES, e.g. 128x64x8x2")
+        if len(parts) not in (4, 5) or not all(p.isdigit() and int(p) > 0 for p in parts):
+            example = "e.g. 128x64x8x2 or 128x128x8x3x256"
+            raise Fp8InputError(f"--launches: {item!r} is not BLOCK_MxTILExWARPSxSTAGES[xTABLE], {example}")
         launches.append(pa.Launch(*(int(p) for p in parts)))
     if not launches:
         raise Fp8InputError("--launches: give at least one tiling, e.g. 128x64x8x2")
@@ -80,11 +82,6 @@ def _check(out: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
     if not err < 2e-2:
         raise AssertionError(f"{what}: relative error {err:.2e} against the torch path")
-
-
-def _fresh_chunk(tokens: int) -> tuple[torch.Tensor, pa.PagedKV, pa.Sequences]:
-    (cache,) = _pools(1, tokens, 1, BF16)
-    return torch.randn(tokens, H, D, device="cuda", dtype=BF16), cache, _sequences([tokens], [tokens], 0)
 
 
 def _own_kv(cache: pa.PagedKV, row: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,7 +140,7 @@ class PrefillTimes(NamedTuple):
 
 def prefill(tokens: int) -> PrefillTimes:
     """Each arm on one fresh chunk of `tokens`, checked against SDPA first."""
-    q, cache, seqs = _fresh_chunk(tokens)
+    q, cache, seqs = _chunk(tokens, 0, BF16)
     k, v = _own_kv(cache, 0, tokens)
     q4 = q.transpose(0, 1)[None]
     sdpa = F.scaled_dot_product_attention(q4, k, v, is_causal=True, enable_gqa=True)
@@ -226,12 +223,26 @@ def mixed(decodes: int = 255, ctx: int = 1024, chunk: int = 2048) -> tuple[float
     return _median_us(lambda: pa.paged_attention(q, cache, seqs)), _median_us(before)
 
 
+# --sweep's chunks: (new tokens, positions before them, cache dtype).
+SWEEP_CHUNKS = ((2048, 0, BF16), (8192, 0, BF16), (2048, 6144, BF16), (2048, 6144, torch.float8_e4m3fn))
+
+
+def _chunk(tokens: int, before: int, cache_dtype: torch.dtype) -> tuple[torch.Tensor, pa.PagedKV, pa.Sequences]:
+    """One chunk of `tokens` new tokens after `before` cached ones, all in one row's blocks."""
+    (cache,) = _pools(1, before + tokens, 1, cache_dtype)
+    q = torch.randn(tokens, H, D, device="cuda", dtype=BF16)
+    return q, cache, _sequences([tokens], [before + tokens], 0)
+
+
 def sweep(launches: list[pa.Launch]) -> list[str]:
-    """Markdown rows: each tiling on fresh chunks of 2048 and 8192 tokens (one that fails is a row)."""
-    lines = ["| launch | T | us | TFLOP/s |", "|---|---|---|---|"]
-    for tokens in (2048, 8192):
-        q, cache, seqs = _fresh_chunk(tokens)
+    """Markdown rows: each tiling on fresh chunks of 2048 and 8192 tokens and on 2048 continuing 6144 cached,
+    bf16 and fp8 caches (one that fails is a row). TFLOP/s counts the causal products each query sees."""
+    lines = ["| launch | T | cached | cache | us | TFLOP/s |", "|---|---|---|---|---|---|"]
+    for tokens, before, cache_dtype in SWEEP_CHUNKS:
+        q, cache, seqs = _chunk(tokens, before, cache_dtype)
         ref = pa.paged_attention_reference(q, cache, seqs)
+        flops = 4 * tokens * (before + (tokens + 1) / 2) * H * D
+        where = f"{tokens} | {before} | {'fp8' if cache_dtype == torch.float8_e4m3fn else 'bf16'}"
         for launch in launches:
 
             def call(launch: pa.Launch = launch, q: torch.Tensor = q, cache: pa.PagedKV = cache,
@@ -242,7 +253,7 @@ def sweep(launches: list[pa.Launch]) -> list[str]:
                 _check(call(), ref, str(launch))
                 us = _median_us(call)
             except Exception as exc:  # noqa: BLE001 (a tiling that does not compile is a row, not the end)
-                lines.append(f"| {tuple(launch)} | {tokens} | {type(exc).__name__}: {str(exc)[:60]} | |")
+                lines.append(f"| {tuple(launch)} | {where} | {type(exc).__name__}: {str(exc)[:60]} | |")
                 continue
-            lines.append(f"| {tuple(launch)} | {tokens} | {us:.0f} | {2 * tokens * tokens * H * D / us / 1e6:.0f} |")
+            lines.append(f"| {tuple(launch)} | {where} | {us:.0f} | {flops / us / 1e6:.0f} |")
     return lines
