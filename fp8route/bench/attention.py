@@ -39,14 +39,12 @@ PREFILL_TOKENS = (512, 2048, 4096, 8192)
 
 
 def parse_launches(text: str) -> list[pa.Launch]:
-    """'BLOCK_MxTILExWARPSxSTAGES[xTABLE],...' as the multi-query grid's tilings (TABLE: the block-table
-    entries its whole tiles read at a time)."""
+    """'BLOCK_MxTILExWARPSxSTAGES,...' as the multi-query grid's tilings."""
     launches = []
     for item in (t.strip() for t in text.split(",") if t.strip()):
         parts = item.split("x")
-        if len(parts) not in (4, 5) or not all(p.isdigit() and int(p) > 0 for p in parts):
-            example = "e.g. 128x64x8x2 or 128x128x8x3x256"
-            raise Fp8InputError(f"--launches: {item!r} is not BLOCK_MxTILExWARPSxSTAGES[xTABLE], {example}")
+        if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise Fp8InputError(f"--launches: {item!r} is not BLOCK_MxTILExWARPSxSTAGES, e.g. 128x64x8x2")
         launches.append(pa.Launch(*(int(p) for p in parts)))
     if not launches:
         raise Fp8InputError("--launches: give at least one tiling, e.g. 128x64x8x2")

@@ -10,12 +10,8 @@ from fp8route.cli.sweep_args import cuda_device
 from fp8route.errors import Fp8InputError
 from fp8route.kernels import paged_decode as pd
 
-# --sweep's tilings (query rows x positions x warps x stages [x table entries read at a time]); the first is
-# paged_attention's default.
-SWEEP_LAUNCHES = (
-    "128x128x8x3,128x128x8x2,256x64x8x3,128x64x8x3,64x64x4x3,"
-    "128x128x8x3x64,128x128x8x3x256,128x64x8x3x256,128x64x8x4x256,256x64x8x3x256"
-)
+# --sweep's tilings (query rows x positions x warps x stages); the first is paged_attention's default.
+SWEEP_LAUNCHES = "128x128x8x3,128x128x8x2,256x128x8x2,256x64x8x3,128x64x8x3,128x32x4x3,64x64x4x3"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,9 +72,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--layers", type=int, default=8, help="layer pools a decode graph cycles through")
     parser.add_argument("--sweep", action="store_true", help="time the multi-query grid's tilings (--launches) instead")
-    parser.add_argument(
-        "--launches", default=SWEEP_LAUNCHES, help="tilings for --sweep: BLOCK_MxTILExWARPSxSTAGES[xTABLE],..."
-    )
+    parser.add_argument("--launches", default=SWEEP_LAUNCHES, help="tilings for --sweep: BLOCK_MxTILExWARPSxSTAGES,...")
     parser.add_argument(
         "--decode-launches", default="default",
         help="the decode kernel's launches to time, each against the first: BLOCKxWARPSxSTAGES[h], or default "

@@ -42,22 +42,24 @@ MAX_SPLITS = 16
 
 
 class Launch(NamedTuple):
-    """The multi-query grid's tiling: query rows and positions per step, warps, pipeline stages, and
-    the block-table entries its whole tiles read at a time (0: each tile its own, from a load its K/V
-    addresses wait on). The default measured fastest at both 2048 and 8192 fresh tokens among the
-    tilings swept (8B heads, bf16: benchmarks/results/h200/engine/, benchmarks/results/h100/serve_bound/)."""
+    """The multi-query grid's tiling: query rows and positions per step, warps, pipeline stages. The
+    default measured fastest at both 2048 and 8192 fresh tokens among the tilings swept (8B heads,
+    bf16: benchmarks/results/h200/engine/, benchmarks/results/h100/serve_bound/)."""
 
     block_m: int = 128
     tile: int = 128
     warps: int = 8
     stages: int = 3
-    table: int = 0
 
 
 MULTI = Launch()
-# The one-query grid's launch: paged_decode's, whose fp16 tiles, register cap and table read once a
-# segment mean the same here; its tile is always TILE.
-ONE_QUERY = paged_decode.Launch(TILE, 4, 3)
+# The one-query grid's launch by whether the cache is fp8: paged_decode's, whose fp16 tiles, register cap and
+# table read once a segment mean the same here; its tile is always TILE. For e4m3 tiles the three together read
+# 1.35-1.79x faster (benchmarks/results/h100/kv_table/); a bf16 cache's gain only on long rows.
+ONE_QUERY = {
+    False: paged_decode.Launch(TILE, 4, 3),
+    True: paged_decode.Launch(TILE, 4, 3, f16=True, regs=128, table=True),
+}
 _LOG2E = 1.4426950408889634
 
 
@@ -126,24 +128,26 @@ def paged_attention(
     out: torch.Tensor | None = None,
     launch: Launch = MULTI,
     decode_split: int | None = None,
-    one_query: paged_decode.Launch = ONE_QUERY,
+    one_query: paged_decode.Launch | None = None,
 ) -> torch.Tensor:
     """q [T, H, D] (after RoPE; unit stride on D) attending causally over its sequences' cached
     positions -> [T, H, D] in q's dtype (into out when given), by the Triton kernels (on CUDA, or on
     a CPU under Triton's interpreter; paged_attention_reference is the torch path). launch and
-    one_query: the multi-query and one-query grids' tilings (for benchmarks). decode_split: the
+    one_query: the multi-query and one-query grids' tilings (for benchmarks; one_query by default
+    ONE_QUERY's for the cache's dtype). decode_split: the
     one-query sequences through the decode kernel (fp8route.kernels.paged_decode) with this many
     positions per split instead of the one-query grid: a split fixed by no batch, so a row's result
     still depends on its own length alone."""
     if TRITON_IMPORT_ERROR is not None:
         raise RuntimeError(TRITON_IMPORT_ERROR)
-    if one_query.block != TILE:
-        raise Fp8InputError(f"paged_attention: the one-query grid's tile is {TILE} positions, not {one_query.block}")
     t, h, d = q.shape
     k, v, tables, k_scale, v_scale = cache
     hkv = k.shape[2]
     group = h // hkv
     fp8 = k.dtype == torch.float8_e4m3fn
+    one_query = ONE_QUERY[fp8] if one_query is None else one_query
+    if one_query.block != TILE:
+        raise Fp8InputError(f"paged_attention: the one-query grid's tile is {TILE} positions, not {one_query.block}")
     out = torch.empty_like(q) if out is None else out
     qk_scale = (d**-0.5 if scale is None else scale) * _LOG2E * (k_scale if fp8 else 1.0)
     common = {
@@ -179,7 +183,7 @@ def paged_attention(
             args = _args(q, cache, *tail, out, out, out, rest)
         meta = {
             **common, "TILE": launch.tile, "BLOCK_M": block_m, "BLOCK_Q": block_q, "SPLITS": 1, "COUNTED": counted,
-            "F16": False, "TAB": _chunk_entries(launch, k.shape[1]),
+            "F16": False, "TAB": 0,
         }  # fmt: skip
         _ATTENTION(grid, _key(args), (*args, qk_scale, v_scale), {**meta, "num_warps": launch.warps,
                                                                   "num_stages": launch.stages})  # fmt: skip
@@ -212,15 +216,6 @@ def _singles(
     meta = {"D": d, "D_PAD": common["D_PAD"], "TILE": TILE, "SPLIT_MIN": SPLIT_MIN, "SPLITS": MAX_SPLITS,
             "COUNTED": counted}  # fmt: skip
     _MERGE((n, h), _key(merge, pointers=6), merge, {**meta, "num_warps": 4})
-
-
-def _chunk_entries(launch: Launch, page: int) -> int:
-    """The multi-query grid's table entries a chunk (launch.table, a power of two), at least a tile's."""
-    if not launch.table:
-        return 0
-    if launch.table & (launch.table - 1):
-        raise Fp8InputError(f"paged_attention: a launch's table entries must be a power of two, not {launch.table}")
-    return max(launch.table, launch.tile // page)
 
 
 def _table_entries(cache: PagedKV) -> int:
@@ -449,7 +444,7 @@ if TRITON_IMPORT_ERROR is None:
         table = tab_ptr + tl.load(row_ptr + seq).to(tl.int64) * stride_tab
         first_page = start // PAGE
         entries = table  # unread without TAB
-        if SPLITS > 1 and TAB:  # a segment's table entries, once: its tiles' addresses wait on no load of their own
+        if TAB:  # the segment's table entries, once: a tile's addresses then wait on no load of their own
             pages = first_page + tl.arange(0, TAB)
             entries = tl.load(table + pages, mask=pages * PAGE < end, other=0)
         k_head = k_ptr + kvh * stride_kh
@@ -460,23 +455,14 @@ if TRITON_IMPORT_ERROR is None:
         # Tiles every row sees whole (below the block's first query's position) go without masks; the
         # rest (the causal diagonal, a segment's or the length's ragged end) with them.
         whole = tl.maximum(start + (tl.minimum(context + local * BLOCK_Q + 1, end) - start) // TILE * TILE, start)
-        if SPLITS == 1 and TAB:  # a query block's whole tiles, their table entries TAB at a time (from position 0)
-            for c0 in range(0, whole, TAB * PAGE):
-                chunk = c0 // PAGE + tl.arange(0, TAB)
-                chunk_entries = tl.load(table + chunk, mask=chunk * PAGE < whole, other=0)
-                for n0 in range(c0, tl.minimum(c0 + TAB * PAGE, whole), TILE):
-                    acc, m_i, l_i = _tile(q, acc, m_i, l_i, n0, end, sees, table, chunk_entries, c0 // PAGE, k_head,
-                                          v_head, d, d_ok, stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
-                                          PAGE, TILE, D == D_PAD, PRECISION, False, TAB)  # fmt: skip
-        else:
-            for n0 in range(start, whole, TILE):
-                acc, m_i, l_i = _tile(q, acc, m_i, l_i, n0, end, sees, table, entries, first_page, k_head, v_head,
-                                      d, d_ok, stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
-                                      PAGE, TILE, D == D_PAD, PRECISION, False, TAB)  # fmt: skip
-        for n0 in range(whole, end, TILE):  # the multi-query grid's diagonal tiles load their own entries
+        for n0 in range(start, whole, TILE):
             acc, m_i, l_i = _tile(q, acc, m_i, l_i, n0, end, sees, table, entries, first_page, k_head, v_head, d,
                                   d_ok, stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
-                                  PAGE, TILE, D == D_PAD, PRECISION, True, TAB if SPLITS > 1 else 0)  # fmt: skip
+                                  PAGE, TILE, D == D_PAD, PRECISION, False, TAB)  # fmt: skip
+        for n0 in range(whole, end, TILE):
+            acc, m_i, l_i = _tile(q, acc, m_i, l_i, n0, end, sees, table, entries, first_page, k_head, v_head, d,
+                                  d_ok, stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
+                                  PAGE, TILE, D == D_PAD, PRECISION, True, TAB)  # fmt: skip
         result = acc / l_i[:, None]
         if FP8:
             result = result * v_scale

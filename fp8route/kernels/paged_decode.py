@@ -89,8 +89,10 @@ class Launch(NamedTuple):
 # By whether the cache is fp8. A bf16 cache's step is slower with 128-position tiles (benchmarks/results/h200/fp8_kv/).
 # An fp8 cache's e4m3 tiles take ptxas 200-255 registers a thread uncapped: two programs a SM, too few reads in
 # flight. Capped at 128 with 64-position tiles, four run a SM, and the batch needs about twice the programs to
-# fill them (target_splits); measured over batches and row lengths in benchmarks/results/h100/serve_bound/.
-LAUNCH = {False: Launch(), True: Launch(64, 4, 3, f16=True, regs=128)}
+# fill them (target_splits); measured over batches and row lengths in benchmarks/results/h100/serve_bound/. The
+# table read once a split: 1.01-1.09x for the e4m3 tiles, up to 1.10x for the bf16 ones at short batches
+# (benchmarks/results/h100/kv_table/).
+LAUNCH = {False: Launch(table=True), True: Launch(64, 4, 3, f16=True, regs=128, table=True)}
 
 
 class NewToken(NamedTuple):

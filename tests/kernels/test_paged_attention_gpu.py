@@ -90,20 +90,3 @@ def test_the_one_query_grids_launches_are_the_reference(one_query, dtype, fp8):
     torch.cuda.synchronize()
     assert out.isfinite().all()
     assert relative(out.cpu(), reference(batch[0], queries, lengths, batch[3], 8)) < 1e-2
-
-
-@pytest.mark.parametrize("launch", [pa.Launch(table=64), pa.Launch(table=256), pa.Launch(128, 64, 8, 4, table=256)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("fp8", [False, True], ids=["16-bit cache", "fp8 cache"])
-def test_the_multi_query_grid_reading_its_table_a_chunk_at_a_time_is_the_reference(launch, dtype, fp8):
-    """Launch.table: chunks of 2048 fresh, 300 after 4700 cached and 17 fresh, their whole tiles' table
-    entries read 64 or 256 at a time (contexts of several such chunks): the reference's result."""
-    queries, lengths, singles = LONG
-    cache_dtype = torch.float8_e4m3fn if fp8 else dtype
-    scales = (0.05, 0.02) if fp8 else (1.0, 1.0)
-    batch = make_batch(queries, lengths, singles, 32, 8, 128, 16, dtype, cache_dtype, seed=8, scales=scales)
-    q, cache, seqs = on_gpu(*batch[:3])
-    out = pa.paged_attention(q, cache, seqs, launch=launch)
-    torch.cuda.synchronize()
-    assert out.isfinite().all()
-    assert relative(out.cpu(), reference(batch[0], queries, lengths, batch[3], 8)) < 1e-2

@@ -39,5 +39,5 @@ def test_a_decode_launch_is_named_as_benchmarks_write_it_and_a_bad_name_is_one_l
 
 
 def test_an_fp8_cache_takes_the_register_capped_launch_and_a_bf16_cache_does_not():
-    assert LAUNCH[True] == Launch(64, 4, 3, f16=True, regs=128)
-    assert not LAUNCH[False].regs
+    assert LAUNCH[True] == Launch(64, 4, 3, f16=True, regs=128, table=True)
+    assert not LAUNCH[False].regs and LAUNCH[False].table
