@@ -136,7 +136,11 @@ def main() -> None:
     parser.add_argument("--bf16-launches", default=",".join(LAUNCHES[torch.bfloat16]))
     parser.add_argument("--e4m3-launches", default=",".join(LAUNCHES[FP8]))
     parser.add_argument("--no-read", action="store_true", help="no plain-read arms")
-    parser.add_argument("--one-query-launches", default="", help="the one-query grid's launches (64x4x3: its default)")
+    parser.add_argument(
+        "--one-query-launches",
+        default="",
+        help="the one-query grid's launches (default: 64x4x3 bf16, 64x4x3hg-r128 fp8)",
+    )
     args = parser.parse_args()
     copy_gbs = copy_bandwidth_gbs(1 << 30, repeats=5)
     print(f"{torch.cuda.get_device_name()}: copy {copy_gbs:.0f} GB/s (read + write)", flush=True)

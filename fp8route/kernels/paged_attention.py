@@ -133,11 +133,10 @@ def paged_attention(
     """q [T, H, D] (after RoPE; unit stride on D) attending causally over its sequences' cached
     positions -> [T, H, D] in q's dtype (into out when given), by the Triton kernels (on CUDA, or on
     a CPU under Triton's interpreter; paged_attention_reference is the torch path). launch and
-    one_query: the multi-query and one-query grids' tilings (for benchmarks; one_query by default
-    ONE_QUERY's for the cache's dtype). decode_split: the
-    one-query sequences through the decode kernel (fp8route.kernels.paged_decode) with this many
-    positions per split instead of the one-query grid: a split fixed by no batch, so a row's result
-    still depends on its own length alone."""
+    one_query: the multi-query and one-query grids' tilings (for benchmarks; one_query defaults to
+    ONE_QUERY's for the cache's dtype). decode_split: the one-query sequences through the decode
+    kernel (fp8route.kernels.paged_decode) with this many positions per split instead of the one-query
+    grid: a split fixed by no batch, so a row's result still depends on its own length alone."""
     if TRITON_IMPORT_ERROR is not None:
         raise RuntimeError(TRITON_IMPORT_ERROR)
     t, h, d = q.shape

@@ -54,7 +54,7 @@ class Launch(NamedTuple):
     both; e4m3 -> fp16 is one conversion instruction on SM89+), the registers a thread may take at
     most (ptxas's maxnreg; 0: ptxas's own choice), and whether a split's block-table entries are
     loaded once before its tiles (table): a tile's K/V addresses then wait on no load of their own,
-    and Triton's pipeliner keeps stages - 1 tiles in flight where a load per tile keeps one."""
+    and Triton's pipeliner keeps stages - 1 tiles in flight where a load per tile keeps one (sm_90)."""
 
     block: int = BLOCK_N
     warps: int = 4
