@@ -5,7 +5,8 @@ step: the host's time and the wall time, the GPU's kernel time and its idle gaps
 gaps over GAP_US, and where in the step they fall), and the CUDA runtime calls the host made, by name,
 with their time (a synchronizing call, a pinned allocation or a pageable copy in the loop shows here).
 
-    python3 benchmarks/scripts/decode_host_profile.py CKPT [--batch 1] [--input 1024] [--steps 32] [--pdl auto]
+    python3 benchmarks/scripts/decode_host_profile.py CKPT [--batch 1] [--input 1024] [--steps 32] [--pdl auto] \
+        [--kv-cache-dtype auto]
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from fp8route.cli.bench_e2e import PDL_ARMS
 from fp8route.engine import load_model
+from fp8route.engine.config import KV_CACHE_DTYPES
 from fp8route.engine.sampling import SamplingParams
 from fp8route.tuning.cupti import profiling
 
@@ -31,10 +33,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--pdl", choices=list(PDL_ARMS), default="auto")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="auto")
     args = parser.parse_args()
     model = load_model(
         args.path, device=args.device, max_num_seqs=args.batch, max_model_len=args.input + 4 * args.steps + 16,
-        enable_prefix_caching=False, record_stats=True, pdl=PDL_ARMS[args.pdl], quiet=True,
+        enable_prefix_caching=False, record_stats=True, pdl=PDL_ARMS[args.pdl], kv_cache_dtype=args.kv_cache_dtype,
+        quiet=True,
     )  # fmt: skip
     engine = model.engine
     gen = torch.Generator().manual_seed(0)
@@ -60,7 +64,8 @@ def main() -> None:
             host = statistics.median(s.host_s for s in steps) * 1e3
             wall = statistics.median(s.wall_s for s in steps) * 1e3
             print(
-                f"decode steps ({len(steps)}, batch {args.batch}, pdl {args.pdl}): host {host:.3f}, wall {wall:.3f} ms"
+                f"decode steps ({len(steps)}, batch {args.batch}, pdl {args.pdl}, kv {args.kv_cache_dtype}): "
+                f"host {host:.3f}, wall {wall:.3f} ms"
             )
         for r in requests:
             engine.abort(r.request_id)
