@@ -347,8 +347,8 @@ if TRITON_IMPORT_ERROR is None:
         at or past `end`, or past what a row sees. With TAB, the tile's blocks come from entries (the
         table from page first_page on, loaded once), else from a load of the table of their own."""
         pos = n0 + tl.arange(0, TILE)
-        if TAB:
-            blocks = tl.gather(entries, pos // PAGE - first_page, 0).to(tl.int64)
+        if TAB:  # & keeps a tile past the segment's end (loads masked, addresses still computed) in entries
+            blocks = tl.gather(entries, (pos // PAGE - first_page) & (TAB - 1), 0).to(tl.int64)
         if MASKED:
             pos_ok = pos < end
             if not TAB:

@@ -271,8 +271,8 @@ if TRITON_IMPORT_ERROR is None:
         for n0 in range(start, end, BLOCK):
             n = n0 + tl.arange(0, BLOCK)
             n_mask = n < end
-            if TAB:
-                blocks = tl.gather(entries, n // PAGE - first_page, 0).to(tl.int64)
+            if TAB:  # & keeps a tile past the split's end (loads masked, addresses still computed) in entries
+                blocks = tl.gather(entries, (n // PAGE - first_page) & (TAB - 1), 0).to(tl.int64)
             else:
                 blocks = tl.load(table + n // PAGE, mask=n_mask, other=0).to(tl.int64)
             within = n % PAGE
