@@ -3,8 +3,8 @@ time per policy arm, in one process, with the memory ceiling measured in the sam
 
 An arm is `routed` (the routing table), `deterministic` (routed, the engine in its deterministic mode),
 a backend forced for every layer through FP8ROUTE_FORCE (the mechanism a user has), or `bf16` (the same
-weights unquantized). Times are medians of repeats after
-a warm-up of WARMUP_S; decode runs from the CUDA graphs generate uses.
+weights unquantized). TTFT is the median of repeats after a warm-up of WARMUP_S; the decode step is
+every row's once all are prefilled (step_split.measure), from the CUDA graphs generate uses.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class E2ERow:
     input_tokens: int
     ttft_ms: float  # the batch's prompts through the engine to every row's first token
     prefill_tok_s: float
-    decode_step_ms: float  # one new token for every row, from the CUDA graph
+    decode_step_ms: float  # one new token for every row, every prompt prefilled (step_split.measure)
     decode_tok_s: float  # batch / step time
     weight_gb: float  # bytes read per decode step: the linears, lm_head and the embedding rows
     achieved_gbs: float  # (weight + KV bytes) / step time
@@ -67,7 +67,7 @@ class E2ERow:
     ttft_min_ms: float = 0.0  # the spread of the repeats ttft_ms is the median of
     ttft_max_ms: float = 0.0
     attention: str = "builtin"  # fp8route.engine.config.ATTENTION
-    kv_gb: float = 0.0  # KV bytes a decode step reads, mean over the steps (the context grows by one a step)
+    kv_gb: float = 0.0  # KV bytes a decode step reads, mean over the timed steps
     pdl: bool | None = None  # ArmOptions.pdl: fp8route's kernels launched with PDL (None: measured per graph)
     quantize_upstream: bool = False  # and x quantized by the norm or SiLU-up kernel before a layer
     scheme: str = "tensor"  # the FP8 scheme of the checkpoint's linears (fp8route.schemes); bf16: none
@@ -230,25 +230,30 @@ def _engine_config(
 ) -> EngineConfig:  # fmt: skip
     # Each timed call brings prompts no earlier call did, but the repeats of one call share theirs: the
     # prefix cache would answer them, so it is off.
+    budget = max(8192, max(inputs))
+    # step_split.measure's first rows decode while the last prefill, then through its steps: room for both.
+    # (Twice the prefill's steps: its decoding rows take some of each step's budget.)
+    measured = 2 * -(-max(batches) * max(inputs) // budget) + step_split.TIMED + step_split.STEPS + 2
     return EngineConfig(
-        device=str(device), max_num_seqs=max(batches), max_model_len=max(inputs) + output,
-        max_num_batched_tokens=max(8192, max(inputs)), enable_prefix_caching=False, all_reduce=all_reduce,
-        attention=attention, tp=tp, deterministic=deterministic,
+        device=str(device), max_num_seqs=max(batches), max_model_len=max(inputs) + max(output, measured),
+        max_num_batched_tokens=budget, enable_prefix_caching=False, all_reduce=all_reduce, attention=attention,
+        tp=tp, deterministic=deterministic,
     )  # fmt: skip
 
 
 def _measure(model: CausalLM, ids: torch.Tensor, run: _ArmRun) -> E2ERow:
-    """One (batch, prompt length) of the arm: TTFT, then the decode step from a full generate's time."""
+    """One (batch, prompt length) of the arm: TTFT, the decode step of every row once all are prefilled
+    (step_split.measure), and the tokens of a full generate."""
     batch, tokens = ids.shape
     # TTFT: the batch's prompts through the engine to each row's first token.
     ttfts, _ = timed_calls(functools.partial(model.generate, ids, 1), run.repeats)
-    fulls, generated = timed_calls(functools.partial(model.generate, ids, run.output), run.repeats)
-    assert isinstance(generated, torch.Tensor)
-    ttft, full = statistics.median(ttfts), statistics.median(fulls)
-    split = step_split.measure(model.engine, ids.tolist())
-    step = (full - ttft) / (run.output - 1)
-    # The timed steps attend to tokens + 1 ... tokens + output - 1 positions: tokens + output / 2 on average.
-    kv = batch * (tokens + run.output / 2) * model.engine.kv_cache.bytes_per_token
+    generated = model.generate(ids, run.output)
+    ttft = statistics.median(ttfts)
+    steps = step_split.measure(model.engine, ids.tolist())
+    if steps is None:  # _engine_config leaves the context room for the measured steps
+        raise RuntimeError(f"bench e2e: {batch}x{tokens}: the engine's context ended before the decode steps timed")
+    step = steps.wall_ms / 1e3
+    kv = steps.positions * model.engine.kv_cache.bytes_per_token
     nbytes = run.weight_bytes
     floor = (nbytes + kv) / (run.copy_gbs * 1e9)
     return E2ERow(
@@ -275,7 +280,7 @@ def _measure(model: CausalLM, ids: torch.Tensor, run: _ArmRun) -> E2ERow:
         run.options.pdl,
         run.options.quantize_upstream,
         run.scheme,
-        *_split_fields(split),
+        *_split_fields(steps.split),
         _pdl_choices(model),
         kv_cache_dtype=run.kv_cache_dtype,
     )  # fmt: skip
@@ -340,8 +345,8 @@ def split_table(rows: Sequence[E2ERow]) -> str:
             f"{r.kernels_per_step:>9.0f}{100 * busy:>9.0f}%"
         )
     missed = [f"{r.label} {r.batch}x{r.input_tokens}" for r in rows if not r.kernels_per_step]
-    if missed:  # step_split.measure found too few positions left to decode through its steps
-        lines.append(f"not recorded for {', '.join(missed)}: the context left too few tokens (raise --output)")
+    if missed:
+        lines.append(f"not recorded for {', '.join(missed)}: the profiler saw none of their kernels")
     lines += ["largest kernels (ms a step):"] if profiled else []
     for r in profiled:
         top = ", ".join(f"{name[:48]} {ms:.3f}" for name, ms in r.top_kernels[:4])

@@ -1,16 +1,20 @@
-"""Where a decode step's GPU time goes: every kernel of a few graph-replayed steps, read through
-torch.profiler (CUPTI) and summed by what it does (GEMMs, attention, the rest), per step.
+"""A decode step of a batch, isolated: its wall time and, read through torch.profiler (CUPTI), where its
+GPU time goes: every kernel of a few graph-replayed steps summed by what it does (GEMMs, attention,
+the rest), per step.
 
-The prompts run as requests of the engine until every one of them is prefilled, then STEPS engine
-steps are profiled: decode steps only. (Comparing a generate of more tokens with one of fewer does not
-isolate them: with a batch of long prompts the first rows decode while the last are still prefilling,
-so the longer call's extra kernels include prefill work.) Their sum against the measured step time
+The prompts run as requests of the engine until every one of them is prefilled; then TIMED engine
+steps are timed in a row and STEPS more profiled: decode steps of every row only. (Comparing a
+generate of more tokens with one of fewer does not isolate them: with a batch of long prompts the
+first rows decode while the last are still prefilling, and decode alone once the first are done, so
+the difference holds mixed steps and steps of fewer rows.) The kernels' sum against the timed step
 also says how long the GPU sat idle in a step (launches between graphs, host work in the way).
 """
 
 from __future__ import annotations
 
 import re
+import statistics
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -21,7 +25,8 @@ from fp8route.engine.llm_engine import LLMEngine
 from fp8route.engine.sampling import SamplingParams
 from fp8route.tuning.cupti import cupti_available, profiling
 
-STEPS = 8  # decode steps profiled
+TIMED = 16  # decode steps timed in a row, unprofiled
+STEPS = 8  # decode steps profiled after them
 TOP = 8  # the largest kernels kept by name
 # An idle stretch between kernels up to this long is a kernel boundary's (the next one's blocks placed
 # and started: ~0.5 us on an H100); a longer one waited for something else (the host, a copy).
@@ -119,26 +124,54 @@ def split_of(kernels: Sequence[Kernel], steps: int) -> StepSplit:
     return StepSplit(ms_by_kind, launches, tuple(top), bubbles / steps, stalls / steps)
 
 
-def measure(engine: LLMEngine, prompts: Sequence[Sequence[int]]) -> StepSplit | None:
-    """The split of one decode step of these prompts run together on an idle engine; None where the
-    profiler cannot see the GPU's kernels, or where the engine's context left a prompt too few tokens
-    to decode through the profiled steps."""
-    if not cupti_available():
-        return None
+@dataclass(frozen=True)
+class DecodeSteps:
+    """A batch's decode steps, every prompt prefilled: the wall time of one (the median of TIMED in a
+    row), the positions its rows attend to (the KV it reads, on average over those steps), and its
+    kernels (None where the profiler cannot see them)."""
+
+    wall_ms: float
+    positions: float
+    split: StepSplit | None
+
+
+def measure(engine: LLMEngine, prompts: Sequence[Sequence[int]]) -> DecodeSteps | None:
+    """The decode steps of these prompts run together on an idle engine; None where the engine's
+    context left a prompt too few tokens to decode through the timed and profiled steps."""
     # Each up to the engine's context, not a default max_tokens: the first prompts of a batch that takes many
-    # steps to prefill decode while the last prefill, and must still be running for the profiled steps.
+    # steps to prefill decode while the last prefill, and must still be running for the measured steps.
     params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=None)
     requests = [engine.add_request(ids, params, request_id=f"step-split-{i}") for i, ids in enumerate(prompts)]
     try:
         while engine.has_unfinished and any(r.num_output_tokens == 0 for r in requests):
             engine.step()
         # Every prompt has a token read back, so every step from the one in flight on is decode only;
-        # the one in flight finishes before the profiled ones start.
-        torch.cuda.synchronize()
+        # the one in flight finishes before the measured ones start.
+        _synchronize(engine)
+        positions = sum(r.length for r in requests) + len(requests) * TIMED / 2
+        wall_ms = _step_wall_ms(engine)
         kernels = kernel_times(lambda: [engine.step() for _ in range(STEPS)])
         whole = not any(r.finished for r in requests)
     finally:
         for r in requests:
             engine.abort(r.request_id)
         engine.drain()
-    return split_of(kernels, STEPS) if kernels is not None and whole else None
+    if not whole:
+        return None
+    return DecodeSteps(wall_ms, positions, split_of(kernels, STEPS) if kernels is not None else None)
+
+
+def _step_wall_ms(engine: LLMEngine) -> float:
+    """The median time between TIMED engine steps' returns: each returns once the step before it is
+    read back (with async scheduling; else its own), so in a row that is a step's time. The first
+    is left out: the step it read had finished before it was called."""
+    returns = []
+    for _ in range(TIMED):
+        engine.step()
+        returns.append(time.perf_counter())
+    return 1e3 * statistics.median(b - a for a, b in zip(returns, returns[1:]))
+
+
+def _synchronize(engine: LLMEngine) -> None:
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)

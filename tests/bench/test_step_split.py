@@ -1,6 +1,8 @@
 """The decode step's split by kernel (fp8route.bench.step_split): the names it sorts, the arithmetic of
 one call less another, and bench e2e's table of it. The profiling itself needs a GPU (tests/gpu)."""
 
+import statistics
+
 import pytest
 
 from fp8route.bench import step_split
@@ -75,7 +77,7 @@ def tiny_engine(**settings):  # type: ignore[no-untyped-def]
     from fp8route.models import LlamaConfig
 
     tensors = {k: v.float() for k, v in llama_tensors().items()}
-    config = EngineConfig(dtype="float32", max_model_len=64, **settings)
+    config = EngineConfig(**{"dtype": "float32", "max_model_len": 64, **settings})
     return build_lm(LlamaConfig.from_hf(TINY), {}, tensors, config).engine
 
 
@@ -94,14 +96,22 @@ def test_a_kernel_started_early_by_pdl_counts_from_the_end_of_the_one_before_it(
     assert split.kernels == 4 and split.bubble_ms == 0 and split.stall_ms == 0
 
 
-def test_without_a_gpu_the_profiler_records_nothing_and_says_so():
+def test_without_a_gpu_the_steps_are_timed_the_profiler_records_nothing_and_says_so():
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("a GPU here: tests/gpu profiles a real step")
-    assert step_split.measure(tiny_engine(), [[1, 2, 3]]) is None
+    steps = step_split.measure(tiny_engine(), [[1, 2, 3]])
+    assert steps is not None and steps.split is None and steps.wall_ms > 0
     row = E2ERow("routed", 1, 1024, 26.0, 39384.0, 3.078, 324.9, 8.03, 2609.0, 0.612)
     assert split_table([row]).startswith("decode step by kernel: not recorded")
+
+
+def test_a_prompt_the_context_leaves_too_few_steps_is_not_measured():
+    engine = tiny_engine()
+    context = engine.config.max_model_len
+    assert step_split.measure(engine, [list(range(1, context - step_split.TIMED))]) is None
+    assert not engine.has_unfinished
 
 
 def test_a_row_the_profiler_could_see_but_did_not_record_is_named_with_why(monkeypatch):
@@ -111,17 +121,17 @@ def test_a_row_the_profiler_could_see_but_did_not_record_is_named_with_why(monke
     row = E2ERow("routed", 64, 4096, 26.0, 39384.0, 9.6, 324.9, 8.03, 2609.0, 0.58)
     lines = split_table([row]).splitlines()
     assert lines[0].startswith("decode step by kernel (") and "largest kernels" not in lines[-1]
-    assert lines[-1] == "not recorded for routed 64x4096: the context left too few tokens (raise --output)"
+    assert lines[-1] == "not recorded for routed 64x4096: the profiler saw none of their kernels"
 
 
 @pytest.mark.parametrize("lengths", [(30, 20, 10, 25), (30,) * 8], ids=["four", "eight-long"])
 @pytest.mark.parametrize("ahead", [False, True], ids=["sync", "async"])
-def test_the_profiled_steps_are_decode_steps_of_every_prompt_after_every_prefill(monkeypatch, ahead, lengths):
+def test_the_timed_and_profiled_steps_are_decode_steps_of_every_prompt_after_every_prefill(monkeypatch, ahead, lengths):
     # Prompts chunked by a 16-token budget: the first decode while the others still prefill (eight of 30
     # tokens: the first has decoded 16 tokens, a request's default max_tokens, before the last prefilled). The
     # profiler is stood in for by the engine's own record of each step it launched.
     engine = tiny_engine(max_num_batched_tokens=16, max_num_seqs=8, enable_prefix_caching=False, record_stats=True,
-                         async_scheduling=ahead)  # fmt: skip
+                         async_scheduling=ahead, max_model_len=96)  # fmt: skip
     profiled = []
 
     def kernel_times(fn):  # type: ignore[no-untyped-def]
@@ -134,10 +144,15 @@ def test_the_profiled_steps_are_decode_steps_of_every_prompt_after_every_prefill
     monkeypatch.setattr(step_split.torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(step_split, "kernel_times", kernel_times)
     prompts = [list(range(1, 1 + n)) for n in lengths]
-    split = step_split.measure(engine, prompts)
+    steps = step_split.measure(engine, prompts)
     assert len(profiled) == step_split.STEPS
-    assert all(s.prefill_tokens == 0 and s.decodes == len(prompts) for s in profiled), profiled
-    assert split is not None and split.kernels == 1
+    measured = engine.stats[-step_split.TIMED - step_split.STEPS :]  # timed, then profiled: the last launched
+    assert measured[step_split.TIMED :] == profiled
+    assert all(s.prefill_tokens == 0 and s.decodes == len(prompts) for s in measured), measured
+    assert steps is not None and steps.split is not None and steps.split.kernels == 1 and steps.wall_ms > 0
+    # The positions the timed steps' rows attend to, on average: what the engine counted, within a row each.
+    counted = statistics.fmean(s.decode_context for s in measured[: step_split.TIMED])
+    assert abs(steps.positions - counted) <= len(prompts)
     assert not engine.has_unfinished  # the requests it added are gone
 
 

@@ -22,8 +22,9 @@ def test_a_decode_steps_kernels_are_recorded_and_sorted_by_kind(tmp_path):
     model = load_model(folder, device="cuda", quiet=True, **settings)
     ids = torch.randint(0, config["vocab_size"], (2, 24), device="cuda")
     model.generate(ids, 4)  # the kernels' first calls
-    split = step_split.measure(model.engine, ids.tolist())
-    assert split is not None
+    steps = step_split.measure(model.engine, ids.tolist())
+    assert steps is not None and steps.split is not None and steps.wall_ms > 0
+    split = steps.split
     assert split.ms["gemm"] > 0 and split.ms["attention"] > 0 and split.ms["rest"] > 0, split
     # Per layer at least qkv, o, gate_up, down and the attention: every step's kernels, not the prefill's.
     assert split.kernels >= 5 * config["num_hidden_layers"], split
@@ -36,7 +37,9 @@ def test_a_decode_steps_kernels_are_recorded_and_sorted_by_kind(tmp_path):
     long = torch.randint(0, config["vocab_size"], (4, 60), device="cuda").tolist()
     short = [row[:8] for row in long]
     model.generate(torch.tensor(short, device="cuda"), 4)
-    chunked, whole = step_split.measure(model.engine, long), step_split.measure(model.engine, short)
+    measured = step_split.measure(model.engine, long), step_split.measure(model.engine, short)
+    assert measured[0] is not None and measured[1] is not None
+    chunked, whole = measured[0].split, measured[1].split
     assert chunked is not None and whole is not None
     for kind in ("gemm", "attention"):
         assert chunked.launches[kind] == whole.launches[kind], (kind, chunked, whole)
