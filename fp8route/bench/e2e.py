@@ -83,6 +83,7 @@ class E2ERow:
     pdl_choices: tuple[tuple[int, bool, float, float], ...] = ()
     round: int = 0  # of bench e2e --rounds (from 0); every summary compares rows of one round
     kv_cache_dtype: str = "auto"  # EngineConfig.kv_cache_dtype
+    step_spread: float = 0.0  # (max - min) / median of the timed decode steps
 
     @property
     def label(self) -> str:
@@ -283,6 +284,7 @@ def _measure(model: CausalLM, ids: torch.Tensor, run: _ArmRun) -> E2ERow:
         *_split_fields(steps.split),
         _pdl_choices(model),
         kv_cache_dtype=run.kv_cache_dtype,
+        step_spread=steps.spread,
     )  # fmt: skip
 
 
@@ -312,13 +314,14 @@ def as_json(rows: Sequence[E2ERow]) -> list[dict[str, object]]:
 def table(rows: Sequence[E2ERow]) -> str:
     head = (
         f"{'arm':<22}{'batch':>6}{'input':>7}{'TTFT ms':>10}{'spread':>8}{'prefill tok/s':>15}"
-        f"{'step ms':>9}{'tok/s':>9}{'GB/s':>7}{'% floor':>9}{'peak GB':>9}"
+        f"{'step ms':>9}{'spread':>8}{'tok/s':>9}{'GB/s':>7}{'% floor':>9}{'peak GB':>9}"
     )
     lines = [head]
     for r in rows:
         lines.append(
             f"{r.label:<22}{r.batch:>6}{r.input_tokens:>7}{r.ttft_ms:>10.1f}{_spread(r):>8}{r.prefill_tok_s:>15.0f}"
-            f"{r.decode_step_ms:>9.3f}{r.decode_tok_s:>9.1f}{r.achieved_gbs:>7.0f}{100 * r.floor_fraction:>8.0f}%"
+            f"{r.decode_step_ms:>9.3f}{100 * r.step_spread:>7.0f}%{r.decode_tok_s:>9.1f}{r.achieved_gbs:>7.0f}"
+            f"{100 * r.floor_fraction:>8.0f}%"
             f"{r.peak_gb:>9.1f}"
         )
     return "\n".join(lines)

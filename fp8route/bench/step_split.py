@@ -127,10 +127,11 @@ def split_of(kernels: Sequence[Kernel], steps: int) -> StepSplit:
 @dataclass(frozen=True)
 class DecodeSteps:
     """A batch's decode steps, every prompt prefilled: the wall time of one (the median of TIMED in a
-    row), the positions its rows attend to (the KV it reads, on average over those steps), and its
-    kernels (None where the profiler cannot see them)."""
+    row) and its spread ((max - min) / median), the positions its rows attend to (the KV it reads, on
+    average over those steps), and its kernels (None where the profiler cannot see them)."""
 
     wall_ms: float
+    spread: float
     positions: float
     split: StepSplit | None
 
@@ -149,7 +150,7 @@ def measure(engine: LLMEngine, prompts: Sequence[Sequence[int]]) -> DecodeSteps 
         # the one in flight finishes before the measured ones start.
         _synchronize(engine)
         positions = sum(r.length for r in requests) + len(requests) * TIMED / 2
-        wall_ms = _step_wall_ms(engine)
+        walls = _step_walls_ms(engine)
         kernels = kernel_times(lambda: [engine.step() for _ in range(STEPS)])
         whole = not any(r.finished for r in requests)
     finally:
@@ -158,18 +159,20 @@ def measure(engine: LLMEngine, prompts: Sequence[Sequence[int]]) -> DecodeSteps 
         engine.drain()
     if not whole:
         return None
-    return DecodeSteps(wall_ms, positions, split_of(kernels, STEPS) if kernels is not None else None)
+    wall = statistics.median(walls)
+    split = split_of(kernels, STEPS) if kernels is not None else None
+    return DecodeSteps(wall, (max(walls) - min(walls)) / wall, positions, split)
 
 
-def _step_wall_ms(engine: LLMEngine) -> float:
-    """The median time between TIMED engine steps' returns: each returns once the step before it is
-    read back (with async scheduling; else its own), so in a row that is a step's time. The first
-    is left out: the step it read had finished before it was called."""
+def _step_walls_ms(engine: LLMEngine) -> list[float]:
+    """The times between TIMED engine steps' returns: each returns once the step before it is read
+    back (with async scheduling; else its own), so in a row each is a step's time. The first is left
+    out: the step it read had finished before it was called."""
     returns = []
     for _ in range(TIMED):
         engine.step()
         returns.append(time.perf_counter())
-    return 1e3 * statistics.median(b - a for a, b in zip(returns, returns[1:]))
+    return [1e3 * (b - a) for a, b in zip(returns, returns[1:])]
 
 
 def _synchronize(engine: LLMEngine) -> None:
